@@ -1,0 +1,116 @@
+// The default example: a small CNN trained on Fashion-MNIST (Debian's dataset-fashion-mnist),
+// evaluated on the 10k test images with accuracy as the metric.
+//
+//   build/examples/fashion_mnist                      # the defaults below
+//   build/examples/fashion_mnist --max_steps 50 --learning_rate 3e-4 --output_dir /tmp/run
+//   build/examples/fashion_mnist --help               # every flag
+//
+// The model has no batch-dependent layer (no BatchNorm) and no dropout, so runs whose
+// batches are split differently (accumulation, ranks) stay exactly comparable.
+
+#include <loom/loom.hpp>
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+/// Flags of this example, beside every TrainingArguments flag.
+struct ExampleArguments {
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";  ///< folder with the four IDX .gz files
+  std::optional<int64_t> max_train_samples;  ///< use only the first N training images
+  std::optional<int64_t> max_eval_samples;   ///< use only the first N test images
+};
+
+/// One batch (and, row by row, one example).
+struct Batch {
+  torch::Tensor images;  ///< float32 [N, 1, 28, 28], normalized
+  torch::Tensor labels;  ///< int64 [N]
+};
+
+/// Two conv blocks and two linear layers: about 0.9 test accuracy after three epochs.
+struct NetImpl : torch::nn::Module {
+  NetImpl()
+      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1)))),
+        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)))),
+        fc1(register_module("fc1", torch::nn::Linear(32 * 7 * 7, 128))),
+        fc2(register_module("fc2", torch::nn::Linear(128, 10))) {}
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::max_pool2d(torch::relu(conv1->forward(x)), 2);
+    h = torch::max_pool2d(torch::relu(conv2->forward(h)), 2);
+    return fc2->forward(torch::relu(fc1->forward(h.flatten(1))));
+  }
+
+  torch::nn::Conv2d conv1, conv2;
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Net);
+
+struct FashionTrainer : loom::Trainer<FashionTrainer, Net> {
+  using Trainer::Trainer;
+
+  loom::ModelOutput compute_loss(Net& model, Batch& batch) {
+    auto logits = model->forward(batch.images);
+    return {torch::cross_entropy_loss(logits, batch.labels), logits};
+  }
+
+  loom::Metrics compute_metrics(const loom::EvalPrediction& p) {
+    const auto predicted = p.predictions.argmax(1);
+    return {{"accuracy", predicted.eq(p.label_ids).to(torch::kDouble).mean().item<double>()}};
+  }
+};
+
+// Reads one split; pixels scaled to [0, 1] and normalized with the training set's mean/std.
+static loom::data::TensorDataset<Batch> load_split(const std::filesystem::path& dir, const std::string& prefix,
+                                                   std::optional<int64_t> limit) {
+  auto images = loom::data::read_idx(dir / (prefix + "-images-idx3-ubyte.gz"));
+  auto labels = loom::data::read_idx(dir / (prefix + "-labels-idx1-ubyte.gz"));
+  loom::check(images.size(0) == labels.size(0), "{}: {} images but {} labels", prefix, images.size(0),
+              labels.size(0));
+  if (limit && *limit < images.size(0)) {
+    images = images.narrow(0, 0, *limit);
+    labels = labels.narrow(0, 0, *limit);
+  }
+  constexpr double mean = 0.2860, stddev = 0.3530;  // Fashion-MNIST training-set statistics
+  auto x = ((images.to(torch::kFloat) / 255.0 - mean) / stddev).unsqueeze(1).contiguous();
+  return loom::data::TensorDataset<Batch>({x, labels.to(torch::kLong).contiguous()});
+}
+
+int main(int argc, char** argv) {
+  try {
+    // This example's defaults; any flag on the command line overrides them.
+    loom::TrainingArguments defaults;
+    defaults.output_dir = "output/fashion_mnist";
+    defaults.learning_rate = 1e-3;
+    defaults.per_device_train_batch_size = 64;
+    defaults.per_device_eval_batch_size = 256;
+    defaults.logging_steps = 100;
+    defaults.eval_strategy = "epoch";
+    defaults.save_strategy = "no";
+    auto [example, args] = loom::parse_args(argc, argv, ExampleArguments{}, defaults);
+
+    loom::set_seed(args.seed);
+    const std::filesystem::path dir(example.data_dir);
+    auto train_set = load_split(dir, "train", example.max_train_samples);
+    auto test_set = load_split(dir, "t10k", example.max_eval_samples);
+    fmt::print("fashion_mnist: {} training and {} test images from {}\n", train_set.size(), test_set.size(),
+               dir.string());
+
+    FashionTrainer trainer(args, Net{}, std::move(train_set), std::move(test_set));
+    auto result = trainer.train();
+    auto metrics = trainer.evaluate();
+    trainer.save_metrics("eval", metrics);
+
+    fmt::print("\n***** train metrics *****\n");
+    for (const auto& [k, v] : result.metrics) fmt::print("  {:<28} = {}\n", k, v);
+    fmt::print("***** eval metrics *****\n");
+    for (const auto& [k, v] : metrics) fmt::print("  {:<28} = {}\n", k, v);
+    fmt::print("outputs in {}\n", args.output_dir);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,91 @@
+#pragma once
+// TrainingArguments: a plain aggregate with Hugging Face's field names and defaults.
+// Reflection (CLI, JSON, help) lives in config/reflect.hpp; run-time validation in
+// config/validate.hpp. No torch include here, on purpose.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace loom {
+
+/// Every knob of a training run, named and defaulted as in transformers.TrainingArguments.
+struct TrainingArguments {
+  // --- output --------------------------------------------------------------------------
+  std::string output_dir = "trainer_output";  ///< where checkpoints and results go
+  bool overwrite_output_dir = false;          ///< allow writing into a non-empty output_dir
+
+  // --- what to run ---------------------------------------------------------------------
+  bool do_train = false;    ///< informational, as in HF (the program decides what runs)
+  bool do_eval = false;     ///< informational, as in HF
+  bool do_predict = false;  ///< informational, as in HF
+
+  // --- batches -------------------------------------------------------------------------
+  int64_t per_device_train_batch_size = 8;  ///< training batch per device (process)
+  int64_t per_device_eval_batch_size = 8;   ///< evaluation batch per device (process)
+  int64_t gradient_accumulation_steps = 1;  ///< micro-batches per optimizer step
+  std::optional<int64_t> eval_accumulation_steps;  ///< move predictions to CPU every N eval steps
+  bool dataloader_drop_last = false;  ///< drop the last incomplete training batch
+  int64_t dataloader_num_workers = 0;  ///< background batch producers (0: in the loop)
+
+  // --- optimizer -----------------------------------------------------------------------
+  std::string optim = "adamw_torch_fused";  ///< adamw_torch_fused | adamw_torch | sgd
+  double learning_rate = 5e-5;              ///< peak learning rate
+  double weight_decay = 0.0;                ///< AdamW decoupled weight decay (decay group only)
+  double adam_beta1 = 0.9;                  ///< AdamW beta1
+  double adam_beta2 = 0.999;                ///< AdamW beta2
+  double adam_epsilon = 1e-8;               ///< AdamW epsilon
+  double max_grad_norm = 1.0;               ///< clip the global gradient norm (0: off)
+
+  // --- length and schedule -------------------------------------------------------------
+  double num_train_epochs = 3.0;              ///< epochs, when max_steps <= 0
+  int64_t max_steps = -1;                     ///< optimizer steps; overrides num_train_epochs when > 0
+  std::string lr_scheduler_type = "linear";   ///< HF scheduler name
+  std::string lr_scheduler_kwargs = "{}";     ///< extra scheduler arguments as a JSON object
+  double warmup_ratio = 0.0;                  ///< warmup as a fraction of max_steps
+  double warmup_steps = 0;                    ///< warmup steps (a value below 1 is a fraction)
+
+  // --- logging -------------------------------------------------------------------------
+  std::string logging_strategy = "steps";  ///< no | steps | epoch
+  double logging_steps = 500;              ///< log every N steps (below 1: fraction of max_steps)
+  bool logging_first_step = false;         ///< also log after the first step
+  bool logging_nan_inf_filter = true;      ///< skip nan/inf losses when averaging for logs
+  std::optional<std::string> logging_dir;  ///< TensorBoard folder (default output_dir/runs)
+  bool disable_tqdm = false;               ///< no progress bar
+  bool log_on_each_node = true;            ///< log on the local main process of every node
+  std::optional<std::string> run_name;     ///< a name for loggers
+
+  // --- evaluation ----------------------------------------------------------------------
+  std::string eval_strategy = "no";      ///< no | steps | epoch
+  std::optional<double> eval_steps;      ///< evaluate every N steps (default: logging_steps)
+  int64_t eval_delay = 0;                ///< epochs or steps to wait before the first evaluation
+  bool eval_on_start = false;            ///< evaluate once before training
+  bool prediction_loss_only = false;     ///< evaluation returns the loss only
+
+  // --- saving --------------------------------------------------------------------------
+  std::string save_strategy = "steps";        ///< no | steps | epoch | best
+  double save_steps = 500;                    ///< save every N steps (below 1: fraction)
+  std::optional<int64_t> save_total_limit;    ///< keep at most N checkpoints
+  bool save_only_model = false;               ///< skip optimizer/scheduler/RNG state
+  bool load_best_model_at_end = false;        ///< reload the best checkpoint after training
+  std::optional<std::string> metric_for_best_model;  ///< metric that decides "best"
+  std::optional<bool> greater_is_better;      ///< direction of metric_for_best_model
+  std::optional<std::string> resume_from_checkpoint;  ///< a checkpoint folder, or "latest"
+
+  // --- reproducibility -----------------------------------------------------------------
+  int64_t seed = 42;                 ///< seed for initialization and shuffling
+  std::optional<int64_t> data_seed;  ///< seed for shuffling only
+
+  // --- precision and devices -----------------------------------------------------------
+  bool bf16 = false;               ///< bfloat16 autocast (precision::BF16)
+  bool fp16 = false;               ///< float16 autocast with loss scaling (precision::FP16)
+  bool use_cpu = false;            ///< train on the CPU even when CUDA is available
+  bool skip_memory_metrics = true; ///< skip memory reports
+
+  // --- distributed ---------------------------------------------------------------------
+  std::string sharding = "no";                ///< no | ddp | zero1 | zero2 | full_shard
+  int64_t ddp_timeout = 1800;                 ///< collective timeout in seconds
+  std::optional<int64_t> ddp_bucket_cap_mb;   ///< DDP bucket size (default 25)
+};
+
+}  // namespace loom

@@ -1,0 +1,68 @@
+#pragma once
+// loom::Metrics: an insertion-ordered name -> number map, the C++ twin of the dicts HF
+// passes to log() and returns from evaluate(). Order matters: log_history keeps it.
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace loom {
+
+/// Insertion-ordered metrics ("loss", "eval_accuracy", ...), as HF's logs dicts.
+class Metrics {
+ public:
+  using value_type = std::pair<std::string, double>;
+
+  Metrics() = default;
+  /// Builds from a list of (name, value) pairs, keeping their order.
+  Metrics(std::initializer_list<value_type> items) {
+    for (const auto& [k, v] : items) set(k, v);
+  }
+
+  /// Sets `name` (appending it if new, keeping its place if not).
+  void set(std::string_view name, double value) {
+    for (auto& item : items_)
+      if (item.first == name) {
+        item.second = value;
+        return;
+      }
+    items_.emplace_back(std::string(name), value);
+  }
+  /// The value of `name`, if present.
+  [[nodiscard]] std::optional<double> get(std::string_view name) const {
+    for (const auto& item : items_)
+      if (item.first == name) return item.second;
+    return std::nullopt;
+  }
+  /// True when `name` is present.
+  [[nodiscard]] bool contains(std::string_view name) const { return get(name).has_value(); }
+  /// Removes `name` if present.
+  void erase(std::string_view name) {
+    std::erase_if(items_, [&](const value_type& item) { return item.first == name; });
+  }
+  /// Copies every entry of `other` with `prefix` prepended to its name.
+  void merge(const Metrics& other, std::string_view prefix = {}) {
+    for (const auto& [k, v] : other.items_) set(std::string(prefix) + k, v);
+  }
+
+  [[nodiscard]] auto begin() const { return items_.begin(); }
+  [[nodiscard]] auto end() const { return items_.end(); }
+  [[nodiscard]] std::size_t size() const { return items_.size(); }
+  [[nodiscard]] bool empty() const { return items_.empty(); }
+
+  /// As a JSON object, in insertion order.
+  [[nodiscard]] nlohmann::ordered_json to_json() const {
+    nlohmann::ordered_json out = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : items_) out[k] = v;
+    return out;
+  }
+
+ private:
+  std::vector<value_type> items_;
+};
+
+}  // namespace loom

@@ -1,0 +1,80 @@
+#pragma once
+// Field-by-field operations on aggregate batches, through Boost.PFR reflection: a batch is
+// any aggregate whose fields are torch::Tensor (e.g. struct { Tensor images, labels; }).
+
+#include <loom/core/error.hpp>
+
+#include <boost/pfr.hpp>
+#include <torch/torch.h>
+
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+namespace loom::data {
+
+/// An aggregate whose every field is a torch::Tensor: loom's batch and example shape.
+template <class T>
+concept TensorAggregate = std::is_aggregate_v<T> && std::is_default_constructible_v<T> &&
+                          []<std::size_t... I>(std::index_sequence<I...>) {
+                            return (std::is_same_v<boost::pfr::tuple_element_t<I, T>, torch::Tensor> && ...);
+                          }(std::make_index_sequence<boost::pfr::tuple_size_v<T>>{});
+
+/// Stacks a list of examples into one batch, field by field (torch::stack on dim 0).
+template <TensorAggregate Example>
+Example collate(const std::vector<Example>& examples) {
+  check(!examples.empty(), "collate needs at least one example");
+  Example batch{};
+  std::vector<torch::Tensor> column;
+  column.reserve(examples.size());
+  boost::pfr::for_each_field(batch, [&](torch::Tensor& out, std::size_t i) {
+    column.clear();
+    for (const auto& e : examples) {
+      boost::pfr::for_each_field(e, [&](const torch::Tensor& t, std::size_t j) {
+        if (j == i) column.push_back(t);
+      });
+    }
+    out = torch::stack(column);
+  });
+  return batch;
+}
+
+/// Moves every tensor field of `batch` to `device` (non-blocking where the copy allows).
+template <TensorAggregate Batch>
+void to_device(Batch& batch, const torch::Device& device, bool non_blocking = true) {
+  boost::pfr::for_each_field(batch, [&](torch::Tensor& t) {
+    if (t.defined() && t.device() != device) t = t.to(device, non_blocking);
+  });
+}
+
+/// Rows `index` (a 1-D int64 tensor) of every field, as one batch.
+template <TensorAggregate Batch>
+Batch index_rows(const Batch& full, const torch::Tensor& index) {
+  Batch out{};
+  boost::pfr::for_each_field(out, [&](torch::Tensor& dst, std::size_t i) {
+    boost::pfr::for_each_field(full, [&](const torch::Tensor& src, std::size_t j) {
+      if (j == i) dst = src.index_select(0, index);
+    });
+  });
+  return out;
+}
+
+/// Number of rows of a batch: the first dimension of its first field.
+template <TensorAggregate Batch>
+int64_t batch_rows(const Batch& batch) {
+  const torch::Tensor& first = boost::pfr::get<0>(batch);
+  return first.defined() && first.dim() > 0 ? first.size(0) : 0;
+}
+
+/// The field called `name`, or nullptr when the batch has none.
+template <TensorAggregate Batch>
+const torch::Tensor* field_named(const Batch& batch, std::string_view name) {
+  const torch::Tensor* found = nullptr;
+  constexpr auto names = boost::pfr::names_as_array<Batch>();
+  boost::pfr::for_each_field(batch, [&](const torch::Tensor& t, std::size_t i) {
+    if (names[i] == name) found = &t;
+  });
+  return found;
+}
+
+}  // namespace loom::data

@@ -1,0 +1,123 @@
+#pragma once
+// The dataset concept and its type-erased handle.
+//
+// A dataset is any type with `size()` and either `get_batch(std::span<const int64_t>)`
+// returning a batch aggregate (the fast path: one gather per field) or `get(int64_t)`
+// returning one example aggregate (stacked field by field by collate()).
+
+#include <loom/core/error.hpp>
+#include <loom/data/collate.hpp>
+
+#include <concepts>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+namespace loom::data {
+
+/// A dataset that gathers whole batches from a list of indices.
+template <class D>
+concept BatchDataset = requires(const D& d, std::span<const int64_t> idx) {
+  { d.size() } -> std::convertible_to<int64_t>;
+  { d.get_batch(idx) } -> TensorAggregate;
+};
+
+/// A dataset that returns one example at a time.
+template <class D>
+concept ExampleDataset = requires(const D& d, int64_t i) {
+  { d.size() } -> std::convertible_to<int64_t>;
+  { d.get(i) } -> TensorAggregate;
+};
+
+/// Anything the Trainer can read batches from.
+template <class D>
+concept Dataset = BatchDataset<D> || ExampleDataset<D>;
+
+namespace detail {
+template <class D>
+struct batch_of {
+  using type = std::decay_t<decltype(std::declval<const D&>().get(int64_t{}))>;
+};
+template <BatchDataset D>
+struct batch_of<D> {
+  using type = std::decay_t<decltype(std::declval<const D&>().get_batch(std::span<const int64_t>{}))>;
+};
+}  // namespace detail
+
+/// The batch aggregate a dataset produces.
+template <Dataset D>
+using batch_t = typename detail::batch_of<D>::type;
+
+/// The batch of rows `indices` of `dataset`.
+template <Dataset D>
+batch_t<D> fetch(const D& dataset, std::span<const int64_t> indices) {
+  if constexpr (BatchDataset<D>) {
+    return dataset.get_batch(indices);
+  } else {
+    std::vector<batch_t<D>> examples;
+    examples.reserve(indices.size());
+    for (int64_t i : indices) examples.push_back(dataset.get(i));
+    return collate(examples);
+  }
+}
+
+/// A type-erased, shared, read-only dataset yielding `Batch`.
+template <TensorAggregate Batch>
+class AnyDataset {
+ public:
+  AnyDataset() = default;
+  /// Takes ownership of `dataset` (moved into shared storage).
+  template <Dataset D>
+    requires std::same_as<batch_t<D>, Batch>
+  explicit AnyDataset(D dataset)
+      : impl_(std::make_shared<const D>(std::move(dataset))),
+        size_(static_cast<int64_t>(static_cast<const D&>(*static_cast<const D*>(impl_.get())).size())),
+        fetch_([](const void* self, std::span<const int64_t> idx) {
+          return fetch(*static_cast<const D*>(self), idx);
+        }) {}
+
+  /// True when a dataset is held.
+  [[nodiscard]] explicit operator bool() const { return impl_ != nullptr; }
+  /// Number of examples.
+  [[nodiscard]] int64_t size() const { return size_; }
+  /// The batch of rows `indices`.
+  [[nodiscard]] Batch get_batch(std::span<const int64_t> indices) const { return fetch_(impl_.get(), indices); }
+
+ private:
+  std::shared_ptr<const void> impl_;
+  int64_t size_ = 0;
+  Batch (*fetch_)(const void*, std::span<const int64_t>) = nullptr;
+};
+
+/// An in-memory dataset: a batch aggregate of whole tensors whose rows are the examples.
+template <TensorAggregate Batch>
+class TensorDataset {
+ public:
+  /// Wraps `tensors`; every field must have the same first dimension.
+  explicit TensorDataset(Batch tensors) : tensors_(std::move(tensors)) {
+    size_ = batch_rows(tensors_);
+    constexpr auto names = boost::pfr::names_as_array<Batch>();
+    boost::pfr::for_each_field(tensors_, [&](const torch::Tensor& t, std::size_t i) {
+      check(t.defined() && t.dim() > 0 && t.size(0) == size_,
+            "TensorDataset field '{}' has {} rows but the first field has {}", names[i],
+            t.defined() && t.dim() > 0 ? t.size(0) : 0, size_);
+    });
+  }
+  /// Number of rows.
+  [[nodiscard]] int64_t size() const { return size_; }
+  /// The rows `indices` of every field (one index_select per field).
+  [[nodiscard]] Batch get_batch(std::span<const int64_t> indices) const {
+    auto index = torch::from_blob(const_cast<int64_t*>(indices.data()),
+                                  {static_cast<int64_t>(indices.size())}, torch::kLong);
+    return index_rows(tensors_, index);
+  }
+  /// The whole data.
+  [[nodiscard]] const Batch& tensors() const { return tensors_; }
+
+ private:
+  Batch tensors_;
+  int64_t size_ = 0;
+};
+
+}  // namespace loom::data

@@ -1,0 +1,84 @@
+#pragma once
+// Callback events: one tag per HF event, and CallbackSet, which folds an event over the
+// callback pack with `if constexpr (requires ...)` so an event nobody handles costs nothing.
+// TrainerControl flags are reset here, exactly where HF's CallbackHandler resets them.
+
+#include <loom/config/training_arguments.hpp>
+#include <loom/core/state.hpp>
+
+#include <tuple>
+#include <type_traits>
+
+namespace loom {
+
+template <class T>
+inline constexpr bool dependent_false_v = false;
+
+// Each event tag forwards to a callback's member of the same name. A callback may take the
+// event's extra argument (metrics, logs) or not. A member with the event's name that fits
+// neither form is a compile error, not a silently skipped event.
+#define LOOM_DEFINE_EVENT(NAME)                                                                        \
+  struct NAME {                                                                                        \
+    template <class Cb, class... X>                                                                    \
+    static void call(Cb& cb, const TrainingArguments& a, TrainerState& s, TrainerControl& c,           \
+                     const X&... x) {                                                                  \
+      if constexpr (requires { cb.NAME(a, s, c, x...); }) {                                            \
+        cb.NAME(a, s, c, x...);                                                                        \
+      } else if constexpr (sizeof...(X) > 0 && requires { cb.NAME(a, s, c); }) {                       \
+        cb.NAME(a, s, c);                                                                              \
+      } else if constexpr (requires { &Cb::NAME; }) {                                                  \
+        static_assert(dependent_false_v<Cb>,                                                           \
+                      "loom: a callback's " #NAME " has the wrong signature; expected (const "         \
+                      "loom::TrainingArguments&, loom::TrainerState&, loom::TrainerControl&[, extra])"); \
+      }                                                                                                \
+    }                                                                                                  \
+  };
+
+/// HF's callback events, in the order a training run fires them.
+namespace event {
+LOOM_DEFINE_EVENT(on_init_end)
+LOOM_DEFINE_EVENT(on_train_begin)
+LOOM_DEFINE_EVENT(on_epoch_begin)
+LOOM_DEFINE_EVENT(on_step_begin)
+LOOM_DEFINE_EVENT(on_substep_end)
+LOOM_DEFINE_EVENT(on_pre_optimizer_step)
+LOOM_DEFINE_EVENT(on_optimizer_step)
+LOOM_DEFINE_EVENT(on_step_end)
+LOOM_DEFINE_EVENT(on_epoch_end)
+LOOM_DEFINE_EVENT(on_train_end)
+LOOM_DEFINE_EVENT(on_evaluate)
+LOOM_DEFINE_EVENT(on_predict)
+LOOM_DEFINE_EVENT(on_prediction_step)
+LOOM_DEFINE_EVENT(on_save)
+LOOM_DEFINE_EVENT(on_log)
+}  // namespace event
+#undef LOOM_DEFINE_EVENT
+
+/// The callbacks of one Trainer: built-ins first, then the user's pack, called in that order.
+template <class... Cbs>
+class CallbackSet {
+ public:
+  /// Fires `Event` on every callback after applying HF's flag resets for it.
+  template <class Event, class... X>
+  void fire(const TrainingArguments& a, TrainerState& s, TrainerControl& c, const X&... x) {
+    if constexpr (std::is_same_v<Event, event::on_train_begin>) c.should_training_stop = false;
+    if constexpr (std::is_same_v<Event, event::on_epoch_begin>) c.should_epoch_stop = false;
+    if constexpr (std::is_same_v<Event, event::on_step_begin>)
+      c.should_log = c.should_evaluate = c.should_save = false;
+    if constexpr (std::is_same_v<Event, event::on_log>) c.should_log = false;
+    if constexpr (std::is_same_v<Event, event::on_evaluate>) c.should_evaluate = false;
+    if constexpr (std::is_same_v<Event, event::on_save>) c.should_save = false;
+    std::apply([&](auto&... cb) { (Event::call(cb, a, s, c, x...), ...); }, callbacks_);
+  }
+
+  /// The callback of type `Cb`.
+  template <class Cb>
+  Cb& get() {
+    return std::get<Cb>(callbacks_);
+  }
+
+ private:
+  std::tuple<Cbs...> callbacks_;
+};
+
+}  // namespace loom

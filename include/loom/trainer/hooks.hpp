@@ -1,0 +1,140 @@
+#pragma once
+// The hooks a Trainer subclass may override (HF names), the types they trade in, and the
+// one place that calls them: call_hook<Hook>(self, args...). A subclass member with a
+// hook's name that cannot be called with the hook's arguments hides the default and is a
+// compile error here, with a "loom:" message naming the hook and its expected form.
+
+#include <loom/core/metrics.hpp>
+
+#include <boost/pfr.hpp>
+#include <torch/torch.h>
+
+#include <type_traits>
+#include <utility>
+
+namespace loom {
+
+/// What a model (or compute_loss) may return: a loss plus the logits used for metrics.
+struct ModelOutput {
+  torch::Tensor loss;    ///< scalar loss, mean over the batch's items
+  torch::Tensor logits;  ///< predictions handed to compute_metrics
+};
+
+/// prediction_step's result, as HF's (loss, logits, labels) triple.
+struct PredictionOutput {
+  torch::Tensor loss;    ///< scalar mean loss of the batch (undefined: none)
+  torch::Tensor logits;  ///< predictions (undefined: none)
+  torch::Tensor labels;  ///< label ids (undefined: none)
+};
+
+/// compute_metrics' input, as HF's EvalPrediction.
+struct EvalPrediction {
+  torch::Tensor predictions;  ///< every batch's logits, concatenated on dim 0 (CPU)
+  torch::Tensor label_ids;    ///< every batch's labels, concatenated on dim 0 (CPU)
+};
+
+/// What compute_loss may return: a tensor, or an aggregate with `loss` (and maybe `logits`).
+template <class R>
+concept LossResult = std::is_same_v<std::decay_t<R>, torch::Tensor> ||
+                     requires(const R& r) { { r.loss } -> std::convertible_to<torch::Tensor>; };
+
+/// The loss of a compute_loss result.
+template <LossResult R>
+torch::Tensor loss_of(R&& r) {
+  if constexpr (std::is_same_v<std::decay_t<R>, torch::Tensor>) return std::forward<R>(r);
+  else return r.loss;
+}
+
+/// The logits of a compute_loss result (undefined when it has none).
+template <LossResult R>
+torch::Tensor logits_of(const R& r) {
+  if constexpr (requires { { r.logits } -> std::convertible_to<torch::Tensor>; }) return r.logits;
+  else return {};
+}
+
+namespace hook {
+
+template <class T>
+inline constexpr bool dependent_false = false;
+
+// Each hook tag calls `self.NAME(args...)`. The Trainer base defines every hook, so the call
+// only fails when the subclass declared NAME with other parameters.
+#define LOOM_DEFINE_HOOK(NAME, EXPECTED)                                                     \
+  struct NAME {                                                                              \
+    template <class Self, class... A>                                                        \
+    static decltype(auto) call(Self& self, A&&... a) {                                       \
+      if constexpr (requires { self.NAME(std::forward<A>(a)...); }) {                        \
+        return self.NAME(std::forward<A>(a)...);                                             \
+      } else {                                                                               \
+        static_assert(dependent_false<Self>, "loom: the override of " #NAME                  \
+                                             " has the wrong signature; expected " EXPECTED); \
+      }                                                                                      \
+    }                                                                                        \
+  };
+
+LOOM_DEFINE_HOOK(compute_loss, "compute_loss(Model&, Batch&) -> torch::Tensor or loom::ModelOutput")
+LOOM_DEFINE_HOOK(training_step, "training_step(Model&, Batch&, double loss_weight) -> torch::Tensor")
+LOOM_DEFINE_HOOK(prediction_step, "prediction_step(Model&, Batch&) -> loom::PredictionOutput")
+LOOM_DEFINE_HOOK(num_items, "num_items(const Batch&) -> int64_t")
+LOOM_DEFINE_HOOK(create_optimizer, "create_optimizer() -> loom::optim::Optimizer")
+LOOM_DEFINE_HOOK(create_scheduler, "create_scheduler(int64_t num_training_steps) -> scheduler_type")
+LOOM_DEFINE_HOOK(get_train_dataloader, "get_train_dataloader() -> loom::data::DataLoader<Batch>")
+LOOM_DEFINE_HOOK(get_eval_dataloader, "get_eval_dataloader() -> loom::data::DataLoader<Batch>")
+LOOM_DEFINE_HOOK(log, "log(const loom::Metrics&) -> void")
+LOOM_DEFINE_HOOK(compute_metrics, "compute_metrics(const loom::EvalPrediction&) -> loom::Metrics")
+#undef LOOM_DEFINE_HOOK
+
+}  // namespace hook
+
+/// Calls hook `Hook` on `self`: the single dispatch point for every Trainer hook.
+template <class Hook, class Self, class... A>
+decltype(auto) call_hook(Self& self, A&&... a) {
+  return Hook::call(self, std::forward<A>(a)...);
+}
+
+namespace detail {
+
+template <class F>
+struct member_fn_args {};
+template <class R, class C, class M, class B>
+struct member_fn_args<R (C::*)(M, B)> {
+  using batch = std::decay_t<B>;
+};
+template <class R, class C, class M, class B>
+struct member_fn_args<R (C::*)(M, B) const> : member_fn_args<R (C::*)(M, B)> {};
+template <class R, class C, class M, class B>
+struct member_fn_args<R (C::*)(M, B) noexcept> : member_fn_args<R (C::*)(M, B)> {};
+
+template <class T>
+struct forward_arg {};
+template <class R, class C, class B>
+struct forward_arg<R (C::*)(B)> {
+  using batch = std::decay_t<B>;
+};
+
+// The batch type of a trainer: Self::batch_type if declared; else the second parameter of
+// Self's own (non-template) compute_loss; else the parameter of the model's forward.
+template <class Self, class Model>
+struct batch_type_of {
+  static constexpr auto pick() {
+    if constexpr (requires { typename Self::batch_type; }) {
+      return std::type_identity<typename Self::batch_type>{};
+    } else if constexpr (requires { typename member_fn_args<decltype(&Self::compute_loss)>::batch; }) {
+      return std::type_identity<typename member_fn_args<decltype(&Self::compute_loss)>::batch>{};
+    } else if constexpr (requires {
+                           typename forward_arg<decltype(&std::decay_t<decltype(*std::declval<Model&>())>::forward)>::batch;
+                         }) {
+      return std::type_identity<typename forward_arg<
+          decltype(&std::decay_t<decltype(*std::declval<Model&>())>::forward)>::batch>{};
+    } else {
+      static_assert(dependent_false_v<Self>,
+                    "loom: cannot tell the batch type; declare compute_loss(Model&, Batch&) in your "
+                    "Trainer subclass, or `using batch_type = Batch;`");
+      return std::type_identity<void>{};
+    }
+  }
+  using type = typename decltype(pick())::type;
+};
+
+}  // namespace detail
+}  // namespace loom

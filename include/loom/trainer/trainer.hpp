@@ -1,0 +1,524 @@
+#pragma once
+// loom::Trainer: the one training loop. The only place where policies meet.
+//
+//   struct MyTrainer : loom::Trainer<MyTrainer, Net, loom::schedule::Cosine> {
+//     using Trainer::Trainer;
+//     torch::Tensor compute_loss(Net& model, Batch& batch) { ... }
+//   };
+//
+// Hooks are found by CRTP and called only through call_hook (trainer/hooks.hpp); events go
+// to the callback pack through CallbackSet (trainer/events.hpp). The loop follows
+// transformers.Trainer._inner_training_loop; docs/semantics.md lists where loom differs.
+
+#include <loom/callbacks/default_flow.hpp>
+#include <loom/callbacks/progress.hpp>
+#include <loom/config/reflect.hpp>
+#include <loom/config/training_arguments.hpp>
+#include <loom/config/validate.hpp>
+#include <loom/core/error.hpp>
+#include <loom/core/metrics.hpp>
+#include <loom/core/state.hpp>
+#include <loom/data/collate.hpp>
+#include <loom/data/dataloader.hpp>
+#include <loom/data/dataset.hpp>
+#include <loom/metrics/speed.hpp>
+#include <loom/optim/optimizer.hpp>
+#include <loom/optim/param_groups.hpp>
+#include <loom/policy/bundle.hpp>
+#include <loom/schedule/from_args.hpp>
+#include <loom/trainer/events.hpp>
+#include <loom/trainer/hooks.hpp>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <any>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
+namespace loom {
+
+/// Seeds torch's CPU and CUDA generators (HF's set_seed).
+inline void set_seed(int64_t seed) { torch::manual_seed(static_cast<uint64_t>(seed)); }
+
+/// What train() returns (HF's TrainOutput).
+struct TrainOutput {
+  int64_t global_step = 0;     ///< optimizer steps taken
+  double training_loss = 0.0;  ///< mean loss over all steps
+  Metrics metrics;             ///< train_runtime, train_samples_per_second, ...
+};
+
+namespace detail {
+
+template <class Cbs>
+struct callback_set;
+template <class... Cbs>
+struct callback_set<Callbacks<Cbs...>> {
+  using type = CallbackSet<DefaultFlowCallback, ProgressCallback, Cbs...>;
+};
+
+template <class Model>
+torch::nn::Module& module_of(Model& model) {
+  if constexpr (requires { model.ptr(); }) return *model.ptr();
+  else return *model;
+}
+
+// Writes `j` with sorted keys (as HF's json.dumps(sort_keys=True)) via a temporary file.
+inline void write_json_file(const std::filesystem::path& path, const nlohmann::json& j, int indent) {
+  const auto tmp = std::filesystem::path(path.string() + ".tmp");
+  {
+    std::ofstream out(tmp);
+    check(static_cast<bool>(out), "cannot write {}", tmp.string());
+    out << j.dump(indent) << '\n';
+    check(static_cast<bool>(out), "cannot write {}", tmp.string());
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+inline int64_t resolve_interval(double value, int64_t max_steps) {
+  if (value > 0 && value < 1) return static_cast<int64_t>(std::ceil(value * static_cast<double>(max_steps)));
+  return static_cast<int64_t>(value);
+}
+
+}  // namespace detail
+
+/// The Trainer. Derived: your subclass (CRTP) or void; Model: a torch::nn module holder;
+/// Policies: tags from loom::sharding, loom::precision, loom::schedule, loom::Callbacks<...>.
+template <class Derived, class Model, class... Policies>
+class Trainer {
+ public:
+  using policies = PolicyBundle<Policies...>;
+  using sharding_policy = typename policies::sharding;
+  using precision_policy = typename policies::precision;
+  using schedule_policy = typename policies::schedule;
+  using scheduler_type = schedule::LRScheduler<schedule_policy>;
+  using callbacks_type = typename detail::callback_set<typename policies::callbacks>::type;
+
+  static_assert(std::is_same_v<sharding_policy, sharding::NoShard>,
+                "loom: this build implements sharding::NoShard only");
+  static_assert(std::is_same_v<precision_policy, precision::FP32>,
+                "loom: this build implements precision::FP32 only");
+
+  /// A trainer with a training dataset and, optionally, an evaluation dataset.
+  template <data::Dataset Train>
+  Trainer(TrainingArguments args, Model model, Train train_dataset)
+      : args_(std::move(args)), model_(std::move(model)) {
+    init(std::move(train_dataset));
+  }
+  /// A trainer with training and evaluation datasets.
+  template <data::Dataset Train, data::Dataset Eval>
+  Trainer(TrainingArguments args, Model model, Train train_dataset, Eval eval_dataset)
+      : args_(std::move(args)), model_(std::move(model)) {
+    using Batch = batch_type<Eval>;
+    static_assert(std::is_same_v<data::batch_t<Eval>, Batch>,
+                  "loom: the evaluation dataset yields another batch type than compute_loss takes");
+    eval_data_ = data::AnyDataset<Batch>(std::move(eval_dataset));
+    init(std::move(train_dataset));
+  }
+
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // ---- hooks: override in the subclass; call these as Trainer::name(...) for the default ---
+
+  /// Loss of one batch: the model's forward(batch), a tensor or an aggregate with `loss`.
+  template <class Batch>
+  auto compute_loss(Model& model, Batch& batch) {
+    if constexpr (requires { model->forward(batch); }) {
+      using R = decltype(model->forward(batch));
+      static_assert(LossResult<R>, "loom: the default compute_loss needs model->forward(batch) to return "
+                                   "a loss tensor or an aggregate with a `loss` member; override compute_loss");
+      return model->forward(batch);
+    } else {
+      static_assert(dependent_false_v<Batch>, "loom: the default compute_loss calls model->forward(batch), "
+                                              "which does not exist; override compute_loss(Model&, Batch&)");
+    }
+  }
+
+  /// Forward and backward of one micro-batch; the loss is scaled by `loss_weight`, the
+  /// micro-batch's share of the items in its accumulation group. Returns the scaled loss, detached.
+  template <class Batch>
+  torch::Tensor training_step(Model& model, Batch& batch, double loss_weight) {
+    torch::Tensor loss = loss_of(call_hook<hook::compute_loss>(self(), model, batch));
+    check(loss.defined() && loss.numel() == 1, "compute_loss must return a scalar loss, got shape {}",
+          loss.defined() ? c10::str(loss.sizes()) : std::string("undefined"));
+    if (loss_weight != 1.0) loss = loss * loss_weight;
+    loss.backward();
+    return loss.detach();
+  }
+
+  /// Items a batch contributes to the loss normalization (default: its rows).
+  template <class Batch>
+  int64_t num_items(const Batch& batch) {
+    return data::batch_rows(batch);
+  }
+
+  /// Loss, logits and labels of one evaluation batch (labels: the batch's `labels` field).
+  template <class Batch>
+  PredictionOutput prediction_step(Model& model, Batch& batch) {
+    torch::NoGradGuard no_grad;
+    auto out = call_hook<hook::compute_loss>(self(), model, batch);
+    PredictionOutput p;
+    p.loss = loss_of(out).detach();
+    p.logits = logits_of(out);
+    if (const torch::Tensor* labels = data::field_named(batch, "labels")) p.labels = *labels;
+    return p;
+  }
+
+  /// AdamW (or SGD, per --optim) with HF's decay / no-decay parameter groups.
+  optim::Optimizer create_optimizer() {
+    optim::OptimizerOptions opts;
+    opts.algorithm = optim::algorithm_from_name(args_.optim);
+    opts.beta1 = args_.adam_beta1;
+    opts.beta2 = args_.adam_beta2;
+    opts.eps = args_.adam_epsilon;
+    return optim::Optimizer(optim::decay_groups(detail::module_of(model_), args_.weight_decay), opts);
+  }
+
+  /// The schedule policy's scheduler over `num_training_steps` optimizer steps.
+  scheduler_type create_scheduler(int64_t num_training_steps) {
+    schedule::ScheduleParams p;
+    p.num_training_steps = num_training_steps;
+    p.num_warmup_steps = schedule::resolve_warmup_steps(args_.warmup_steps, args_.warmup_ratio, num_training_steps);
+    p.kwargs = nlohmann::json::parse(args_.lr_scheduler_kwargs);
+    if constexpr (std::is_same_v<schedule_policy, schedule::FromArgs>)
+      return scheduler_type(args_.learning_rate, std::move(p), args_.lr_scheduler_type);
+    else
+      return scheduler_type(args_.learning_rate, std::move(p));
+  }
+
+  /// Training batches: seeded shuffle (data_seed, else seed), per_device_train_batch_size.
+  template <class Batch = void>
+  auto get_train_dataloader() {
+    using B = batch_type<Batch>;
+    const int64_t seed = args_.data_seed.value_or(args_.seed);
+    return data::DataLoader<B>(std::any_cast<const data::AnyDataset<B>&>(train_data_),
+                               args_.per_device_train_batch_size, args_.dataloader_drop_last,
+                               data::RandomSampler{seed});
+  }
+
+  /// Evaluation batches: in order, per_device_eval_batch_size, nothing dropped.
+  template <class Batch = void>
+  auto get_eval_dataloader() {
+    using B = batch_type<Batch>;
+    check(eval_data_.has_value(), "evaluation needs an evaluation dataset; pass one to the Trainer");
+    return data::DataLoader<B>(std::any_cast<const data::AnyDataset<B>&>(eval_data_),
+                               args_.per_device_eval_batch_size, false, data::SequentialSampler{});
+  }
+
+  /// Records `logs` (plus epoch and step) in log_history and fires on_log.
+  void log(const Metrics& logs) {
+    Metrics entry = logs;
+    entry.set("epoch", state_.epoch);
+    state_.append_log(entry);
+    callbacks_.template fire<event::on_log>(args_, state_, control_, entry);
+  }
+
+  /// Metrics from the concatenated predictions (default: none).
+  Metrics compute_metrics(const EvalPrediction&) { return {}; }
+
+  // ---- entry points -------------------------------------------------------------------
+
+  /// Runs the training loop; writes trainer_state.json and *_results.json to output_dir.
+  TrainOutput train() { return train_impl<batch_type<>>(); }
+
+  /// Evaluates on the evaluation dataset; metrics are prefixed with `eval_`.
+  Metrics evaluate() { return evaluate_impl<batch_type<>>("eval"); }
+
+  /// Writes `<split>_results.json` and merges the metrics into `all_results.json` (HF's save_metrics).
+  void save_metrics(const std::string& split, const Metrics& metrics) const {
+    if (!state_.is_world_process_zero) return;
+    std::filesystem::create_directories(args_.output_dir);
+    const std::filesystem::path dir(args_.output_dir);
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& [k, v] : metrics) j[k] = v;
+    detail::write_json_file(dir / (split + "_results.json"), j, 4);
+    nlohmann::json all = nlohmann::json::object();
+    if (std::filesystem::exists(dir / "all_results.json")) {
+      std::ifstream in(dir / "all_results.json");
+      all = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+      if (!all.is_object()) all = nlohmann::json::object();
+    }
+    all.update(j);
+    detail::write_json_file(dir / "all_results.json", all, 4);
+  }
+
+  /// Writes trainer_state.json to output_dir (HF's save_state).
+  void save_state() const {
+    if (!state_.is_world_process_zero) return;
+    std::filesystem::create_directories(args_.output_dir);
+    detail::write_json_file(std::filesystem::path(args_.output_dir) / "trainer_state.json",
+                            nlohmann::json(state_.to_json()), 2);
+  }
+
+  // ---- access ---------------------------------------------------------------------------
+
+  /// The arguments (validated and finalized).
+  [[nodiscard]] const TrainingArguments& args() const { return args_; }
+  /// The model.
+  [[nodiscard]] Model& model() { return model_; }
+  /// The run's state.
+  [[nodiscard]] const TrainerState& state() const { return state_; }
+  /// The control flags.
+  [[nodiscard]] TrainerControl& control() { return control_; }
+  /// The device the model lives on.
+  [[nodiscard]] const torch::Device& device() const { return device_; }
+  /// The callback of type `Cb` (from the Callbacks<...> pack or a built-in).
+  template <class Cb>
+  Cb& callback() {
+    return callbacks_.template get<Cb>();
+  }
+  /// The optimizer (after train() created it).
+  [[nodiscard]] optim::Optimizer& optimizer() {
+    check(optimizer_.has_value(), "the optimizer is created by train()");
+    return *optimizer_;
+  }
+
+ protected:
+  /// The object hooks are called on: the subclass, or this Trainer when Derived is void.
+  auto& self() {
+    if constexpr (std::is_void_v<Derived>) return *this;
+    else return static_cast<Derived&>(*this);
+  }
+
+ private:
+  using Self = std::conditional_t<std::is_void_v<Derived>, Trainer, Derived>;
+  // Lazily evaluated so Derived is complete; the parameter only delays instantiation.
+  template <class Delay = void>
+  using batch_type = typename detail::batch_type_of<std::conditional_t<true, Self, Delay>, Model>::type;
+
+  template <class Train>
+  void init(Train train_dataset) {
+    using Batch = batch_type<Train>;
+    static_assert(data::TensorAggregate<Batch>,
+                  "loom: the batch type must be an aggregate whose fields are torch::Tensor");
+    static_assert(std::is_same_v<data::batch_t<Train>, Batch>,
+                  "loom: the training dataset yields another batch type than compute_loss takes");
+    validate(args_);
+    finalize(args_);
+    train_data_ = data::AnyDataset<Batch>(std::move(train_dataset));
+    device_ = (torch::cuda::is_available() && !args_.use_cpu) ? torch::Device(torch::kCUDA, 0)
+                                                              : torch::Device(torch::kCPU);
+    set_seed(args_.seed);
+    detail::module_of(model_).to(device_);
+    callbacks_.template fire<event::on_init_end>(args_, state_, control_);
+  }
+
+  template <class Batch>
+  TrainOutput train_impl() {
+    auto loader = call_hook<hook::get_train_dataloader>(self());
+    const int64_t len = loader.size();
+    check(len > 0, "the training set yields no batch ({} examples, per_device_train_batch_size {}{})",
+          loader.num_examples(), args_.per_device_train_batch_size,
+          args_.dataloader_drop_last ? ", dataloader_drop_last" : "");
+    const int64_t ga = args_.gradient_accumulation_steps;
+    const int64_t updates_per_epoch = std::max<int64_t>(len / ga + (len % ga > 0 ? 1 : 0), 1);
+    const int64_t total_batch = args_.per_device_train_batch_size * ga;
+    int64_t max_steps = 0, num_epochs = 0;
+    double num_train_samples = 0;
+    if (args_.max_steps > 0) {
+      max_steps = args_.max_steps;
+      num_epochs = max_steps / updates_per_epoch + (max_steps % updates_per_epoch > 0 ? 1 : 0);
+      num_train_samples = static_cast<double>(max_steps * total_batch);
+    } else {
+      max_steps = static_cast<int64_t>(std::ceil(args_.num_train_epochs * static_cast<double>(updates_per_epoch)));
+      num_epochs = static_cast<int64_t>(std::ceil(args_.num_train_epochs));
+      num_train_samples = static_cast<double>(loader.num_examples()) * args_.num_train_epochs;
+    }
+
+    state_ = TrainerState{};
+    state_.max_steps = max_steps;
+    state_.num_train_epochs = num_epochs;
+    state_.train_batch_size = args_.per_device_train_batch_size;
+    state_.logging_steps = detail::resolve_interval(args_.logging_steps, max_steps);
+    state_.eval_steps = detail::resolve_interval(args_.eval_steps.value_or(args_.logging_steps), max_steps);
+    state_.save_steps = detail::resolve_interval(args_.save_steps, max_steps);
+    control_ = TrainerControl{};
+
+    optimizer_.emplace(call_hook<hook::create_optimizer>(self()));
+    scheduler_.emplace(call_hook<hook::create_scheduler>(self(), max_steps));
+    auto& module = detail::module_of(model_);
+    module.train();
+
+    const auto start = std::chrono::steady_clock::now();
+    callbacks_.template fire<event::on_train_begin>(args_, state_, control_);
+    if (args_.eval_on_start) evaluate_impl<Batch>("eval");
+
+    // Per-step values stay on the device; they are read only on logging steps.
+    auto tr_loss = torch::zeros({}, torch::TensorOptions().device(device_).dtype(torch::kFloat));
+    double total_loss = 0.0;
+    int64_t last_logged = 0;
+    torch::Tensor grad_norm;
+    double last_lr = 0.0;
+
+    std::vector<Batch> group;
+    for (int64_t epoch = 0; epoch < num_epochs; ++epoch) {
+      loader.set_epoch(epoch);
+      callbacks_.template fire<event::on_epoch_begin>(args_, state_, control_);
+      int64_t step = -1;
+      for (int64_t update = 0; update < updates_per_epoch; ++update) {
+        const int64_t first = update * ga;
+        const int64_t count = std::min(ga, len - first);
+        // Gather the whole accumulation group first: the loss weights need its item count.
+        group.clear();
+        int64_t group_items = 0;
+        std::vector<int64_t> items;
+        for (int64_t i = 0; i < count; ++i) {
+          group.push_back(loader.batch(first + i));
+          data::to_device(group.back(), device_);
+          items.push_back(call_hook<hook::num_items>(self(), std::as_const(group.back())));
+          group_items += items.back();
+        }
+        for (int64_t i = 0; i < count; ++i) {
+          ++step;
+          if (step % ga == 0) callbacks_.template fire<event::on_step_begin>(args_, state_, control_);
+          const double weight = group_items > 0 ? static_cast<double>(items[i]) / group_items : 1.0 / count;
+          torch::Tensor loss_step = call_hook<hook::training_step>(self(), model_, group[i], weight);
+          accumulate_loss(tr_loss, loss_step, state_.global_step - last_logged);
+          if (i + 1 == count) {
+            if (args_.max_grad_norm > 0) grad_norm = optim::clip_grad_norm(optimizer_->parameters(), args_.max_grad_norm);
+            callbacks_.template fire<event::on_pre_optimizer_step>(args_, state_, control_);
+            last_lr = scheduler_->current_lr();
+            optimizer_->step(last_lr);
+            callbacks_.template fire<event::on_optimizer_step>(args_, state_, control_);
+            scheduler_->step();
+            optimizer_->zero_grad();
+            state_.global_step += 1;
+            state_.epoch = static_cast<double>(epoch) + static_cast<double>(step + 1) / static_cast<double>(len);
+            callbacks_.template fire<event::on_step_end>(args_, state_, control_);
+            maybe_log_save_evaluate<Batch>(tr_loss, total_loss, last_logged, grad_norm, last_lr);
+          } else {
+            callbacks_.template fire<event::on_substep_end>(args_, state_, control_);
+          }
+          if (control_.should_epoch_stop || control_.should_training_stop) break;
+        }
+        if (control_.should_epoch_stop || control_.should_training_stop) break;
+      }
+      callbacks_.template fire<event::on_epoch_end>(args_, state_, control_);
+      maybe_log_save_evaluate<Batch>(tr_loss, total_loss, last_logged, grad_norm, last_lr);
+      if (control_.should_training_stop) break;
+    }
+
+    total_loss += tr_loss.item<double>();
+    TrainOutput out;
+    out.global_step = state_.global_step;
+    out.training_loss = total_loss / static_cast<double>(std::max<int64_t>(state_.global_step, 1));
+    out.metrics = speed_metrics("train", start, num_train_samples, static_cast<double>(max_steps));
+    out.metrics.set("total_flos", state_.total_flos);
+    out.metrics.set("train_loss", out.training_loss);
+    call_hook<hook::log>(self(), std::as_const(out.metrics));
+    out.metrics.set("epoch", state_.epoch);
+    callbacks_.template fire<event::on_train_end>(args_, state_, control_);
+    save_state();
+    save_metrics("train", out.metrics);
+    return out;
+  }
+
+  // tr_loss += loss_step, except a nan/inf step counts as the mean of the logged window so
+  // far (HF's logging_nan_inf_filter), decided on the device.
+  void accumulate_loss(torch::Tensor& tr_loss, const torch::Tensor& loss_step, int64_t steps_in_window) {
+    torch::NoGradGuard no_grad;
+    auto l = loss_step.to(torch::kFloat).reshape({});
+    if (args_.logging_nan_inf_filter) {
+      auto fallback = tr_loss / static_cast<double>(1 + steps_in_window);
+      tr_loss += torch::where(torch::isfinite(l), l, fallback);
+    } else {
+      tr_loss += l;
+    }
+  }
+
+  template <class Batch>
+  void maybe_log_save_evaluate(torch::Tensor& tr_loss, double& total_loss, int64_t& last_logged,
+                               const torch::Tensor& grad_norm, double lr) {
+    if (control_.should_log && state_.global_step > last_logged) {
+      const double loss = tr_loss.item<double>();
+      tr_loss.zero_();
+      Metrics logs;
+      logs.set("loss", loss / static_cast<double>(state_.global_step - last_logged));
+      if (grad_norm.defined()) logs.set("grad_norm", grad_norm.item<double>());
+      logs.set("learning_rate", lr);
+      total_loss += loss;
+      last_logged = state_.global_step;
+      call_hook<hook::log>(self(), std::as_const(logs));
+    }
+    if (control_.should_evaluate) evaluate_impl<Batch>("eval");
+    if (control_.should_save) {
+      // Checkpoint writing arrives with checkpoint/ (issue 3); until then nothing is saved
+      // mid-run and the flag is consumed as HF's on_save would.
+      callbacks_.template fire<event::on_save>(args_, state_, control_);
+    }
+  }
+
+  template <class Batch>
+  Metrics evaluate_impl(const std::string& prefix) {
+    auto loader = call_hook<hook::get_eval_dataloader>(self());
+    loader.set_epoch(0);
+    auto& module = detail::module_of(model_);
+    const bool was_training = module.is_training();
+    module.eval();
+    const auto start = std::chrono::steady_clock::now();
+    torch::NoGradGuard no_grad;
+    auto loss_sum = torch::zeros({}, torch::TensorOptions().device(device_).dtype(torch::kDouble));
+    int64_t loss_rows = 0, rows = 0;
+    std::vector<torch::Tensor> logits, labels, host_logits, host_labels;
+    const bool keep_preds = !args_.prediction_loss_only;
+    auto flush = [&] {
+      if (!logits.empty()) host_logits.push_back(torch::cat(logits).cpu());
+      if (!labels.empty()) host_labels.push_back(torch::cat(labels).cpu());
+      logits.clear();
+      labels.clear();
+    };
+    for (int64_t b = 0; b < loader.size(); ++b) {
+      Batch batch = loader.batch(b);
+      data::to_device(batch, device_);
+      const int64_t n = data::batch_rows(batch);
+      PredictionOutput p = call_hook<hook::prediction_step>(self(), model_, batch);
+      if (p.loss.defined()) {
+        loss_sum += p.loss.to(torch::kDouble).reshape({}) * static_cast<double>(n);
+        loss_rows += n;
+      }
+      if (keep_preds && p.logits.defined()) logits.push_back(p.logits.detach());
+      if (keep_preds && p.labels.defined()) labels.push_back(p.labels.detach());
+      if (args_.eval_accumulation_steps && (b + 1) % *args_.eval_accumulation_steps == 0) flush();
+      rows += n;
+      callbacks_.template fire<event::on_prediction_step>(args_, state_, control_);
+    }
+    flush();
+    Metrics raw;
+    if (!host_logits.empty() && !host_labels.empty()) {
+      EvalPrediction pred{torch::cat(host_logits), torch::cat(host_labels)};
+      raw = call_hook<hook::compute_metrics>(self(), std::as_const(pred));
+    }
+    if (loss_rows > 0) raw.set("loss", loss_sum.item<double>() / static_cast<double>(loss_rows));
+    Metrics metrics;
+    for (const auto& [k, v] : raw)
+      metrics.set(k.rfind(prefix + "_", 0) == 0 ? k : prefix + "_" + k, v);
+    const double steps = std::ceil(static_cast<double>(rows) / static_cast<double>(args_.per_device_eval_batch_size));
+    metrics.merge(speed_metrics(prefix, start, static_cast<double>(rows), steps));
+    if (was_training) module.train();
+    call_hook<hook::log>(self(), std::as_const(metrics));
+    callbacks_.template fire<event::on_evaluate>(args_, state_, control_, metrics);
+    return metrics;
+  }
+
+  TrainingArguments args_;
+  Model model_;
+  torch::Device device_{torch::kCPU};
+  TrainerState state_;
+  TrainerControl control_;
+  callbacks_type callbacks_;
+  std::any train_data_, eval_data_;
+  std::optional<optim::Optimizer> optimizer_;
+  std::optional<scheduler_type> scheduler_;
+};
+
+/// A Trainer with no overrides.
+template <class Model, class... Policies>
+using DefaultTrainer = Trainer<void, Model, Policies...>;
+
+}  // namespace loom

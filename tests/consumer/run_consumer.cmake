@@ -1,0 +1,28 @@
+# Builds and runs a tiny consumer of loom, either through find_package(loom) from a fresh
+# install of this build, or through add_subdirectory of the source tree.
+file(REMOVE_RECURSE "${WORK_DIR}")
+set(extra)
+if(MODE STREQUAL "find_package")
+  execute_process(COMMAND "${CMAKE_COMMAND}" --install "${BINARY_DIR}" --prefix "${WORK_DIR}/prefix"
+                  RESULT_VARIABLE rc OUTPUT_QUIET)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "installing loom failed")
+  endif()
+  set(extra "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix")
+else()
+  set(extra "-DLOOM_SOURCE_DIR=${SOURCE_DIR}")
+endif()
+execute_process(COMMAND "${CMAKE_COMMAND}" -S "${CONSUMER}" -B "${WORK_DIR}/build" -G Ninja ${COMMON} ${extra}
+                RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "configuring the consumer failed")
+endif()
+execute_process(COMMAND "${CMAKE_COMMAND}" --build "${WORK_DIR}/build" RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "building the consumer failed")
+endif()
+execute_process(COMMAND "${WORK_DIR}/build/consumer" RESULT_VARIABLE rc OUTPUT_VARIABLE out)
+message("${out}")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "the consumer failed")
+endif()

@@ -1,0 +1,28 @@
+# Smoke run of the default example: a few steps on a slice of the data, then a check that
+# the outputs HF users expect were written and hold the expected keys.
+file(REMOVE_RECURSE "${OUT}")
+execute_process(COMMAND "${EXE}" --max_steps 30 --logging_steps 10 --max_eval_samples 512
+                        --output_dir "${OUT}" --disable_tqdm
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+message("${out}${err}")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "fashion_mnist exited with ${rc}")
+endif()
+foreach(f trainer_state.json all_results.json train_results.json eval_results.json)
+  if(NOT EXISTS "${OUT}/${f}")
+    message(FATAL_ERROR "missing ${OUT}/${f}")
+  endif()
+endforeach()
+file(READ "${OUT}/all_results.json" all)
+foreach(key eval_accuracy eval_loss train_loss train_runtime train_samples_per_second)
+  string(JSON value ERROR_VARIABLE e GET "${all}" ${key})
+  if(e)
+    message(FATAL_ERROR "all_results.json has no ${key}")
+  endif()
+endforeach()
+file(READ "${OUT}/trainer_state.json" state)
+string(JSON steps GET "${state}" global_step)
+if(NOT steps EQUAL 30)
+  message(FATAL_ERROR "trainer_state.json global_step is ${steps}, expected 30")
+endif()
+message("example smoke ok")
