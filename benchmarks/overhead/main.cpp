@@ -50,20 +50,97 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
-// Records the time between consecutive optimizer steps.
-struct StepTimer {
-  std::vector<double>* out = nullptr;
+// The hand-written loop: what a libtorch user writes without loom, with the same kernels.
+// One call of step() is one optimizer step; it times itself.
+class HandLoop {
+ public:
+  HandLoop(const Batch& data, int64_t batch, uint64_t seed, int64_t total_steps, double lr_peak)
+      : data_(data), batch_(batch), total_(total_steps), lr_peak_(lr_peak) {
+    torch::manual_seed(seed);
+    model_ = Net();
+    model_->train();
+    for (const auto& p : model_->named_parameters())
+      (p.key().find("bias") == std::string::npos ? groups_[0] : groups_[1]).params.push_back(p.value());
+    for (auto& g : groups_)
+      for (auto& p : g.params) {
+        g.m.push_back(torch::zeros_like(p));
+        g.v.push_back(torch::zeros_like(p));
+        g.step.push_back(torch::zeros({}, torch::kFloat));
+      }
+    all_ = model_->parameters();
+    order_ = loom::data::seeded_permutation(data_.images.size(0), 42, 0);
+    running_ = torch::zeros({});
+  }
+
+  /// One step; returns (step, gather) times in microseconds.
+  std::pair<double, double> step() {
+    const auto t0 = Clock::now();
+    const int64_t n = data_.images.size(0);
+    const int64_t per_epoch = n / batch_ + (n % batch_ ? 1 : 0);
+    const int64_t begin = (s_ % per_epoch) * batch_, len = std::min(batch_, n - begin);
+    auto idx = order_.narrow(0, begin, len);
+    Batch mb{data_.images.index_select(0, idx), data_.labels.index_select(0, idx)};
+    const auto t1 = Clock::now();
+    auto loss = torch::cross_entropy_loss(model_->forward(mb.images), mb.labels);
+    loss.backward();
+    {
+      torch::NoGradGuard ng;
+      running_ += loss.detach();
+      std::vector<torch::Tensor> grads;
+      for (auto& p : all_) grads.push_back(p.grad());
+      auto norm = torch::linalg_vector_norm(torch::stack(at::_foreach_norm(grads, 2)), 2);
+      at::_foreach_mul_(grads, torch::clamp_max(1.0 / (norm + 1e-6), 1.0));
+      const double lr = lr_peak_ * std::max(0.0, double(total_ - s_) / double(total_));
+      for (auto& g : groups_) {
+        std::vector<torch::Tensor> ps, gs;
+        for (auto& p : g.params) ps.push_back(p.detach()), gs.push_back(p.grad());
+        at::_foreach_add_(g.step, 1.0);
+        at::_fused_adamw_(ps, gs, g.m, g.v, {}, g.step, lr, 0.9, 0.999, 0.0, 1e-8, false, false, std::nullopt,
+                          std::nullopt);
+      }
+      for (auto& p : all_) p.mutable_grad() = torch::Tensor();
+    }
+    ++s_;
+    const auto t2 = Clock::now();
+    return {std::chrono::duration<double, std::micro>(t2 - t0).count(),
+            std::chrono::duration<double, std::micro>(t1 - t0).count()};
+  }
+
+ private:
+  struct Group {
+    std::vector<torch::Tensor> params, m, v, step;
+  };
+  Batch data_;
+  int64_t batch_, total_, s_ = 0;
+  double lr_peak_;
+  Net model_{nullptr};
+  Group groups_[2];
+  std::vector<torch::Tensor> all_;
+  torch::Tensor order_, running_;
+};
+
+// Interleaves the two loops step by step: after each Trainer step it runs one hand-written
+// step, so both see the same machine conditions. Trainer step time = time between two
+// on_step_end calls, minus the hand-written step run inside the callback.
+struct Interleave {
+  HandLoop* hand = nullptr;
   int64_t skip = 0;
+  std::vector<double> trainer, handwritten, gather;
   Clock::time_point last{};
   void on_train_begin(const loom::TrainingArguments&, loom::TrainerState&, loom::TrainerControl&) { last = Clock::now(); }
   void on_step_end(const loom::TrainingArguments&, loom::TrainerState& s, loom::TrainerControl&) {
-    const auto now = Clock::now();
-    if (s.global_step > skip) out->push_back(std::chrono::duration<double, std::micro>(now - last).count());
-    last = now;
+    const double t = std::chrono::duration<double, std::micro>(Clock::now() - last).count();
+    const auto [h, g] = hand->step();
+    if (s.global_step > skip) {
+      trainer.push_back(t);
+      handwritten.push_back(h);
+      gather.push_back(g);
+    }
+    last = Clock::now();
   }
 };
 
-struct BenchTrainer : loom::Trainer<BenchTrainer, Net, loom::schedule::Linear, loom::Callbacks<StepTimer>> {
+struct BenchTrainer : loom::Trainer<BenchTrainer, Net, loom::schedule::Linear, loom::Callbacks<Interleave>> {
   using Trainer::Trainer;
   torch::Tensor compute_loss(Net& model, Batch& b) { return torch::cross_entropy_loss(model->forward(b.images), b.labels); }
 };
@@ -71,67 +148,6 @@ struct BenchTrainer : loom::Trainer<BenchTrainer, Net, loom::schedule::Linear, l
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
-// The hand-written loop: what a libtorch user writes without loom, with the same kernels.
-void hand_written(const Batch& data, int64_t steps, int64_t warmup, int64_t batch, uint64_t seed, double lr_peak,
-                  std::vector<double>& times, std::vector<double>& fetch_times) {
-  torch::manual_seed(seed);
-  Net model;
-  model->train();
-  std::vector<torch::Tensor> decay, no_decay;
-  for (const auto& p : model->named_parameters())
-    (p.key().find("bias") == std::string::npos ? decay : no_decay).push_back(p.value());
-  struct State {
-    std::vector<torch::Tensor> params, m, v, step;
-    double wd;
-  };
-  std::vector<State> groups{{decay, {}, {}, {}, 0.0}, {no_decay, {}, {}, {}, 0.0}};
-  for (auto& g : groups)
-    for (auto& p : g.params) {
-      g.m.push_back(torch::zeros_like(p));
-      g.v.push_back(torch::zeros_like(p));
-      g.step.push_back(torch::zeros({}, torch::kFloat));
-    }
-  std::vector<torch::Tensor> all = model->parameters();
-  const int64_t n = data.images.size(0);
-  const int64_t per_epoch = n / batch + (n % batch ? 1 : 0);
-  const int64_t total = steps + warmup;
-  auto order = loom::data::seeded_permutation(n, 42, 0);
-  auto running = torch::zeros({});
-  for (int64_t s = 0; s < total; ++s) {
-    const auto t0 = Clock::now();
-    const int64_t b = s % per_epoch;
-    const int64_t begin = b * batch, len = std::min(batch, n - begin);
-    auto idx = order.narrow(0, begin, len);
-    Batch mb{data.images.index_select(0, idx), data.labels.index_select(0, idx)};
-    const auto t1 = Clock::now();
-    auto loss = torch::cross_entropy_loss(model->forward(mb.images), mb.labels);
-    loss.backward();
-    {
-      torch::NoGradGuard ng;
-      running += loss.detach();
-      std::vector<torch::Tensor> grads;
-      for (auto& p : all) grads.push_back(p.grad());
-      auto norm = torch::linalg_vector_norm(torch::stack(at::_foreach_norm(grads, 2)), 2);
-      at::_foreach_mul_(grads, torch::clamp_max(1.0 / (norm + 1e-6), 1.0));
-      const double lr = lr_peak * std::max(0.0, double(total - s) / double(total));
-      for (auto& g : groups) {
-        std::vector<torch::Tensor> ps, gs;
-        for (auto& p : g.params) ps.push_back(p.detach()), gs.push_back(p.grad());
-        at::_foreach_add_(g.step, 1.0);
-        at::_fused_adamw_(ps, gs, g.m, g.v, {}, g.step, lr, 0.9, 0.999, g.wd, 1e-8, false, false, std::nullopt,
-                          std::nullopt);
-      }
-      for (auto& p : all) p.mutable_grad() = torch::Tensor();
-    }
-    const auto t2 = Clock::now();
-    if (s >= warmup) {
-      times.push_back(std::chrono::duration<double, std::micro>(t2 - t0).count());
-      fetch_times.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-    }
-  }
-  (void)running.item<double>();
 }
 
 }  // namespace
@@ -150,30 +166,28 @@ int main(int argc, char** argv) {
 
     std::vector<double> trainer_times, hand_times, fetch_times;
     for (int64_t r = 0; r < bench.rounds; ++r) {
-      std::vector<double> t_round, h_round, f_round;
-      {
-        loom::TrainingArguments args;
-        args.output_dir = "output/bench_overhead";
-        args.max_steps = bench.steps + bench.warmup;
-        args.per_device_train_batch_size = bench.batch;
-        args.learning_rate = 1e-3;
-        args.weight_decay = 0.0;
-        args.logging_steps = static_cast<double>(args.max_steps + 1);  // no logging sync inside the block
-        args.save_strategy = "no";
-        args.disable_tqdm = true;
-        args.use_cpu = true;
-        args.seed = 100 + r;
-        BenchTrainer trainer(args, Net{}, loom::data::TensorDataset<Batch>(data));
-        trainer.callback<StepTimer>().out = &t_round;
-        trainer.callback<StepTimer>().skip = bench.warmup;
-        trainer.train();
-      }
-      hand_written(data, bench.steps, bench.warmup, bench.batch, 100 + r, 1e-3, h_round, f_round);
-      fmt::print("round {}: trainer {:.1f} us/step, hand-written {:.1f} us/step, ratio {:.4f}\n", r, median(t_round),
-                 median(h_round), median(t_round) / median(h_round));
-      trainer_times.insert(trainer_times.end(), t_round.begin(), t_round.end());
-      hand_times.insert(hand_times.end(), h_round.begin(), h_round.end());
-      fetch_times.insert(fetch_times.end(), f_round.begin(), f_round.end());
+      loom::TrainingArguments args;
+      args.output_dir = "output/bench_overhead";
+      args.max_steps = bench.steps + bench.warmup;
+      args.per_device_train_batch_size = bench.batch;
+      args.learning_rate = 1e-3;
+      args.weight_decay = 0.0;
+      args.logging_steps = static_cast<double>(args.max_steps + 1);  // no logging sync inside the run
+      args.save_strategy = "no";
+      args.disable_tqdm = true;
+      args.use_cpu = true;
+      args.seed = 100 + r;
+      HandLoop hand(data, bench.batch, static_cast<uint64_t>(args.seed), args.max_steps, args.learning_rate);
+      BenchTrainer trainer(args, Net{}, loom::data::TensorDataset<Batch>(data));
+      auto& probe = trainer.callback<Interleave>();
+      probe.hand = &hand;
+      probe.skip = bench.warmup;
+      trainer.train();
+      fmt::print("round {}: trainer {:.1f} us/step, hand-written {:.1f} us/step, ratio {:.4f}\n", r,
+                 median(probe.trainer), median(probe.handwritten), median(probe.trainer) / median(probe.handwritten));
+      trainer_times.insert(trainer_times.end(), probe.trainer.begin(), probe.trainer.end());
+      hand_times.insert(hand_times.end(), probe.handwritten.begin(), probe.handwritten.end());
+      fetch_times.insert(fetch_times.end(), probe.gather.begin(), probe.gather.end());
     }
     const double t = median(trainer_times), h = median(hand_times), f = median(fetch_times);
     fmt::print("median step: trainer {:.1f} us, hand-written {:.1f} us ({} steps each)\n", t, h, trainer_times.size());
