@@ -33,6 +33,7 @@
 #include <torch/torch.h>
 
 #include <any>
+#include <cstdio>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -345,6 +346,9 @@ class Trainer {
     auto& module = detail::module_of(model_);
     module.train();
 
+    if (args_.save_strategy != "no" && state_.is_world_process_zero)
+      std::fputs("loom: note: this build writes no checkpoint-N folders yet; save_strategy only fires on_save\n",
+                 stderr);
     const auto start = std::chrono::steady_clock::now();
     callbacks_.template fire<event::on_train_begin>(args_, state_, control_);
     if (args_.eval_on_start) evaluate_impl<Batch>("eval");
@@ -448,8 +452,8 @@ class Trainer {
     }
     if (control_.should_evaluate) evaluate_impl<Batch>("eval");
     if (control_.should_save) {
-      // Checkpoint writing arrives with checkpoint/ (issue 3); until then nothing is saved
-      // mid-run and the flag is consumed as HF's on_save would.
+      // Checkpoint writing arrives with checkpoint/; until then train() says so at start
+      // (see docs/semantics.md) and the event still fires in HF's order.
       callbacks_.template fire<event::on_save>(args_, state_, control_);
     }
   }
