@@ -48,8 +48,10 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
-struct FashionTrainer : loom::Trainer<FashionTrainer, Net> {
-  using Trainer::Trainer;
+// The precision is a type; main() picks it from --bf16 / --fp16 through loom::select_policies.
+template <class Precision>
+struct FashionTrainer : loom::Trainer<FashionTrainer<Precision>, Net, Precision> {
+  using loom::Trainer<FashionTrainer<Precision>, Net, Precision>::Trainer;
 
   loom::ModelOutput compute_loss(Net& model, Batch& batch) {
     auto logits = model->forward(batch.images);
@@ -98,10 +100,13 @@ int main(int argc, char** argv) {
     fmt::print("fashion_mnist: {} training and {} test images from {}\n", train_set.size(), test_set.size(),
                dir.string());
 
-    FashionTrainer trainer(args, Net{}, std::move(train_set), std::move(test_set));
-    auto result = trainer.train();
-    auto metrics = trainer.evaluate();
-    trainer.save_metrics("eval", metrics);
+    auto [result, metrics] = loom::select_policies(args, [&]<class Precision>() {
+      FashionTrainer<Precision> trainer(args, Net{}, train_set, test_set);
+      auto train_output = trainer.train();
+      auto eval_metrics = trainer.evaluate();
+      trainer.save_metrics("eval", eval_metrics);
+      return std::pair{train_output, eval_metrics};
+    });
 
     fmt::print("\n***** train metrics *****\n");
     for (const auto& [k, v] : result.metrics) fmt::print("  {:<28} = {}\n", k, v);

@@ -13,7 +13,10 @@
 #include <loom/data/dataset.hpp>
 #include <loom/data/idx.hpp>
 #include <loom/data/sampler.hpp>
+#include <loom/checkpoint/folders.hpp>
+#include <loom/checkpoint/safetensors.hpp>
 #include <loom/policy/bundle.hpp>
 #include <loom/policy/tags.hpp>
 #include <loom/schedule/from_args.hpp>
+#include <loom/trainer/selector.hpp>
 #include <loom/trainer/trainer.hpp>

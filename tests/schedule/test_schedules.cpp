@@ -1,45 +1,56 @@
-// Learning-rate schedules against HF's formulas (transformers.optimization), evaluated by
-// hand for small cases, plus the run-time selection by name.
+// Learning-rate schedules: every lr_scheduler_type against the real transformers package
+// (get_scheduler stepped in Python, rates compared step by step), plus hand-computed
+// values, kwargs errors and state round trips.
 #include <loom/schedule/from_args.hpp>
 
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
 #include <numbers>
+#include <string>
 
 using namespace loom::schedule;
 
-TEST_CASE("linear schedule with warmup: HF's lr_lambda") {
-  ScheduleParams p{2, 10, {}};
-  LRScheduler<Linear> s(1.0, p);
-  // step < 2: step / 2; then (10 - step) / 8
+namespace {
+ScheduleParams params(int64_t warmup, int64_t total, double lr = 1.0, nlohmann::json kwargs = nlohmann::json::object()) {
+  return ScheduleParams{warmup, total, lr, std::move(kwargs)};
+}
+
+std::string run_capture(const std::string& cmd) {
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), &pclose);
+  REQUIRE(pipe != nullptr);
+  std::string out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, pipe.get())) out += buf;
+  return out;
+}
+}  // namespace
+
+TEST_CASE("linear schedule with warmup: HF's lr_lambda by hand") {
+  LRScheduler<Linear> s(params(2, 10));
   const double expected[] = {0.0, 0.5, 1.0, 7.0 / 8, 6.0 / 8, 5.0 / 8, 4.0 / 8, 3.0 / 8, 2.0 / 8, 1.0 / 8, 0.0, 0.0};
   for (int step = 0; step < 12; ++step) CHECK(s.lr_at(step) == doctest::Approx(expected[step]));
-  // current_lr follows step().
   CHECK(s.current_lr() == 0.0);
   s.step();
   s.step();
   s.step();
   CHECK(s.current_lr() == doctest::Approx(7.0 / 8));
-  // Peak scaling.
-  CHECK(LRScheduler<Linear>(3e-4, p).lr_at(4) == doctest::Approx(3e-4 * 6.0 / 8));
-  // No warmup: starts at the peak.
-  CHECK(LRScheduler<Linear>(1.0, ScheduleParams{0, 4, {}}).lr_at(0) == doctest::Approx(1.0));
+  CHECK(LRScheduler<Linear>(params(2, 10, 3e-4)).lr_at(4) == doctest::Approx(3e-4 * 6.0 / 8));
+  CHECK(LRScheduler<Linear>(params(0, 4)).lr_at(0) == doctest::Approx(1.0));
 }
 
-TEST_CASE("constant, constant_with_warmup and cosine") {
-  ScheduleParams p{4, 20, {}};
-  CHECK(LRScheduler<Constant>(0.1, p).lr_at(0) == doctest::Approx(0.1));
-  CHECK(LRScheduler<Constant>(0.1, p).lr_at(19) == doctest::Approx(0.1));
-  CHECK(LRScheduler<ConstantWithWarmup>(1.0, p).lr_at(1) == doctest::Approx(0.25));
-  CHECK(LRScheduler<ConstantWithWarmup>(1.0, p).lr_at(10) == doctest::Approx(1.0));
-  LRScheduler<Cosine> c(1.0, p);
+TEST_CASE("constant, constant_with_warmup and cosine by hand") {
+  CHECK(LRScheduler<Constant>(params(4, 20, 0.1)).lr_at(19) == doctest::Approx(0.1));
+  CHECK(LRScheduler<ConstantWithWarmup>(params(4, 20)).lr_at(1) == doctest::Approx(0.25));
+  CHECK(LRScheduler<ConstantWithWarmup>(params(4, 20)).lr_at(10) == doctest::Approx(1.0));
+  LRScheduler<Cosine> c(params(4, 20));
   CHECK(c.lr_at(2) == doctest::Approx(0.5));
-  CHECK(c.lr_at(4) == doctest::Approx(1.0));
-  CHECK(c.lr_at(12) == doctest::Approx(0.5));  // half way through the decay
+  CHECK(c.lr_at(12) == doctest::Approx(0.5));
   CHECK(c.lr_at(20) == doctest::Approx(0.0).epsilon(1e-12));
-  const double progress = (7.0 - 4.0) / 16.0;
-  CHECK(c.lr_at(7) == doctest::Approx(0.5 * (1 + std::cos(std::numbers::pi * progress))));
+  CHECK(c.lr_at(7) == doctest::Approx(0.5 * (1 + std::cos(std::numbers::pi * 3.0 / 16.0))));
 }
 
 TEST_CASE("warmup resolution: integer steps, fraction below 1, warmup_ratio") {
@@ -49,24 +60,142 @@ TEST_CASE("warmup resolution: integer steps, fraction below 1, warmup_ratio") {
   CHECK(resolve_warmup_steps(0, 0.0, 10) == 0);
 }
 
-TEST_CASE("FromArgs picks the formula by HF name and rejects unknown names") {
-  ScheduleParams p{2, 10, {}};
-  LRScheduler<FromArgs> lin(1.0, p, "linear");
-  LRScheduler<FromArgs> cos(1.0, p, "cosine");
-  for (int step = 0; step <= 10; ++step) {
-    CHECK(lin.lr_at(step) == doctest::Approx(LRScheduler<Linear>(1.0, p).lr_at(step)));
-    CHECK(cos.lr_at(step) == doctest::Approx(LRScheduler<Cosine>(1.0, p).lr_at(step)));
+TEST_CASE("every lr_scheduler_type equals transformers.get_scheduler step by step") {
+  const char* py = std::getenv("LOOM_PYTHON");
+  if (py == nullptr || !std::filesystem::exists(py)) {
+    MESSAGE("LOOM_PYTHON not set: transformers cross-check skipped");
+    return;
   }
-  CHECK_THROWS_WITH_AS(LRScheduler<FromArgs>(1.0, p, "cosine_with_restarts"),
-                       doctest::Contains("loom: lr_scheduler_type 'cosine_with_restarts' is not available"),
-                       loom::Error);
+  struct Case {
+    std::string name;
+    int64_t warmup, total;
+    std::string kwargs;
+  };
+  const std::vector<Case> cases{
+      {"linear", 5, 40, "{}"},
+      {"cosine", 5, 40, "{}"},
+      {"cosine", 3, 40, R"({"num_cycles": 1.5})"},
+      {"cosine_with_restarts", 4, 40, R"({"num_cycles": 3})"},
+      {"polynomial", 5, 40, R"({"lr_end": 1e-5, "power": 2.0})"},
+      {"constant", 5, 40, "{}"},
+      {"constant_with_warmup", 7, 40, "{}"},
+      {"inverse_sqrt", 6, 40, "{}"},
+      {"inverse_sqrt", 0, 40, R"({"timescale": 8})"},
+      {"cosine_with_min_lr", 5, 40, R"({"min_lr_rate": 0.1})"},
+      {"cosine_with_min_lr", 5, 40, R"({"min_lr": 1e-4})"},
+      {"cosine_warmup_with_min_lr", 5, 40, R"({"min_lr_rate": 0.05})"},
+      {"cosine_warmup_with_min_lr", 5, 40, R"({"min_lr": 1e-4, "warmup_lr_rate": 0.2})"},
+      {"warmup_stable_decay", 5, 40, R"({"num_decay_steps": 10})"},
+      {"warmup_stable_decay", 6, 40,
+       R"({"num_decay_steps": 12, "num_stable_steps": 15, "warmup_type": "cosine", "decay_type": "1-sqrt", "min_lr_ratio": 0.1})"},
+      {"warmup_stable_decay", 4, 40, R"({"num_decay_steps": 20, "warmup_type": "1-sqrt", "decay_type": "linear"})"},
+  };
+  const double lr = 1e-3;
+  for (const auto& c : cases) {
+    INFO(c.name << " " << c.kwargs);
+    const std::string script =
+        "import json, sys, torch, warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        "from transformers import get_scheduler\n"
+        "name, w, t, kw = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])\n"
+        "p = torch.nn.Parameter(torch.zeros(1))\n"
+        "opt = torch.optim.SGD([p], lr=" + std::to_string(lr) + ")\n"
+        "s = get_scheduler(name, opt, num_warmup_steps=w, num_training_steps=t, scheduler_specific_kwargs=kw)\n"
+        "out = []\n"
+        "for _ in range(t + 3):\n"
+        "    out.append(opt.param_groups[0]['lr']); opt.step(); s.step()\n"
+        "print(json.dumps(out))\n";
+    const std::string cmd = std::string(py) + " -c \"" + script + "\" " + c.name + " " + std::to_string(c.warmup) + " " +
+                            std::to_string(c.total) + " '" + c.kwargs + "'";
+    const auto expected = nlohmann::json::parse(run_capture(cmd));
+    LRScheduler<FromArgs> s(params(c.warmup, c.total, lr, nlohmann::json::parse(c.kwargs)), c.name);
+    REQUIRE(expected.size() == static_cast<std::size_t>(c.total + 3));
+    for (std::size_t step = 0; step < expected.size(); ++step) {
+      INFO("step " << step);
+      CHECK(s.current_lr() == doctest::Approx(expected[step].get<double>()).epsilon(1e-9).scale(lr));
+      s.step();
+    }
+  }
 }
 
-TEST_CASE("scheduler state round-trips") {
-  LRScheduler<Linear> s(1.0, ScheduleParams{0, 10, {}});
+TEST_CASE("reduce_lr_on_plateau equals torch's ReduceLROnPlateau under HF's get_scheduler") {
+  const char* py = std::getenv("LOOM_PYTHON");
+  if (py == nullptr || !std::filesystem::exists(py)) {
+    MESSAGE("LOOM_PYTHON not set: transformers cross-check skipped");
+    return;
+  }
+  const std::vector<double> metrics{1.0, 0.9, 0.95, 0.91, 0.92, 0.93, 0.85, 0.86, 0.87, 0.88, 0.89, 0.9, 0.91};
+  const std::string kwargs = R"({"patience": 2, "factor": 0.5, "cooldown": 1, "threshold": 0.01})";
+  std::string list;
+  for (double m : metrics) list += (list.empty() ? "" : ",") + std::to_string(m);
+  const std::string script =
+      "import json, sys, torch\n"
+      "from transformers import get_scheduler\n"
+      "p = torch.nn.Parameter(torch.zeros(1))\n"
+      "opt = torch.optim.SGD([p], lr=0.1)\n"
+      "s = get_scheduler('reduce_lr_on_plateau', opt, scheduler_specific_kwargs=json.loads(sys.argv[1]))\n"
+      "out = []\n"
+      "for m in [" + list + "]:\n"
+      "    s.step(m); out.append(opt.param_groups[0]['lr'])\n"
+      "print(json.dumps(out))\n";
+  const auto expected = nlohmann::json::parse(run_capture(std::string(py) + " -c \"" + script + "\" '" + kwargs + "'"));
+  LRScheduler<FromArgs> s(params(0, 100, 0.1, nlohmann::json::parse(kwargs)), "reduce_lr_on_plateau");
+  LRScheduler<ReduceLROnPlateau> typed(params(0, 100, 0.1, nlohmann::json::parse(kwargs)));
+  CHECK(s.wants_metric());
+  bool reduced = false;
+  for (std::size_t i = 0; i < metrics.size(); ++i) {
+    s.step_metric(metrics[i]);
+    typed.step_metric(metrics[i]);
+    CHECK(s.current_lr() == doctest::Approx(expected[i].get<double>()));
+    CHECK(typed.current_lr() == doctest::Approx(expected[i].get<double>()));
+    reduced = reduced || s.current_lr() < 0.1;
+  }
+  CHECK(reduced);  // the sequence does hit the plateau rule
+}
+
+TEST_CASE("schedule kwargs are checked at start-up with loom: errors") {
+  CHECK_THROWS_WITH_AS(LRScheduler<FromArgs>(params(0, 10), "cosine_with_restart"),
+                       doctest::Contains("loom: lr_scheduler_type 'cosine_with_restart' is not one of linear"),
+                       loom::Error);
+  CHECK_THROWS_WITH_AS(LRScheduler<Cosine>(params(0, 10, 1.0, {{"num_cycle", 2}})),
+                       "loom: lr_scheduler_kwargs: 'num_cycle' is not an argument of cosine (it takes: num_cycles)",
+                       loom::Error);
+  CHECK_THROWS_WITH_AS(LRScheduler<Linear>(params(0, 10, 1.0, {{"power", 2}})),
+                       "loom: lr_scheduler_kwargs: 'power' is not an argument of linear (it takes: nothing)",
+                       loom::Error);
+  CHECK_THROWS_WITH_AS(LRScheduler<CosineWithMinLR>(params(0, 10)),
+                       doctest::Contains("loom: cosine_with_min_lr needs min_lr or min_lr_rate"), loom::Error);
+  CHECK_THROWS_WITH_AS(LRScheduler<CosineWithMinLR>(params(0, 10, 1.0, {{"min_lr", 0.1}, {"min_lr_rate", 0.1}})),
+                       doctest::Contains("set only one of min_lr and min_lr_rate"), loom::Error);
+  CHECK_THROWS_WITH_AS(LRScheduler<WarmupStableDecay>(params(0, 10)),
+                       doctest::Contains("loom: warmup_stable_decay needs num_decay_steps"), loom::Error);
+  CHECK_THROWS_WITH_AS(LRScheduler<WarmupStableDecay>(params(5, 10, 1.0, {{"num_decay_steps", 8}})),
+                       doctest::Contains("exceed the 10 training steps"), loom::Error);
+  CHECK_THROWS_WITH_AS(LRScheduler<WarmupStableDecay>(params(0, 10, 1.0, {{"num_decay_steps", 5}, {"decay_type", "exp"}})),
+                       doctest::Contains("decay_type of warmup_stable_decay must be one of linear, cosine, 1-sqrt"),
+                       loom::Error);
+  CHECK_THROWS_WITH_AS(LRScheduler<Polynomial>(params(0, 10, 1e-8)),
+                       doctest::Contains("loom: polynomial schedule: lr_end"), loom::Error);
+  CHECK_THROWS_WITH_AS(LRScheduler<Cosine>(params(0, 10, 1.0, {{"num_cycles", "two"}})),
+                       doctest::Contains("num_cycles of cosine must be a number"), loom::Error);
+}
+
+TEST_CASE("scheduler state round-trips, plateau state included") {
+  LRScheduler<Linear> s(params(0, 10));
   for (int i = 0; i < 4; ++i) s.step();
-  LRScheduler<Linear> t(1.0, ScheduleParams{0, 10, {}});
+  LRScheduler<Linear> t(params(0, 10));
   t.load_state_dict(s.state_dict());
   CHECK(t.step_count() == 4);
   CHECK(t.current_lr() == doctest::Approx(0.6));
+
+  LRScheduler<FromArgs> p(params(0, 10, 0.1, {{"patience", 0}}), "reduce_lr_on_plateau");
+  p.step_metric(1.0);
+  p.step_metric(2.0);  // worse: patience 0 -> reduce
+  CHECK(p.current_lr() == doctest::Approx(0.01));
+  LRScheduler<FromArgs> q(params(0, 10, 0.1, {{"patience", 0}}), "reduce_lr_on_plateau");
+  q.load_state_dict(p.state_dict());
+  CHECK(q.current_lr() == doctest::Approx(0.01));
+  q.step_metric(3.0);
+  p.step_metric(3.0);
+  CHECK(q.current_lr() == doctest::Approx(p.current_lr()));
 }

@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,9 +47,14 @@ class Optimizer {
   }
 
   /// Applies one update with learning rate `lr` to every parameter that has a gradient.
-  void step(double lr) {
+  /// With `found_inf` (a device flag from the fp16 scaler) the update is skipped when it is
+  /// nonzero: on the device for the fused kernel; the foreach and SGD paths read the flag
+  /// on the host (one sync per step, documented in docs/semantics.md).
+  void step(double lr, const torch::Tensor& found_inf = {}) {
+    if (found_inf.defined() && options_.algorithm != Algorithm::adamw_fused && found_inf.item<float>() != 0.0f) return;
     ++steps_;
-    for (std::size_t g = 0; g < groups_.size(); ++g) step_group(g, lr);
+    for (std::size_t g = 0; g < groups_.size(); ++g)
+      step_group(g, lr, options_.algorithm == Algorithm::adamw_fused ? found_inf : torch::Tensor());
   }
 
   /// Drops every gradient (set_to_none, as torch's default).
@@ -76,7 +82,7 @@ class Optimizer {
     std::vector<torch::Tensor> exp_avg, exp_avg_sq, step;
   };
 
-  void step_group(std::size_t g, double lr) {
+  void step_group(std::size_t g, double lr, const torch::Tensor& found_inf) {
     auto& group = groups_[g];
     std::vector<torch::Tensor> params, grads;
     std::vector<std::size_t> slots;
@@ -110,9 +116,13 @@ class Optimizer {
     }
     if (options_.algorithm == Algorithm::adamw_fused) {
       at::_foreach_add_(steps, 1.0);
+      std::optional<torch::Tensor> inf;
+      if (found_inf.defined()) inf = found_inf.reshape({});
       at::_fused_adamw_(params, grads, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, options_.beta1,
                         options_.beta2, group.weight_decay, options_.eps, /*amsgrad=*/false,
-                        /*maximize=*/false, /*grad_scale=*/std::nullopt, /*found_inf=*/std::nullopt);
+                        /*maximize=*/false, /*grad_scale=*/std::nullopt, /*found_inf=*/inf);
+      // As torch.optim.AdamW(fused=True): a skipped step does not count.
+      if (inf) at::_foreach_sub_(steps, std::vector<torch::Tensor>(steps.size(), *inf));
       return;
     }
     // adamw_foreach: torch.optim.AdamW's multi-tensor path, with a host step count.

@@ -29,6 +29,16 @@ struct FP32 {
   using loom_family = family::Precision;
   static constexpr std::string_view name = "fp32";
 };
+/// bfloat16 autocast for forward and loss; float32 master weights and optimizer state.
+struct BF16 {
+  using loom_family = family::Precision;
+  static constexpr std::string_view name = "bf16";
+};
+/// float16 autocast plus dynamic loss scaling; float32 master weights and optimizer state.
+struct FP16 {
+  using loom_family = family::Precision;
+  static constexpr std::string_view name = "fp16";
+};
 }  // namespace precision
 
 namespace schedule {
@@ -56,6 +66,41 @@ struct ConstantWithWarmup {
 struct Cosine {
   using loom_family = family::Schedule;
   static constexpr std::string_view name = "cosine";
+};
+/// Cosine with hard restarts, num_cycles (default 1) of them (HF "cosine_with_restarts").
+struct CosineWithRestarts {
+  using loom_family = family::Schedule;
+  static constexpr std::string_view name = "cosine_with_restarts";
+};
+/// Warmup, then polynomial decay to lr_end (HF "polynomial").
+struct Polynomial {
+  using loom_family = family::Schedule;
+  static constexpr std::string_view name = "polynomial";
+};
+/// Warmup, then 1 / sqrt(step / timescale) (HF "inverse_sqrt").
+struct InverseSqrt {
+  using loom_family = family::Schedule;
+  static constexpr std::string_view name = "inverse_sqrt";
+};
+/// Divide the rate by `factor` when the evaluation metric stops improving (HF "reduce_lr_on_plateau").
+struct ReduceLROnPlateau {
+  using loom_family = family::Schedule;
+  static constexpr std::string_view name = "reduce_lr_on_plateau";
+};
+/// Cosine decay to a floor (HF "cosine_with_min_lr").
+struct CosineWithMinLR {
+  using loom_family = family::Schedule;
+  static constexpr std::string_view name = "cosine_with_min_lr";
+};
+/// Cosine decay to a floor, warmup starting above 0 (HF "cosine_warmup_with_min_lr").
+struct CosineWarmupWithMinLR {
+  using loom_family = family::Schedule;
+  static constexpr std::string_view name = "cosine_warmup_with_min_lr";
+};
+/// Warmup, stable, decay (HF "warmup_stable_decay").
+struct WarmupStableDecay {
+  using loom_family = family::Schedule;
+  static constexpr std::string_view name = "warmup_stable_decay";
 };
 }  // namespace schedule
 

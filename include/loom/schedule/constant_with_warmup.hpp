@@ -5,7 +5,12 @@
 namespace loom::schedule {
 template <>
 struct ScheduleImpl<ConstantWithWarmup> {
-  static double factor(int64_t step, const ScheduleParams& p) {
+  struct Config {};
+  static Config configure(const ScheduleParams& p) {
+    Kwargs(p.kwargs, ConstantWithWarmup::name, {});
+    return {};
+  }
+  static double factor(int64_t step, const ScheduleParams& p, const Config&) {
     return step < p.num_warmup_steps ? warmup_factor(step, p) : 1.0;
   }
 };

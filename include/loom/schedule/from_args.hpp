@@ -1,55 +1,80 @@
 #pragma once
-// schedule::FromArgs: the schedule named by lr_scheduler_type, picked once at start-up
-// (a function pointer), so one binary serves every --lr_scheduler_type.
+// schedule::FromArgs: the schedule named by lr_scheduler_type, chosen once at start-up,
+// so one binary serves every --lr_scheduler_type. Step-driven formulas become a closure
+// over their validated Config; reduce_lr_on_plateau keeps its PlateauState.
 #include <loom/schedule/constant.hpp>
 #include <loom/schedule/constant_with_warmup.hpp>
 #include <loom/schedule/cosine.hpp>
+#include <loom/schedule/cosine_warmup_with_min_lr.hpp>
+#include <loom/schedule/cosine_with_min_lr.hpp>
+#include <loom/schedule/cosine_with_restarts.hpp>
+#include <loom/schedule/inverse_sqrt.hpp>
 #include <loom/schedule/linear.hpp>
+#include <loom/schedule/polynomial.hpp>
+#include <loom/schedule/reduce_lr_on_plateau.hpp>
 #include <loom/schedule/schedule_decl.hpp>
+#include <loom/schedule/warmup_stable_decay.hpp>
 
-#include <array>
-#include <utility>
+#include <functional>
 #include <string>
 #include <string_view>
+#include <tuple>
 
 namespace loom::schedule {
 
-/// Signature shared by every ScheduleImpl<Tag>::factor.
-using FactorFn = double (*)(int64_t, const ScheduleParams&);
+/// Every schedule tag selectable by name, in HF's SchedulerType order.
+using NamedSchedules = std::tuple<Linear, Cosine, CosineWithRestarts, Polynomial, Constant, ConstantWithWarmup,
+                                  InverseSqrt, ReduceLROnPlateau, CosineWithMinLR, CosineWarmupWithMinLR,
+                                  WarmupStableDecay>;
 
-/// The schedules that FromArgs can choose, by HF name.
-inline constexpr std::array<std::pair<std::string_view, FactorFn>, 4> kNamedSchedules{{
-    {Linear::name, &ScheduleImpl<Linear>::factor},
-    {Constant::name, &ScheduleImpl<Constant>::factor},
-    {ConstantWithWarmup::name, &ScheduleImpl<ConstantWithWarmup>::factor},
-    {Cosine::name, &ScheduleImpl<Cosine>::factor},
-}};
-
-/// The factor function for `name`, or a loom::Error listing the implemented names.
-inline FactorFn factor_for(std::string_view name) {
-  std::string known;
-  for (const auto& [n, fn] : kNamedSchedules) {
-    if (n == name) return fn;
-    known += known.empty() ? "" : ", ";
-    known += n;
-  }
-  throw Error("lr_scheduler_type '" + std::string(name) + "' is not available in this build; choose one of " + known);
-}
-
-/// The schedule named by lr_scheduler_type: the formula is a function pointer chosen at start-up.
+/// The schedule chosen at run time by its HF name.
 template <>
 class LRScheduler<FromArgs> : public LRSchedulerBase {
  public:
-  /// A scheduler for lr_scheduler_type `name`; unknown names are a loom::Error.
-  LRScheduler(double base_lr, ScheduleParams params, std::string_view name)
-      : LRSchedulerBase(base_lr, std::move(params)), fn_(factor_for(name)) {}
-  /// Learning rate for optimizer step `step`.
-  [[nodiscard]] double lr_at(int64_t step) const { return base_lr() * fn_(step, params()); }
+  /// A scheduler for lr_scheduler_type `name`; unknown names and bad kwargs are loom::Errors.
+  LRScheduler(ScheduleParams params, std::string_view name) : LRSchedulerBase(std::move(params)) {
+    bool found = false;
+    std::string known;
+    std::apply([&](auto... tags) { (pick(tags, name, found, known), ...); }, NamedSchedules{});
+    check(found, "lr_scheduler_type '{}' is not one of {}", name, known);
+  }
+  /// Learning rate for optimizer step `step` (plateau: the current rate).
+  [[nodiscard]] double lr_at(int64_t step) const { return plateau_ ? plateau_->lr : factor_(step) * base_lr(); }
   /// Learning rate for the next optimizer step.
   [[nodiscard]] double current_lr() const { return lr_at(step_count()); }
+  /// Feeds an evaluation metric (only reduce_lr_on_plateau uses it).
+  void step_metric(double metric) {
+    if (plateau_) plateau_->step(metric);
+  }
+  /// True for reduce_lr_on_plateau.
+  [[nodiscard]] bool wants_metric() const { return plateau_.has_value(); }
+  [[nodiscard]] nlohmann::json state_dict() const {
+    auto j = LRSchedulerBase::state_dict();
+    if (plateau_) j["plateau"] = plateau_->to_json();
+    return j;
+  }
+  void load_state_dict(const nlohmann::json& j) {
+    LRSchedulerBase::load_state_dict(j);
+    if (plateau_) plateau_->from_json(j.at("plateau"));
+  }
 
  private:
-  FactorFn fn_;
+  template <class Tag>
+  void pick(Tag, std::string_view name, bool& found, std::string& known) {
+    known += known.empty() ? "" : ", ";
+    known += Tag::name;
+    if (found || Tag::name != name) return;
+    found = true;
+    if constexpr (std::is_same_v<Tag, ReduceLROnPlateau>) {
+      plateau_ = PlateauState::configure(params());
+    } else {
+      auto config = ScheduleImpl<Tag>::configure(params());
+      factor_ = [p = params(), config](int64_t step) { return ScheduleImpl<Tag>::factor(step, p, config); };
+    }
+  }
+
+  std::function<double(int64_t)> factor_;
+  std::optional<PlateauState> plateau_;
 };
 
 }  // namespace loom::schedule

@@ -1,7 +1,10 @@
 #pragma once
 // The learning-rate schedule machinery. ScheduleImpl<Tag> is specialized once per schedule
-// tag, each in its own file; the primary template only fails loudly. LRScheduler<Tag> is
-// HF's LambdaLR: the learning rate of optimizer step k is base_lr * factor(k).
+// tag, each in its own file; the primary template only fails loudly. A specialization has
+//   struct Config;                                          resolved lr_scheduler_kwargs
+//   static Config configure(const ScheduleParams&);         validates them ("loom:" errors)
+//   static double factor(int64_t step, const ScheduleParams&, const Config&);
+// LRScheduler<Tag> is HF's LambdaLR: the rate of optimizer step k is base_lr * factor(k).
 
 #include <loom/core/error.hpp>
 #include <loom/policy/tags.hpp>
@@ -11,6 +14,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <string_view>
 #include <utility>
 
 namespace loom::schedule {
@@ -19,23 +26,74 @@ namespace loom::schedule {
 struct ScheduleParams {
   int64_t num_warmup_steps = 0;    ///< resolved warmup length in optimizer steps
   int64_t num_training_steps = 0;  ///< total optimizer steps (TrainerState::max_steps)
+  double base_lr = 1.0;            ///< the peak learning rate (HF's optimizer.defaults["lr"])
   nlohmann::json kwargs = nlohmann::json::object();  ///< lr_scheduler_kwargs
 };
 
 template <class T>
 inline constexpr bool dependent_false = false;
 
-/// Specialized per schedule tag with `static double factor(int64_t step, const ScheduleParams&)`.
+/// Specialized per schedule tag (see the top of this file).
 template <class Tag>
 struct ScheduleImpl {
   static_assert(dependent_false<Tag>, "loom: no ScheduleImpl for this schedule tag; "
                                       "include its header from loom/schedule/");
 };
 
+/// Reads lr_scheduler_kwargs for one schedule: typed lookups with defaults, and an error
+/// for any key the schedule does not take (HF raises TypeError there too).
+class Kwargs {
+ public:
+  Kwargs(const nlohmann::json& kwargs, std::string_view schedule, std::initializer_list<std::string_view> known)
+      : kwargs_(kwargs.is_null() ? nlohmann::json::object() : kwargs), schedule_(schedule) {
+    check(kwargs_.is_object(), "lr_scheduler_kwargs must be a JSON object, got {}", kwargs_.dump());
+    for (const auto& [key, value] : kwargs_.items()) {
+      bool ok = false;
+      std::string list;
+      for (auto k : known) {
+        ok = ok || k == key;
+        list += list.empty() ? "" : ", ";
+        list += k;
+      }
+      check(ok, "lr_scheduler_kwargs: '{}' is not an argument of {} (it takes: {})", key, schedule_,
+            list.empty() ? "nothing" : list);
+    }
+  }
+  /// The number at `key`, or `fallback`.
+  [[nodiscard]] double number(std::string_view key, double fallback) const {
+    return optional_number(key).value_or(fallback);
+  }
+  /// The number at `key`, if given (JSON null counts as not given).
+  [[nodiscard]] std::optional<double> optional_number(std::string_view key) const {
+    const auto it = kwargs_.find(std::string(key));
+    if (it == kwargs_.end() || it->is_null()) return std::nullopt;
+    check(it->is_number(), "lr_scheduler_kwargs: {} of {} must be a number, got {}", key, schedule_, it->dump());
+    return it->get<double>();
+  }
+  /// The string at `key` (one of `allowed`), or `fallback`.
+  [[nodiscard]] std::string choice(std::string_view key, std::string fallback,
+                                   std::initializer_list<std::string_view> allowed) const {
+    const auto it = kwargs_.find(std::string(key));
+    if (it == kwargs_.end() || it->is_null()) return fallback;
+    check(it->is_string(), "lr_scheduler_kwargs: {} of {} must be a string, got {}", key, schedule_, it->dump());
+    const auto value = it->get<std::string>();
+    std::string list;
+    for (auto a : allowed) {
+      if (a == value) return value;
+      list += list.empty() ? "" : ", ";
+      list += a;
+    }
+    fail("lr_scheduler_kwargs: {} of {} must be one of {}, got '{}'", key, schedule_, list, value);
+  }
+
+ private:
+  nlohmann::json kwargs_;
+  std::string_view schedule_;
+};
+
 /// HF's warmup length: warmup_steps when >= 1, a fraction of training when in (0, 1),
 /// else ceil(warmup_ratio * num_training_steps).
-inline int64_t resolve_warmup_steps(double warmup_steps, double warmup_ratio,
-                                    int64_t num_training_steps) {
+inline int64_t resolve_warmup_steps(double warmup_steps, double warmup_ratio, int64_t num_training_steps) {
   if (warmup_steps >= 1) return static_cast<int64_t>(warmup_steps);
   if (warmup_steps > 0)
     return static_cast<int64_t>(std::ceil(warmup_steps * static_cast<double>(num_training_steps)));
@@ -47,10 +105,16 @@ inline double warmup_factor(int64_t step, const ScheduleParams& p) {
   return static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, p.num_warmup_steps));
 }
 
-/// What every scheduler shares: the peak learning rate, the formula's inputs, the step count.
+/// Fraction of the post-warmup phase done at `step`: (step - W) / max(1, T - W).
+inline double decay_progress(int64_t step, const ScheduleParams& p) {
+  return static_cast<double>(step - p.num_warmup_steps) /
+         static_cast<double>(std::max<int64_t>(1, p.num_training_steps - p.num_warmup_steps));
+}
+
+/// What every scheduler shares: the formula's inputs and the step count.
 class LRSchedulerBase {
  public:
-  LRSchedulerBase(double base_lr, ScheduleParams params) : base_lr_(base_lr), params_(std::move(params)) {}
+  explicit LRSchedulerBase(ScheduleParams params) : params_(std::move(params)) {}
 
   /// Advances one optimizer step (HF's lr_scheduler.step()).
   void step() { ++step_; }
@@ -59,16 +123,13 @@ class LRSchedulerBase {
   /// The formula's inputs.
   [[nodiscard]] const ScheduleParams& params() const { return params_; }
   /// The peak learning rate.
-  [[nodiscard]] double base_lr() const { return base_lr_; }
+  [[nodiscard]] double base_lr() const { return params_.base_lr; }
   /// State for checkpoints (field names as torch's LambdaLR state_dict).
-  [[nodiscard]] nlohmann::json state_dict() const {
-    return {{"last_epoch", step_}, {"base_lrs", {base_lr_}}};
-  }
+  [[nodiscard]] nlohmann::json state_dict() const { return {{"last_epoch", step_}, {"base_lrs", {base_lr()}}}; }
   /// Restores state_dict() output.
   void load_state_dict(const nlohmann::json& j) { step_ = j.at("last_epoch").get<int64_t>(); }
 
  private:
-  double base_lr_;
   ScheduleParams params_;
   int64_t step_ = 0;
 };
@@ -77,11 +138,22 @@ class LRSchedulerBase {
 template <class Tag>
 class LRScheduler : public LRSchedulerBase {
  public:
-  using LRSchedulerBase::LRSchedulerBase;
+  /// Validates the kwargs of `params` for this schedule.
+  explicit LRScheduler(ScheduleParams params)
+      : LRSchedulerBase(std::move(params)), config_(ScheduleImpl<Tag>::configure(this->params())) {}
   /// Learning rate for optimizer step `step`.
-  [[nodiscard]] double lr_at(int64_t step) const { return base_lr() * ScheduleImpl<Tag>::factor(step, params()); }
+  [[nodiscard]] double lr_at(int64_t step) const {
+    return base_lr() * ScheduleImpl<Tag>::factor(step, params(), config_);
+  }
   /// Learning rate for the next optimizer step.
   [[nodiscard]] double current_lr() const { return lr_at(step_count()); }
+  /// Schedules driven by steps ignore evaluation metrics.
+  void step_metric(double) {}
+  /// False: this schedule does not read evaluation metrics.
+  [[nodiscard]] bool wants_metric() const { return false; }
+
+ private:
+  typename ScheduleImpl<Tag>::Config config_;
 };
 
 }  // namespace loom::schedule

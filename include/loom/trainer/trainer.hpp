@@ -25,12 +25,18 @@
 #include <loom/optim/optimizer.hpp>
 #include <loom/optim/param_groups.hpp>
 #include <loom/policy/bundle.hpp>
+#include <loom/precision/bf16.hpp>
+#include <loom/precision/fp16.hpp>
+#include <loom/precision/fp32.hpp>
 #include <loom/schedule/from_args.hpp>
 #include <loom/trainer/events.hpp>
 #include <loom/trainer/hooks.hpp>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
+
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <any>
 #include <cstdio>
@@ -102,8 +108,7 @@ class Trainer {
 
   static_assert(std::is_same_v<sharding_policy, sharding::NoShard>,
                 "loom: this build implements sharding::NoShard only");
-  static_assert(std::is_same_v<precision_policy, precision::FP32>,
-                "loom: this build implements precision::FP32 only");
+  using precision_type = precision::PrecisionImpl<precision_policy>;
 
   /// A trainer with a training dataset and, optionally, an evaluation dataset.
   template <data::Dataset Train>
@@ -145,13 +150,22 @@ class Trainer {
   /// micro-batch's share of the items in its accumulation group. Returns the scaled loss, detached.
   template <class Batch>
   torch::Tensor training_step(Model& model, Batch& batch, double loss_weight) {
-    torch::Tensor loss = loss_of(call_hook<hook::compute_loss>(self(), model, batch));
+    torch::Tensor loss;
+    {
+      auto autocast = precision_->autocast();
+      loss = loss_of(call_hook<hook::compute_loss>(self(), model, batch));
+    }
     check(loss.defined() && loss.numel() == 1, "compute_loss must return a scalar loss, got shape {}",
           loss.defined() ? c10::str(loss.sizes()) : std::string("undefined"));
+    loss = loss.to(torch::kFloat).reshape({});
     if (loss_weight != 1.0) loss = loss * loss_weight;
-    loss.backward();
+    backward(loss);
     return loss.detach();
   }
+
+  /// Backpropagates `loss` through the precision policy (fp16: the scaled loss). Call this
+  /// instead of loss.backward() in a training_step override.
+  void backward(const torch::Tensor& loss) { precision_->scale_loss(loss).backward(); }
 
   /// Items a batch contributes to the loss normalization (default: its rows).
   template <class Batch>
@@ -163,6 +177,7 @@ class Trainer {
   template <class Batch>
   PredictionOutput prediction_step(Model& model, Batch& batch) {
     torch::NoGradGuard no_grad;
+    auto autocast = precision_->autocast();
     auto out = call_hook<hook::compute_loss>(self(), model, batch);
     PredictionOutput p;
     p.loss = loss_of(out).detach();
@@ -186,11 +201,12 @@ class Trainer {
     schedule::ScheduleParams p;
     p.num_training_steps = num_training_steps;
     p.num_warmup_steps = schedule::resolve_warmup_steps(args_.warmup_steps, args_.warmup_ratio, num_training_steps);
+    p.base_lr = args_.learning_rate;
     p.kwargs = nlohmann::json::parse(args_.lr_scheduler_kwargs);
     if constexpr (std::is_same_v<schedule_policy, schedule::FromArgs>)
-      return scheduler_type(args_.learning_rate, std::move(p), args_.lr_scheduler_type);
+      return scheduler_type(std::move(p), args_.lr_scheduler_type);
     else
-      return scheduler_type(args_.learning_rate, std::move(p));
+      return scheduler_type(std::move(p));
   }
 
   /// Training batches: seeded shuffle (data_seed, else seed), per_device_train_batch_size.
@@ -274,6 +290,10 @@ class Trainer {
   Cb& callback() {
     return callbacks_.template get<Cb>();
   }
+  /// The precision policy's state (fp16: the loss scaler).
+  [[nodiscard]] precision_type& precision() { return *precision_; }
+  /// Optimizer steps the fp16 scaler skipped in the last train().
+  [[nodiscard]] int64_t skipped_steps() const { return skipped_steps_; }
   /// The optimizer (after train() created it).
   [[nodiscard]] optim::Optimizer& optimizer() {
     check(optimizer_.has_value(), "the optimizer is created by train()");
@@ -300,11 +320,13 @@ class Trainer {
                   "loom: the batch type must be an aggregate whose fields are torch::Tensor");
     static_assert(std::is_same_v<data::batch_t<Train>, Batch>,
                   "loom: the training dataset yields another batch type than compute_loss takes");
+    sync_precision_flags();
     validate(args_);
     finalize(args_);
     train_data_ = data::AnyDataset<Batch>(std::move(train_dataset));
     device_ = (torch::cuda::is_available() && !args_.use_cpu) ? torch::Device(torch::kCUDA, 0)
                                                               : torch::Device(torch::kCPU);
+    precision_.emplace(args_, device_);
     set_seed(args_.seed);
     detail::module_of(model_).to(device_);
     callbacks_.template fire<event::on_init_end>(args_, state_, control_);
@@ -350,6 +372,7 @@ class Trainer {
       std::fputs("loom: note: this build writes no checkpoint-N folders yet; save_strategy only fires on_save\n",
                  stderr);
     const auto start = std::chrono::steady_clock::now();
+    in_train_ = true;
     callbacks_.template fire<event::on_train_begin>(args_, state_, control_);
     if (args_.eval_on_start) evaluate_impl<Batch>("eval");
 
@@ -385,12 +408,16 @@ class Trainer {
           torch::Tensor loss_step = call_hook<hook::training_step>(self(), model_, group[i], weight);
           accumulate_loss(tr_loss, loss_step, state_.global_step - last_logged);
           if (i + 1 == count) {
-            if (args_.max_grad_norm > 0) grad_norm = optim::clip_grad_norm(optimizer_->parameters(), args_.max_grad_norm);
+            const auto params = optimizer_->parameters();
+            precision_->unscale(params);
+            if (args_.max_grad_norm > 0) grad_norm = optim::clip_grad_norm(params, args_.max_grad_norm);
             callbacks_.template fire<event::on_pre_optimizer_step>(args_, state_, control_);
+            resolve_skipped_step();
             last_lr = scheduler_->current_lr();
-            optimizer_->step(last_lr);
+            optimizer_->step(last_lr, precision_->found_inf());
             callbacks_.template fire<event::on_optimizer_step>(args_, state_, control_);
-            scheduler_->step();
+            precision_->update();
+            step_scheduler_after_update();
             optimizer_->zero_grad();
             state_.global_step += 1;
             state_.epoch = static_cast<double>(epoch) + static_cast<double>(step + 1) / static_cast<double>(len);
@@ -408,6 +435,8 @@ class Trainer {
       if (control_.should_training_stop) break;
     }
 
+    resolve_skipped_step();
+    in_train_ = false;
     total_loss += tr_loss.item<double>();
     TrainOutput out;
     out.global_step = state_.global_step;
@@ -421,6 +450,47 @@ class Trainer {
     save_state();
     save_metrics("train", out.metrics);
     return out;
+  }
+
+  // The precision policy named in the type decides; --bf16 / --fp16 must agree with it (the
+  // runtime selector, loom::select_policies, picks the type from those flags).
+  void sync_precision_flags() {
+    constexpr bool bf16 = std::is_same_v<precision_policy, precision::BF16>;
+    constexpr bool fp16 = std::is_same_v<precision_policy, precision::FP16>;
+    check(!(args_.bf16 && args_.fp16), "--bf16 and --fp16 are both set; choose one");
+    check(!(args_.bf16 && !bf16) && !(args_.fp16 && !fp16),
+          "--{} is set but this Trainer was compiled with precision::{}; name precision::{} in its type, "
+          "or build it through loom::select_policies", args_.bf16 ? "bf16" : "fp16", precision_policy::name == "fp32"
+          ? "FP32" : precision_policy::name == "bf16" ? "BF16" : "FP16", args_.bf16 ? "BF16" : "FP16");
+    args_.bf16 = bf16;
+    args_.fp16 = fp16;
+  }
+
+  // HF does not advance the scheduler after a step the fp16 scaler skipped. The skip is
+  // decided on the device; its flag is copied to the host asynchronously after the step and
+  // read just before the next step needs the learning rate (by then the copy is long done,
+  // so the host never waits on the device inside a step).
+  void step_scheduler_after_update() {
+    const torch::Tensor& inf = precision_->found_inf();
+    if (!inf.defined()) {
+      scheduler_->step();
+      return;
+    }
+    if (!skip_flag_host_.defined())
+      skip_flag_host_ = torch::empty({1}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(device_.is_cuda()));
+    skip_flag_host_.copy_(inf.reshape({1}), /*non_blocking=*/device_.is_cuda());
+    if (device_.is_cuda()) {
+      skip_event_.emplace(device_.type());
+      skip_event_->record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
+    }
+    skip_pending_ = true;
+  }
+  void resolve_skipped_step() {
+    if (!skip_pending_) return;
+    if (skip_event_) skip_event_->synchronize();
+    skip_pending_ = false;
+    if (skip_flag_host_.item<float>() == 0.0f) scheduler_->step();
+    else ++skipped_steps_;
   }
 
   // tr_loss += loss_step, except a nan/inf step counts as the mean of the logged window so
@@ -505,6 +575,14 @@ class Trainer {
     const double steps = std::ceil(static_cast<double>(rows) / static_cast<double>(args_.per_device_eval_batch_size));
     metrics.merge(speed_metrics(prefix, start, static_cast<double>(rows), steps));
     if (was_training) module.train();
+    if (in_train_ && scheduler_ && scheduler_->wants_metric()) {
+      // HF steps ReduceLROnPlateau with metric_for_best_model after each evaluation in training.
+      std::string key = args_.metric_for_best_model.value_or("loss");
+      if (key.rfind(prefix + "_", 0) != 0) key = prefix + "_" + key;
+      const auto value = metrics.get(key);
+      check(value.has_value(), "reduce_lr_on_plateau needs the metric {} but evaluation produced no such metric", key);
+      scheduler_->step_metric(*value);
+    }
     call_hook<hook::log>(self(), std::as_const(metrics));
     callbacks_.template fire<event::on_evaluate>(args_, state_, control_, metrics);
     return metrics;
@@ -519,6 +597,12 @@ class Trainer {
   std::any train_data_, eval_data_;
   std::optional<optim::Optimizer> optimizer_;
   std::optional<scheduler_type> scheduler_;
+  std::optional<precision_type> precision_;
+  bool in_train_ = false;
+  torch::Tensor skip_flag_host_;
+  std::optional<c10::Event> skip_event_;
+  bool skip_pending_ = false;
+  int64_t skipped_steps_ = 0;
 };
 
 /// A Trainer with no overrides.

@@ -1,0 +1,71 @@
+#pragma once
+// precision::FP16: float16 autocast plus a dynamic loss scaler with PyTorch's GradScaler
+// defaults (initial scale 2^16, growth 2.0, backoff 0.5, growth interval 2000). Everything
+// is decided on the device with ATen's AMP kernels: the gradients are unscaled and checked
+// by _amp_foreach_non_finite_check_and_unscale_ (before clipping), the optimizer step reads
+// found_inf on the device (the fused AdamW kernel skips itself), and _amp_update_scale_
+// backs off or grows the scale. The scaler state is checkpointed (HF forgets it).
+#include <loom/precision/precision_decl.hpp>
+
+namespace loom::precision {
+
+/// GradScaler's knobs.
+struct ScalerOptions {
+  double init_scale = 65536.0;   ///< 2^16
+  double growth_factor = 2.0;    ///< scale *= this after growth_interval clean steps
+  double backoff_factor = 0.5;   ///< scale *= this after a step with inf/nan gradients
+  int64_t growth_interval = 2000;  ///< clean steps between growths
+};
+
+template <>
+struct PrecisionImpl<FP16> {
+  PrecisionImpl(const TrainingArguments&, torch::Device device, ScalerOptions options = {})
+      : device_(device), options_(options) {
+    const auto f = torch::TensorOptions().device(device).dtype(torch::kFloat);
+    scale_ = torch::full({1}, options.init_scale, f);
+    growth_tracker_ = torch::zeros({1}, f.dtype(torch::kInt));
+    found_inf_ = torch::zeros({1}, f);
+  }
+  [[nodiscard]] Autocast autocast() const { return {device_, torch::kHalf}; }
+  /// loss * scale (float32).
+  [[nodiscard]] torch::Tensor scale_loss(const torch::Tensor& loss) const { return loss.to(torch::kFloat) * scale_; }
+  /// Divides every gradient by the scale and records whether any is inf/nan.
+  void unscale(const std::vector<torch::Tensor>& params) {
+    std::vector<torch::Tensor> grads;
+    for (const auto& p : params)
+      if (p.grad().defined()) grads.push_back(p.grad());
+    found_inf_.zero_();
+    if (grads.empty()) return;
+    torch::NoGradGuard no_grad;
+    at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf_, scale_.to(torch::kDouble).reciprocal().to(torch::kFloat));
+  }
+  /// 1.0 on the device when the last unscale found inf/nan, else 0.0.
+  [[nodiscard]] torch::Tensor found_inf() const { return found_inf_; }
+  /// Backs off or grows the scale from found_inf.
+  void update() {
+    at::_amp_update_scale_(scale_, growth_tracker_, found_inf_, options_.growth_factor, options_.backoff_factor,
+                           options_.growth_interval);
+  }
+  /// The current scale (a device tensor of one element).
+  [[nodiscard]] const torch::Tensor& scale() const { return scale_; }
+  [[nodiscard]] nlohmann::json state_dict() const {
+    return {{"scale", scale_.item<double>()},
+            {"growth_factor", options_.growth_factor},
+            {"backoff_factor", options_.backoff_factor},
+            {"growth_interval", options_.growth_interval},
+            {"_growth_tracker", growth_tracker_.item<int64_t>()}};
+  }
+  void load_state_dict(const nlohmann::json& j) {
+    scale_.fill_(j.at("scale").get<double>());
+    growth_tracker_.fill_(j.at("_growth_tracker").get<int64_t>());
+    options_.growth_factor = j.at("growth_factor").get<double>();
+    options_.backoff_factor = j.at("backoff_factor").get<double>();
+    options_.growth_interval = j.at("growth_interval").get<int64_t>();
+  }
+
+ private:
+  torch::Device device_;
+  ScalerOptions options_;
+  torch::Tensor scale_, growth_tracker_, found_inf_;
+};
+}  // namespace loom::precision
