@@ -34,7 +34,7 @@ struct AllTypes {
 
 // A user struct parsed together with TrainingArguments, as HfArgumentParser((ModelArgs, TrainingArguments)).
 struct ModelArgs {
-  std::string model_name_or_path = "gpt2";
+  std::string model_name = "gpt2";
   int64_t hidden_size = 64;
   bool tie_weights = true;
 };
@@ -236,7 +236,7 @@ TEST_CASE("help_text: usage line and every TrainingArguments field with its defa
 
 TEST_CASE("help_text: several structs list all their fields") {
   const std::string help = loom::help_text<ModelArgs, loom::TrainingArguments>("run");
-  CHECK(help.find("\n  --model_name_or_path <string>  (default: gpt2)\n") != std::string::npos);
+  CHECK(help.find("\n  --model_name <string>  (default: gpt2)\n") != std::string::npos);
   CHECK(help.find("\n  --tie_weights <bool>  (default: true)\n") != std::string::npos);
   CHECK(help.find("\n  --seed <int>  (default: 42)\n") != std::string::npos);
 }
@@ -327,18 +327,18 @@ TEST_CASE("parse_args errors: a flag given twice") {
 
 TEST_CASE("parse_args: two structs parsed together") {
   const auto r = parse<ModelArgs, loom::TrainingArguments>(
-      {"--model_name_or_path", "llama", "--learning_rate", "1e-4", "--tie_weights", "false", "--hidden_size=128"});
+      {"--model_name", "llama", "--learning_rate", "1e-4", "--tie_weights", "false", "--hidden_size=128"});
   REQUIRE_FALSE(r.help);
   const auto& [model, training] = r.values;
-  CHECK(model.model_name_or_path == "llama");
+  CHECK(model.model_name == "llama");
   CHECK(model.hidden_size == 128);
   CHECK(model.tie_weights == false);
   CHECK(training.learning_rate == 1e-4);
   CHECK(training.output_dir == "trainer_output");
 
   // Suggestions search the fields of every struct.
-  CHECK_THROWS_WITH_AS((parse<ModelArgs, loom::TrainingArguments>({"--model_name", "x"})),
-                       "loom: unknown argument --model_name; did you mean --model_name_or_path?", loom::Error);
+  CHECK_THROWS_WITH_AS((parse<ModelArgs, loom::TrainingArguments>({"--model_nam", "x"})),
+                       "loom: unknown argument --model_nam; did you mean --model_name?", loom::Error);
   CHECK_THROWS_WITH_AS((parse<ModelArgs, loom::TrainingArguments>({"--hiden_size", "3"})),
                        "loom: unknown argument --hiden_size; did you mean --hidden_size?", loom::Error);
 }
@@ -350,10 +350,10 @@ TEST_CASE("parse_args: a field name shared by two structs is rejected at compile
 }
 
 TEST_CASE("parse_args(argc, argv): one type gives T, several give a tuple") {
-  const char* argv[] = {"/usr/bin/train", "--learning_rate", "0.1", "--model_name_or_path", "m"};
+  const char* argv[] = {"/usr/bin/train", "--learning_rate", "0.1", "--model_name", "m"};
   const auto both = loom::parse_args<ModelArgs, loom::TrainingArguments>(5, argv);
   static_assert(std::is_same_v<std::remove_cv_t<decltype(both)>, std::tuple<ModelArgs, loom::TrainingArguments>>);
-  CHECK(std::get<0>(both).model_name_or_path == "m");
+  CHECK(std::get<0>(both).model_name == "m");
   CHECK(std::get<1>(both).learning_rate == 0.1);
 
   const char* argv_one[] = {"train", "--seed", "7"};

@@ -30,6 +30,8 @@ namespace loom {
 /// Stops training after `patience` evaluations without improvement of metric_for_best_model.
 class EarlyStopping {
  public:
+  /// Key of this callback's state in trainer_state.json's stateful_callbacks (HF's class name).
+  static constexpr std::string_view name = "EarlyStoppingCallback";
   int64_t patience = 1;    ///< evaluations without improvement before stopping (HF's early_stopping_patience)
   double threshold = 0.0;  ///< least change that counts as improvement (HF's early_stopping_threshold)
 

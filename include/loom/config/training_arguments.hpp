@@ -72,6 +72,9 @@ struct TrainingArguments {
   std::optional<bool> greater_is_better;      ///< direction of metric_for_best_model
   std::optional<std::string> resume_from_checkpoint;  ///< a checkpoint folder, or "latest"
 
+  // --- initial weights (a loom extension: HF keeps this in the example scripts) --------
+  std::optional<std::string> model_name_or_path;  ///< start from DIR/model.safetensors (strict match)
+
   // --- reproducibility -----------------------------------------------------------------
   int64_t seed = 42;                 ///< seed for initialization and shuffling
   std::optional<int64_t> data_seed;  ///< seed for shuffling only

@@ -8,9 +8,11 @@
 #include <loom/core/error.hpp>
 #include <loom/optim/param_groups.hpp>
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <cmath>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -70,6 +72,60 @@ class Optimizer {
   /// The options.
   [[nodiscard]] const OptimizerOptions& options() const { return options_; }
 
+  /// Optimizer state as named tensors ("exp_avg.<param>", "exp_avg_sq.<param>",
+  /// "step.<param>"), for checkpoints; empty before the first step and for SGD.
+  [[nodiscard]] std::vector<std::pair<std::string, torch::Tensor>> state_tensors() const {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      const auto& st = state_[g];
+      for (std::size_t i = 0; i < st.exp_avg.size(); ++i) {
+        const auto& name = groups_[g].names.at(i);
+        out.emplace_back("exp_avg." + name, st.exp_avg[i]);
+        out.emplace_back("exp_avg_sq." + name, st.exp_avg_sq[i]);
+        out.emplace_back("step." + name, st.step[i]);
+      }
+    }
+    return out;
+  }
+  /// Scalars of the state (steps taken, hyper-parameters) for checkpoints.
+  [[nodiscard]] nlohmann::json state_meta() const {
+    nlohmann::json groups = nlohmann::json::array();
+    for (const auto& g : groups_) groups.push_back({{"weight_decay", g.weight_decay}, {"params", g.names}});
+    return {{"steps", steps_}, {"betas", {options_.beta1, options_.beta2}}, {"eps", options_.eps},
+            {"algorithm", static_cast<int>(options_.algorithm)}, {"param_groups", groups}};
+  }
+  /// Restores state_tensors() / state_meta() output; every moment must match a parameter by
+  /// name and shape, else a loom::Error listing the mismatches.
+  void load_state(const std::vector<std::pair<std::string, torch::Tensor>>& tensors, const nlohmann::json& meta) {
+    steps_ = meta.at("steps").get<int64_t>();
+    if (tensors.empty()) return;
+    std::map<std::string, torch::Tensor> by_name(tensors.begin(), tensors.end());
+    std::string problems;
+    torch::NoGradGuard no_grad;
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      ensure_state(g);
+      auto& st = state_[g];
+      for (std::size_t i = 0; i < st.exp_avg.size(); ++i) {
+        const auto& name = groups_[g].names.at(i);
+        for (auto [key, dst] : {std::pair{"exp_avg." + name, &st.exp_avg[i]},
+                                std::pair{"exp_avg_sq." + name, &st.exp_avg_sq[i]},
+                                std::pair{"step." + name, &st.step[i]}}) {
+          auto it = by_name.find(key);
+          if (it == by_name.end()) {
+            problems += (problems.empty() ? "missing " : "; missing ") + key;
+          } else if (it->second.sizes() != dst->sizes()) {
+            problems += (problems.empty() ? "" : "; ") + std::string("shape of ") + key + " differs";
+          } else {
+            dst->copy_(it->second);
+            by_name.erase(it);
+          }
+        }
+      }
+    }
+    for (const auto& [key, t] : by_name) problems += (problems.empty() ? "unexpected " : "; unexpected ") + key;
+    check(problems.empty(), "the optimizer state does not match the model: {}", problems);
+  }
+
   /// Every parameter of every group.
   [[nodiscard]] std::vector<torch::Tensor> parameters() const {
     std::vector<torch::Tensor> out;
@@ -81,6 +137,16 @@ class Optimizer {
   struct GroupState {
     std::vector<torch::Tensor> exp_avg, exp_avg_sq, step;
   };
+
+  void ensure_state(std::size_t g) {
+    auto& st = state_[g];
+    if (!st.exp_avg.empty() || options_.algorithm == Algorithm::sgd) return;
+    for (const auto& p : groups_[g].params) {
+      st.exp_avg.push_back(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+      st.exp_avg_sq.push_back(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+      st.step.push_back(torch::zeros({}, p.options().dtype(torch::kFloat)));
+    }
+  }
 
   void step_group(std::size_t g, double lr, const torch::Tensor& found_inf) {
     auto& group = groups_[g];
@@ -100,14 +166,8 @@ class Optimizer {
       at::_foreach_add_(params, grads, -lr);
       return;
     }
+    ensure_state(g);
     auto& st = state_[g];
-    if (st.exp_avg.empty()) {
-      for (const auto& p : group.params) {
-        st.exp_avg.push_back(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        st.exp_avg_sq.push_back(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        st.step.push_back(torch::zeros({}, p.options().dtype(torch::kFloat)));
-      }
-    }
     std::vector<torch::Tensor> m, v, steps;
     for (auto i : slots) {
       m.push_back(st.exp_avg[i]);

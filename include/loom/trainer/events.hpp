@@ -71,6 +71,12 @@ class CallbackSet {
     std::apply([&](auto&... cb) { (Event::call(cb, a, s, c, x...), ...); }, callbacks_);
   }
 
+  /// Calls `f(cb)` on every callback, in order.
+  template <class F>
+  void for_each(F&& f) {
+    std::apply([&](auto&... cb) { (f(cb), ...); }, callbacks_);
+  }
+
   /// The callback of type `Cb`.
   template <class Cb>
   Cb& get() {

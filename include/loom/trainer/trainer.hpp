@@ -11,6 +11,8 @@
 // transformers.Trainer._inner_training_loop; docs/semantics.md lists where loom differs.
 
 #include <loom/callbacks/default_flow.hpp>
+#include <loom/checkpoint/folders.hpp>
+#include <loom/checkpoint/safetensors.hpp>
 #include <loom/callbacks/progress.hpp>
 #include <loom/config/reflect.hpp>
 #include <loom/config/training_arguments.hpp>
@@ -324,10 +326,19 @@ class Trainer {
     validate(args_);
     finalize(args_);
     train_data_ = data::AnyDataset<Batch>(std::move(train_dataset));
+    check(args_.eval_strategy == "no" || eval_data_.has_value(),
+          "--eval_strategy {} needs an evaluation dataset; pass one to the Trainer or use --eval_strategy no",
+          args_.eval_strategy);
     device_ = (torch::cuda::is_available() && !args_.use_cpu) ? torch::Device(torch::kCUDA, 0)
                                                               : torch::Device(torch::kCPU);
     precision_.emplace(args_, device_);
     set_seed(args_.seed);
+    if (args_.model_name_or_path) {
+      const auto file = std::filesystem::path(*args_.model_name_or_path) / checkpoint::kModelFile;
+      check(std::filesystem::exists(file), "--model_name_or_path {}: {} does not exist", *args_.model_name_or_path,
+            file.string());
+      checkpoint::load_module(detail::module_of(model_), file);
+    }
     detail::module_of(model_).to(device_);
     callbacks_.template fire<event::on_init_end>(args_, state_, control_);
   }
@@ -368,27 +379,34 @@ class Trainer {
     auto& module = detail::module_of(model_);
     module.train();
 
-    if (args_.save_strategy != "no" && state_.is_world_process_zero)
-      std::fputs("loom: note: this build writes no checkpoint-N folders yet; save_strategy only fires on_save\n",
-                 stderr);
+    // Per-step values stay on the device; they are read only on logging steps.
+    auto tr_loss = torch::zeros({}, torch::TensorOptions().device(device_).dtype(torch::kFloat));
+    double total_loss = 0.0;
+    int64_t last_logged = 0;
+    int64_t epochs_trained = 0, batches_to_skip = 0;
+    skipped_steps_ = 0;
+    if (auto resume = resume_checkpoint()) {
+      load_checkpoint(*resume, tr_loss, total_loss, last_logged);
+      epochs_trained = state_.global_step / updates_per_epoch;
+      batches_to_skip = (state_.global_step % updates_per_epoch) * ga;
+    }
+
     const auto start = std::chrono::steady_clock::now();
     in_train_ = true;
     callbacks_.template fire<event::on_train_begin>(args_, state_, control_);
     if (args_.eval_on_start) evaluate_impl<Batch>("eval");
 
-    // Per-step values stay on the device; they are read only on logging steps.
-    auto tr_loss = torch::zeros({}, torch::TensorOptions().device(device_).dtype(torch::kFloat));
-    double total_loss = 0.0;
-    int64_t last_logged = 0;
     torch::Tensor grad_norm;
     double last_lr = 0.0;
 
     std::vector<Batch> group;
-    for (int64_t epoch = 0; epoch < num_epochs; ++epoch) {
+    for (int64_t epoch = epochs_trained; epoch < num_epochs; ++epoch) {
       loader.set_epoch(epoch);
       callbacks_.template fire<event::on_epoch_begin>(args_, state_, control_);
-      int64_t step = -1;
-      for (int64_t update = 0; update < updates_per_epoch; ++update) {
+      // Resuming mid-epoch starts at the first batch not yet trained; nothing before it is read.
+      const int64_t first_update = epoch == epochs_trained ? batches_to_skip / ga : 0;
+      int64_t step = first_update * ga - 1;
+      for (int64_t update = first_update; update < updates_per_epoch; ++update) {
         const int64_t first = update * ga;
         const int64_t count = std::min(ga, len - first);
         // Gather the whole accumulation group first: the loss weights need its item count.
@@ -437,6 +455,13 @@ class Trainer {
 
     resolve_skipped_step();
     in_train_ = false;
+    if (args_.load_best_model_at_end && state_.best_model_checkpoint) {
+      const auto file = std::filesystem::path(*state_.best_model_checkpoint) / checkpoint::kModelFile;
+      if (state_.is_world_process_zero)
+        std::fprintf(stderr, "loom: loading the best model from %s (%s = %g)\n", state_.best_model_checkpoint->c_str(),
+                     args_.metric_for_best_model.value_or("loss").c_str(), state_.best_metric.value_or(0.0));
+      checkpoint::load_module(module, file);
+    }
     total_loss += tr_loss.item<double>();
     TrainOutput out;
     out.global_step = state_.global_step;
@@ -520,12 +545,172 @@ class Trainer {
       last_logged = state_.global_step;
       call_hook<hook::log>(self(), std::as_const(logs));
     }
-    if (control_.should_evaluate) evaluate_impl<Batch>("eval");
+    if (control_.should_evaluate) {
+      const Metrics metrics = evaluate_impl<Batch>("eval");
+      const bool new_best = determine_best_metric(metrics);
+      if (args_.save_strategy == "best") control_.should_save = new_best;
+    }
     if (control_.should_save) {
-      // Checkpoint writing arrives with checkpoint/; until then train() says so at start
-      // (see docs/semantics.md) and the event still fires in HF's order.
+      save_checkpoint(tr_loss, total_loss, last_logged);
       callbacks_.template fire<event::on_save>(args_, state_, control_);
     }
+  }
+
+  // HF's _determine_best_metric: records best_metric / best_global_step; true when improved.
+  bool determine_best_metric(const Metrics& metrics) {
+    if (!args_.metric_for_best_model) return false;
+    std::string key = *args_.metric_for_best_model;
+    if (key.rfind("eval_", 0) != 0) key = "eval_" + key;
+    const auto value = metrics.get(key);
+    if (!value) {
+      std::string known;
+      for (const auto& [k, v] : metrics) known += (known.empty() ? "" : ", ") + k;
+      fail("--metric_for_best_model {}: evaluation produced no {} (it produced {})", *args_.metric_for_best_model,
+           key, known);
+    }
+    const bool greater = args_.greater_is_better.value_or(true);
+    if (state_.best_metric && !(greater ? *value > *state_.best_metric : *value < *state_.best_metric)) return false;
+    state_.best_metric = *value;
+    state_.best_global_step = state_.global_step;
+    return true;
+  }
+
+  // ---- checkpoints ------------------------------------------------------------------------
+  //   checkpoint-N/model.safetensors        weights (named parameters and buffers)
+  //   checkpoint-N/optimizer.safetensors    AdamW moments and step counts, by parameter name
+  //   checkpoint-N/optimizer.json           optimizer scalars
+  //   checkpoint-N/scheduler.json           scheduler state (torch's LambdaLR field names)
+  //   checkpoint-N/scaler.json              loss-scaler state (fp16; HF forgets it)
+  //   checkpoint-N/rng_state.safetensors    CPU (and CUDA) generator states
+  //   checkpoint-N/loop_state.json          the loop's loss accumulators, so logs after a resume match
+  //   checkpoint-N/trainer_state.json       HF's TrainerState, callback states included
+  //   checkpoint-N/training_args.json       the arguments
+  // Everything is written to a temporary folder that is renamed into place at the end.
+
+  void save_checkpoint(const torch::Tensor& tr_loss, double total_loss, int64_t last_logged) {
+    resolve_skipped_step();
+    const std::filesystem::path out(args_.output_dir);
+    if (args_.metric_for_best_model && state_.best_global_step) {
+      const auto best = checkpoint::checkpoint_dir(out, *state_.best_global_step);
+      if (*state_.best_global_step == state_.global_step || std::filesystem::exists(best))
+        state_.best_model_checkpoint = best.string();
+    }
+    save_callback_states();
+    if (!state_.is_world_process_zero) return;
+    std::filesystem::create_directories(out);
+    const auto tmp = checkpoint::begin_checkpoint(out, state_.global_step);
+    checkpoint::save_module(detail::module_of(model_), tmp / checkpoint::kModelFile);
+    if (!args_.save_only_model) {
+      checkpoint::save_safetensors(optimizer_->state_tensors(), tmp / "optimizer.safetensors");
+      detail::write_json_file(tmp / "optimizer.json", optimizer_->state_meta(), 2);
+      detail::write_json_file(tmp / "scheduler.json", scheduler_->state_dict(), 2);
+      detail::write_json_file(tmp / "scaler.json", precision_->state_dict(), 2);
+      std::vector<std::pair<std::string, torch::Tensor>> rng{{"cpu", at::detail::getDefaultCPUGenerator().get_state()}};
+      if (torch::cuda::is_available())
+        for (int i = 0; i < static_cast<int>(torch::cuda::device_count()); ++i)
+          rng.emplace_back("cuda:" + std::to_string(i),
+                           at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, i)).get_state());
+      checkpoint::save_safetensors(rng, tmp / "rng_state.safetensors");
+      detail::write_json_file(tmp / "loop_state.json",
+                              {{"tr_loss", tr_loss.item<double>()}, {"total_loss", total_loss},
+                               {"globalstep_last_logged", last_logged}, {"skipped_steps", skipped_steps_}},
+                              2);
+    }
+    detail::write_json_file(tmp / checkpoint::kTrainerStateFile, nlohmann::json(state_.to_json()), 2);
+    save_json(args_, tmp / "training_args.json");
+    checkpoint::commit_checkpoint(tmp, checkpoint::checkpoint_dir(out, state_.global_step));
+    if (args_.save_total_limit) {
+      std::optional<std::filesystem::path> best;
+      if (state_.best_model_checkpoint) best = std::filesystem::path(*state_.best_model_checkpoint);
+      checkpoint::rotate_checkpoints(out, *args_.save_total_limit, best);
+    }
+  }
+
+  // The folder --resume_from_checkpoint names ("latest": the newest complete one in output_dir).
+  std::optional<std::filesystem::path> resume_checkpoint() const {
+    if (!args_.resume_from_checkpoint) return std::nullopt;
+    const std::filesystem::path out(args_.output_dir);
+    if (*args_.resume_from_checkpoint == "latest") {
+      if (std::filesystem::exists(out)) checkpoint::remove_stale_temporaries(out);
+      auto latest = std::filesystem::exists(out) ? checkpoint::latest_checkpoint(out) : std::nullopt;
+      check(latest.has_value(), "--resume_from_checkpoint latest: no complete checkpoint-N folder in {}",
+            out.string());
+      return latest;
+    }
+    const std::filesystem::path dir(*args_.resume_from_checkpoint);
+    checkpoint::validate_checkpoint(dir);
+    return dir;
+  }
+
+  void load_checkpoint(const std::filesystem::path& dir, torch::Tensor& tr_loss, double& total_loss,
+                       int64_t& last_logged) {
+    for (const char* f : {"optimizer.safetensors", "optimizer.json", "scheduler.json", "scaler.json",
+                          "rng_state.safetensors", "loop_state.json"})
+      check(std::filesystem::exists(dir / f),
+            "{} cannot resume training: it has no {} (saved with save_only_model? then start from its "
+            "weights with --model_name_or_path {})", dir.string(), f, dir.string());
+    auto read_json = [&](const char* name) {
+      std::ifstream in(dir / name);
+      auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+      check(!j.is_discarded(), "{} is not valid JSON", (dir / name).string());
+      return j;
+    };
+    checkpoint::load_module(detail::module_of(model_), dir / checkpoint::kModelFile);
+    try {
+      optimizer_->load_state(checkpoint::load_safetensors(dir / "optimizer.safetensors"), read_json("optimizer.json"));
+      scheduler_->load_state_dict(read_json("scheduler.json"));
+      precision_->load_state_dict(read_json("scaler.json"));
+      const auto loop = read_json("loop_state.json");
+      tr_loss.fill_(loop.at("tr_loss").template get<double>());
+      total_loss = loop.at("total_loss").template get<double>();
+      last_logged = loop.at("globalstep_last_logged").template get<int64_t>();
+      skipped_steps_ = loop.at("skipped_steps").template get<int64_t>();
+    } catch (const nlohmann::json::exception& e) {
+      fail("{} has a malformed state file: {}", dir.string(), e.what());
+    }
+    for (const auto& [name, t] : checkpoint::load_safetensors(dir / "rng_state.safetensors")) {
+      auto restore = [&](at::Generator gen) {  // a handle sharing the global generator
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        gen.set_state(t);
+      };
+      if (name == "cpu") {
+        restore(at::detail::getDefaultCPUGenerator());
+      } else if (name.rfind("cuda:", 0) == 0 && torch::cuda::is_available()) {
+        const int i = std::stoi(name.substr(5));
+        if (i < static_cast<int>(torch::cuda::device_count()))
+          restore(at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, i)));
+      }
+    }
+    // Progress, history and best model come from the checkpoint; the plan (max_steps,
+    // intervals) from this run's arguments, as HF does.
+    const auto saved = TrainerState::load(dir / checkpoint::kTrainerStateFile);
+    state_.global_step = saved.global_step;
+    state_.epoch = saved.epoch;
+    state_.log_history = saved.log_history;
+    state_.best_metric = saved.best_metric;
+    state_.best_global_step = saved.best_global_step;
+    state_.best_model_checkpoint = saved.best_model_checkpoint;
+    state_.total_flos = saved.total_flos;
+    state_.num_input_tokens_seen = saved.num_input_tokens_seen;
+    state_.stateful_callbacks = saved.stateful_callbacks;
+    load_callback_states();
+  }
+
+  // Callbacks with `name`, `state()` and `load_state(json)` are checkpointed under their name.
+  void save_callback_states() {
+    callbacks_.for_each([&](auto& cb) {
+      using Cb = std::decay_t<decltype(cb)>;
+      if constexpr (requires { Cb::name; cb.state(); }) state_.stateful_callbacks[std::string(Cb::name)] = cb.state();
+    });
+  }
+  void load_callback_states() {
+    callbacks_.for_each([&](auto& cb) {
+      using Cb = std::decay_t<decltype(cb)>;
+      if constexpr (requires(const nlohmann::json& j) { Cb::name; cb.load_state(j); }) {
+        const std::string key(Cb::name);
+        if (state_.stateful_callbacks.contains(key)) cb.load_state(nlohmann::json(state_.stateful_callbacks[key]));
+      }
+    });
   }
 
   template <class Batch>

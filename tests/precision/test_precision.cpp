@@ -1,0 +1,169 @@
+// Precision policies in the real loop: BF16 autocast with float32 master weights; FP16 loss
+// scaling with an injected overflow (that step skipped, the scale halved, weights and
+// optimizer state untouched, the schedule not advanced) and growth after 2000 clean steps.
+#include <loom/loom.hpp>
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <limits>
+#include <vector>
+
+namespace {
+
+struct Batch {
+  torch::Tensor x, labels;
+};
+
+loom::data::TensorDataset<Batch> make_data(int64_t n, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto x = torch::randn({n, 8}, gen);
+  auto labels = x.narrow(1, 0, 3).argmax(1);
+  return loom::data::TensorDataset<Batch>({x, labels});
+}
+
+loom::TrainingArguments args_for(const std::string& name) {
+  loom::TrainingArguments a;
+  a.output_dir = (std::filesystem::path(LOOM_TEST_TMP) / name).string();
+  std::filesystem::remove_all(a.output_dir);
+  a.disable_tqdm = true;
+  a.save_strategy = "no";
+  a.use_cpu = true;
+  a.per_device_train_batch_size = 8;
+  a.learning_rate = 0.01;
+  return a;
+}
+
+// Records the dtype compute_loss saw, and can poison one chosen optimizer step.
+template <class Precision>
+struct Probe : loom::Trainer<Probe<Precision>, torch::nn::Linear, Precision, loom::schedule::Linear> {
+  using Base = loom::Trainer<Probe<Precision>, torch::nn::Linear, Precision, loom::schedule::Linear>;
+  using Base::Base;
+  int64_t poison_step = -1;  // global_step value during which the loss becomes inf
+  torch::ScalarType seen = torch::kDouble;
+  torch::Tensor compute_loss(torch::nn::Linear& model, Batch& b) {
+    auto logits = model->forward(b.x);
+    seen = logits.scalar_type();
+    auto loss = torch::cross_entropy_loss(logits, b.labels);
+    if (this->state().global_step == poison_step) loss = loss * std::numeric_limits<float>::infinity();
+    return loss;
+  }
+};
+
+// Snapshots the weights, Adam moments and learning rate around each step.
+struct Snapshots {
+  std::vector<torch::Tensor>* params = nullptr;
+  std::vector<std::vector<torch::Tensor>> before, after;
+  std::vector<double> scale_after;
+  std::function<double()> scale;
+  void on_step_begin(const loom::TrainingArguments&, loom::TrainerState&, loom::TrainerControl&) {
+    before.push_back(copy());
+  }
+  void on_step_end(const loom::TrainingArguments&, loom::TrainerState&, loom::TrainerControl&) {
+    after.push_back(copy());
+    if (scale) scale_after.push_back(scale());
+  }
+  std::vector<torch::Tensor> copy() const {
+    std::vector<torch::Tensor> out;
+    for (auto& p : *params) out.push_back(p.detach().clone());
+    return out;
+  }
+};
+
+template <class Precision>
+struct Watched : loom::Trainer<Watched<Precision>, torch::nn::Linear, Precision, loom::schedule::Linear,
+                               loom::Callbacks<Snapshots>> {
+  using Base = loom::Trainer<Watched<Precision>, torch::nn::Linear, Precision, loom::schedule::Linear,
+                             loom::Callbacks<Snapshots>>;
+  using Base::Base;
+  int64_t poison_step = -1;
+  torch::Tensor compute_loss(torch::nn::Linear& model, Batch& b) {
+    auto loss = torch::cross_entropy_loss(model->forward(b.x), b.labels);
+    if (this->state().global_step == poison_step) loss = loss * std::numeric_limits<float>::infinity();
+    return loss;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("BF16: forward under bfloat16 autocast, float32 master weights, loss falls") {
+  auto args = args_for("bf16");
+  args.max_steps = 40;
+  args.logging_steps = 10;
+  torch::manual_seed(0);
+  Probe<loom::precision::BF16> t(args, torch::nn::Linear(8, 3), make_data(256, 1));
+  CHECK(t.args().bf16);  // the type's policy is reflected in the arguments
+  t.train();
+  CHECK((t.seen == torch::kBFloat16));
+  CHECK((t.model()->weight.scalar_type() == torch::kFloat));
+  const auto& h = t.state().log_history;
+  CHECK(h[3]["loss"].get<double>() < h[0]["loss"].get<double>());
+}
+
+TEST_CASE("FP16: an injected overflow skips exactly that step and halves the scale") {
+  auto args = args_for("fp16_overflow");
+  args.max_steps = 6;
+  args.logging_steps = 1;
+  torch::manual_seed(0);
+  Watched<loom::precision::FP16> t(args, torch::nn::Linear(8, 3), make_data(256, 2));
+  t.poison_step = 2;  // the third optimizer step (global_step is 2 while it runs)
+  auto params = t.model()->parameters();
+  auto& snap = t.template callback<Snapshots>();
+  snap.params = &params;
+  snap.scale = [&] { return t.precision().scale().template item<double>(); };
+  t.train();
+  REQUIRE(snap.before.size() == 6);
+  for (std::size_t step = 0; step < 6; ++step) {
+    INFO("step " << step);
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      CHECK(torch::isfinite(snap.after[step][i]).all().template item<bool>());
+      if (step == 2) CHECK(torch::equal(snap.before[step][i], snap.after[step][i]));  // skipped: unchanged
+      else CHECK_FALSE(torch::equal(snap.before[step][i], snap.after[step][i]));     // others moved
+    }
+  }
+  CHECK(snap.scale_after[1] == doctest::Approx(65536.0));
+  CHECK(snap.scale_after[2] == doctest::Approx(32768.0));
+  CHECK(snap.scale_after[5] == doctest::Approx(32768.0));
+  CHECK(t.skipped_steps() == 1);
+  // The schedule did not advance on the skipped step: steps 3 and 4 (1-based) used the same rate.
+  const auto& h = t.state().log_history;
+  CHECK(h[2]["learning_rate"].get<double>() == doctest::Approx(h[3]["learning_rate"].get<double>()));
+  CHECK(h[1]["learning_rate"].get<double>() > h[2]["learning_rate"].get<double>());
+}
+
+TEST_CASE("FP16: the scale doubles after 2000 clean steps (PyTorch's growth interval)") {
+  auto args = args_for("fp16_growth");
+  args.max_steps = 2001;
+  args.logging_steps = 1000;
+  args.learning_rate = 1e-4;
+  args.per_device_train_batch_size = 4;
+  torch::manual_seed(0);
+  // Small inputs keep the scaled fp16 gradients (scale 2^16) finite, so every step is clean.
+  auto data = make_data(64, 3);
+  Batch small{data.tensors().x * 0.01, data.tensors().labels};
+  Probe<loom::precision::FP16> t(args, torch::nn::Linear(8, 3), loom::data::TensorDataset<Batch>(small));
+  CHECK(t.args().fp16);
+  t.train();
+  CHECK((t.seen == torch::kHalf));
+  CHECK(t.skipped_steps() == 0);
+  // 2000 clean steps grow the scale once: 2^16 -> 2^17; the 2001st does not grow it again.
+  CHECK(t.precision().scale().item<double>() == doctest::Approx(131072.0));
+}
+
+TEST_CASE("--bf16 on a Trainer compiled for FP32 is a start-up error; select_policies picks the type") {
+  auto args = args_for("mismatch");
+  args.bf16 = true;
+  CHECK_THROWS_WITH_AS(Probe<loom::precision::FP32>(args, torch::nn::Linear(8, 3), make_data(16, 4)),
+                       doctest::Contains("loom: --bf16 is set but this Trainer was compiled with precision::FP32"),
+                       loom::Error);
+  auto picked = loom::select_policies(args, []<class P>() { return std::string(P::name); });
+  CHECK(picked == "bf16");
+  args.bf16 = false;
+  args.fp16 = true;
+  CHECK(loom::select_policies(args, []<class P>() { return std::string(P::name); }) == "fp16");
+  args.fp16 = false;
+  CHECK(loom::select_policies(args, []<class P>() { return std::string(P::name); }) == "fp32");
+  args.fp16 = args.bf16 = true;
+  CHECK_THROWS_WITH_AS(loom::select_policies(args, []<class P>() { return 0; }),
+                       "loom: --bf16 and --fp16 are both set; choose one", loom::Error);
+}

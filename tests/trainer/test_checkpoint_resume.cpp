@@ -1,0 +1,312 @@
+// Checkpoints from the real loop: N steps straight equal N/2 steps + resume to N bitwise
+// (FP32, BF16, FP16; with accumulation and evaluation in between), the files HF users
+// expect (model.safetensors read by Python's safetensors), rotation that keeps the best,
+// load_best_model_at_end, save_strategy "best", and the start-up errors.
+#include <loom/loom.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Batch {
+  torch::Tensor x, labels;
+};
+
+loom::data::TensorDataset<Batch> data(int64_t n, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto x = torch::randn({n, 6}, gen);
+  return loom::data::TensorDataset<Batch>({x, x.narrow(1, 0, 3).argmax(1)});
+}
+
+struct StopAt {
+  int64_t step = -1;
+  void on_step_end(const loom::TrainingArguments&, loom::TrainerState& s, loom::TrainerControl& c) const {
+    if (s.global_step == step) c.should_training_stop = true;
+  }
+};
+
+struct MlpImpl : torch::nn::Module {
+  MlpImpl() : a(register_module("a", torch::nn::Linear(6, 16))), b(register_module("b", torch::nn::Linear(16, 3))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return b->forward(torch::tanh(a->forward(x))); }
+  torch::nn::Linear a, b;
+};
+TORCH_MODULE(Mlp);
+
+template <class Precision>
+struct T : loom::Trainer<T<Precision>, Mlp, Precision, loom::Callbacks<StopAt>> {
+  using Base = loom::Trainer<T<Precision>, Mlp, Precision, loom::Callbacks<StopAt>>;
+  using Base::Base;
+  loom::ModelOutput compute_loss(Mlp& model, Batch& b) {
+    auto logits = model->forward(b.x);
+    return {torch::cross_entropy_loss(logits, b.labels), logits};
+  }
+  loom::Metrics compute_metrics(const loom::EvalPrediction& p) {
+    return {{"accuracy", p.predictions.argmax(1).eq(p.label_ids).to(torch::kDouble).mean().item<double>()}};
+  }
+};
+
+loom::TrainingArguments base_args(const std::string& name) {
+  loom::TrainingArguments a;
+  a.output_dir = (fs::path(LOOM_TEST_TMP) / name).string();
+  fs::remove_all(a.output_dir);
+  a.disable_tqdm = true;
+  a.use_cpu = true;
+  a.per_device_train_batch_size = 4;
+  a.gradient_accumulation_steps = 2;
+  a.learning_rate = 0.02;
+  a.weight_decay = 0.01;
+  a.warmup_steps = 2;
+  a.max_steps = 12;
+  a.logging_steps = 1;
+  a.eval_strategy = "steps";
+  a.eval_steps = 3;
+  a.save_strategy = "steps";
+  a.save_steps = 6;
+  return a;
+}
+
+std::vector<torch::Tensor> weights(Mlp& m) {
+  std::vector<torch::Tensor> out;
+  for (auto& p : m->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+template <class Precision>
+void straight_vs_resumed(const std::string& name) {
+  INFO(name);
+  // Straight: 12 steps.
+  auto a = base_args(name + "_straight");
+  torch::manual_seed(5);
+  T<Precision> straight(a, Mlp{}, data(40, 1), data(12, 2));
+  straight.train();
+  // Interrupted at 6 (checkpoint-6 written by save_steps), then resumed from "latest".
+  auto b = base_args(name + "_resumed");
+  {
+    torch::manual_seed(5);
+    T<Precision> first(b, Mlp{}, data(40, 1), data(12, 2));
+    first.template callback<StopAt>().step = 6;
+    first.train();
+    CHECK(first.state().global_step == 6);
+  }
+  REQUIRE(fs::exists(fs::path(b.output_dir) / "checkpoint-6" / "model.safetensors"));
+  b.resume_from_checkpoint = "latest";
+  torch::manual_seed(999);  // the resumed run must not depend on the fresh initialization
+  T<Precision> resumed(b, Mlp{}, data(40, 1), data(12, 2));
+  resumed.train();
+  CHECK(resumed.state().global_step == 12);
+  auto w1 = weights(straight.model()), w2 = weights(resumed.model());
+  REQUIRE(w1.size() == w2.size());
+  for (std::size_t i = 0; i < w1.size(); ++i) CHECK(torch::equal(w1[i], w2[i]));  // bitwise
+  // The logs after the resume point are the same too (losses, rates, grad norms, evals).
+  const auto& h1 = straight.state().log_history;
+  const auto& h2 = resumed.state().log_history;
+  REQUIRE(h1.size() == h2.size());
+  for (std::size_t i = 0; i + 1 < h1.size(); ++i) {
+    for (const char* k : {"loss", "learning_rate", "grad_norm", "eval_loss", "eval_accuracy"})
+      if (h1[i].contains(k)) {
+        INFO("entry " << i << " " << k);
+        REQUIRE(h2[i].contains(k));
+        CHECK(h1[i][k].template get<double>() == h2[i][k].template get<double>());
+      }
+  }
+  CHECK(straight.state().log_history.back()["train_loss"].template get<double>() ==
+        doctest::Approx(resumed.state().log_history.back()["train_loss"].template get<double>()).epsilon(1e-9));
+}
+
+std::string run_capture(const std::string& cmd) {
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), &pclose);
+  REQUIRE(pipe != nullptr);
+  std::string out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, pipe.get())) out += buf;
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("resume: N straight steps equal N/2 + resume to N, bitwise (FP32)") {
+  straight_vs_resumed<loom::precision::FP32>("resume_fp32");
+}
+TEST_CASE("resume: N straight steps equal N/2 + resume to N, bitwise (BF16)") {
+  straight_vs_resumed<loom::precision::BF16>("resume_bf16");
+}
+TEST_CASE("resume: N straight steps equal N/2 + resume to N, bitwise (FP16, scaler state restored)") {
+  straight_vs_resumed<loom::precision::FP16>("resume_fp16");
+}
+
+TEST_CASE("a checkpoint holds HF's files; model.safetensors reads in Python's safetensors") {
+  auto a = base_args("ckpt_files");
+  a.max_steps = 6;
+  torch::manual_seed(1);
+  T<loom::precision::FP32> t(a, Mlp{}, data(40, 1), data(12, 2));
+  t.train();
+  const fs::path dir = fs::path(a.output_dir) / "checkpoint-6";
+  for (const char* f : {"model.safetensors", "optimizer.safetensors", "optimizer.json", "scheduler.json",
+                        "scaler.json", "rng_state.safetensors", "trainer_state.json", "training_args.json"})
+    CHECK_MESSAGE(fs::exists(dir / f), f);
+  auto state = loom::TrainerState::load(dir / "trainer_state.json");
+  CHECK(state.global_step == 6);
+  CHECK(loom::load_json<loom::TrainingArguments>(dir / "training_args.json").max_steps == 6);
+  // No temporary folder is left behind.
+  for (const auto& e : fs::directory_iterator(a.output_dir)) CHECK(e.path().filename().string().rfind(".", 0) != 0);
+
+  const char* py = std::getenv("LOOM_PYTHON");
+  if (py == nullptr || !fs::exists(py)) {
+    MESSAGE("LOOM_PYTHON not set: Python safetensors check skipped");
+    return;
+  }
+  const std::string out = run_capture(std::string(py) +
+                                      " -c \"import json,sys; from safetensors.torch import load_file; "
+                                      "d=load_file(sys.argv[1]); print(json.dumps({k: v.double().sum().item() for k, v in d.items()}))\" " +
+                                      (dir / "model.safetensors").string());
+  const auto sums = nlohmann::json::parse(out);
+  auto named = t.model()->named_parameters();
+  CHECK(sums.size() == named.size());
+  for (const auto& p : named) {
+    INFO(p.key());
+    REQUIRE(sums.contains(p.key()));
+    CHECK(sums[p.key()].get<double>() == doctest::Approx(p.value().to(torch::kDouble).sum().item<double>()));
+  }
+}
+
+TEST_CASE("rotation keeps save_total_limit checkpoints and never the best one") {
+  auto a = base_args("rotation");
+  a.max_steps = 10;
+  a.eval_steps = 2;
+  a.save_steps = 2;
+  a.save_total_limit = 2;
+  a.metric_for_best_model = "loss";
+  a.greater_is_better = true;  // "best" = highest eval loss: an early checkpoint, so it must survive
+  torch::manual_seed(2);
+  T<loom::precision::FP32> t(a, Mlp{}, data(40, 1), data(12, 2));
+  t.train();
+  std::vector<std::string> left;
+  for (const auto& p : loom::checkpoint::sorted_checkpoints(a.output_dir)) left.push_back(p.filename().string());
+  REQUIRE(t.state().best_model_checkpoint.has_value());
+  const std::string best = fs::path(*t.state().best_model_checkpoint).filename().string();
+  CHECK(std::find(left.begin(), left.end(), best) != left.end());
+  CHECK(std::find(left.begin(), left.end(), "checkpoint-10") != left.end());
+  CHECK(left.size() == 2);
+  CHECK(t.state().best_metric.has_value());
+}
+
+TEST_CASE("load_best_model_at_end reloads the best checkpoint's weights; save_strategy best saves on improvement") {
+  auto a = base_args("best");
+  a.max_steps = 8;
+  a.eval_steps = 2;
+  a.save_steps = 2;
+  a.load_best_model_at_end = true;
+  a.metric_for_best_model = "loss";
+  a.greater_is_better = true;  // the worst loss is "best": the model must be rolled back
+  torch::manual_seed(3);
+  T<loom::precision::FP32> t(a, Mlp{}, data(40, 1), data(12, 2));
+  t.train();
+  REQUIRE(t.state().best_model_checkpoint.has_value());
+  const fs::path best(*t.state().best_model_checkpoint);
+  CHECK(best.filename() != "checkpoint-8");
+  Mlp reference;
+  loom::checkpoint::load_module(*reference, best / "model.safetensors");
+  auto w1 = weights(t.model()), w2 = weights(reference);
+  for (std::size_t i = 0; i < w1.size(); ++i) CHECK(torch::equal(w1[i], w2[i]));
+  auto state = loom::TrainerState::load(fs::path(a.output_dir) / "trainer_state.json");
+  CHECK(state.best_model_checkpoint == t.state().best_model_checkpoint);
+
+  auto b = base_args("save_best");
+  b.max_steps = 8;
+  b.eval_steps = 2;
+  b.save_strategy = "best";
+  b.metric_for_best_model = "loss";
+  b.greater_is_better = false;
+  torch::manual_seed(3);
+  T<loom::precision::FP32> u(b, Mlp{}, data(40, 1), data(12, 2));
+  u.train();
+  // One checkpoint per improvement of eval_loss, none otherwise.
+  int improvements = 0;
+  double best_loss = 1e300;
+  for (const auto& e : u.state().log_history)
+    if (e.contains("eval_loss") && e["eval_loss"].get<double>() < best_loss) {
+      best_loss = e["eval_loss"].get<double>();
+      ++improvements;
+      CHECK(fs::exists(loom::checkpoint::checkpoint_dir(b.output_dir, e["step"].get<int64_t>())));
+    }
+  CHECK(loom::checkpoint::sorted_checkpoints(b.output_dir).size() == static_cast<std::size_t>(improvements));
+}
+
+TEST_CASE("bad checkpoints and weights stop at start-up with one loom: line") {
+  auto no_eval = base_args("no_eval");
+  CHECK_THROWS_WITH_AS(T<loom::precision::FP32>(no_eval, Mlp{}, data(40, 1)),
+                       "loom: --eval_strategy steps needs an evaluation dataset; pass one to the Trainer or use "
+                       "--eval_strategy no",
+                       loom::Error);
+  auto base_args = [](const std::string& name) {
+    auto a = ::base_args(name);
+    a.eval_strategy = "no";
+    return a;
+  };
+  auto a = base_args("bad_resume");
+  a.resume_from_checkpoint = (fs::path(a.output_dir) / "checkpoint-99").string();
+  T<loom::precision::FP32> t(a, Mlp{}, data(40, 1));
+  CHECK_THROWS_WITH_AS(t.train(), doctest::Contains("loom: checkpoint folder"), loom::Error);
+
+  a.resume_from_checkpoint = "latest";
+  T<loom::precision::FP32> t2(a, Mlp{}, data(40, 1));
+  CHECK_THROWS_WITH_AS(t2.train(), doctest::Contains("loom: --resume_from_checkpoint latest: no complete checkpoint"),
+                       loom::Error);
+
+  // A truncated checkpoint: the model file cut short.
+  auto b = base_args("truncated");
+  b.max_steps = 6;
+  torch::manual_seed(1);
+  {
+    T<loom::precision::FP32> first(b, Mlp{}, data(40, 1));
+    first.train();
+  }
+  const auto model = fs::path(b.output_dir) / "checkpoint-6" / "model.safetensors";
+  fs::resize_file(model, fs::file_size(model) / 2);
+  b.resume_from_checkpoint = "latest";
+  b.max_steps = 12;
+  T<loom::precision::FP32> t3(b, Mlp{}, data(40, 1));
+  CHECK_THROWS_WITH_AS(t3.train(), doctest::Contains("loom: "), loom::Error);
+
+  // save_only_model checkpoints hold no optimizer state: resuming says how to start from them.
+  auto c = base_args("only_model");
+  c.max_steps = 6;
+  c.save_only_model = true;
+  {
+    T<loom::precision::FP32> first(c, Mlp{}, data(40, 1));
+    first.train();
+  }
+  c.resume_from_checkpoint = "latest";
+  c.max_steps = 12;
+  T<loom::precision::FP32> t4(c, Mlp{}, data(40, 1));
+  CHECK_THROWS_WITH_AS(t4.train(), doctest::Contains("cannot resume training"), loom::Error);
+
+  // --model_name_or_path: strict names and shapes.
+  auto d = base_args("from_weights");
+  d.model_name_or_path = (fs::path(c.output_dir) / "checkpoint-6").string();
+  T<loom::precision::FP32> ok(d, Mlp{}, data(40, 1));
+  Mlp saved;
+  loom::checkpoint::load_module(*saved, fs::path(*d.model_name_or_path) / "model.safetensors");
+  CHECK(torch::equal(ok.model()->a->weight, saved->a->weight));
+  struct OtherImpl : torch::nn::Module {
+    OtherImpl() : a(register_module("a", torch::nn::Linear(6, 8))) {}
+    torch::Tensor forward(const torch::Tensor& x) { return a->forward(x); }
+    torch::nn::Linear a;
+  };
+  TORCH_MODULE(Other);
+  struct OtherTrainer : loom::Trainer<OtherTrainer, Other> {
+    using Trainer::Trainer;
+    torch::Tensor compute_loss(Other& m, Batch& b) { return m->forward(b.x).sum(); }
+  };
+  CHECK_THROWS_WITH_AS(OtherTrainer(d, Other{}, data(8, 1)), doctest::Contains("does not match the model"), loom::Error);
+  d.model_name_or_path = "/nonexistent/weights";
+  CHECK_THROWS_WITH_AS(OtherTrainer(d, Other{}, data(8, 1)), doctest::Contains("--model_name_or_path /nonexistent/weights"),
+                       loom::Error);
+}
