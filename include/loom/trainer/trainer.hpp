@@ -23,6 +23,7 @@
 #include <loom/data/collate.hpp>
 #include <loom/data/dataloader.hpp>
 #include <loom/data/dataset.hpp>
+#include <loom/metrics/memory.hpp>
 #include <loom/metrics/speed.hpp>
 #include <loom/optim/optimizer.hpp>
 #include <loom/optim/param_groups.hpp>
@@ -54,6 +55,13 @@ namespace loom {
 
 /// Seeds torch's CPU and CUDA generators (HF's set_seed).
 inline void set_seed(int64_t seed) { torch::manual_seed(static_cast<uint64_t>(seed)); }
+
+/// What predict() returns (HF's PredictionOutput).
+struct PredictResult {
+  torch::Tensor predictions;  ///< every batch's logits, concatenated (CPU)
+  torch::Tensor label_ids;    ///< every batch's labels, concatenated (CPU)
+  Metrics metrics;            ///< test_loss, test_<metric>, test_runtime, ...
+};
 
 /// What train() returns (HF's TrainOutput).
 struct TrainOutput {
@@ -175,6 +183,16 @@ class Trainer {
     return data::batch_rows(batch);
   }
 
+  /// Floating-point operations of one training micro-batch, summed into total_flos: the
+  /// model's `floating_point_ops(batch)` when it has one, else 0 (unknown).
+  template <class Batch>
+  double floating_point_ops(const Batch& batch) {
+    if constexpr (requires { model_->floating_point_ops(batch); })
+      return static_cast<double>(model_->floating_point_ops(batch));
+    else
+      return 0.0;
+  }
+
   /// Loss, logits and labels of one evaluation batch (labels: the batch's `labels` field).
   template <class Batch>
   PredictionOutput prediction_step(Model& model, Batch& batch) {
@@ -230,6 +248,12 @@ class Trainer {
                                args_.per_device_eval_batch_size, false, data::SequentialSampler{});
   }
 
+  /// Batches of a dataset given to predict(): in order, per_device_eval_batch_size.
+  template <class Batch>
+  data::DataLoader<Batch> get_test_dataloader(const data::AnyDataset<Batch>& dataset) {
+    return data::DataLoader<Batch>(dataset, args_.per_device_eval_batch_size, false, data::SequentialSampler{});
+  }
+
   /// Records `logs` (plus epoch and step) in log_history and fires on_log.
   void log(const Metrics& logs) {
     Metrics entry = logs;
@@ -248,6 +272,22 @@ class Trainer {
 
   /// Evaluates on the evaluation dataset; metrics are prefixed with `eval_`.
   Metrics evaluate() { return evaluate_impl<batch_type<>>("eval"); }
+
+  /// Predictions, label ids and `test_`-prefixed metrics on `test_dataset` (HF's predict);
+  /// fires on_predict, logs nothing.
+  template <data::Dataset D>
+  PredictResult predict(D test_dataset) {
+    using Batch = batch_type<D>;
+    static_assert(std::is_same_v<data::batch_t<D>, Batch>,
+                  "loom: the test dataset yields another batch type than compute_loss takes");
+    const data::AnyDataset<Batch> dataset(std::move(test_dataset));
+    auto loader = call_hook<hook::get_test_dataloader>(self(), dataset);
+    const MemoryTracker memory("test", !args_.skip_memory_metrics && !in_train_, device_);
+    auto result = evaluation_loop<Batch>(loader, "test");
+    memory.stop(result.metrics);
+    callbacks_.template fire<event::on_predict>(args_, state_, control_, result.metrics);
+    return result;
+  }
 
   /// Writes `<split>_results.json` and merges the metrics into `all_results.json` (HF's save_metrics).
   void save_metrics(const std::string& split, const Metrics& metrics) const {
@@ -392,6 +432,7 @@ class Trainer {
     }
 
     const auto start = std::chrono::steady_clock::now();
+    const MemoryTracker memory("train", !args_.skip_memory_metrics, device_);
     in_train_ = true;
     callbacks_.template fire<event::on_train_begin>(args_, state_, control_);
     if (args_.eval_on_start) evaluate_impl<Batch>("eval");
@@ -415,8 +456,10 @@ class Trainer {
         std::vector<int64_t> items;
         for (int64_t i = 0; i < count; ++i) {
           group.push_back(loader.batch(first + i));
-          data::to_device(group.back(), device_);
+          // Counted on the host batch, so a token count never waits for the device.
           items.push_back(call_hook<hook::num_items>(self(), std::as_const(group.back())));
+          state_.total_flos += call_hook<hook::floating_point_ops>(self(), std::as_const(group.back()));
+          data::to_device(group.back(), device_);
           group_items += items.back();
         }
         for (int64_t i = 0; i < count; ++i) {
@@ -469,6 +512,7 @@ class Trainer {
     out.metrics = speed_metrics("train", start, num_train_samples, static_cast<double>(max_steps));
     out.metrics.set("total_flos", state_.total_flos);
     out.metrics.set("train_loss", out.training_loss);
+    memory.stop(out.metrics);
     call_hook<hook::log>(self(), std::as_const(out.metrics));
     out.metrics.set("epoch", state_.epoch);
     callbacks_.template fire<event::on_train_end>(args_, state_, control_);
@@ -716,6 +760,25 @@ class Trainer {
   template <class Batch>
   Metrics evaluate_impl(const std::string& prefix) {
     auto loader = call_hook<hook::get_eval_dataloader>(self());
+    const MemoryTracker memory(prefix, !args_.skip_memory_metrics && !in_train_, device_);
+    Metrics metrics = evaluation_loop<Batch>(loader, prefix).metrics;
+    memory.stop(metrics);
+    if (in_train_ && scheduler_ && scheduler_->wants_metric()) {
+      // HF steps ReduceLROnPlateau with metric_for_best_model after each evaluation in training.
+      std::string key = args_.metric_for_best_model.value_or("loss");
+      if (key.rfind(prefix + "_", 0) != 0) key = prefix + "_" + key;
+      const auto value = metrics.get(key);
+      check(value.has_value(), "reduce_lr_on_plateau needs the metric {} but evaluation produced no such metric", key);
+      scheduler_->step_metric(*value);
+    }
+    call_hook<hook::log>(self(), std::as_const(metrics));
+    callbacks_.template fire<event::on_evaluate>(args_, state_, control_, metrics);
+    return metrics;
+  }
+
+  // HF's evaluation_loop: loss weighted by batch rows, predictions gathered for compute_metrics.
+  template <class Batch>
+  PredictResult evaluation_loop(data::DataLoader<Batch>& loader, const std::string& prefix) {
     loader.set_epoch(0);
     auto& module = detail::module_of(model_);
     const bool was_training = module.is_training();
@@ -748,9 +811,12 @@ class Trainer {
       callbacks_.template fire<event::on_prediction_step>(args_, state_, control_);
     }
     flush();
+    PredictResult result;
+    if (!host_logits.empty()) result.predictions = torch::cat(host_logits);
+    if (!host_labels.empty()) result.label_ids = torch::cat(host_labels);
     Metrics raw;
-    if (!host_logits.empty() && !host_labels.empty()) {
-      EvalPrediction pred{torch::cat(host_logits), torch::cat(host_labels)};
+    if (result.predictions.defined() && result.label_ids.defined()) {
+      EvalPrediction pred{result.predictions, result.label_ids};
       raw = call_hook<hook::compute_metrics>(self(), std::as_const(pred));
     }
     if (loss_rows > 0) raw.set("loss", loss_sum.item<double>() / static_cast<double>(loss_rows));
@@ -760,17 +826,8 @@ class Trainer {
     const double steps = std::ceil(static_cast<double>(rows) / static_cast<double>(args_.per_device_eval_batch_size));
     metrics.merge(speed_metrics(prefix, start, static_cast<double>(rows), steps));
     if (was_training) module.train();
-    if (in_train_ && scheduler_ && scheduler_->wants_metric()) {
-      // HF steps ReduceLROnPlateau with metric_for_best_model after each evaluation in training.
-      std::string key = args_.metric_for_best_model.value_or("loss");
-      if (key.rfind(prefix + "_", 0) != 0) key = prefix + "_" + key;
-      const auto value = metrics.get(key);
-      check(value.has_value(), "reduce_lr_on_plateau needs the metric {} but evaluation produced no such metric", key);
-      scheduler_->step_metric(*value);
-    }
-    call_hook<hook::log>(self(), std::as_const(metrics));
-    callbacks_.template fire<event::on_evaluate>(args_, state_, control_, metrics);
-    return metrics;
+    result.metrics = std::move(metrics);
+    return result;
   }
 
   TrainingArguments args_;

@@ -1,0 +1,542 @@
+// A character-level GPT-style transformer trained on the King James Bible from Debian's
+// bible-kjv-text package, evaluated on the held-out last 5% of the text (eval_loss and
+// eval_perplexity = exp(eval_loss)), then used to generate text from a prompt.
+//
+//   build/examples/char_lm                                  # the defaults below (bf16, ~1-2 min on 2 cores)
+//   build/examples/char_lm --bf16 false --max_steps 50      # fp32, fewer steps
+//   build/examples/char_lm --n_layer 2 --n_embd 64 --sample_prompt "And God said"
+//   build/examples/char_lm --help                           # every flag
+//
+// The data file: /usr/lib/bible.data (package bible-kjv-text) is not plain text but the
+// "EC02" compressed format of the `bible` program (package bible-kjv). This example decodes
+// it itself. The facts it relies on, each checked while reading (found by inspecting the
+// installed file, version 4.38; the decoded text is byte-identical to gzip -d's compress(1)
+// decoder run window by window, and its verses read as `bible` prints them):
+//
+//   offset  0x00  4 bytes  magic "EC02", followed by a NUL-padded description
+//                          ("Compressed Data File")
+//   offset  0x54  u32 BE   W, the uncompressed size of one window (65536)
+//   offset  0x58  u32 BE   N, the number of windows (68)
+//   offset  0x5c  u32 BE   N + 1 absolute file offsets; window i is bytes [off[i], off[i+1]),
+//                          and off[N] is the file size
+//   off[0] - 3    3 bytes  a compress(1) ".Z" header: 0x1f 0x9d, then flags 0x90
+//                          (0x80: block mode, with code 256 = CLEAR; low 5 bits: 16 max bits)
+//
+// Each window is an independent compress(1) LZW stream under that one header (codes packed
+// LSB first, starting at 9 bits, growing to 16; on every width change or CLEAR the reader
+// skips to the end of the current group of `width` bytes, as compress does). Every window
+// but the last decodes to exactly W bytes; concatenated they are the text: a title line
+// ("Holy Bible, Authorized (King James) Version.  Textfile 930105."), then one line per
+// verse, "<Book><chapter>:<verse> <text>" with the bible program's book abbreviations
+// (e.g. "Ge1:1 In the beginning God created ...", "1Sm3:10 ...", "Rev22:21 ..."), 31102 verses,
+// ASCII only, newline-terminated. By default the example drops the title line and the references
+// and trains on the verse texts, one per line (--keep_references keeps the lines whole).
+//
+// A file that does not start with "EC02" is read as plain text, so any text file works too.
+//
+// The model has no dropout by default, so runs whose batches are split differently
+// (gradient accumulation) stay comparable; labels of -100 are ignored by the loss, and
+// num_items counts the other labels, so accumulation normalizes by tokens.
+
+#include <loom/loom.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+/// Flags of this example, beside every TrainingArguments flag.
+struct ExampleArguments {
+  std::string data_file = "/usr/lib/bible.data";  ///< the bible-kjv-text data file (or any plain-text file)
+  bool keep_references = false;      ///< keep each verse's "Ge1:1 " reference and the title line
+  int64_t block_size = 128;          ///< characters of context (the length of each training sequence)
+  int64_t n_layer = 4;               ///< transformer blocks
+  int64_t n_head = 4;                ///< attention heads per block
+  int64_t n_embd = 128;              ///< model width
+  double dropout = 0.0;              ///< dropout on attention weights and residual branches
+  bool tie_word_embeddings = true;   ///< the LM head shares the token embedding matrix
+  double eval_fraction = 0.05;       ///< the last fraction of the text is held out for evaluation
+  std::optional<int64_t> max_train_blocks;  ///< use only the first N training blocks
+  std::optional<int64_t> max_eval_blocks;   ///< use only the first N held-out blocks
+  int64_t sample_length = 300;             ///< characters generated after training (0: none)
+  std::string sample_prompt = "In the beginning";  ///< the generation prompt
+  double temperature = 0.8;                ///< sampling temperature (0: greedy)
+  int64_t sample_seed = 1234;              ///< seed of the sampling generator
+};
+
+// ---- data --------------------------------------------------------------------------------
+
+namespace kjv {
+
+// Reads a big-endian u32 at `pos`.
+static uint32_t be32(const std::vector<uint8_t>& d, size_t pos) {
+  loom::check(pos + 4 <= d.size(), "bible data: truncated at offset {}", pos);
+  return (uint32_t{d[pos]} << 24) | (uint32_t{d[pos + 1]} << 16) | (uint32_t{d[pos + 2]} << 8) | uint32_t{d[pos + 3]};
+}
+
+/// Decodes one compress(1) LZW stream without its header (ncompress's decompress()).
+static std::string lzw_decode(std::span<const uint8_t> in, int max_bits, bool block_mode) {
+  constexpr int kInitBits = 9;
+  constexpr int64_t kClear = 256;
+  loom::check(max_bits >= kInitBits && max_bits <= 16, "bible data: unsupported LZW width {}", max_bits);
+  const int64_t max_max_code = int64_t{1} << max_bits;
+  std::vector<uint16_t> prefix(static_cast<size_t>(max_max_code), 0);
+  std::vector<uint8_t> suffix(static_cast<size_t>(max_max_code), 0);
+  for (int i = 0; i < 256; ++i) suffix[static_cast<size_t>(i)] = static_cast<uint8_t>(i);
+
+  int n_bits = kInitBits;
+  int64_t max_code = (int64_t{1} << n_bits) - 1;
+  int64_t free_ent = block_mode ? 257 : 256;
+  bool clear_flag = false;
+  // Codes are read in groups of n_bits bytes (8 codes); a width change or CLEAR drops the
+  // rest of the current group.
+  std::array<uint8_t, 16 + 3> group{};
+  size_t pos = 0;
+  int64_t bit = 0, bits_usable = 0;
+  auto get_code = [&]() -> int64_t {
+    if (clear_flag || bit >= bits_usable || free_ent > max_code) {
+      if (free_ent > max_code) {
+        ++n_bits;
+        max_code = n_bits == max_bits ? max_max_code : (int64_t{1} << n_bits) - 1;
+      }
+      if (clear_flag) {
+        n_bits = kInitBits;
+        max_code = (int64_t{1} << n_bits) - 1;
+        clear_flag = false;
+      }
+      const size_t take = std::min<size_t>(static_cast<size_t>(n_bits), in.size() - pos);
+      if (static_cast<int64_t>(take) * 8 < n_bits) return -1;  // end of the stream
+      group.fill(0);
+      std::copy_n(in.begin() + static_cast<std::ptrdiff_t>(pos), take, group.begin());
+      pos += take;
+      bit = 0;
+      bits_usable = static_cast<int64_t>(take) * 8 - (n_bits - 1);
+    }
+    const auto byte = static_cast<size_t>(bit >> 3);
+    const uint32_t word = uint32_t{group[byte]} | (uint32_t{group[byte + 1]} << 8) | (uint32_t{group[byte + 2]} << 16);
+    bit += n_bits;
+    return static_cast<int64_t>((word >> (static_cast<uint32_t>(bit - n_bits) & 7u)) & ((1u << n_bits) - 1u));
+  };
+
+  std::string out;
+  int64_t old_code = get_code();
+  if (old_code < 0) return out;
+  loom::check(old_code < 256, "bible data: LZW stream starts with code {}", old_code);
+  auto fin_char = static_cast<uint8_t>(old_code);
+  out.push_back(static_cast<char>(fin_char));
+  std::vector<uint8_t> stack;
+  for (int64_t code; (code = get_code()) >= 0;) {
+    if (code == kClear && block_mode) {
+      clear_flag = true;
+      free_ent = 256;  // compress's FIRST - 1: the entry made after the next code is never read
+      if ((code = get_code()) < 0) break;
+    }
+    const int64_t in_code = code;
+    if (code >= free_ent) {  // the KwKwK case: the code being defined right now
+      loom::check(code == free_ent, "bible data: corrupt LZW stream (code {} beyond {})", code, free_ent);
+      stack.push_back(fin_char);
+      code = old_code;
+    }
+    while (code >= 256) {
+      stack.push_back(suffix[static_cast<size_t>(code)]);
+      code = prefix[static_cast<size_t>(code)];
+    }
+    fin_char = suffix[static_cast<size_t>(code)];
+    stack.push_back(fin_char);
+    out.append(stack.rbegin(), stack.rend());
+    stack.clear();
+    if (free_ent < max_max_code) {
+      prefix[static_cast<size_t>(free_ent)] = static_cast<uint16_t>(old_code);
+      suffix[static_cast<size_t>(free_ent)] = fin_char;
+      ++free_ent;
+    }
+    old_code = in_code;
+  }
+  return out;
+}
+
+/// The text of a bible-kjv "EC02" data file (the layout is described at the top of this file).
+static std::string decode_ec02(const std::vector<uint8_t>& d, const std::string& name) {
+  const uint32_t window = be32(d, 0x54);
+  const uint32_t n = be32(d, 0x58);
+  loom::check(n > 0 && 0x5c + 4 * (size_t{n} + 1) <= d.size(), "{}: bad window count {}", name, n);
+  std::vector<size_t> off(n + 1);
+  for (uint32_t i = 0; i <= n; ++i) off[i] = be32(d, 0x5c + 4 * size_t{i});
+  loom::check(off[n] == d.size(), "{}: the offset table ends at {}, the file at {}", name, off[n], d.size());
+  loom::check(off[0] >= 3 && d[off[0] - 3] == 0x1f && d[off[0] - 2] == 0x9d, "{}: no compress(1) header before "
+              "the first window", name);
+  const uint8_t flags = d[off[0] - 1];
+  std::string text;
+  for (uint32_t i = 0; i < n; ++i) {
+    loom::check(off[i] <= off[i + 1], "{}: window {} has negative length", name, i);
+    auto part = lzw_decode(std::span(d).subspan(off[i], off[i + 1] - off[i]), flags & 0x1f, (flags & 0x80) != 0);
+    loom::check(i + 1 == n ? part.size() <= window : part.size() == window,
+                "{}: window {} decodes to {} bytes, expected {}", name, i, part.size(), window);
+    text += part;
+  }
+  return text;
+}
+
+/// "Ge1:1 ", "1Sm3:10 ", "Rev22:21 ": the length of a verse reference and its space, or 0.
+static size_t reference_length(const std::string& line) {
+  size_t i = 0;
+  if (i < line.size() && std::isdigit(static_cast<unsigned char>(line[i]))) ++i;
+  const size_t letters = i;
+  while (i < line.size() && std::isalpha(static_cast<unsigned char>(line[i]))) ++i;
+  if (i == letters) return 0;
+  const size_t chapter = i;
+  while (i < line.size() && std::isdigit(static_cast<unsigned char>(line[i]))) ++i;
+  if (i == chapter || i >= line.size() || line[i] != ':') return 0;
+  const size_t verse = ++i;
+  while (i < line.size() && std::isdigit(static_cast<unsigned char>(line[i]))) ++i;
+  if (i == verse || i >= line.size() || line[i] != ' ') return 0;
+  return i + 1;
+}
+
+/// The training text: the verse texts, one per line (or the file's lines unchanged).
+static std::string load_text(const std::filesystem::path& file, bool keep_references, int64_t& verses) {
+  std::ifstream in(file, std::ios::binary);
+  loom::check(static_cast<bool>(in), "cannot read {} (install Debian's bible-kjv-text, or pass --data_file)",
+              file.string());
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const bool ec02 = bytes.size() >= 4 && std::equal(bytes.begin(), bytes.begin() + 4, "EC02");
+  std::string raw = ec02 ? decode_ec02(bytes, file.string()) : std::string(bytes.begin(), bytes.end());
+  verses = 0;
+  if (keep_references || !ec02) return raw;
+  std::string text;
+  text.reserve(raw.size());
+  size_t start = 0;
+  while (start < raw.size()) {
+    size_t end = raw.find('\n', start);
+    if (end == std::string::npos) end = raw.size();
+    const std::string line = raw.substr(start, end - start);
+    if (const size_t ref = reference_length(line); ref > 0) {  // the title line has none
+      text.append(line, ref);
+      text.push_back('\n');
+      ++verses;
+    }
+    start = end + 1;
+  }
+  return text;
+}
+
+}  // namespace kjv
+
+/// The characters of the text, each mapped to a token id (sorted byte order).
+struct Vocabulary {
+  std::vector<char> chars;             ///< id -> character
+  std::array<int64_t, 256> ids{};      ///< character -> id (-1: not in the text)
+
+  /// The distinct characters of `text`.
+  explicit Vocabulary(const std::string& text) {
+    std::array<bool, 256> seen{};
+    for (char c : text) seen[static_cast<unsigned char>(c)] = true;
+    ids.fill(-1);
+    for (int c = 0; c < 256; ++c)
+      if (seen[static_cast<size_t>(c)]) {
+        ids[static_cast<size_t>(c)] = static_cast<int64_t>(chars.size());
+        chars.push_back(static_cast<char>(c));
+      }
+  }
+  /// Number of tokens.
+  [[nodiscard]] int64_t size() const { return static_cast<int64_t>(chars.size()); }
+  /// The ids of `text` as an int64 tensor; fails on a character the vocabulary lacks.
+  [[nodiscard]] torch::Tensor encode(std::string_view text) const {
+    auto out = torch::empty({static_cast<int64_t>(text.size())}, torch::kLong);
+    auto* p = out.data_ptr<int64_t>();
+    for (size_t i = 0; i < text.size(); ++i) {
+      const int64_t id = ids[static_cast<unsigned char>(text[i])];
+      loom::check(id >= 0, "the character {:?} is not in the training text", text[i]);
+      p[i] = id;
+    }
+    return out;
+  }
+};
+
+/// One batch (and, row by row, one example): a block of characters and the next ones.
+struct Batch {
+  torch::Tensor input_ids;  ///< int64 [N, T] character ids
+  torch::Tensor labels;     ///< int64 [N, T] the next character's id, -100 where ignored
+};
+
+/// Non-overlapping blocks of `block_size` characters; labels are the inputs shifted by one.
+static loom::data::TensorDataset<Batch> make_blocks(const torch::Tensor& ids, int64_t block_size,
+                                                    std::optional<int64_t> limit) {
+  int64_t n = (ids.size(0) - 1) / block_size;
+  if (limit) n = std::min(n, *limit);
+  loom::check(n > 0, "{} characters make no block of {} (lower --block_size)", ids.size(0), block_size);
+  auto x = ids.narrow(0, 0, n * block_size).view({n, block_size}).clone();
+  auto y = ids.narrow(0, 1, n * block_size).view({n, block_size}).clone();
+  return loom::data::TensorDataset<Batch>({x, y});
+}
+
+// ---- model -------------------------------------------------------------------------------
+
+/// Hyper-parameters of the transformer.
+struct GPTConfig {
+  int64_t vocab_size = 0;   ///< tokens
+  int64_t block_size = 128; ///< longest context (position embeddings)
+  int64_t n_layer = 4;      ///< blocks
+  int64_t n_head = 4;       ///< heads
+  int64_t n_embd = 128;     ///< width
+  double dropout = 0.0;     ///< dropout probability
+  bool tie_word_embeddings = true;  ///< share the token embedding with the LM head
+};
+
+/// Causal multi-head self-attention through torch's fused scaled_dot_product_attention.
+struct CausalSelfAttentionImpl : torch::nn::Module {
+  /// Projections for `cfg.n_embd` channels in `cfg.n_head` heads.
+  explicit CausalSelfAttentionImpl(const GPTConfig& cfg)
+      : n_head(cfg.n_head), dropout(cfg.dropout),
+        qkv(register_module("qkv", torch::nn::Linear(cfg.n_embd, 3 * cfg.n_embd))),
+        proj(register_module("proj", torch::nn::Linear(cfg.n_embd, cfg.n_embd))) {}
+
+  /// [B, T, C] -> [B, T, C]; position t attends to positions <= t.
+  torch::Tensor forward(const torch::Tensor& x) {
+    const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+    auto parts = qkv->forward(x).split(C, 2);
+    auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head, C / n_head}).transpose(1, 2); };
+    auto y = torch::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {},
+                                                 is_training() ? dropout : 0.0, /*is_causal=*/true);
+    y = y.transpose(1, 2).contiguous().view({B, T, C});
+    return torch::dropout(proj->forward(y), dropout, is_training());
+  }
+
+  int64_t n_head;          ///< heads
+  double dropout;          ///< dropout probability
+  torch::nn::Linear qkv;   ///< query, key and value projections, fused
+  torch::nn::Linear proj;  ///< output projection (a residual branch's last layer)
+};
+TORCH_MODULE(CausalSelfAttention);
+
+/// A pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x)) with GELU.
+struct BlockImpl : torch::nn::Module {
+  /// One block of width `cfg.n_embd`, MLP 4x wider.
+  explicit BlockImpl(const GPTConfig& cfg)
+      : dropout(cfg.dropout),
+        ln_1(register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.n_embd})))),
+        attn(register_module("attn", CausalSelfAttention(cfg))),
+        ln_2(register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.n_embd})))),
+        fc(register_module("fc", torch::nn::Linear(cfg.n_embd, 4 * cfg.n_embd))),
+        fc_proj(register_module("fc_proj", torch::nn::Linear(4 * cfg.n_embd, cfg.n_embd))) {}
+
+  /// [B, T, C] -> [B, T, C].
+  torch::Tensor forward(torch::Tensor x) {
+    x = x + attn->forward(ln_1->forward(x));
+    auto h = fc_proj->forward(torch::gelu(fc->forward(ln_2->forward(x))));
+    return x + torch::dropout(h, dropout, is_training());
+  }
+
+  double dropout;                ///< dropout probability
+  torch::nn::LayerNorm ln_1;     ///< before attention
+  CausalSelfAttention attn;      ///< attention
+  torch::nn::LayerNorm ln_2;     ///< before the MLP
+  torch::nn::Linear fc;          ///< MLP expansion
+  torch::nn::Linear fc_proj;     ///< MLP projection (a residual branch's last layer)
+};
+TORCH_MODULE(Block);
+
+/// GPT: token + position embeddings, pre-LN blocks, final LayerNorm, LM head.
+struct GPTImpl : torch::nn::Module {
+  /// A freshly initialized model (GPT-2's scheme: N(0, 0.02), residual projections scaled
+  /// by 1/sqrt(2 n_layer), zero biases, unit LayerNorms).
+  explicit GPTImpl(const GPTConfig& c)
+      : cfg(c),
+        wte(register_module("wte", torch::nn::Embedding(c.vocab_size, c.n_embd))),
+        wpe(register_module("wpe", torch::nn::Embedding(c.block_size, c.n_embd))),
+        blocks(register_module("blocks", torch::nn::ModuleList())),
+        ln_f(register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})))) {
+    loom::check(c.n_embd % c.n_head == 0, "--n_embd {} is not a multiple of --n_head {}", c.n_embd, c.n_head);
+    for (int64_t i = 0; i < c.n_layer; ++i) blocks->push_back(Block(c));
+    if (!c.tie_word_embeddings)
+      lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, c.vocab_size).bias(false)));
+    torch::NoGradGuard no_grad;
+    const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
+    for (const auto& item : named_parameters()) {
+      const auto& name = item.key();
+      auto p = item.value();
+      if (name.find("ln_") != std::string::npos) continue;  // LayerNorms keep weight 1, bias 0
+      if (name.ends_with(".bias")) p.zero_();
+      else if (name.ends_with("proj.weight")) p.normal_(0.0, residual_std);
+      else p.normal_(0.0, 0.02);
+    }
+  }
+
+  /// Logits [B, T, vocab] for ids [B, T] (T <= block_size).
+  torch::Tensor forward(const torch::Tensor& ids) {
+    const int64_t T = ids.size(1);
+    loom::check(T <= cfg.block_size, "sequence of {} exceeds block_size {}", T, cfg.block_size);
+    auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
+    auto x = torch::dropout(wte->forward(ids) + wpe->forward(pos), cfg.dropout, is_training());
+    for (const auto& block : *blocks) x = block->as<BlockImpl>()->forward(x);
+    x = ln_f->forward(x);
+    return cfg.tie_word_embeddings ? torch::matmul(x, wte->weight.t()) : lm_head->forward(x);
+  }
+
+  /// HF's estimate: 6 x (non-embedding parameters) x tokens, for trainer_state's total_flos.
+  [[nodiscard]] double floating_point_ops(const Batch& batch) const {
+    int64_t n = 0;
+    for (const auto& item : named_parameters())
+      if (!item.key().starts_with("wte.") && !item.key().starts_with("wpe.")) n += item.value().numel();
+    return 6.0 * static_cast<double>(n) * static_cast<double>(batch.input_ids.numel());
+  }
+
+  GPTConfig cfg;                ///< the configuration
+  torch::nn::Embedding wte;     ///< token embeddings
+  torch::nn::Embedding wpe;     ///< position embeddings
+  torch::nn::ModuleList blocks; ///< the transformer blocks
+  torch::nn::LayerNorm ln_f;    ///< final LayerNorm
+  torch::nn::Linear lm_head{nullptr};  ///< untied LM head (null when tied)
+};
+TORCH_MODULE(GPT);
+
+/// Next-character cross entropy, mean over the labels that are not -100.
+static torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& labels) {
+  return torch::nn::functional::cross_entropy(
+      logits.reshape({-1, logits.size(-1)}).to(torch::kFloat), labels.reshape({-1}),
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kMean));
+}
+
+// The precision is a type; main() picks it from --bf16 / --fp16 through loom::select_policies.
+/// The trainer: token-level loss, token-count normalization under gradient accumulation.
+template <class Precision>
+struct CharLMTrainer : loom::Trainer<CharLMTrainer<Precision>, GPT, Precision> {
+  using loom::Trainer<CharLMTrainer<Precision>, GPT, Precision>::Trainer;
+
+  /// Mean next-character cross entropy of the batch; logits [N, T, vocab].
+  loom::ModelOutput compute_loss(GPT& model, Batch& batch) {
+    auto logits = model->forward(batch.input_ids);
+    return {lm_loss(logits, batch.labels), logits};
+  }
+
+  /// The tokens that count in the loss: labels != -100.
+  int64_t num_items(const Batch& batch) { return batch.labels.ne(-100).sum().template item<int64_t>(); }
+};
+
+/// `length` characters continuing `prompt`: greedy when temperature is 0, else sampled.
+static std::string generate(GPT& model, const Vocabulary& vocab, const std::string& prompt, int64_t length,
+                            double temperature, int64_t seed, torch::Device device) {
+  torch::NoGradGuard no_grad;
+  model->eval();
+  auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(seed));
+  auto ids = vocab.encode(prompt.empty() ? std::string("\n") : prompt).unsqueeze(0).to(device);
+  std::string out;
+  for (int64_t i = 0; i < length; ++i) {
+    const int64_t T = ids.size(1);
+    auto context = T > model->cfg.block_size ? ids.narrow(1, T - model->cfg.block_size, model->cfg.block_size) : ids;
+    auto logits = model->forward(context).select(1, context.size(1) - 1).to(torch::kFloat).cpu();  // [1, vocab]
+    torch::Tensor next;
+    if (temperature <= 0) {
+      next = logits.argmax(-1, /*keepdim=*/true);
+    } else {
+      auto probs = torch::softmax(logits / temperature, -1);
+      next = torch::multinomial(probs, 1, /*replacement=*/false, gen);
+    }
+    out.push_back(vocab.chars[static_cast<size_t>(next.item<int64_t>())]);
+    ids = torch::cat({ids, next.to(device)}, 1);
+  }
+  return out;
+}
+
+int main(int argc, char** argv) {
+  try {
+    // This example's defaults; any flag on the command line overrides them.
+    loom::TrainingArguments defaults;
+    defaults.output_dir = "output/char_lm";
+    defaults.bf16 = true;
+    defaults.learning_rate = 1e-3;
+    defaults.weight_decay = 0.1;
+    defaults.adam_beta2 = 0.99;
+    defaults.lr_scheduler_type = "cosine";
+    defaults.warmup_steps = 20;
+    defaults.per_device_train_batch_size = 32;
+    defaults.per_device_eval_batch_size = 64;
+    defaults.gradient_accumulation_steps = 2;
+    defaults.max_steps = 300;
+    defaults.logging_steps = 25;
+    defaults.eval_strategy = "steps";
+    defaults.eval_steps = 100;
+    defaults.save_strategy = "no";
+    defaults.prediction_loss_only = true;
+    ExampleArguments example_defaults;
+    example_defaults.max_eval_blocks = 256;
+    auto [example, args] = loom::parse_args(argc, argv, example_defaults, defaults);
+    loom::check(example.eval_fraction > 0 && example.eval_fraction < 1, "--eval_fraction must lie in (0, 1), got {}",
+                example.eval_fraction);
+    loom::check(example.block_size > 0, "--block_size must be positive");
+
+    loom::set_seed(args.seed);
+    int64_t verses = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string text = kjv::load_text(example.data_file, example.keep_references, verses);
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const Vocabulary vocab(text);
+    const auto ids = vocab.encode(text);
+    const auto n_eval = static_cast<int64_t>(std::ceil(static_cast<double>(ids.size(0)) * example.eval_fraction));
+    const int64_t n_train = ids.size(0) - n_eval;
+    auto train_set = make_blocks(ids.narrow(0, 0, n_train), example.block_size, example.max_train_blocks);
+    auto eval_set = make_blocks(ids.narrow(0, n_train, n_eval), example.block_size, example.max_eval_blocks);
+    fmt::print("char_lm: {} characters ({} verses, {} distinct characters) from {} in {:.2f} s\n", text.size(),
+               verses, vocab.size(), example.data_file, load_s);
+    fmt::print("char_lm: {} training blocks of {} from the first {} characters, {} held-out blocks from the last {}\n",
+               train_set.size(), example.block_size, n_train, eval_set.size(), n_eval);
+
+    GPTConfig cfg;
+    cfg.vocab_size = vocab.size();
+    cfg.block_size = example.block_size;
+    cfg.n_layer = example.n_layer;
+    cfg.n_head = example.n_head;
+    cfg.n_embd = example.n_embd;
+    cfg.dropout = example.dropout;
+    cfg.tie_word_embeddings = example.tie_word_embeddings;
+
+    struct Outcome {
+      loom::TrainOutput train;
+      loom::Metrics eval;
+      std::string sample;
+    };
+    auto outcome = loom::select_policies(args, [&]<class Precision>() {
+      GPT model(cfg);
+      int64_t params = 0;
+      for (const auto& p : model->parameters()) params += p.numel();
+      fmt::print("char_lm: GPT with {} layers, {} heads, width {}: {:.2f} M parameters{}\n", cfg.n_layer, cfg.n_head,
+                 cfg.n_embd, static_cast<double>(params) / 1e6, args.bf16 ? ", bf16 autocast" : "");
+      CharLMTrainer<Precision> trainer(args, model, train_set, eval_set);
+      Outcome o;
+      o.train = trainer.train();
+      o.eval = trainer.evaluate();
+      if (auto loss = o.eval.get("eval_loss")) o.eval.set("eval_perplexity", std::exp(*loss));
+      trainer.save_metrics("eval", o.eval);
+      if (example.sample_length > 0)
+        o.sample = generate(trainer.model(), vocab, example.sample_prompt, example.sample_length, example.temperature,
+                            example.sample_seed, trainer.device());
+      return o;
+    });
+
+    fmt::print("\n***** train metrics *****\n");
+    for (const auto& [k, v] : outcome.train.metrics) fmt::print("  {:<28} = {}\n", k, v);
+    fmt::print("***** eval metrics *****\n");
+    for (const auto& [k, v] : outcome.eval) fmt::print("  {:<28} = {}\n", k, v);
+    if (auto sps = outcome.train.metrics.get("train_samples_per_second"))
+      fmt::print("training throughput: {:.0f} tokens/s\n", *sps * static_cast<double>(example.block_size));
+    if (auto ppl = outcome.eval.get("eval_perplexity")) fmt::print("held-out perplexity: {:.3f}\n", *ppl);
+    if (example.sample_length > 0)
+      fmt::print("***** sample (temperature {}, seed {}) *****\n{}{}\n", example.temperature, example.sample_seed,
+                 example.sample_prompt, outcome.sample);
+    fmt::print("outputs in {}\n", args.output_dir);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+}
