@@ -71,6 +71,8 @@ static loom::data::TensorDataset<Batch> load_split(const std::filesystem::path& 
   auto labels = loom::data::read_idx(dir / (prefix + "-labels-idx1-ubyte.gz"));
   loom::check(images.size(0) == labels.size(0), "{}: {} images but {} labels", prefix, images.size(0),
               labels.size(0));
+  loom::check(!limit || *limit > 0, "--max_{}_samples must be positive, got {}", prefix == "train" ? "train" : "eval",
+              limit.value_or(0));
   if (limit && *limit < images.size(0)) {
     images = images.narrow(0, 0, *limit);
     labels = labels.narrow(0, 0, *limit);
@@ -92,6 +94,7 @@ int main(int argc, char** argv) {
     defaults.eval_strategy = "epoch";
     defaults.save_strategy = "no";
     auto [example, args] = loom::parse_args(argc, argv, ExampleArguments{}, defaults);
+    loom::validate(args);  // report bad flags before reading any data
 
     loom::set_seed(args.seed);
     const std::filesystem::path dir(example.data_dir);
@@ -114,8 +117,14 @@ int main(int argc, char** argv) {
     for (const auto& [k, v] : metrics) fmt::print("  {:<28} = {}\n", k, v);
     fmt::print("outputs in {}\n", args.output_dir);
     return 0;
-  } catch (const std::exception& e) {
+  } catch (const loom::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "loom: libtorch error: %s\n", e.what_without_backtrace());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "loom: unexpected error: %s\n", e.what());
     return 2;
   }
 }

@@ -1,6 +1,11 @@
 #pragma once
 // The umbrella header: everything a program training with loom needs.
 
+#include <loom/callbacks/default_flow.hpp>
+#include <loom/callbacks/early_stopping.hpp>
+#include <loom/callbacks/jsonl_logger.hpp>
+#include <loom/callbacks/progress.hpp>
+#include <loom/callbacks/tensorboard.hpp>
 #include <loom/config/error.hpp>
 #include <loom/config/reflect.hpp>
 #include <loom/config/training_arguments.hpp>
@@ -15,8 +20,13 @@
 #include <loom/data/sampler.hpp>
 #include <loom/checkpoint/folders.hpp>
 #include <loom/checkpoint/safetensors.hpp>
+#include <loom/metrics/memory.hpp>
+#include <loom/metrics/speed.hpp>
 #include <loom/policy/bundle.hpp>
 #include <loom/policy/tags.hpp>
+#include <loom/precision/bf16.hpp>
+#include <loom/precision/fp16.hpp>
+#include <loom/precision/fp32.hpp>
 #include <loom/schedule/from_args.hpp>
 #include <loom/trainer/selector.hpp>
 #include <loom/trainer/trainer.hpp>

@@ -310,3 +310,38 @@ TEST_CASE("bad checkpoints and weights stop at start-up with one loom: line") {
   CHECK_THROWS_WITH_AS(OtherTrainer(d, Other{}, data(8, 1)), doctest::Contains("--model_name_or_path /nonexistent/weights"),
                        loom::Error);
 }
+
+namespace {
+struct WithEarlyStop : loom::Trainer<WithEarlyStop, Mlp, loom::Callbacks<StopAt, loom::EarlyStopping>> {
+  using Trainer::Trainer;
+  torch::Tensor compute_loss(Mlp& model, Batch& b) { return torch::cross_entropy_loss(model->forward(b.x), b.labels); }
+};
+}  // namespace
+
+TEST_CASE("callback state (EarlyStopping's patience counter) is checkpointed and restored on resume") {
+  auto a = base_args("callback_state");
+  a.learning_rate = 0.0;  // eval_loss never improves: the counter climbs by one per evaluation
+  a.eval_steps = 2;
+  a.save_steps = 4;
+  a.max_steps = 12;
+  a.metric_for_best_model = "loss";
+  {
+    torch::manual_seed(1);
+    WithEarlyStop first(a, Mlp{}, data(40, 1), data(12, 2));
+    first.callback<loom::EarlyStopping>().patience = 5;
+    first.callback<StopAt>().step = 4;
+    first.train();
+    CHECK(first.callback<loom::EarlyStopping>().patience_counter() == 1);  // evals at 2 (best) and 4
+  }
+  auto state = loom::TrainerState::load(fs::path(a.output_dir) / "checkpoint-4" / "trainer_state.json");
+  REQUIRE(state.stateful_callbacks.contains("EarlyStoppingCallback"));
+  CHECK(state.stateful_callbacks["EarlyStoppingCallback"]["attributes"]["early_stopping_patience_counter"] == 1);
+  a.resume_from_checkpoint = "latest";
+  torch::manual_seed(1);
+  WithEarlyStop resumed(a, Mlp{}, data(40, 1), data(12, 2));
+  resumed.callback<loom::EarlyStopping>().patience = 5;
+  resumed.train();
+  // Restored at 1, then evals at 6, 8, 10, 12 -> 5 = patience: stops at step 12 exactly;
+  // without the restored counter it would have reached only 4.
+  CHECK(resumed.callback<loom::EarlyStopping>().patience_counter() == 5);
+}

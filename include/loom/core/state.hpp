@@ -120,6 +120,8 @@ struct TrainerState {
       return from_json(nlohmann::json::parse(in));
     } catch (const nlohmann::json::exception& e) {
       throw Error(path.string() + " is not a valid trainer_state.json: " + e.what());
+    } catch (const Error& e) {
+      throw Error(path.string() + ": " + std::string(e.what()).substr(6));  // drop the inner "loom: "
     }
   }
 };

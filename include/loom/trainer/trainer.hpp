@@ -688,6 +688,8 @@ class Trainer {
 
   void load_checkpoint(const std::filesystem::path& dir, torch::Tensor& tr_loss, double& total_loss,
                        int64_t& last_logged) {
+    // The weights first: a damaged model file is the most useful thing to report.
+    checkpoint::load_module(detail::module_of(model_), dir / checkpoint::kModelFile);
     for (const char* f : {"optimizer.safetensors", "optimizer.json", "scheduler.json", "scaler.json",
                           "rng_state.safetensors", "loop_state.json"})
       check(std::filesystem::exists(dir / f),
@@ -699,7 +701,6 @@ class Trainer {
       check(!j.is_discarded(), "{} is not valid JSON", (dir / name).string());
       return j;
     };
-    checkpoint::load_module(detail::module_of(model_), dir / checkpoint::kModelFile);
     try {
       optimizer_->load_state(checkpoint::load_safetensors(dir / "optimizer.safetensors"), read_json("optimizer.json"));
       scheduler_->load_state_dict(read_json("scheduler.json"));
