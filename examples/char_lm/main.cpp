@@ -2,7 +2,7 @@
 // bible-kjv-text package, evaluated on the held-out last 5% of the text (eval_loss and
 // eval_perplexity = exp(eval_loss)), then used to generate text from a prompt.
 //
-//   build/examples/char_lm                                  # the defaults below (bf16, ~1-2 min on 2 cores)
+//   build/examples/char_lm                                  # the defaults below (bf16, ~2 min on 2 cores)
 //   build/examples/char_lm --bf16 false --max_steps 50      # fp32, fewer steps
 //   build/examples/char_lm --n_layer 2 --n_embd 64 --sample_prompt "And God said"
 //   build/examples/char_lm --help                           # every flag
@@ -63,7 +63,7 @@ struct ExampleArguments {
   int64_t n_layer = 4;               ///< transformer blocks
   int64_t n_head = 4;                ///< attention heads per block
   int64_t n_embd = 128;              ///< model width
-  double dropout = 0.0;              ///< dropout on attention weights and residual branches
+  double dropout = 0.0;              ///< dropout on embeddings, attention weights and residual branches
   bool tie_word_embeddings = true;   ///< the LM head shares the token embedding matrix
   double eval_fraction = 0.05;       ///< the last fraction of the text is held out for evaluation
   std::optional<int64_t> max_train_blocks;  ///< use only the first N training blocks
@@ -71,14 +71,14 @@ struct ExampleArguments {
   int64_t sample_length = 300;             ///< characters generated after training (0: none)
   std::string sample_prompt = "In the beginning";  ///< the generation prompt
   double temperature = 0.8;                ///< sampling temperature (0: greedy)
-  int64_t sample_seed = 1234;              ///< seed of the sampling generator
+  int64_t sample_seed = 7;                 ///< seed of the sampling generator
 };
 
 // ---- data --------------------------------------------------------------------------------
 
 namespace kjv {
 
-// Reads a big-endian u32 at `pos`.
+/// Reads a big-endian u32 at `pos`.
 static uint32_t be32(const std::vector<uint8_t>& d, size_t pos) {
   loom::check(pos + 4 <= d.size(), "bible data: truncated at offset {}", pos);
   return (uint32_t{d[pos]} << 24) | (uint32_t{d[pos + 1]} << 16) | (uint32_t{d[pos + 2]} << 8) | uint32_t{d[pos + 3]};
@@ -212,7 +212,7 @@ static std::string load_text(const std::filesystem::path& file, bool keep_refere
   const bool ec02 = bytes.size() >= 4 && std::equal(bytes.begin(), bytes.begin() + 4, "EC02");
   std::string raw = ec02 ? decode_ec02(bytes, file.string()) : std::string(bytes.begin(), bytes.end());
   verses = 0;
-  if (keep_references || !ec02) return raw;
+  if (!ec02) return raw;
   std::string text;
   text.reserve(raw.size());
   size_t start = 0;
@@ -227,7 +227,7 @@ static std::string load_text(const std::filesystem::path& file, bool keep_refere
     }
     start = end + 1;
   }
-  return text;
+  return keep_references ? raw : text;
 }
 
 }  // namespace kjv
@@ -450,30 +450,44 @@ static std::string generate(GPT& model, const Vocabulary& vocab, const std::stri
 
 int main(int argc, char** argv) {
   try {
-    // This example's defaults; any flag on the command line overrides them.
+    // This example's defaults; any flag on the command line overrides them. Sized for about
+    // 1.75 minutes of training on 2 idle CPU cores (~16k tokens/s): 800 updates of 16 blocks
+    // (2048 tokens; the loss sits near 2.3 for the first ~250 updates, then falls). At this
+    // budget a peak rate of 3e-3 ends well below 1e-3 (held-out loss 1.84 against 2.17 at
+    // 400 x 4096 tokens), and more, smaller updates beat fewer large ones (1.63 at 800 x 2048).
     loom::TrainingArguments defaults;
     defaults.output_dir = "output/char_lm";
     defaults.bf16 = true;
-    defaults.learning_rate = 1e-3;
+    defaults.learning_rate = 3e-3;
     defaults.weight_decay = 0.1;
     defaults.adam_beta2 = 0.99;
     defaults.lr_scheduler_type = "cosine";
-    defaults.warmup_steps = 20;
-    defaults.per_device_train_batch_size = 32;
+    defaults.warmup_steps = 40;
+    defaults.per_device_train_batch_size = 8;
     defaults.per_device_eval_batch_size = 64;
     defaults.gradient_accumulation_steps = 2;
-    defaults.max_steps = 300;
-    defaults.logging_steps = 25;
+    defaults.max_steps = 800;
+    defaults.logging_steps = 100;
     defaults.eval_strategy = "steps";
-    defaults.eval_steps = 100;
+    defaults.eval_steps = 400;
     defaults.save_strategy = "no";
     defaults.prediction_loss_only = true;
-    ExampleArguments example_defaults;
-    example_defaults.max_eval_blocks = 256;
-    auto [example, args] = loom::parse_args(argc, argv, example_defaults, defaults);
+    auto [example, args] = loom::parse_args(argc, argv, ExampleArguments{}, defaults);
+    loom::validate(args);  // report bad flags before reading any data
     loom::check(example.eval_fraction > 0 && example.eval_fraction < 1, "--eval_fraction must lie in (0, 1), got {}",
                 example.eval_fraction);
-    loom::check(example.block_size > 0, "--block_size must be positive");
+    loom::check(example.block_size > 0, "--block_size must be positive, got {}", example.block_size);
+    loom::check(example.n_layer > 0, "--n_layer must be positive, got {}", example.n_layer);
+    loom::check(example.n_head > 0, "--n_head must be positive, got {}", example.n_head);
+    loom::check(example.n_embd > 0 && example.n_embd % example.n_head == 0,
+                "--n_embd must be a positive multiple of --n_head {}, got {}", example.n_head, example.n_embd);
+    loom::check(example.dropout >= 0 && example.dropout < 1, "--dropout must lie in [0, 1), got {}", example.dropout);
+    loom::check(!example.max_train_blocks || *example.max_train_blocks > 0, "--max_train_blocks must be positive, got {}",
+                example.max_train_blocks.value_or(0));
+    loom::check(!example.max_eval_blocks || *example.max_eval_blocks > 0, "--max_eval_blocks must be positive, got {}",
+                example.max_eval_blocks.value_or(0));
+    loom::check(example.sample_length >= 0, "--sample_length must not be negative, got {}", example.sample_length);
+    loom::check(example.temperature >= 0, "--temperature must not be negative, got {}", example.temperature);
 
     loom::set_seed(args.seed);
     int64_t verses = 0;
@@ -482,6 +496,7 @@ int main(int argc, char** argv) {
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const Vocabulary vocab(text);
     const auto ids = vocab.encode(text);
+    if (example.sample_length > 0) (void)vocab.encode(example.sample_prompt);  // fail now, not after training
     const auto n_eval = static_cast<int64_t>(std::ceil(static_cast<double>(ids.size(0)) * example.eval_fraction));
     const int64_t n_train = ids.size(0) - n_eval;
     auto train_set = make_blocks(ids.narrow(0, 0, n_train), example.block_size, example.max_train_blocks);
@@ -535,8 +550,14 @@ int main(int argc, char** argv) {
                  example.sample_prompt, outcome.sample);
     fmt::print("outputs in {}\n", args.output_dir);
     return 0;
-  } catch (const std::exception& e) {
+  } catch (const loom::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "loom: libtorch error: %s\n", e.what_without_backtrace());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "loom: unexpected error: %s\n", e.what());
     return 2;
   }
 }
