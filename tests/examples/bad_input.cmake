@@ -199,7 +199,7 @@ endfunction()
 # Regexes are CMake regexes matched against the last stderr line; keep ';' out of them.
 
 # Precision.
-bad_case(fp16_and_bf16 EXPECT "--bf16 and --fp16 are both set"
+bad_case(fp16_and_bf16 EXPECT "--bf16 and --fp16 cannot both be set; pick one"
          ARGS --fp16 --bf16)
 
 # Best model, save/eval strategies.
@@ -325,7 +325,7 @@ bad_case(resume_latest_incomplete_only EXPECT "--resume_from_checkpoint latest: 
          SETUP incomplete_only ARGS --resume_from_checkpoint latest)
 # checkpoint-3 with an empty model.safetensors and a trainer_state.json, nothing else: the
 # first thing found missing is the optimizer state.
-bad_case(resume_truncated_bare EXPECT "checkpoint-3 cannot resume training: it has no optimizer.safetensors"
+bad_case(resume_truncated_bare EXPECT "checkpoint-3/model.safetensors is not a safetensors file: it has 0 bytes"
          SETUP truncated_bare ARGS --resume_from_checkpoint RUN/checkpoint-3)
 bad_case(resume_empty_model EXPECT "checkpoint-3/model.safetensors is not a safetensors file: it has 0 bytes"
          SETUP truncated_empty_model ARGS --resume_from_checkpoint RUN/checkpoint-3)
