@@ -97,6 +97,37 @@ inline void write_json_file(const std::filesystem::path& path, const nlohmann::j
   std::filesystem::rename(tmp, path);
 }
 
+// The training losses since the last log. Each micro-step's loss stays a device scalar (no
+// op, no sync); the window is summed on the host at the next logging step, where HF's
+// logging_nan_inf_filter is applied in order: a nan/inf loss counts as the mean of the
+// window so far, tr_loss / (1 + steps logged in the window).
+class LossWindow {
+ public:
+  void add(const torch::Tensor& loss, int64_t steps_in_window) { items_.emplace_back(loss, steps_in_window); }
+  /// The window's total (one device-to-host copy).
+  [[nodiscard]] double total(bool nan_filter) const {
+    double tr = carry_;
+    if (items_.empty()) return tr;
+    std::vector<torch::Tensor> losses;
+    losses.reserve(items_.size());
+    for (const auto& [l, s] : items_) losses.push_back(l.reshape({}));
+    const auto host = torch::stack(losses).to(torch::kDouble).cpu();
+    const double* v = host.data_ptr<double>();
+    for (std::size_t i = 0; i < items_.size(); ++i)
+      tr += (!nan_filter || std::isfinite(v[i])) ? v[i] : tr / static_cast<double>(1 + items_[i].second);
+    return tr;
+  }
+  /// Starts a new window holding `carry` (a checkpoint's unlogged total).
+  void reset(double carry = 0.0) {
+    carry_ = carry;
+    items_.clear();
+  }
+
+ private:
+  double carry_ = 0.0;
+  std::vector<std::pair<torch::Tensor, int64_t>> items_;
+};
+
 inline int64_t resolve_interval(double value, int64_t max_steps) {
   if (value > 0 && value < 1) return static_cast<int64_t>(std::ceil(value * static_cast<double>(max_steps)));
   return static_cast<int64_t>(value);
@@ -167,7 +198,7 @@ class Trainer {
     }
     check(loss.defined() && loss.numel() == 1, "compute_loss must return a scalar loss, got shape {}",
           loss.defined() ? c10::str(loss.sizes()) : std::string("undefined"));
-    loss = loss.to(torch::kFloat).reshape({});
+    if (loss.scalar_type() != torch::kFloat) loss = loss.to(torch::kFloat);
     if (loss_weight != 1.0) loss = loss * loss_weight;
     backward(loss);
     return loss.detach();
@@ -420,7 +451,7 @@ class Trainer {
     module.train();
 
     // Per-step values stay on the device; they are read only on logging steps.
-    auto tr_loss = torch::zeros({}, torch::TensorOptions().device(device_).dtype(torch::kFloat));
+    detail::LossWindow tr_loss;
     double total_loss = 0.0;
     int64_t last_logged = 0;
     int64_t epochs_trained = 0, batches_to_skip = 0;
@@ -467,7 +498,7 @@ class Trainer {
           if (step % ga == 0) callbacks_.template fire<event::on_step_begin>(args_, state_, control_);
           const double weight = group_items > 0 ? static_cast<double>(items[i]) / group_items : 1.0 / count;
           torch::Tensor loss_step = call_hook<hook::training_step>(self(), model_, group[i], weight);
-          accumulate_loss(tr_loss, loss_step, state_.global_step - last_logged);
+          tr_loss.add(loss_step, state_.global_step - last_logged);
           if (i + 1 == count) {
             const auto params = optimizer_->parameters();
             precision_->unscale(params);
@@ -505,7 +536,7 @@ class Trainer {
                      args_.metric_for_best_model.value_or("loss").c_str(), state_.best_metric.value_or(0.0));
       checkpoint::load_module(module, file);
     }
-    total_loss += tr_loss.item<double>();
+    total_loss += tr_loss.total(args_.logging_nan_inf_filter);
     TrainOutput out;
     out.global_step = state_.global_step;
     out.training_loss = total_loss / static_cast<double>(std::max<int64_t>(state_.global_step, 1));
@@ -562,25 +593,12 @@ class Trainer {
     else ++skipped_steps_;
   }
 
-  // tr_loss += loss_step, except a nan/inf step counts as the mean of the logged window so
-  // far (HF's logging_nan_inf_filter), decided on the device.
-  void accumulate_loss(torch::Tensor& tr_loss, const torch::Tensor& loss_step, int64_t steps_in_window) {
-    torch::NoGradGuard no_grad;
-    auto l = loss_step.to(torch::kFloat).reshape({});
-    if (args_.logging_nan_inf_filter) {
-      auto fallback = tr_loss / static_cast<double>(1 + steps_in_window);
-      tr_loss += torch::where(torch::isfinite(l), l, fallback);
-    } else {
-      tr_loss += l;
-    }
-  }
-
   template <class Batch>
-  void maybe_log_save_evaluate(torch::Tensor& tr_loss, double& total_loss, int64_t& last_logged,
+  void maybe_log_save_evaluate(detail::LossWindow& tr_loss, double& total_loss, int64_t& last_logged,
                                const torch::Tensor& grad_norm, double lr) {
     if (control_.should_log && state_.global_step > last_logged) {
-      const double loss = tr_loss.item<double>();
-      tr_loss.zero_();
+      const double loss = tr_loss.total(args_.logging_nan_inf_filter);
+      tr_loss.reset();
       Metrics logs;
       logs.set("loss", loss / static_cast<double>(state_.global_step - last_logged));
       if (grad_norm.defined()) logs.set("grad_norm", grad_norm.item<double>());
@@ -631,7 +649,7 @@ class Trainer {
   //   checkpoint-N/training_args.json       the arguments
   // Everything is written to a temporary folder that is renamed into place at the end.
 
-  void save_checkpoint(const torch::Tensor& tr_loss, double total_loss, int64_t last_logged) {
+  void save_checkpoint(const detail::LossWindow& tr_loss, double total_loss, int64_t last_logged) {
     resolve_skipped_step();
     const std::filesystem::path out(args_.output_dir);
     if (args_.metric_for_best_model && state_.best_global_step) {
@@ -656,7 +674,7 @@ class Trainer {
                            at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, i)).get_state());
       checkpoint::save_safetensors(rng, tmp / "rng_state.safetensors");
       detail::write_json_file(tmp / "loop_state.json",
-                              {{"tr_loss", tr_loss.item<double>()}, {"total_loss", total_loss},
+                              {{"tr_loss", tr_loss.total(args_.logging_nan_inf_filter)}, {"total_loss", total_loss},
                                {"globalstep_last_logged", last_logged}, {"skipped_steps", skipped_steps_}},
                               2);
     }
@@ -686,7 +704,7 @@ class Trainer {
     return dir;
   }
 
-  void load_checkpoint(const std::filesystem::path& dir, torch::Tensor& tr_loss, double& total_loss,
+  void load_checkpoint(const std::filesystem::path& dir, detail::LossWindow& tr_loss, double& total_loss,
                        int64_t& last_logged) {
     // The weights first: a damaged model file is the most useful thing to report.
     checkpoint::load_module(detail::module_of(model_), dir / checkpoint::kModelFile);
@@ -706,7 +724,7 @@ class Trainer {
       scheduler_->load_state_dict(read_json("scheduler.json"));
       precision_->load_state_dict(read_json("scaler.json"));
       const auto loop = read_json("loop_state.json");
-      tr_loss.fill_(loop.at("tr_loss").template get<double>());
+      tr_loss.reset(loop.at("tr_loss").template get<double>());
       total_loss = loop.at("total_loss").template get<double>();
       last_logged = loop.at("globalstep_last_logged").template get<int64_t>();
       skipped_steps_ = loop.at("skipped_steps").template get<int64_t>();
