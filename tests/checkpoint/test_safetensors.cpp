@@ -3,6 +3,8 @@
 #include <loom/checkpoint/safetensors.hpp>
 
 #include <doctest/doctest.h>
+
+#include "../support.hpp"
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -90,14 +92,7 @@ Named every_dtype() {
   };
 }
 
-std::string run_capture(const std::string& cmd) {
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), &pclose);
-  REQUIRE(pipe != nullptr);
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, pipe.get())) out += buf;
-  return out;
-}
+using loom_test::run_capture;
 
 const char* python() {
   const char* py = std::getenv("LOOM_PYTHON");

@@ -8,6 +8,8 @@
 
 #include <doctest/doctest.h>
 
+#include "../support.hpp"
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -30,14 +32,7 @@ std::vector<int64_t> to_vector(const torch::Tensor& t) {
   return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()};
 }
 
-std::string run_capture(const std::string& cmd) {
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), &pclose);
-  REQUIRE(pipe != nullptr);
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, pipe.get())) out += buf;
-  return out;
-}
+using loom_test::run_capture;
 }  // namespace
 
 TEST_CASE("the epoch permutation is randperm from a generator seeded seed + epoch") {

@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+#include "../support.hpp"
+
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -19,14 +21,7 @@ ScheduleParams params(int64_t warmup, int64_t total, double lr = 1.0, nlohmann::
   return ScheduleParams{warmup, total, lr, std::move(kwargs)};
 }
 
-std::string run_capture(const std::string& cmd) {
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), &pclose);
-  REQUIRE(pipe != nullptr);
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, pipe.get())) out += buf;
-  return out;
-}
+using loom_test::run_capture;
 }  // namespace
 
 TEST_CASE("linear schedule with warmup: HF's lr_lambda by hand") {

@@ -6,6 +6,8 @@
 
 #include <doctest/doctest.h>
 
+#include "../support.hpp"
+
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -120,14 +122,7 @@ void straight_vs_resumed(const std::string& name) {
         doctest::Approx(resumed.state().log_history.back()["train_loss"].template get<double>()).epsilon(1e-9));
 }
 
-std::string run_capture(const std::string& cmd) {
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), &pclose);
-  REQUIRE(pipe != nullptr);
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, pipe.get())) out += buf;
-  return out;
-}
+using loom_test::run_capture;
 
 }  // namespace
 
