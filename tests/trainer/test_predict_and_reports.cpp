@@ -193,6 +193,18 @@ TEST_CASE("gradient accumulation with a padded token loss equals one large batch
       if (e.contains("loss")) losses.push_back(e["loss"].get<double>());
     return std::pair{w, losses};
   };
+  {
+    auto args = args_for("tok_rate");
+    args.per_device_train_batch_size = 32;
+    args.max_steps = 3;
+    args.include_tokens_per_second = true;
+    TokenTrainer t(args, TokenModel{}, padded_tokens(96, 12));
+    auto out = t.train();
+    const double tokens = padded_tokens(96, 12).tensors().labels.ne(-100).sum().item<double>();  // 3 steps = all 96 rows
+    REQUIRE(out.metrics.contains("train_tokens_per_second"));
+    CHECK(out.metrics.get("train_tokens_per_second").value() ==
+          doctest::Approx(tokens / out.metrics.get("train_runtime").value()).epsilon(0.05));
+  }
   auto [big, big_losses] = run(32, 1, "tok_big");
   auto [small, small_losses] = run(8, 4, "tok_small");
   for (std::size_t i = 0; i < big.size(); ++i) CHECK(torch::allclose(big[i], small[i], 1e-6, 1e-7));

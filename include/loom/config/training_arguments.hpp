@@ -84,6 +84,7 @@ struct TrainingArguments {
   bool fp16 = false;               ///< float16 autocast with loss scaling (precision::FP16)
   bool use_cpu = false;            ///< train on the CPU even when CUDA is available
   bool skip_memory_metrics = true; ///< skip memory reports
+  bool include_tokens_per_second = false;  ///< add train_tokens_per_second (items counted by num_items)
 
   // --- distributed ---------------------------------------------------------------------
   std::string sharding = "no";                ///< no | ddp | zero1 | zero2 | full_shard

@@ -1,5 +1,5 @@
 #pragma once
-// loom::Trainer: the one training loop. The only place where policies meet.
+// loom::Trainer: the one training loop, and the only place where policies meet.
 //
 //   struct MyTrainer : loom::Trainer<MyTrainer, Net, loom::schedule::Cosine> {
 //     using Trainer::Trainer;
@@ -452,6 +452,7 @@ class Trainer {
 
     // Per-step values stay on the device; they are read only on logging steps.
     detail::LossWindow tr_loss;
+    int64_t items_seen = 0;  // num_items summed over this run's micro-batches (tokens, for token losses)
     double total_loss = 0.0;
     int64_t last_logged = 0;
     int64_t epochs_trained = 0, batches_to_skip = 0;
@@ -492,6 +493,7 @@ class Trainer {
           state_.total_flos += call_hook<hook::floating_point_ops>(self(), std::as_const(group.back()));
           data::to_device(group.back(), device_);
           group_items += items.back();
+          items_seen += items.back();
         }
         for (int64_t i = 0; i < count; ++i) {
           ++step;
@@ -541,6 +543,9 @@ class Trainer {
     out.global_step = state_.global_step;
     out.training_loss = total_loss / static_cast<double>(std::max<int64_t>(state_.global_step, 1));
     out.metrics = speed_metrics("train", start, num_train_samples, static_cast<double>(max_steps));
+    if (args_.include_tokens_per_second)
+      out.metrics.set("train_tokens_per_second",
+                      detail::round_to(static_cast<double>(items_seen) / out.metrics.get("train_runtime").value(), 3));
     out.metrics.set("total_flos", state_.total_flos);
     out.metrics.set("train_loss", out.training_loss);
     memory.stop(out.metrics);
