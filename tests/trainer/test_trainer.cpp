@@ -227,6 +227,11 @@ TEST_CASE("bad arguments and data stop at start-up with one loom: line") {
   args.per_device_train_batch_size = 0;
   CHECK_THROWS_WITH_AS(Classifier<>(args, fresh_model(), make_data(8, 1)),
                        doctest::Contains("loom: --per_device_train_batch_size"), loom::Error);
+  args = quiet_args("bad_sharding");
+  args.sharding = "ddp";
+  CHECK_THROWS_WITH_AS(Classifier<>(args, fresh_model(), make_data(8, 1)),
+                       "loom: --sharding ddp is not available in this build; the Trainer's sharding policy is \"no\"",
+                       loom::Error);
   args = quiet_args("bad2");
   args.per_device_train_batch_size = 16;
   args.dataloader_drop_last = true;

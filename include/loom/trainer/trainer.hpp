@@ -394,6 +394,9 @@ class Trainer {
     static_assert(std::is_same_v<data::batch_t<Train>, Batch>,
                   "loom: the training dataset yields another batch type than compute_loss takes");
     sync_precision_flags();
+    check(args_.sharding == sharding_policy::name,
+          "--sharding {} is not available in this build; the Trainer's sharding policy is \"{}\"", args_.sharding,
+          sharding_policy::name);
     validate(args_);
     finalize(args_);
     train_data_ = data::AnyDataset<Batch>(std::move(train_dataset));
