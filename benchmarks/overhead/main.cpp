@@ -154,7 +154,7 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
+  return loom::run_main([&] {
     auto bench = loom::parse_args<BenchArguments>(argc, argv);
     if (bench.threads > 0) torch::set_num_threads(static_cast<int>(bench.threads));
     const std::filesystem::path dir(bench.data_dir);
@@ -200,8 +200,5 @@ int main(int argc, char** argv) {
     fmt::print("ratio of pooled medians: {:.4f}\n", t / h);
     fmt::print("trainer/handwritten step time: {:.4f}\n", median(paired));
     return 0;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "{}\n", e.what());
-    return 2;
-  }
+  });
 }

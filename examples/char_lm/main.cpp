@@ -449,7 +449,7 @@ static std::string generate(GPT& model, const Vocabulary& vocab, const std::stri
 }
 
 int main(int argc, char** argv) {
-  try {
+  return loom::run_main([&] {
     // This example's defaults; any flag on the command line overrides them. Sized for about
     // 1.75 minutes of training on 2 idle CPU cores (~16k tokens/s): 800 updates of 16 blocks
     // (2048 tokens; the loss sits near 2.3 for the first ~250 updates, then falls). At this
@@ -550,14 +550,5 @@ int main(int argc, char** argv) {
                  example.sample_prompt, outcome.sample);
     fmt::print("outputs in {}\n", args.output_dir);
     return 0;
-  } catch (const loom::Error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 2;
-  } catch (const c10::Error& e) {
-    std::fprintf(stderr, "loom: libtorch error: %s\n", e.what_without_backtrace());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "loom: unexpected error: %s\n", e.what());
-    return 2;
-  }
+  });
 }

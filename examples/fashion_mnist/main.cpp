@@ -83,7 +83,7 @@ static loom::data::TensorDataset<Batch> load_split(const std::filesystem::path& 
 }
 
 int main(int argc, char** argv) {
-  try {
+  return loom::run_main([&] {
     // This example's defaults; any flag on the command line overrides them.
     loom::TrainingArguments defaults;
     defaults.output_dir = "output/fashion_mnist";
@@ -117,14 +117,5 @@ int main(int argc, char** argv) {
     for (const auto& [k, v] : metrics) fmt::print("  {:<28} = {}\n", k, v);
     fmt::print("outputs in {}\n", args.output_dir);
     return 0;
-  } catch (const loom::Error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 2;
-  } catch (const c10::Error& e) {
-    std::fprintf(stderr, "loom: libtorch error: %s\n", e.what_without_backtrace());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "loom: unexpected error: %s\n", e.what());
-    return 2;
-  }
+  });
 }
