@@ -15,7 +15,7 @@ DEPS := $(ROOT)/.deps
 JOBS ?= $(shell nproc)
 
 APT_PACKAGES := build-essential cmake ninja-build ccache python3-venv zlib1g-dev \
-                nlohmann-json3-dev doctest-dev dataset-fashion-mnist bible-kjv-text
+                nlohmann-json3-dev doctest-dev libgloo-dev dataset-fashion-mnist bible-kjv-text
 
 # ccache can cache translation units that use the shared precompiled header only with these.
 export CCACHE_SLOPPINESS := pch_defines,time_macros,include_file_mtime,include_file_ctime
@@ -27,11 +27,11 @@ help:
 	@echo "make demo   - train the default example (Fashion-MNIST) after any missing set-up"
 	@echo "make test   - run the whole test suite after any missing set-up"
 	@echo "make build  - build tests, examples and benchmarks into build/"
-	@echo "make bench  - run the overhead benchmark"
+	@echo "make bench  - run the overhead and sharding benchmarks"
 
 deps: $(DEPS)/apt.stamp $(DEPS)/venv.stamp
 
-$(DEPS)/apt.stamp:
+$(DEPS)/apt.stamp: Makefile
 	@mkdir -p $(DEPS)
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q "ok installed" || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -63,6 +63,7 @@ test: build
 
 bench: build
 	$(BUILD)/benchmarks/overhead $(ARGS)
+	$(BUILD)/benchmarks/sharding
 
 clean:
 	rm -rf $(BUILD)

@@ -80,6 +80,41 @@ if(NOT TARGET loom::fmt)
   endif()
 endif()
 
+# --- c10d (torch.distributed from C++) -------------------------------------------------
+# libtorch carries ProcessGroupGloo and ProcessGroupNCCL but its wheel ships neither Gloo's
+# nor NCCL's headers. Gloo's come from Debian's libgloo-dev (only declarations are used; the
+# code is libtorch's own copy); NCCL's from the nvidia-nccl wheel torch depends on, or the
+# system. Without nccl.h (or without CUDA) loom compiles the Gloo path only.
+if(NOT TARGET loom::c10d)
+  add_library(loom::c10d INTERFACE IMPORTED)
+  find_path(LOOM_GLOO_INCLUDE_DIR gloo/algorithm.h)
+  if(NOT LOOM_GLOO_INCLUDE_DIR)
+    message(FATAL_ERROR "loom: Gloo's headers (gloo/algorithm.h) were not found; install Debian's libgloo-dev "
+                        "(make deps does) or pass -DLOOM_GLOO_INCLUDE_DIR=<dir>")
+  endif()
+  set(_loom_c10d_defs USE_C10D_GLOO)
+  set(_loom_c10d_includes "${LOOM_GLOO_INCLUDE_DIR}")
+  if(TORCH_CUDA_LIBRARIES OR TARGET torch_cuda)
+    set(_loom_nccl_hints "${LOOM_NCCL_INCLUDE_DIR}")
+    if(Torch_DIR)
+      # <site-packages>/torch/share/cmake/Torch -> <site-packages>/nvidia/nccl/include
+      get_filename_component(_loom_site "${Torch_DIR}/../../../.." ABSOLUTE)
+      list(APPEND _loom_nccl_hints "${_loom_site}/nvidia/nccl/include")
+    endif()
+    find_path(LOOM_NCCL_INCLUDE_DIR nccl.h HINTS ${_loom_nccl_hints})
+    if(LOOM_NCCL_INCLUDE_DIR)
+      list(APPEND _loom_c10d_defs USE_C10D_NCCL LOOM_HAVE_NCCL)
+      list(APPEND _loom_c10d_includes "${LOOM_NCCL_INCLUDE_DIR}")
+    else()
+      message(STATUS "loom: nccl.h not found; CUDA runs will have no process group (set LOOM_NCCL_INCLUDE_DIR)")
+    endif()
+  endif()
+  set_target_properties(loom::c10d PROPERTIES
+    INTERFACE_COMPILE_DEFINITIONS "${_loom_c10d_defs}"
+    INTERFACE_INCLUDE_DIRECTORIES "${_loom_c10d_includes}")
+  message(STATUS "loom: c10d backends: ${_loom_c10d_defs}")
+endif()
+
 # Imported targets are visible only in the directory that found them; loom may be added
 # with add_subdirectory, so make what loom::loom links to visible to the whole project.
 get_property(_loom_imported DIRECTORY PROPERTY IMPORTED_TARGETS)

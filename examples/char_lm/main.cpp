@@ -407,7 +407,7 @@ static torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& l
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kMean));
 }
 
-// The precision is a type; main() picks it from --bf16 / --fp16 through loom::select_policies.
+// The precision is a type; main() picks it from --bf16 / --fp16 through loom::select_precision.
 /// The trainer: token-level loss, token-count normalization under gradient accumulation.
 template <class Precision>
 struct CharLMTrainer : loom::Trainer<CharLMTrainer<Precision>, GPT, Precision> {
@@ -520,7 +520,7 @@ int main(int argc, char** argv) {
       loom::Metrics eval;
       std::string sample;
     };
-    auto outcome = loom::select_policies(args, [&]<class Precision>() {
+    auto outcome = loom::select_precision(args, [&]<class Precision>() {
       GPT model(cfg);
       int64_t params = 0;
       for (const auto& p : model->parameters()) params += p.numel();

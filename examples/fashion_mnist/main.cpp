@@ -4,6 +4,7 @@
 //   build/examples/fashion_mnist                      # the defaults below
 //   build/examples/fashion_mnist --max_steps 50 --learning_rate 3e-4 --output_dir /tmp/run
 //   build/examples/fashion_mnist --help               # every flag
+//   .venv/bin/torchrun --nproc_per_node=2 --no-python build/examples/fashion_mnist --sharding zero2
 //
 // The model has no batch-dependent layer (no BatchNorm) and no dropout, so runs whose
 // batches are split differently (accumulation, ranks) stay exactly comparable.
@@ -29,13 +30,17 @@ struct Batch {
   torch::Tensor labels;  ///< int64 [N]
 };
 
-/// Two conv blocks and two linear layers: about 0.9 test accuracy after three epochs.
+/// Two conv blocks and two linear layers: about 0.9 test accuracy after three epochs. Each
+/// layer is a FullShard unit (gathered only around its own forward and backward under
+/// --sharding full_shard; a plain layer otherwise, with the same parameter names).
 struct NetImpl : torch::nn::Module {
+  template <class M>
+  using Unit = loom::dist::FullShardUnit<M>;
   NetImpl()
-      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1)))),
-        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)))),
-        fc1(register_module("fc1", torch::nn::Linear(32 * 7 * 7, 128))),
-        fc2(register_module("fc2", torch::nn::Linear(128, 10))) {}
+      : conv1(register_module("conv1", Unit<torch::nn::Conv2d>(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1))))),
+        conv2(register_module("conv2", Unit<torch::nn::Conv2d>(torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1))))),
+        fc1(register_module("fc1", Unit<torch::nn::Linear>(torch::nn::Linear(32 * 7 * 7, 128)))),
+        fc2(register_module("fc2", Unit<torch::nn::Linear>(torch::nn::Linear(128, 10)))) {}
 
   torch::Tensor forward(const torch::Tensor& x) {
     auto h = torch::max_pool2d(torch::relu(conv1->forward(x)), 2);
@@ -43,15 +48,16 @@ struct NetImpl : torch::nn::Module {
     return fc2->forward(torch::relu(fc1->forward(h.flatten(1))));
   }
 
-  torch::nn::Conv2d conv1, conv2;
-  torch::nn::Linear fc1, fc2;
+  Unit<torch::nn::Conv2d> conv1, conv2;
+  Unit<torch::nn::Linear> fc1, fc2;
 };
 TORCH_MODULE(Net);
 
-// The precision is a type; main() picks it from --bf16 / --fp16 through loom::select_policies.
-template <class Precision>
-struct FashionTrainer : loom::Trainer<FashionTrainer<Precision>, Net, Precision> {
-  using loom::Trainer<FashionTrainer<Precision>, Net, Precision>::Trainer;
+// Sharding and precision are types; main() picks them from --sharding and --bf16 / --fp16
+// through loom::select_policies.
+template <class Sharding, class Precision>
+struct FashionTrainer : loom::Trainer<FashionTrainer<Sharding, Precision>, Net, Sharding, Precision> {
+  using loom::Trainer<FashionTrainer<Sharding, Precision>, Net, Sharding, Precision>::Trainer;
 
   loom::ModelOutput compute_loss(Net& model, Batch& batch) {
     auto logits = model->forward(batch.images);
@@ -96,20 +102,23 @@ int main(int argc, char** argv) {
     auto [example, args] = loom::parse_args(argc, argv, ExampleArguments{}, defaults);
     loom::validate(args);  // report bad flags before reading any data
 
+    const bool main_process = loom::dist::world_from_env().is_main();
     loom::set_seed(args.seed);
     const std::filesystem::path dir(example.data_dir);
     auto train_set = load_split(dir, "train", example.max_train_samples);
     auto test_set = load_split(dir, "t10k", example.max_eval_samples);
-    fmt::print("fashion_mnist: {} training and {} test images from {}\n", train_set.size(), test_set.size(),
-               dir.string());
+    if (main_process)
+      fmt::print("fashion_mnist: {} training and {} test images from {}\n", train_set.size(), test_set.size(),
+                 dir.string());
 
-    auto [result, metrics] = loom::select_policies(args, [&]<class Precision>() {
-      FashionTrainer<Precision> trainer(args, Net{}, train_set, test_set);
+    auto [result, metrics] = loom::select_policies(args, [&]<class Sharding, class Precision>() {
+      FashionTrainer<Sharding, Precision> trainer(args, Net{}, train_set, test_set);
       auto train_output = trainer.train();
       auto eval_metrics = trainer.evaluate();
       trainer.save_metrics("eval", eval_metrics);
       return std::pair{train_output, eval_metrics};
     });
+    if (!main_process) return 0;
 
     fmt::print("\n***** train metrics *****\n");
     for (const auto& [k, v] : result.metrics) fmt::print("  {:<28} = {}\n", k, v);

@@ -18,6 +18,9 @@
 #include <loom/data/dataset.hpp>
 #include <loom/data/idx.hpp>
 #include <loom/data/sampler.hpp>
+#include <loom/distributed/comm.hpp>
+#include <loom/distributed/env.hpp>
+#include <loom/distributed/sharding.hpp>
 #include <loom/checkpoint/folders.hpp>
 #include <loom/checkpoint/safetensors.hpp>
 #include <loom/metrics/memory.hpp>

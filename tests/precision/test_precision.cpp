@@ -156,14 +156,14 @@ TEST_CASE("--bf16 on a Trainer compiled for FP32 is a start-up error; select_pol
   CHECK_THROWS_WITH_AS(Probe<loom::precision::FP32>(args, torch::nn::Linear(8, 3), make_data(16, 4)),
                        doctest::Contains("loom: --bf16 is set but this Trainer was compiled with precision::FP32"),
                        loom::Error);
-  auto picked = loom::select_policies(args, []<class P>() { return std::string(P::name); });
+  auto picked = loom::select_precision(args, []<class P>() { return std::string(P::name); });
   CHECK(picked == "bf16");
   args.bf16 = false;
   args.fp16 = true;
-  CHECK(loom::select_policies(args, []<class P>() { return std::string(P::name); }) == "fp16");
+  CHECK(loom::select_precision(args, []<class P>() { return std::string(P::name); }) == "fp16");
   args.fp16 = false;
-  CHECK(loom::select_policies(args, []<class P>() { return std::string(P::name); }) == "fp32");
+  CHECK(loom::select_precision(args, []<class P>() { return std::string(P::name); }) == "fp32");
   args.fp16 = args.bf16 = true;
-  CHECK_THROWS_WITH_AS(loom::select_policies(args, []<class P>() { return 0; }),
+  CHECK_THROWS_WITH_AS(loom::select_precision(args, []<class P>() { return 0; }),
                        "loom: --bf16 and --fp16 are both set; choose one", loom::Error);
 }

@@ -138,14 +138,21 @@ inline std::optional<std::filesystem::path> latest_checkpoint(const std::filesys
   return std::nullopt;
 }
 
-/// Creates (empty) and returns the temporary folder output_dir/.tmp-checkpoint-<step>-<pid>.
-inline std::filesystem::path begin_checkpoint(const std::filesystem::path& output_dir, int64_t step) {
+/// The temporary folder of a checkpoint in progress: output_dir/.tmp-checkpoint-<step>-<tag>.
+inline std::filesystem::path temporary_checkpoint_dir(const std::filesystem::path& output_dir, int64_t step,
+                                                      const std::string& tag) {
+  return output_dir / (".tmp-" + std::string(kCheckpointPrefix) + "-" + std::to_string(step) + "-" + tag);
+}
+
+/// Creates (empty) and returns the temporary folder output_dir/.tmp-checkpoint-<step>-<tag>;
+/// the tag is this process's pid unless given (the ranks of a job share the tag "ranks").
+inline std::filesystem::path begin_checkpoint(const std::filesystem::path& output_dir, int64_t step,
+                                              const std::string& tag = detail::pid_string()) {
   check(step >= 0, "checkpoint step must not be negative, got {}", step);
   std::error_code ec;
   std::filesystem::create_directories(output_dir, ec);
   check(!ec, "cannot create output folder {}: {}", output_dir.string(), ec.message());
-  const auto tmp = output_dir / (".tmp-" + std::string(kCheckpointPrefix) + "-" + std::to_string(step) + "-" +
-                                 detail::pid_string());
+  const auto tmp = temporary_checkpoint_dir(output_dir, step, tag);
   std::filesystem::remove_all(tmp, ec);  // our own leftover from an earlier failed attempt
   check(!ec, "cannot remove {}: {}", tmp.string(), ec.message());
   std::filesystem::create_directory(tmp, ec);

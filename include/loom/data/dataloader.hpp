@@ -1,6 +1,12 @@
 #pragma once
 // DataLoader: batches of a dataset in the order of a sampler. Batches are addressed by
 // (epoch, index), so resuming at batch k of an epoch never reads the batches before it.
+//
+// With a Shard of W ranks, rank r reads batches r, r+W, r+2W, ... of the order cut into
+// batches of batch_size (accelerate's BatchSamplerShard): one step of W ranks reads the
+// same examples as one process with W x batch_size. Every rank gets the same number of
+// batches: without drop_last the order is read cyclically past its end (accelerate's
+// even_batches); with drop_last only rounds where every rank has a full batch are kept.
 
 #include <loom/core/error.hpp>
 #include <loom/data/dataset.hpp>
@@ -11,8 +17,15 @@
 #include <cstdint>
 #include <span>
 #include <variant>
+#include <vector>
 
 namespace loom::data {
+
+/// Which of several data-parallel readers a DataLoader is.
+struct Shard {
+  int64_t rank = 0;   ///< this reader
+  int64_t world = 1;  ///< readers in all
+};
 
 /// Batches of `Batch` from a type-erased dataset.
 template <TensorAggregate Batch>
@@ -20,18 +33,26 @@ class DataLoader {
  public:
   using Sampler = std::variant<RandomSampler, SequentialSampler>;
 
-  /// Loader over `dataset` with `batch_size` rows per batch in `sampler`'s order.
-  DataLoader(AnyDataset<Batch> dataset, int64_t batch_size, bool drop_last, Sampler sampler)
-      : dataset_(std::move(dataset)), batch_size_(batch_size), drop_last_(drop_last), sampler_(sampler) {
+  /// Loader over `dataset` with `batch_size` rows per batch in `sampler`'s order; `shard`
+  /// picks this reader's batches when several ranks read the same order.
+  DataLoader(AnyDataset<Batch> dataset, int64_t batch_size, bool drop_last, Sampler sampler, Shard shard = {})
+      : dataset_(std::move(dataset)), batch_size_(batch_size), drop_last_(drop_last), sampler_(sampler),
+        shard_(shard) {
     check(batch_size_ > 0, "batch size must be positive, got {}", batch_size_);
     check(static_cast<bool>(dataset_), "the DataLoader has no dataset");
+    check(shard_.world >= 1 && shard_.rank >= 0 && shard_.rank < shard_.world, "bad DataLoader shard {} of {}",
+          shard_.rank, shard_.world);
   }
 
-  /// Batches per epoch (HF's len(dataloader)).
+  /// Batches per epoch on this reader (HF's len(dataloader)).
   [[nodiscard]] int64_t size() const {
     const int64_t n = dataset_.size();
-    return drop_last_ ? n / batch_size_ : (n + batch_size_ - 1) / batch_size_;
+    const int64_t batches = drop_last_ ? n / batch_size_ : (n + batch_size_ - 1) / batch_size_;
+    if (shard_.world == 1) return batches;
+    return drop_last_ ? batches / shard_.world : (batches + shard_.world - 1) / shard_.world;
   }
+  /// The reader's place among all readers.
+  [[nodiscard]] const Shard& shard() const { return shard_; }
   /// Examples in the dataset.
   [[nodiscard]] int64_t num_examples() const { return dataset_.size(); }
   /// Rows per full batch.
@@ -50,10 +71,18 @@ class DataLoader {
   [[nodiscard]] Batch batch(int64_t i) const {
     check(order_.defined(), "DataLoader::batch called before set_epoch");
     check(i >= 0 && i < size(), "batch index {} out of range [0, {})", i, size());
-    const int64_t begin = i * batch_size_;
-    const int64_t end = std::min(begin + batch_size_, dataset_.size());
-    std::span<const int64_t> idx(order_.data_ptr<int64_t>() + begin, static_cast<std::size_t>(end - begin));
-    return dataset_.get_batch(idx);
+    const int64_t n = dataset_.size();
+    if (shard_.world == 1) {
+      const int64_t begin = i * batch_size_;
+      const int64_t end = std::min(begin + batch_size_, n);
+      std::span<const int64_t> idx(order_.data_ptr<int64_t>() + begin, static_cast<std::size_t>(end - begin));
+      return dataset_.get_batch(idx);
+    }
+    const int64_t begin = (i * shard_.world + shard_.rank) * batch_size_;
+    std::vector<int64_t> idx(static_cast<std::size_t>(batch_size_));
+    const int64_t* order = order_.data_ptr<int64_t>();
+    for (int64_t k = 0; k < batch_size_; ++k) idx[static_cast<std::size_t>(k)] = order[(begin + k) % n];
+    return dataset_.get_batch(std::span<const int64_t>(idx));
   }
 
  private:
@@ -61,6 +90,7 @@ class DataLoader {
   int64_t batch_size_;
   bool drop_last_;
   Sampler sampler_;
+  Shard shard_;
   int64_t epoch_ = -1;
   torch::Tensor order_;
 };

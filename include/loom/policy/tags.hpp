@@ -21,6 +21,26 @@ struct NoShard {
   using loom_family = family::Sharding;
   static constexpr std::string_view name = "no";
 };
+/// Data parallel: every rank holds everything; gradients all-reduced in buckets during backward.
+struct DDP {
+  using loom_family = family::Sharding;
+  static constexpr std::string_view name = "ddp";
+};
+/// ZeRO stage 1: optimizer state partitioned across ranks.
+struct ZeRO1 {
+  using loom_family = family::Sharding;
+  static constexpr std::string_view name = "zero1";
+};
+/// ZeRO stage 2: optimizer state and gradients partitioned across ranks.
+struct ZeRO2 {
+  using loom_family = family::Sharding;
+  static constexpr std::string_view name = "zero2";
+};
+/// ZeRO stage 3 / FSDP: parameters too, gathered per FullShardUnit around its forward and backward.
+struct FullShard {
+  using loom_family = family::Sharding;
+  static constexpr std::string_view name = "full_shard";
+};
 }  // namespace sharding
 
 namespace precision {

@@ -23,6 +23,7 @@
 #include <loom/data/collate.hpp>
 #include <loom/data/dataloader.hpp>
 #include <loom/data/dataset.hpp>
+#include <loom/distributed/sharding.hpp>
 #include <loom/metrics/memory.hpp>
 #include <loom/metrics/speed.hpp>
 #include <loom/optim/optimizer.hpp>
@@ -42,11 +43,13 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <any>
+#include <map>
 #include <cstdio>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <type_traits>
 #include <vector>
@@ -104,14 +107,19 @@ inline void write_json_file(const std::filesystem::path& path, const nlohmann::j
 class LossWindow {
  public:
   void add(const torch::Tensor& loss, int64_t steps_in_window) { items_.emplace_back(loss, steps_in_window); }
+  /// Sums each step's loss over ranks before it is read (distributed runs; a collective,
+  /// so every rank calls total() at the same points).
+  void set_reducer(std::function<void(torch::Tensor&)> reduce) { reduce_ = std::move(reduce); }
   /// The window's total (one device-to-host copy).
   [[nodiscard]] double total(bool nan_filter) const {
     double tr = carry_;
     if (items_.empty()) return tr;
     std::vector<torch::Tensor> losses;
     losses.reserve(items_.size());
-    for (const auto& [l, s] : items_) losses.push_back(l.reshape({}));
-    const auto host = torch::stack(losses).to(torch::kDouble).cpu();
+    for (const auto& [l, s] : items_) losses.push_back(l.reshape({}).to(torch::kFloat));
+    auto stacked = torch::stack(losses);
+    if (reduce_) reduce_(stacked);
+    const auto host = stacked.to(torch::kDouble).cpu();
     const double* v = host.data_ptr<double>();
     for (std::size_t i = 0; i < items_.size(); ++i)
       tr += (!nan_filter || std::isfinite(v[i])) ? v[i] : tr / static_cast<double>(1 + items_[i].second);
@@ -126,6 +134,7 @@ class LossWindow {
  private:
   double carry_ = 0.0;
   std::vector<std::pair<torch::Tensor, int64_t>> items_;
+  std::function<void(torch::Tensor&)> reduce_;
 };
 
 inline int64_t resolve_interval(double value, int64_t max_steps) {
@@ -147,9 +156,8 @@ class Trainer {
   using scheduler_type = schedule::LRScheduler<schedule_policy>;
   using callbacks_type = typename detail::callback_set<typename policies::callbacks>::type;
 
-  static_assert(std::is_same_v<sharding_policy, sharding::NoShard>,
-                "loom: this build implements sharding::NoShard only");
   using precision_type = precision::PrecisionImpl<precision_policy>;
+  using sharding_type = dist::ShardingImpl<sharding_policy>;
 
   /// A trainer with a training dataset and, optionally, an evaluation dataset.
   template <data::Dataset Train>
@@ -267,7 +275,7 @@ class Trainer {
     const int64_t seed = args_.data_seed.value_or(args_.seed);
     return data::DataLoader<B>(std::any_cast<const data::AnyDataset<B>&>(train_data_),
                                args_.per_device_train_batch_size, args_.dataloader_drop_last,
-                               data::RandomSampler{seed});
+                               data::RandomSampler{seed}, data::Shard{world_.rank, world_.size});
   }
 
   /// Evaluation batches: in order, per_device_eval_batch_size, nothing dropped.
@@ -314,7 +322,9 @@ class Trainer {
     const data::AnyDataset<Batch> dataset(std::move(test_dataset));
     auto loader = call_hook<hook::get_test_dataloader>(self(), dataset);
     const MemoryTracker memory("test", !args_.skip_memory_metrics && !in_train_, device_);
+    sharding_->begin_forward_only();
     auto result = evaluation_loop<Batch>(loader, "test");
+    sharding_->end_forward_only();
     memory.stop(result.metrics);
     callbacks_.template fire<event::on_predict>(args_, state_, control_, result.metrics);
     return result;
@@ -367,6 +377,13 @@ class Trainer {
   [[nodiscard]] precision_type& precision() { return *precision_; }
   /// Optimizer steps the fp16 scaler skipped in the last train().
   [[nodiscard]] int64_t skipped_steps() const { return skipped_steps_; }
+  /// This process's place in the job (torchrun's environment; one process without it).
+  [[nodiscard]] const dist::World& world() const { return world_; }
+  /// The sharding engine (its process group: sharding().comm(), null for NoShard).
+  [[nodiscard]] sharding_type& sharding() { return *sharding_; }
+  /// Bytes this rank holds for parameters, gradients and optimizer state, measured after the
+  /// first optimizer step of the last train() (zero before).
+  [[nodiscard]] const dist::StateBytes& model_state_bytes() const { return state_bytes_; }
   /// The optimizer (after train() created it).
   [[nodiscard]] optim::Optimizer& optimizer() {
     check(optimizer_.has_value(), "the optimizer is created by train()");
@@ -403,8 +420,24 @@ class Trainer {
     check(args_.eval_strategy == "no" || eval_data_.has_value(),
           "--eval_strategy {} needs an evaluation dataset; pass one to the Trainer or use --eval_strategy no",
           args_.eval_strategy);
-    device_ = (torch::cuda::is_available() && !args_.use_cpu) ? torch::Device(torch::kCUDA, 0)
-                                                              : torch::Device(torch::kCPU);
+    world_ = dist::world_from_env();
+    if constexpr (!sharding_type::uses_comm)
+      check(world_.size == 1,
+            "WORLD_SIZE is {} but this Trainer does not shard (--sharding no); pass --sharding ddp, zero1, zero2 "
+            "or full_shard, or start one process", world_.size);
+    if (torch::cuda::is_available() && !args_.use_cpu) {
+      check(world_.local_rank < static_cast<int>(torch::cuda::device_count()),
+            "LOCAL_RANK {} has no GPU: this node has {}; start at most that many processes per node", world_.local_rank,
+            torch::cuda::device_count());
+      device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(world_.local_rank));
+    } else {
+      device_ = torch::Device(torch::kCPU);
+    }
+    state_.is_world_process_zero = world_.is_main();
+    state_.is_local_process_zero = world_.is_local_main();
+    std::shared_ptr<dist::Comm> comm;
+    if constexpr (sharding_type::uses_comm)
+      comm = std::make_shared<dist::Comm>(world_, device_, std::chrono::seconds(args_.ddp_timeout));
     precision_.emplace(args_, device_);
     set_seed(args_.seed);
     if (args_.model_name_or_path) {
@@ -414,6 +447,8 @@ class Trainer {
       checkpoint::load_module(detail::module_of(model_), file);
     }
     detail::module_of(model_).to(device_);
+    sharding_.emplace(std::move(comm), static_cast<double>(args_.ddp_bucket_cap_mb.value_or(25)));
+    sharding_->setup(detail::module_of(model_));
     callbacks_.template fire<event::on_init_end>(args_, state_, control_);
   }
 
@@ -426,7 +461,7 @@ class Trainer {
           args_.dataloader_drop_last ? ", dataloader_drop_last" : "");
     const int64_t ga = args_.gradient_accumulation_steps;
     const int64_t updates_per_epoch = std::max<int64_t>(len / ga + (len % ga > 0 ? 1 : 0), 1);
-    const int64_t total_batch = args_.per_device_train_batch_size * ga;
+    const int64_t total_batch = args_.per_device_train_batch_size * ga * world_.size;
     int64_t max_steps = 0, num_epochs = 0;
     double num_train_samples = 0;
     if (args_.max_steps > 0) {
@@ -440,6 +475,8 @@ class Trainer {
     }
 
     state_ = TrainerState{};
+    state_.is_world_process_zero = world_.is_main();
+    state_.is_local_process_zero = world_.is_local_main();
     state_.max_steps = max_steps;
     state_.num_train_epochs = num_epochs;
     state_.train_batch_size = args_.per_device_train_batch_size;
@@ -448,13 +485,15 @@ class Trainer {
     state_.save_steps = detail::resolve_interval(args_.save_steps, max_steps);
     control_ = TrainerControl{};
 
-    optimizer_.emplace(call_hook<hook::create_optimizer>(self()));
+    optimizer_.emplace(shard_optimizer(call_hook<hook::create_optimizer>(self())));
+    state_bytes_ = {};
     scheduler_.emplace(call_hook<hook::create_scheduler>(self(), max_steps));
     auto& module = detail::module_of(model_);
     module.train();
 
     // Per-step values stay on the device; they are read only on logging steps.
     detail::LossWindow tr_loss;
+    if (world_.size > 1) tr_loss.set_reducer([this](torch::Tensor& t) { sharding_->all_reduce(t, "the loss all-reduce"); });
     int64_t items_seen = 0;  // num_items summed over this run's micro-batches (tokens, for token losses)
     double total_loss = 0.0;
     int64_t last_logged = 0;
@@ -498,24 +537,36 @@ class Trainer {
           group_items += items.back();
           items_seen += items.back();
         }
+        // Distributed: each rank's gradients are scaled by its share of the group's items.
+        sharding_->begin_group(group_items, device_);
         for (int64_t i = 0; i < count; ++i) {
           ++step;
           if (step % ga == 0) callbacks_.template fire<event::on_step_begin>(args_, state_, control_);
           const double weight = group_items > 0 ? static_cast<double>(items[i]) / group_items : 1.0 / count;
+          sharding_->begin_micro_step(i + 1 == count);
           torch::Tensor loss_step = call_hook<hook::training_step>(self(), model_, group[i], weight);
+          sharding_->after_backward(i + 1 == count);
+          if (sharding_->item_factor().defined()) loss_step = loss_step * sharding_->item_factor();
           tr_loss.add(loss_step, state_.global_step - last_logged);
           if (i + 1 == count) {
             const auto params = optimizer_->parameters();
             precision_->unscale(params);
-            if (args_.max_grad_norm > 0) grad_norm = optim::clip_grad_norm(params, args_.max_grad_norm);
+            if (sharding_->grads_sharded() && precision_->found_inf().defined()) {
+              torch::Tensor inf = precision_->found_inf();
+              sharding_->all_reduce(inf, "the fp16 overflow all-reduce");
+            }
+            if (args_.max_grad_norm > 0) grad_norm = clip_grad_norm(params);
             callbacks_.template fire<event::on_pre_optimizer_step>(args_, state_, control_);
             resolve_skipped_step();
             last_lr = scheduler_->current_lr();
             optimizer_->step(last_lr, precision_->found_inf());
+            sharding_->after_step();
             callbacks_.template fire<event::on_optimizer_step>(args_, state_, control_);
             precision_->update();
             step_scheduler_after_update();
-            optimizer_->zero_grad();
+            if (state_bytes_.total() == 0) record_state_bytes();
+            if constexpr (sharding_type::owns_grads) sharding_->zero_grad();
+            else optimizer_->zero_grad();
             state_.global_step += 1;
             state_.epoch = static_cast<double>(epoch) + static_cast<double>(step + 1) / static_cast<double>(len);
             callbacks_.template fire<event::on_step_end>(args_, state_, control_);
@@ -536,10 +587,10 @@ class Trainer {
     in_train_ = false;
     if (args_.load_best_model_at_end && state_.best_model_checkpoint) {
       const auto file = std::filesystem::path(*state_.best_model_checkpoint) / checkpoint::kModelFile;
-      if (state_.is_world_process_zero)
+      if (should_log())
         std::fprintf(stderr, "loom: loading the best model from %s (%s = %g)\n", state_.best_model_checkpoint->c_str(),
                      args_.metric_for_best_model.value_or("loss").c_str(), state_.best_metric.value_or(0.0));
-      checkpoint::load_module(module, file);
+      sharding_->with_full_params([&] { checkpoint::load_module(module, file); });
     }
     total_loss += tr_loss.total(args_.logging_nan_inf_filter);
     TrainOutput out;
@@ -558,6 +609,59 @@ class Trainer {
     save_state();
     save_metrics("train", out.metrics);
     return out;
+  }
+
+  // The optimizer the sharding policy steps: the one create_optimizer built (unsharded), or
+  // the same algorithm and groups over this rank's pieces of each parameter.
+  optim::Optimizer shard_optimizer(optim::Optimizer full) {
+    pieces_.clear();
+    if (!sharding_->shards_optimizer()) return full;
+    std::vector<optim::ParamGroup> groups;
+    for (const auto& g : full.groups()) {
+      optim::ParamGroup sharded{{}, {}, g.weight_decay};
+      for (std::size_t i = 0; i < g.params.size(); ++i) {
+        auto piece = sharding_->piece_of(g.params[i], g.names.at(i));
+        if (!piece) continue;
+        torch::Tensor p = piece->param;
+        p.mutable_grad() = piece->grad;
+        sharded.params.push_back(p);
+        sharded.names.push_back(piece->name);
+        pieces_.push_back(*piece);
+      }
+      groups.push_back(std::move(sharded));
+    }
+    return optim::Optimizer(std::move(groups), full.options());
+  }
+
+  // Clips to max_grad_norm by the global norm: over ranks when gradients are sharded.
+  torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& params) {
+    if (!sharding_->grads_sharded()) return optim::clip_grad_norm(params, args_.max_grad_norm);
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> grads;
+    for (const auto& p : params)
+      if (p.grad().defined()) grads.push_back(p.grad());
+    torch::Tensor sq = grads.empty() ? torch::zeros({1}, torch::TensorOptions().device(device_))
+                                     : torch::stack(at::_foreach_norm(grads, 2)).square().sum().reshape({1});
+    sharding_->all_reduce(sq, "the gradient-norm all-reduce");
+    auto total = sq.sqrt().reshape({});
+    if (!grads.empty()) at::_foreach_mul_(grads, torch::clamp_max(args_.max_grad_norm / (total + 1e-6), 1.0));
+    return total;
+  }
+
+  void record_state_bytes() {
+    state_bytes_ = sharding_->state_bytes();
+    state_bytes_.optimizer = 0;
+    for (const auto& [name, t] : optimizer_->state_tensors()) state_bytes_.optimizer += static_cast<double>(t.nbytes());
+  }
+
+  // HF's TrainingArguments.should_log: informational lines come from the main process of
+  // each node (log_on_each_node, the default) or of the whole job.
+  [[nodiscard]] bool should_log() const {
+    return args_.log_on_each_node ? state_.is_local_process_zero : state_.is_world_process_zero;
+  }
+
+  void barrier(const char* what) {
+    if (world_.size > 1) sharding_->comm()->barrier(what);
   }
 
   // The precision policy named in the type decides; --bf16 / --fp16 must agree with it (the
@@ -648,6 +752,9 @@ class Trainer {
   // ---- checkpoints ------------------------------------------------------------------------
   //   checkpoint-N/model.safetensors        weights (named parameters and buffers)
   //   checkpoint-N/optimizer.safetensors    AdamW moments and step counts, by parameter name
+  //   checkpoint-N/optimizer-R-of-W.safetensors / .json
+  //                                         instead, when the optimizer is sharded: rank R's
+  //                                         pieces, and each piece's flat range in its parameter
   //   checkpoint-N/optimizer.json           optimizer scalars
   //   checkpoint-N/scheduler.json           scheduler state (torch's LambdaLR field names)
   //   checkpoint-N/scaler.json              loss-scaler state (fp16; HF forgets it)
@@ -655,7 +762,9 @@ class Trainer {
   //   checkpoint-N/loop_state.json          the loop's loss accumulators, so logs after a resume match
   //   checkpoint-N/trainer_state.json       HF's TrainerState, callback states included
   //   checkpoint-N/training_args.json       the arguments
-  // Everything is written to a temporary folder that is renamed into place at the end.
+  // Everything is written to a temporary folder that is renamed into place at the end; in a
+  // distributed run rank 0 writes the gathered model and the shared files, every rank its
+  // optimizer shard, and rank 0 renames the folder once all ranks are done.
 
   void save_checkpoint(const detail::LossWindow& tr_loss, double total_loss, int64_t last_logged) {
     resolve_skipped_step();
@@ -666,12 +775,25 @@ class Trainer {
         state_.best_model_checkpoint = best.string();
     }
     save_callback_states();
-    if (!state_.is_world_process_zero) return;
-    std::filesystem::create_directories(out);
-    const auto tmp = checkpoint::begin_checkpoint(out, state_.global_step);
-    checkpoint::save_module(detail::module_of(model_), tmp / checkpoint::kModelFile);
-    if (!args_.save_only_model) {
-      checkpoint::save_safetensors(optimizer_->state_tensors(), tmp / "optimizer.safetensors");
+    const double window = tr_loss.total(args_.logging_nan_inf_filter);  // a collective when distributed
+    const bool main = state_.is_world_process_zero;
+    const std::string tag = world_.size > 1 ? std::string("ranks") : checkpoint::detail::pid_string();
+    const auto tmp = checkpoint::temporary_checkpoint_dir(out, state_.global_step, tag);
+    if (main) checkpoint::begin_checkpoint(out, state_.global_step, tag);
+    barrier("the checkpoint barrier");
+    sharding_->with_full_params([&] {
+      if (main) checkpoint::save_module(detail::module_of(model_), tmp / checkpoint::kModelFile);
+    });
+    if (!args_.save_only_model && sharding_->shards_optimizer()) {
+      const auto stem = fmt::format("optimizer-{}-of-{}", world_.rank, world_.size);
+      checkpoint::save_safetensors(optimizer_->state_tensors(), tmp / (stem + ".safetensors"));
+      nlohmann::json ranges = nlohmann::json::object();
+      for (const auto& p : pieces_) ranges[p.name] = {p.begin, p.end, p.numel};
+      detail::write_json_file(tmp / (stem + ".json"), {{"ranges", ranges}}, 2);
+    }
+    if (main && !args_.save_only_model) {
+      if (!sharding_->shards_optimizer())
+        checkpoint::save_safetensors(optimizer_->state_tensors(), tmp / "optimizer.safetensors");
       detail::write_json_file(tmp / "optimizer.json", optimizer_->state_meta(), 2);
       detail::write_json_file(tmp / "scheduler.json", scheduler_->state_dict(), 2);
       detail::write_json_file(tmp / "scaler.json", precision_->state_dict(), 2);
@@ -682,26 +804,33 @@ class Trainer {
                            at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, i)).get_state());
       checkpoint::save_safetensors(rng, tmp / "rng_state.safetensors");
       detail::write_json_file(tmp / "loop_state.json",
-                              {{"tr_loss", tr_loss.total(args_.logging_nan_inf_filter)}, {"total_loss", total_loss},
+                              {{"tr_loss", window}, {"total_loss", total_loss},
                                {"globalstep_last_logged", last_logged}, {"skipped_steps", skipped_steps_}},
                               2);
     }
-    detail::write_json_file(tmp / checkpoint::kTrainerStateFile, nlohmann::json(state_.to_json()), 2);
-    save_json(args_, tmp / "training_args.json");
-    checkpoint::commit_checkpoint(tmp, checkpoint::checkpoint_dir(out, state_.global_step));
-    if (args_.save_total_limit) {
-      std::optional<std::filesystem::path> best;
-      if (state_.best_model_checkpoint) best = std::filesystem::path(*state_.best_model_checkpoint);
-      checkpoint::rotate_checkpoints(out, *args_.save_total_limit, best);
+    if (main) {
+      detail::write_json_file(tmp / checkpoint::kTrainerStateFile, nlohmann::json(state_.to_json()), 2);
+      save_json(args_, tmp / "training_args.json");
     }
+    barrier("the checkpoint barrier");  // every shard is written
+    if (main) {
+      checkpoint::commit_checkpoint(tmp, checkpoint::checkpoint_dir(out, state_.global_step));
+      if (args_.save_total_limit) {
+        std::optional<std::filesystem::path> best;
+        if (state_.best_model_checkpoint) best = std::filesystem::path(*state_.best_model_checkpoint);
+        checkpoint::rotate_checkpoints(out, *args_.save_total_limit, best);
+      }
+    }
+    barrier("the checkpoint barrier");  // the checkpoint is in place before anyone reads it
   }
 
   // The folder --resume_from_checkpoint names ("latest": the newest complete one in output_dir).
-  std::optional<std::filesystem::path> resume_checkpoint() const {
+  std::optional<std::filesystem::path> resume_checkpoint() {
     if (!args_.resume_from_checkpoint) return std::nullopt;
     const std::filesystem::path out(args_.output_dir);
     if (*args_.resume_from_checkpoint == "latest") {
-      if (std::filesystem::exists(out)) checkpoint::remove_stale_temporaries(out);
+      if (state_.is_world_process_zero && std::filesystem::exists(out)) checkpoint::remove_stale_temporaries(out);
+      barrier("the resume barrier");
       auto latest = std::filesystem::exists(out) ? checkpoint::latest_checkpoint(out) : std::nullopt;
       check(latest.has_value(), "--resume_from_checkpoint latest: no complete checkpoint-N folder in {}",
             out.string());
@@ -715,9 +844,10 @@ class Trainer {
   void load_checkpoint(const std::filesystem::path& dir, detail::LossWindow& tr_loss, double& total_loss,
                        int64_t& last_logged) {
     // The weights first: a damaged model file is the most useful thing to report.
-    checkpoint::load_module(detail::module_of(model_), dir / checkpoint::kModelFile);
-    for (const char* f : {"optimizer.safetensors", "optimizer.json", "scheduler.json", "scaler.json",
-                          "rng_state.safetensors", "loop_state.json"})
+    sharding_->with_full_params(
+        [&] { checkpoint::load_module(detail::module_of(model_), dir / checkpoint::kModelFile); });
+    for (const char* f : {"optimizer.json", "scheduler.json", "scaler.json", "rng_state.safetensors",
+                          "loop_state.json"})
       check(std::filesystem::exists(dir / f),
             "{} cannot resume training: it has no {} (saved with save_only_model? then start from its "
             "weights with --model_name_or_path {})", dir.string(), f, dir.string());
@@ -728,7 +858,7 @@ class Trainer {
       return j;
     };
     try {
-      optimizer_->load_state(checkpoint::load_safetensors(dir / "optimizer.safetensors"), read_json("optimizer.json"));
+      optimizer_->load_state(optimizer_state_for_this_rank(dir), read_json("optimizer.json"));
       scheduler_->load_state_dict(read_json("scheduler.json"));
       precision_->load_state_dict(read_json("scaler.json"));
       const auto loop = read_json("loop_state.json");
@@ -767,6 +897,76 @@ class Trainer {
     load_callback_states();
   }
 
+  // The optimizer state of checkpoint `dir`, whole or sharded at any world size, cut to what
+  // this rank's optimizer steps (whole parameters, or this rank's pieces).
+  std::vector<std::pair<std::string, torch::Tensor>> optimizer_state_for_this_rank(const std::filesystem::path& dir) {
+    std::map<std::string, torch::Tensor> full;
+    if (std::filesystem::exists(dir / "optimizer.safetensors")) {
+      for (auto& [k, t] : checkpoint::load_safetensors(dir / "optimizer.safetensors"))
+        full[k] = k.rfind("step.", 0) == 0 ? t : t.reshape({-1});
+    } else {
+      int64_t world = 0;
+      std::map<std::string, int64_t> covered, numels;
+      for (int64_t r = 0; world == 0 || r < world; ++r) {
+        if (world == 0) {  // the world size the checkpoint was saved at
+          for (const auto& e : std::filesystem::directory_iterator(dir)) {
+            const auto name = e.path().filename().string();
+            if (name.rfind("optimizer-0-of-", 0) == 0 && e.path().extension() == ".safetensors")
+              world = std::stoll(name.substr(15, name.size() - 15 - 12));
+          }
+          check(world > 0,
+                "{} cannot resume training: it has neither optimizer.safetensors nor optimizer-0-of-N.safetensors "
+                "(saved with save_only_model? then start from its weights with --model_name_or_path {})",
+                dir.string(), dir.string());
+        }
+        const auto stem = dir / fmt::format("optimizer-{}-of-{}", r, world);
+        check(std::filesystem::exists(stem.string() + ".safetensors") && std::filesystem::exists(stem.string() + ".json"),
+              "{} is missing the optimizer shard of rank {} ({}.safetensors/.json)", dir.string(), r,
+              stem.filename().string());
+        std::ifstream in(stem.string() + ".json");
+        const auto meta = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+        check(meta.is_object() && meta.contains("ranges"), "{}.json is not valid", stem.string());
+        for (auto& [key, t] : checkpoint::load_safetensors(stem.string() + ".safetensors")) {
+          const auto dot = key.find('.');
+          const std::string kind = key.substr(0, dot), param = key.substr(dot + 1);
+          if (kind == "step") {
+            full[key] = t;
+            continue;
+          }
+          check(meta["ranges"].contains(param), "{}.json has no range for {}", stem.string(), param);
+          const auto range = meta["ranges"][param].template get<std::vector<int64_t>>();
+          auto& f = full[key];
+          if (!f.defined()) f = torch::zeros({range.at(2)}, t.options());
+          f.narrow(0, range.at(0), range.at(1) - range.at(0)).copy_(t.reshape({-1}));
+          covered[key] += range.at(1) - range.at(0);
+          numels[key] = range.at(2);
+        }
+      }
+      for (const auto& [key, n] : numels)
+        check(covered[key] == n, "{}: the optimizer shards cover {} of the {} elements of {}", dir.string(),
+              covered[key], n, key);
+    }
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    auto take = [&](const std::string& key, int64_t begin, int64_t end, c10::IntArrayRef shape) {
+      auto it = full.find(key);
+      if (it == full.end()) return;  // Optimizer::load_state reports what is missing
+      if (key.rfind("step.", 0) == 0) out.emplace_back(key, it->second);
+      else if (it->second.numel() < end) out.emplace_back(key, it->second);  // a shape mismatch, reported there
+      else out.emplace_back(key, it->second.narrow(0, begin, end - begin).reshape(shape));
+    };
+    const bool pieces = sharding_->shards_optimizer();
+    std::size_t k = 0;
+    for (const auto& g : optimizer_->groups())
+      for (std::size_t i = 0; i < g.params.size(); ++i, ++k) {
+        const auto& name = g.names.at(i);
+        const int64_t begin = pieces ? pieces_.at(k).begin : 0;
+        const int64_t end = pieces ? pieces_.at(k).end : g.params[i].numel();
+        for (const char* kind : {"exp_avg.", "exp_avg_sq.", "step."}) take(kind + name, begin, end, g.params[i].sizes());
+      }
+    if (optimizer_->options().algorithm == optim::Algorithm::sgd || full.empty()) out.clear();
+    return out;
+  }
+
   // Callbacks with `name`, `state()` and `load_state(json)` are checkpointed under their name.
   void save_callback_states() {
     callbacks_.for_each([&](auto& cb) {
@@ -788,7 +988,9 @@ class Trainer {
   Metrics evaluate_impl(const std::string& prefix) {
     auto loader = call_hook<hook::get_eval_dataloader>(self());
     const MemoryTracker memory(prefix, !args_.skip_memory_metrics && !in_train_, device_);
+    sharding_->begin_forward_only();
     Metrics metrics = evaluation_loop<Batch>(loader, prefix).metrics;
+    sharding_->end_forward_only();
     memory.stop(metrics);
     if (in_train_ && scheduler_ && scheduler_->wants_metric()) {
       // HF steps ReduceLROnPlateau with metric_for_best_model after each evaluation in training.
@@ -859,6 +1061,10 @@ class Trainer {
 
   TrainingArguments args_;
   Model model_;
+  dist::World world_;
+  std::optional<sharding_type> sharding_;  // after model_: it unhooks the model's parameters first
+  std::vector<dist::Piece> pieces_;        // what this rank's optimizer steps, in optimizer order
+  dist::StateBytes state_bytes_;
   torch::Device device_{torch::kCPU};
   TrainerState state_;
   TrainerControl control_;

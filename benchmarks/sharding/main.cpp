@@ -1,0 +1,211 @@
+// benchmarks/sharding: the four sharding policies at 1, 2 and 4 processes on the CPU (Gloo).
+//
+//   build/benchmarks/sharding                 # the whole table (starts torchrun 12 times)
+//   build/benchmarks/sharding --steps 30 --hidden 1024 --layers 4
+//
+// The policy is a type: the worker is instantiated once per tag of the type list below and
+// picks its instantiation by name. For each (policy, world size) the driver starts the
+// workers with torchrun from the project's venv and prints, from rank 0:
+//   * step time (median over the measured steps, after 3 warm-up steps),
+//   * model-state bytes held by the rank (parameters + gradients + optimizer state) next to
+//     the ZeRO paper's formula for the stage (fp32 master weights and AdamW: 16 bytes per
+//     parameter for DDP, 4+4+8/N for ZeRO-1, 4+12/N for ZeRO-2, 16/N for FullShard),
+//   * bytes this rank sent per step (ring algorithms: all-reduce 2(N-1)/N of the buffer,
+//     reduce-scatter and all-gather (N-1)/N) next to the formula 2Ψ(N-1)/N for DDP, ZeRO-1
+//     and ZeRO-2 and 3Ψ(N-1)/N for FullShard (Ψ = parameter bytes),
+//   * the process's peak resident memory (VmHWM).
+
+#include <loom/loom.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+using PolicyList = std::tuple<loom::sharding::DDP, loom::sharding::ZeRO1, loom::sharding::ZeRO2, loom::sharding::FullShard>;
+
+struct BenchArguments {
+  std::string worker_policy = "";  ///< (internal) run as a worker of this policy
+  std::string result = "";         ///< (internal) where the worker writes its figures
+  int64_t steps = 20;              ///< optimizer steps per run (3 of them warm-up)
+  int64_t hidden = 1024;           ///< width of the MLP
+  int64_t layers = 4;              ///< hidden layers, one FullShard unit each
+  int64_t batch = 32;              ///< per-device batch
+  std::string torchrun = LOOM_TORCHRUN;  ///< the launcher
+  std::string worlds = "1,2,4";    ///< world sizes to run
+};
+
+struct Batch {
+  torch::Tensor x;
+  torch::Tensor labels;
+};
+
+struct MlpImpl : torch::nn::Module {
+  MlpImpl(int64_t hidden, int64_t layers) {
+    input = register_module("input", loom::FullShardUnit<torch::nn::Linear>(torch::nn::Linear(256, hidden)));
+    for (int64_t i = 0; i < layers; ++i)
+      blocks.push_back(register_module("block" + std::to_string(i),
+                                       loom::FullShardUnit<torch::nn::Linear>(torch::nn::Linear(hidden, hidden))));
+    head = register_module("head", torch::nn::Linear(hidden, 10));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::relu(input->forward(x));
+    for (auto& b : blocks) h = torch::relu(b->forward(h));
+    return head->forward(h);
+  }
+  loom::FullShardUnit<torch::nn::Linear> input{nullptr};
+  std::vector<loom::FullShardUnit<torch::nn::Linear>> blocks;
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+// Step durations, and the communication counters after the warm-up.
+struct StepClock {
+  static constexpr int64_t kWarmup = 3;
+  loom::dist::Comm* comm = nullptr;
+  std::chrono::steady_clock::time_point begin;
+  std::vector<double> ms;
+  void on_step_begin(const loom::TrainingArguments&, loom::TrainerState&, loom::TrainerControl&) {
+    begin = std::chrono::steady_clock::now();
+  }
+  void on_step_end(const loom::TrainingArguments&, loom::TrainerState& state, loom::TrainerControl&) {
+    if (state.global_step > kWarmup)
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count());
+    if (state.global_step == kWarmup && comm != nullptr) comm->reset_counters();
+  }
+};
+
+template <class Sharding>
+struct BenchTrainer : loom::Trainer<BenchTrainer<Sharding>, Mlp, Sharding, loom::Callbacks<StepClock>> {
+  using loom::Trainer<BenchTrainer<Sharding>, Mlp, Sharding, loom::Callbacks<StepClock>>::Trainer;
+  torch::Tensor compute_loss(Mlp& model, Batch& batch) {
+    return torch::cross_entropy_loss(model->forward(batch.x), batch.labels);
+  }
+};
+
+static double peak_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) * 1024.0;
+  return 0.0;
+}
+
+template <class Sharding>
+static void run_worker(const BenchArguments& b, const loom::TrainingArguments& args) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  const int64_t rows = b.batch * 64;
+  loom::data::TensorDataset<Batch> data({torch::randn({rows, 256}, gen), torch::randint(0, 10, {rows}, gen)});
+  BenchTrainer<Sharding> trainer(args, Mlp(b.hidden, b.layers), data);
+  trainer.template callback<StepClock>().comm = trainer.sharding().comm();
+  trainer.train();
+  if (!trainer.world().is_main()) return;
+  auto ms = trainer.template callback<StepClock>().ms;
+  std::sort(ms.begin(), ms.end());
+  const auto* comm = trainer.sharding().comm();
+  const double measured_steps = static_cast<double>(std::max<std::size_t>(ms.size(), 1));
+  int64_t psi = 0;
+  for (const auto& p : trainer.model()->parameters()) psi += p.numel();
+  const auto bytes = trainer.model_state_bytes();
+  nlohmann::json j{{"step_ms", ms.empty() ? 0.0 : ms[ms.size() / 2]},
+                   {"params", bytes.params},
+                   {"grads", bytes.grads},
+                   {"optimizer", bytes.optimizer},
+                   {"psi", psi},
+                   {"sent_per_step", comm ? comm->counters().total() / measured_steps : 0.0},
+                   {"peak_rss", peak_rss_bytes()}};
+  std::ofstream(b.result) << j.dump();
+}
+
+// Calls f.template operator()<Tag>() for the tag of PolicyList named `name`.
+template <class F>
+static bool with_policy(const std::string& name, F&& f) {
+  return [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return ((std::tuple_element_t<I, PolicyList>::name == name
+                 ? (f.template operator()<std::tuple_element_t<I, PolicyList>>(), true)
+                 : false) ||
+            ...);
+  }(std::make_index_sequence<std::tuple_size_v<PolicyList>>{});
+}
+
+int main(int argc, char** argv) {
+  return loom::run_main([&] {
+    loom::TrainingArguments defaults;
+    defaults.use_cpu = true;
+    defaults.disable_tqdm = true;
+    defaults.logging_steps = 1000;
+    defaults.save_strategy = "no";
+    defaults.output_dir = "output/bench_sharding";
+    defaults.skip_memory_metrics = true;
+    auto [b, args] = loom::parse_args(argc, argv, BenchArguments{}, defaults);
+    if (!b.worker_policy.empty()) {
+      args.sharding = b.worker_policy;
+      args.max_steps = b.steps;
+      args.per_device_train_batch_size = b.batch;
+      const bool known = with_policy(b.worker_policy, [&]<class Tag>() { run_worker<Tag>(b, args); });
+      loom::check(known, "unknown --worker_policy {}", b.worker_policy);
+      return 0;
+    }
+    loom::check(fs::exists(b.torchrun), "--torchrun {} does not exist (make deps installs it in .venv)", b.torchrun);
+    const fs::path self = fs::read_symlink("/proc/self/exe");
+    const fs::path tmp = fs::temp_directory_path() / fmt::format("loom_bench_sharding_{}", ::getpid());
+    fs::create_directories(tmp);
+    std::vector<int> worlds;
+    for (std::size_t pos = 0; pos < b.worlds.size();) {
+      const auto comma = b.worlds.find(',', pos);
+      worlds.push_back(std::stoi(b.worlds.substr(pos, comma - pos)));
+      pos = comma == std::string::npos ? b.worlds.size() : comma + 1;
+    }
+    fmt::print("sharding benchmark: MLP 256-{}x{}-10, per-device batch {}, {} steps ({} warm-up), CPU + Gloo\n",
+               b.hidden, b.layers, b.batch, b.steps, StepClock::kWarmup);
+    fmt::print("{:<11} {:>2} {:>9} | {:>10} {:>10} {:>6} | {:>10} {:>10} {:>6} | {:>9}\n", "policy", "N", "step ms",
+               "state MB", "formula", "ratio", "sent MB", "formula", "ratio", "peak RSS");
+    for (int world : worlds) {
+      std::apply([&](auto... tag) {
+        (([&] {
+           using Tag = decltype(tag);
+           const auto result = tmp / fmt::format("{}_{}.json", Tag::name, world);
+           const auto cmd = fmt::format(
+               "{} --standalone --nproc_per_node={} --no-python {} --worker_policy {} --result {} --steps {} "
+               "--hidden {} --layers {} --batch {} --output_dir {} > {} 2>&1",
+               b.torchrun, world, self.string(), Tag::name, result.string(), b.steps, b.hidden, b.layers, b.batch,
+               (tmp / "out").string(), (tmp / "log.txt").string());
+           const int rc = std::system(cmd.c_str());
+           if (rc != 0 || !fs::exists(result)) {
+             std::ifstream log(tmp / "log.txt");
+             std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+             loom::fail("{} at {} ranks failed (exit {}):\n{}", Tag::name, world, rc, text);
+           }
+           std::ifstream in(result);
+           const auto j = nlohmann::json::parse(in);
+           const double psi = j["psi"].get<double>(), n = world, mb = 1024.0 * 1024.0;
+           const double state = j["params"].get<double>() + j["grads"].get<double>() + j["optimizer"].get<double>();
+           const std::string name(Tag::name);
+           const double formula = name == "ddp"     ? 16 * psi
+                                  : name == "zero1" ? (8 + 8 / n) * psi
+                                  : name == "zero2" ? (4 + 12 / n) * psi
+                                                    : 16 * psi / n;
+           const double sent = j["sent_per_step"].get<double>();
+           const double comm_formula = (name == "full_shard" ? 3.0 : 2.0) * 4 * psi * (n - 1) / n;
+           fmt::print("{:<11} {:>2} {:>9.2f} | {:>10.2f} {:>10.2f} {:>6.3f} | {:>10.2f} {:>10.2f} {:>6} | {:>6.0f} MB\n",
+                      name, world, j["step_ms"].get<double>(), state / mb, formula / mb, state / formula, sent / mb,
+                      comm_formula / mb, comm_formula > 0 ? fmt::format("{:.3f}", sent / comm_formula) : "-",
+                      j["peak_rss"].get<double>() / mb);
+           std::fflush(stdout);
+         }()),
+         ...);
+      }, PolicyList{});
+    }
+    fs::remove_all(tmp);
+    return 0;
+  });
+}

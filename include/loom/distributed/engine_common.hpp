@@ -1,0 +1,138 @@
+#pragma once
+// Pieces shared by the sharding engines (distributed/bucket_engine.hpp for DDP, ZeRO-1 and
+// ZeRO-2; distributed/full_shard.hpp for FullShard): what an engine hands the Trainer, the
+// per-parameter post-accumulate-grad hook, and storage that can be freed and re-allocated
+// under live views (how FullShard frees gathered parameters that autograd still refers to).
+
+#include <loom/core/error.hpp>
+#include <loom/distributed/comm.hpp>
+
+#include <torch/torch.h>
+
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace loom::dist {
+
+/// The part of one parameter a rank updates: the whole parameter (unsharded policies) or a
+/// flat range of it. `param` and `grad` are what the optimizer steps; [begin, end) is the
+/// range in the parameter's flattened elements, recorded in checkpoints.
+struct Piece {
+  std::string name;            ///< the parameter's name in the model
+  torch::Tensor param;         ///< the values this rank updates (a view into the engine's storage)
+  torch::Tensor grad;          ///< their gradient (a view)
+  int64_t begin = 0, end = 0;  ///< flat element range within the parameter
+  int64_t numel = 0;           ///< elements of the whole parameter
+};
+
+/// Bytes a rank holds for model state, measured from the tensors it keeps between steps.
+struct StateBytes {
+  double params = 0, grads = 0, optimizer = 0;
+  [[nodiscard]] double total() const { return params + grads + optimizer; }
+};
+
+namespace detail {
+
+// Calls `fn` after autograd has accumulated a parameter's gradient.
+class PostAccumulateHook final : public torch::autograd::PostAccumulateGradHook {
+ public:
+  explicit PostAccumulateHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  void operator()(const torch::autograd::Variable&) override { fn_(); }
+
+ private:
+  std::function<void()> fn_;
+};
+
+inline void set_grad_ready_hook(const torch::Tensor& param, std::function<void()> fn) {
+  torch::autograd::impl::set_post_acc_grad_hooks(param, std::make_unique<PostAccumulateHook>(std::move(fn)));
+}
+inline void clear_grad_ready_hook(const torch::Tensor& param) {
+  torch::autograd::impl::set_post_acc_grad_hooks(param, nullptr);
+}
+
+// Releases the memory behind `t` and every view of it; the views keep their geometry.
+inline void free_storage(const torch::Tensor& t) {
+  auto* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+}
+// Gives `t`'s storage (freed by free_storage) `nbytes` of fresh, uninitialized memory.
+inline void alloc_storage(const torch::Tensor& t, std::size_t nbytes) {
+  auto* s = t.storage().unsafeGetStorageImpl();
+  if (s->nbytes() == nbytes) return;
+  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
+  s->set_nbytes(nbytes);
+}
+
+inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// The factor each rank's gradient is scaled by before the SUM: its share of the group's
+// items (local / global), so the sum over ranks is the gradient of the loss normalized by
+// the items of the whole global batch, as one process with the global batch computes it.
+class ItemShare {
+ public:
+  void begin_group(Comm* comm, int64_t local_items, const torch::Device& device) {
+    if (comm == nullptr || comm->size() == 1) {
+      factor_ = torch::Tensor();
+      return;
+    }
+    auto opts = torch::TensorOptions().device(device).dtype(torch::kDouble);
+    auto local = torch::full({1}, static_cast<double>(local_items), opts);
+    auto global = local.clone();
+    comm->all_reduce({global}, "the item count all-reduce").wait();
+    factor_ = (local / global.clamp_min(1.0)).to(torch::kFloat).reshape({});
+  }
+  /// local / global items on the device; undefined in a world of one.
+  [[nodiscard]] const torch::Tensor& factor() const { return factor_; }
+  void apply(torch::Tensor& t) const {
+    if (factor_.defined()) t.mul_(factor_);
+  }
+
+ private:
+  torch::Tensor factor_;
+};
+
+}  // namespace detail
+
+/// What every sharding engine shares: the process group, the item share of each
+/// accumulation group, SUM for the Trainer's reductions, and the start-up broadcast.
+class EngineBase {
+ public:
+  explicit EngineBase(std::shared_ptr<Comm> comm) : comm_(std::move(comm)) {}
+
+  /// Starts an accumulation group whose micro-batches hold `local_items` items on this rank.
+  void begin_group(int64_t local_items, const torch::Device& device) { share_.begin_group(comm_.get(), local_items, device); }
+  /// local / global items of the group, on the device; undefined in a world of one.
+  [[nodiscard]] const torch::Tensor& item_factor() const { return share_.factor(); }
+  /// In-place SUM over ranks.
+  void all_reduce(torch::Tensor& t, const char* what) {
+    if (comm_->size() > 1) comm_->all_reduce({t}, what).wait();
+  }
+  [[nodiscard]] Comm* comm() const { return comm_.get(); }
+
+ protected:
+  // Every rank starts from rank 0's parameters and buffers.
+  void broadcast_module(torch::nn::Module& module) {
+    if (comm_->size() == 1) return;
+    std::vector<Work> works;
+    for (const auto& p : module.parameters(true)) works.push_back(broadcast_one(p.detach()));
+    for (const auto& b : module.buffers(true)) works.push_back(broadcast_one(b.detach()));
+    for (auto& w : works) w.wait();
+  }
+
+  std::shared_ptr<Comm> comm_;
+  detail::ItemShare share_;
+
+ private:
+  Work broadcast_one(const torch::Tensor& t) {
+    check(t.is_contiguous(), "sharding needs contiguous parameters and buffers");
+    return comm_->broadcast({t}, 0, "the initial parameter broadcast");
+  }
+};
+
+}  // namespace loom::dist

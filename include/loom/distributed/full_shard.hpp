@@ -1,0 +1,372 @@
+#pragma once
+// FullShard: parameters, gradients and optimizer state all sharded at rest (ZeRO-3, as
+// torch's FullyShardedDataParallel).
+//
+// The user marks units by wrapping blocks: `loom::FullShardUnit<Block>(Block(...))` (or
+// loom::full_shard_unit(block)). The wrapper is transparent: it registers the block's own
+// parameters, buffers and children under itself, so parameter names are the same with or
+// without it, and under any other sharding policy it only forwards. Each unit, plus a root
+// unit of the parameters outside every unit, keeps one flat float shard (1/N of its padded
+// parameters) and a gradient shard of the same size. Under FullShard:
+//
+//   forward   the unit's parameters are all-gathered into a flat buffer the parameters are
+//             views of; the next unit (in the order of the first forward) is prefetched;
+//             after the unit's forward the buffer's memory is released (the views stay).
+//   backward  a hook on the unit's output gathers the parameters again (prefetching the
+//             unit before it); when the last gradient of the unit is accumulated its flat
+//             gradient is scaled, reduce-scattered into the gradient shard and freed, and the
+//             parameters are released again.
+//   step      the optimizer updates the shard in place; nothing is gathered until the next
+//             forward.
+// The root unit is gathered at the start of each micro-step and released after its backward.
+
+#include <loom/distributed/engine_common.hpp>
+
+#include <map>
+#include <optional>
+#include <type_traits>
+
+namespace loom::dist {
+
+/// What the FullShard engine does around a unit's forward (the wrapper calls it).
+class UnitRuntime {
+ public:
+  virtual ~UnitRuntime() = default;
+  virtual void pre_forward(int unit) = 0;
+  virtual torch::Tensor post_forward(int unit, torch::Tensor out) = 0;
+};
+
+/// The non-template part of every FullShardUnit, found by the engine with dynamic_cast.
+class FullShardUnitBase {
+ public:
+  virtual ~FullShardUnitBase() = default;
+  UnitRuntime* loom_runtime = nullptr;  ///< set while a FullShard engine owns the unit
+  int loom_unit = -1;                   ///< the unit's index in that engine
+};
+
+/// A block sharded as one unit under FullShard; `Inner` is a torch module holder.
+template <class Inner>
+class FullShardUnitImpl : public torch::nn::Module, public FullShardUnitBase {
+ public:
+  explicit FullShardUnitImpl(Inner inner) : inner_(std::move(inner)) {
+    for (const auto& p : inner_->named_parameters(/*recurse=*/false)) register_parameter(p.key(), p.value());
+    for (const auto& b : inner_->named_buffers(/*recurse=*/false)) register_buffer(b.key(), b.value());
+    for (const auto& c : inner_->named_children()) register_module(c.key(), c.value());
+  }
+  /// The block's forward, with the unit's parameters gathered around it under FullShard.
+  template <class... Args>
+  auto forward(Args&&... args) {
+    using R = decltype(inner_->forward(std::forward<Args>(args)...));
+    if constexpr (std::is_same_v<R, torch::Tensor>) {
+      if (loom_runtime == nullptr) return inner_->forward(std::forward<Args>(args)...);
+      loom_runtime->pre_forward(loom_unit);
+      auto out = inner_->forward(std::forward<Args>(args)...);
+      return loom_runtime->post_forward(loom_unit, std::move(out));
+    } else {
+      static_assert(std::is_same_v<R, torch::Tensor>,
+                    "loom: a FullShardUnit's block must return one torch::Tensor from forward");
+    }
+  }
+  void train(bool on = true) override {
+    torch::nn::Module::train(on);
+    inner_->train(on);
+  }
+  /// The wrapped block.
+  Inner& inner() { return inner_; }
+
+ private:
+  Inner inner_;
+};
+
+/// Module holder of FullShardUnitImpl<Inner>.
+template <class Inner>
+class FullShardUnit : public torch::nn::ModuleHolder<FullShardUnitImpl<Inner>> {
+ public:
+  using torch::nn::ModuleHolder<FullShardUnitImpl<Inner>>::ModuleHolder;
+};
+
+/// Wraps `block` as a FullShard unit.
+template <class Inner>
+FullShardUnit<Inner> full_shard_unit(Inner block) {
+  return FullShardUnit<Inner>(std::move(block));
+}
+
+class FullShardEngine : public UnitRuntime, public EngineBase {
+ public:
+  explicit FullShardEngine(std::shared_ptr<Comm> comm) : EngineBase(std::move(comm)) {}
+  FullShardEngine(const FullShardEngine&) = delete;
+  FullShardEngine& operator=(const FullShardEngine&) = delete;
+  ~FullShardEngine() override {
+    for (auto& u : units_) {
+      if (u.wrapper) u.wrapper->loom_runtime = nullptr;
+      for (auto& s : u.slots) detail::clear_grad_ready_hook(s.param);
+    }
+  }
+
+  void setup(torch::nn::Module& module) {
+    torch::NoGradGuard no_grad;
+    broadcast_module(module);
+    // Units: every FullShardUnit (not nested); the root: everything else.
+    units_.emplace_back();  // index 0: root
+    std::map<const void*, int> owner;
+    for (const auto& item : module.named_modules("", /*include_self=*/true)) {
+      auto* w = dynamic_cast<FullShardUnitBase*>(item.value().get());
+      if (w == nullptr) continue;
+      for (const auto& p : item.value()->parameters(true)) {
+        check(!owner.contains(p.unsafeGetTensorImpl()),
+              "FullShard units must not be nested ({} is inside another unit)", item.key());
+        owner[p.unsafeGetTensorImpl()] = static_cast<int>(units_.size());
+      }
+      units_.emplace_back();
+      units_.back().wrapper = w;
+      units_.back().name = item.key();
+    }
+    for (const auto& item : module.named_parameters(true)) {
+      const auto& p = item.value();
+      if (!p.requires_grad()) continue;
+      check(p.scalar_type() == torch::kFloat, "sharding needs float32 parameters (the master weights); {} is {}",
+            item.key(), c10::toString(p.scalar_type()));
+      auto it = owner.find(p.unsafeGetTensorImpl());
+      auto& u = units_[it == owner.end() ? 0 : it->second];
+      u.slots.push_back({p, item.key(), u.numel, p.numel()});
+      u.numel += p.numel();
+    }
+    const int64_t n = comm_->size(), r = comm_->rank();
+    for (std::size_t k = 0; k < units_.size(); ++k) {
+      auto& u = units_[k];
+      if (u.wrapper) {
+        u.wrapper->loom_runtime = this;
+        u.wrapper->loom_unit = static_cast<int>(k);
+      }
+      if (u.slots.empty()) continue;
+      const auto opts = u.slots.front().param.options().requires_grad(false);
+      u.padded = detail::round_up(u.numel, n);
+      u.shard_numel = u.padded / n;
+      u.full = torch::zeros({u.padded}, opts);
+      u.shard = torch::zeros({u.shard_numel}, opts);
+      u.grad_shard = torch::zeros({u.shard_numel}, opts);
+      for (std::size_t i = 0; i < u.slots.size(); ++i) {
+        auto& s = u.slots[i];
+        u.full.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape({-1}));
+        s.param.set_data(u.full.narrow(0, s.offset, s.numel).view(s.param.sizes()));
+        s.param.mutable_grad() = torch::Tensor();
+        detail::set_grad_ready_hook(s.param, [this, k] { on_grad_ready(k); });
+        index_[s.param.unsafeGetTensorImpl()] = {k, i};
+      }
+      u.shard.copy_(u.full.narrow(0, r * u.shard_numel, u.shard_numel));
+      release(u);
+    }
+  }
+
+  std::optional<Piece> piece_of(const torch::Tensor& param, const std::string& name) {
+    auto it = index_.find(param.unsafeGetTensorImpl());
+    check(it != index_.end(), "the optimizer steps {}, which is not a trainable parameter of the model", name);
+    auto& u = units_[it->second.first];
+    const auto& s = u.slots[it->second.second];
+    const int64_t lo = comm_->rank() * u.shard_numel, hi = lo + u.shard_numel;
+    const int64_t a = std::max(lo, s.offset), e = std::min(hi, s.offset + s.numel);
+    if (a >= e) return std::nullopt;
+    return Piece{name, u.shard.narrow(0, a - lo, e - a), u.grad_shard.narrow(0, a - lo, e - a), a - s.offset,
+                 e - s.offset, s.numel};
+  }
+  [[nodiscard]] bool shards_optimizer() const { return true; }
+  [[nodiscard]] bool grads_sharded() const { return true; }
+
+  void begin_micro_step(bool /*last*/) {
+    for (auto& u : units_) {
+      u.ready = 0;
+      u.backward_started = false;
+      u.reduced = false;
+    }
+    in_backward_pass_ = true;
+    auto& root = units_[0];
+    if (!root.slots.empty()) {
+      gather(root);
+      prepare_grads(root);
+      root.backward_started = true;
+    }
+  }
+  void after_backward(bool /*last*/) {
+    // Units whose gradients did not all arrive (unused parameters) are reduced now, in
+    // index order; then every reduction is waited for.
+    for (std::size_t k = 1; k < units_.size(); ++k)
+      if (units_[k].backward_started && !units_[k].reduced) reduce(units_[k]);
+    if (!units_[0].slots.empty()) reduce(units_[0]);
+    for (auto& u : units_) {
+      u.work.wait();
+      if (u.rs_out.defined()) u.grad_shard.add_(u.rs_out);
+      u.rs_out = torch::Tensor();
+      u.full_grad = torch::Tensor();
+      if (!u.slots.empty()) release(u);
+    }
+    in_backward_pass_ = false;
+  }
+  void after_step() {}
+  void zero_grad() {
+    for (auto& u : units_)
+      if (u.grad_shard.defined()) u.grad_shard.zero_();
+  }
+
+  /// Runs `fn` with every parameter gathered; afterwards the shards take the (possibly
+  /// changed) values and the gathered copies are released.
+  template <class F>
+  void with_full_params(F&& fn) {
+    for (auto& u : units_)
+      if (!u.slots.empty()) gather(u);
+    fn();
+    torch::NoGradGuard no_grad;
+    for (auto& u : units_) {
+      if (u.slots.empty()) continue;
+      u.shard.copy_(u.full.narrow(0, comm_->rank() * u.shard_numel, u.shard_numel));
+      release(u);
+    }
+  }
+  /// Around forward passes without backward (evaluation): the root stays gathered.
+  void begin_forward_only() {
+    if (!units_[0].slots.empty()) gather(units_[0]);
+  }
+  void end_forward_only() {
+    for (auto& u : units_)
+      if (!u.slots.empty()) release(u);
+  }
+
+  [[nodiscard]] StateBytes state_bytes() const {
+    StateBytes s;
+    for (const auto& u : units_) {
+      if (u.slots.empty()) continue;
+      s.params += static_cast<double>(u.shard.nbytes() + u.full.storage().nbytes());
+      s.grads += static_cast<double>(u.grad_shard.nbytes());
+    }
+    return s;
+  }
+  /// Units (the root first) and their parameter counts.
+  [[nodiscard]] std::vector<int64_t> unit_sizes() const {
+    std::vector<int64_t> out;
+    for (const auto& u : units_) out.push_back(u.numel);
+    return out;
+  }
+
+  // ---- UnitRuntime --------------------------------------------------------------------
+  void pre_forward(int k) override {
+    auto& u = units_[static_cast<std::size_t>(k)];
+    if (!recorded_) {
+      if (!order_.empty() && order_.front() == k) recorded_ = true;  // the second pass began
+      else order_.push_back(k);
+    }
+    if (u.slots.empty()) return;
+    gather(u);
+    if (recorded_) prefetch(next_in_order(k, +1));
+  }
+  torch::Tensor post_forward(int k, torch::Tensor out) override {
+    auto& u = units_[static_cast<std::size_t>(k)];
+    if (u.slots.empty()) return out;
+    if (torch::GradMode::is_enabled() && out.requires_grad() && in_backward_pass_) {
+      out.register_hook([this, k](const torch::Tensor& g) {
+        pre_backward(k);
+        return g;
+      });
+    }
+    release(u);
+    return out;
+  }
+
+ private:
+  struct Slot {
+    torch::Tensor param;
+    std::string name;
+    int64_t offset, numel;
+  };
+  struct Unit {
+    FullShardUnitBase* wrapper = nullptr;
+    std::string name;
+    std::vector<Slot> slots;
+    int64_t numel = 0, padded = 0, shard_numel = 0;
+    torch::Tensor full, shard, grad_shard, full_grad, rs_out;
+    Work gather_work, work;
+    bool gathered = false, backward_started = false, reduced = false;
+    std::size_t ready = 0;
+  };
+
+  int next_in_order(int k, int dir) const {
+    for (std::size_t i = 0; i < order_.size(); ++i)
+      if (order_[i] == k) {
+        const auto j = static_cast<std::ptrdiff_t>(i) + dir;
+        if (j >= 0 && j < static_cast<std::ptrdiff_t>(order_.size())) return order_[static_cast<std::size_t>(j)];
+      }
+    return -1;
+  }
+
+  void pre_backward(int k) {
+    auto& u = units_[static_cast<std::size_t>(k)];
+    if (u.backward_started) return;
+    u.backward_started = true;
+    gather(u);
+    prepare_grads(u);
+    prefetch(next_in_order(k, -1));
+  }
+
+  void prepare_grads(Unit& u) {
+    u.full_grad = torch::zeros({u.padded}, u.shard.options());
+    for (auto& s : u.slots) s.param.mutable_grad() = u.full_grad.narrow(0, s.offset, s.numel).view(s.param.sizes());
+  }
+
+  void on_grad_ready(std::size_t k) {
+    auto& u = units_[k];
+    if (k == 0 || !u.backward_started) return;  // the root is reduced after backward
+    if (++u.ready == u.slots.size()) reduce(u);
+  }
+
+  void reduce(Unit& u) {
+    if (u.reduced || !u.full_grad.defined()) return;
+    u.reduced = true;
+    torch::NoGradGuard no_grad;
+    for (auto& s : u.slots) s.param.mutable_grad() = torch::Tensor();
+    if (comm_->size() == 1) {
+      u.rs_out = u.full_grad;
+    } else {
+      share_.apply(u.full_grad);
+      u.rs_out = torch::empty({u.shard_numel}, u.shard.options());
+      u.work = comm_->reduce_scatter(u.rs_out, u.full_grad, "the gradient reduce-scatter");
+    }
+    if (&u != &units_[0]) release(u);
+  }
+
+  void prefetch(int k) {
+    if (k < 0) return;
+    auto& u = units_[static_cast<std::size_t>(k)];
+    if (u.slots.empty() || u.gathered || u.gather_work.pending()) return;
+    launch_gather(u);
+  }
+  void launch_gather(Unit& u) {
+    detail::alloc_storage(u.full, static_cast<std::size_t>(u.padded) * u.full.element_size());
+    if (comm_->size() == 1) {
+      u.full.copy_(u.shard);
+      return;
+    }
+    u.gather_work = comm_->all_gather(u.full, u.shard, "the parameter all-gather");
+  }
+  void gather(Unit& u) {
+    if (u.gathered) return;
+    if (!u.gather_work.pending()) launch_gather(u);
+    u.gather_work.wait();
+    u.gathered = true;
+  }
+  void release(Unit& u) {
+    u.gather_work.wait();
+    detail::free_storage(u.full);
+    u.gathered = false;
+  }
+
+  std::vector<Unit> units_;
+  std::map<const void*, std::pair<std::size_t, std::size_t>> index_;
+  std::vector<int> order_;
+  bool recorded_ = false;
+  bool in_backward_pass_ = false;
+};
+
+}  // namespace loom::dist
+
+namespace loom {
+using dist::full_shard_unit;
+using dist::FullShardUnit;
+}  // namespace loom

@@ -1,0 +1,469 @@
+// Multi-process tests of the sharding policies: real processes, a real TCPStore and real
+// ProcessGroupGloo on the CPU. This one binary is both sides:
+//
+//   * with LOOM_DIST_WORKER set it is a worker: it trains a small MLP with the Trainer under
+//     the sharding and precision its flags name (through loom::select_policies), and writes
+//     its final weights, model-state bytes and log history for the test to read;
+//   * otherwise it is the doctest runner: each test starts 1, 2 or 4 workers with the
+//     variables torchrun would set (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT),
+//     waits for them with a deadline, and compares what they wrote.
+//
+// Registered in CTest as dist.* (label dist); tests/dist/README.md says what each shows.
+
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <loom/loom.hpp>
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+// ============================================================================ the worker ===
+
+namespace worker {
+
+/// The worker's own flags (beside every TrainingArguments flag).
+struct WorkerArguments {
+  std::string result = "";   ///< prefix of the files the worker writes
+  int64_t rows = 256;        ///< examples in the synthetic dataset
+  int64_t hidden = 256;      ///< width of the MLP
+  int64_t die_rank = -1;     ///< this rank kills itself (SIGKILL) ...
+  int64_t die_step = -1;     ///< ... at the end of this optimizer step
+};
+
+struct Batch {
+  torch::Tensor x;       ///< float [N, 16]
+  torch::Tensor labels;  ///< int64 [N]
+};
+
+// Two FullShard units and a head outside every unit (the root unit under FullShard).
+struct MlpImpl : torch::nn::Module {
+  explicit MlpImpl(int64_t hidden)
+      : l1(register_module("l1", loom::FullShardUnit<torch::nn::Linear>(torch::nn::Linear(16, hidden)))),
+        l2(register_module("l2", loom::FullShardUnit<torch::nn::Linear>(torch::nn::Linear(hidden, hidden)))),
+        head(register_module("head", torch::nn::Linear(hidden, 4))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return head->forward(torch::tanh(l2->forward(torch::tanh(l1->forward(x)))));
+  }
+  loom::FullShardUnit<torch::nn::Linear> l1, l2;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(Mlp);
+
+// Kills this process at the end of a chosen step (the fault tests).
+struct Killer {
+  int64_t rank = std::getenv("RANK") ? std::atoll(std::getenv("RANK")) : 0;
+  int64_t die_rank = -1, die_step = -1;
+  void on_step_end(const loom::TrainingArguments&, loom::TrainerState& state, loom::TrainerControl&) {
+    if (rank == die_rank && state.global_step == die_step) ::kill(::getpid(), SIGKILL);
+  }
+};
+
+template <class Sharding, class Precision>
+struct DistTrainer : loom::Trainer<DistTrainer<Sharding, Precision>, Mlp, Sharding, Precision, loom::Callbacks<Killer>> {
+  using loom::Trainer<DistTrainer<Sharding, Precision>, Mlp, Sharding, Precision, loom::Callbacks<Killer>>::Trainer;
+  torch::Tensor compute_loss(Mlp& model, Batch& batch) {
+    return torch::cross_entropy_loss(model->forward(batch.x), batch.labels);
+  }
+};
+
+// A fixed classification problem, drawn from its own generator (independent of the seed).
+inline loom::data::TensorDataset<Batch> make_data(int64_t rows) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1234);
+  auto x = torch::randn({rows, 16}, gen);
+  auto w = torch::randn({16, 4}, gen);
+  auto labels = (x.matmul(w) + 0.5 * torch::randn({rows, 4}, gen)).argmax(1);
+  return loom::data::TensorDataset<Batch>({x, labels});
+}
+
+inline int run(int argc, char** argv) {
+  return loom::run_main([&] {
+    loom::TrainingArguments defaults;
+    defaults.use_cpu = true;
+    defaults.disable_tqdm = true;
+    auto [w, args] = loom::parse_args(argc, argv, WorkerArguments{}, defaults);
+    loom::validate(args);
+    auto data = make_data(w.rows);
+    loom::select_policies(args, [&]<class Sharding, class Precision>() {
+      loom::set_seed(args.seed);
+      DistTrainer<Sharding, Precision> trainer(args, Mlp(w.hidden), data);
+      trainer.template callback<Killer>().die_rank = w.die_rank;
+      trainer.template callback<Killer>().die_step = w.die_step;
+      trainer.train();
+      const auto& world = trainer.world();
+      // Every rank: what it holds. Rank 0: the gathered weights.
+      const auto bytes = trainer.model_state_bytes();
+      int64_t psi = 0;
+      for (const auto& p : trainer.model()->parameters()) psi += p.numel();
+      std::ofstream(w.result + ".rank" + std::to_string(world.rank) + ".json")
+          << nlohmann::json{{"params", bytes.params}, {"grads", bytes.grads}, {"optimizer", bytes.optimizer},
+                            {"psi", psi}, {"world", world.size}}.dump();
+      trainer.sharding().with_full_params([&] {
+        if (world.is_main()) loom::checkpoint::save_module(*trainer.model(), w.result + ".safetensors");
+      });
+    });
+    return 0;
+  });
+}
+
+}  // namespace worker
+
+// ============================================================================ the tests ===
+
+namespace {
+
+const fs::path kTmp = fs::path(LOOM_TEST_TMP) / "dist";
+
+int free_port() {
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(s >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  REQUIRE(::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(::getsockname(s, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  ::close(s);
+  return ntohs(addr.sin_port);
+}
+
+struct Launch {
+  std::vector<int> status;         ///< exit code per rank; 128+signal when killed; -1 on timeout
+  std::vector<std::string> err;    ///< stderr per rank
+  double seconds = 0;              ///< until the last rank ended
+};
+
+// Starts `world` workers (ranks) of this binary with `args`; with `launched` false a single
+// worker gets no launch variables at all (the plain one-process path).
+Launch launch(int world, const std::vector<std::string>& args, const fs::path& logs, bool launched = true,
+              int timeout_s = 120) {
+  fs::create_directories(logs);
+  const int port = free_port();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> env;
+    for (char** e = environ; *e; ++e) {
+      const std::string kv(*e);
+      if (kv.rfind("RANK=", 0) == 0 || kv.rfind("WORLD_SIZE=", 0) == 0 || kv.rfind("LOCAL_RANK=", 0) == 0 ||
+          kv.rfind("MASTER_", 0) == 0 || kv.rfind("LOCAL_WORLD_SIZE=", 0) == 0 || kv.rfind("TORCHELASTIC", 0) == 0)
+        continue;
+      env.push_back(kv);
+    }
+    env.push_back("LOOM_DIST_WORKER=1");
+    env.push_back("OMP_NUM_THREADS=1");
+    if (launched) {
+      for (auto kv : {"RANK=" + std::to_string(r), "LOCAL_RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(world),
+                      "LOCAL_WORLD_SIZE=" + std::to_string(world), std::string("MASTER_ADDR=127.0.0.1"),
+                      "MASTER_PORT=" + std::to_string(port)})
+        env.push_back(kv);
+    }
+    std::vector<std::string> argv_s{"/proc/self/exe"};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<char*> argv, envp;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    const auto out = (logs / ("rank" + std::to_string(r) + ".out")).string();
+    const auto err = (logs / ("rank" + std::to_string(r) + ".err")).string();
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(o, 1);
+      ::dup2(e, 2);
+      ::execve("/proc/self/exe", argv.data(), envp.data());
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  Launch result;
+  result.status.assign(static_cast<std::size_t>(world), -1);
+  const auto start = std::chrono::steady_clock::now();
+  int left = world;
+  while (left > 0) {
+    for (int r = 0; r < world; ++r) {
+      if (pids[static_cast<std::size_t>(r)] == 0) continue;
+      int st = 0;
+      if (::waitpid(pids[static_cast<std::size_t>(r)], &st, WNOHANG) > 0) {
+        result.status[static_cast<std::size_t>(r)] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        pids[static_cast<std::size_t>(r)] = 0;
+        --left;
+      }
+    }
+    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (left > 0 && result.seconds > timeout_s) {
+      for (auto p : pids)
+        if (p != 0) {
+          ::kill(p, SIGKILL);
+          ::waitpid(p, nullptr, 0);
+        }
+      break;  // ranks still running keep status -1: a hang
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (int r = 0; r < world; ++r) {
+    std::ifstream in(logs / ("rank" + std::to_string(r) + ".err"));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    result.err.push_back(ss.str());
+  }
+  return result;
+}
+
+void require_success(const Launch& l) {
+  for (std::size_t r = 0; r < l.status.size(); ++r) {
+    INFO("rank " << r << " stderr:\n" << l.err[r]);
+    REQUIRE(l.status[r] == 0);
+  }
+}
+
+// Common flags: a small MLP, Adam with weight decay, clipping that is active, accumulation.
+std::vector<std::string> base_args(const std::string& sharding, int64_t batch, const fs::path& out, int64_t steps = 10) {
+  return {"--sharding", sharding, "--per_device_train_batch_size", std::to_string(batch), "--gradient_accumulation_steps",
+          "2", "--max_steps", std::to_string(steps), "--learning_rate", "1e-2", "--weight_decay", "0.01",
+          "--max_grad_norm", "0.5", "--logging_steps", "1", "--seed", "7", "--save_strategy", "no",
+          "--ddp_timeout", "30", "--output_dir", out.string(), "--result", (out / "result").string()};
+}
+
+// Sets `flag` to `value` in `args`, replacing an earlier value (flags may be given once).
+void set_flag(std::vector<std::string>& args, const std::string& flag, const std::string& value) {
+  for (std::size_t i = 0; i + 1 < args.size(); ++i)
+    if (args[i] == flag) {
+      args[i + 1] = value;
+      return;
+    }
+  args.push_back(flag);
+  args.push_back(value);
+}
+
+std::vector<double> logged_losses(const fs::path& out) {
+  std::ifstream in(out / "trainer_state.json");
+  REQUIRE(in.good());
+  const auto j = nlohmann::json::parse(in);
+  std::vector<double> losses;
+  for (const auto& e : j.at("log_history"))
+    if (e.contains("loss")) losses.push_back(e.at("loss").get<double>());
+  return losses;
+}
+
+std::map<std::string, torch::Tensor> weights(const fs::path& out) {
+  std::map<std::string, torch::Tensor> m;
+  for (auto& [k, t] : loom::checkpoint::load_safetensors(out / "result.safetensors")) m[k] = t;
+  return m;
+}
+
+// The largest relative difference between two runs' final weights (per tensor, by norm).
+double weight_difference(const fs::path& a, const fs::path& b) {
+  const auto wa = weights(a), wb = weights(b);
+  REQUIRE(wa.size() == wb.size());
+  double worst = 0;
+  for (const auto& [k, t] : wa) {
+    REQUIRE(wb.contains(k));
+    worst = std::max(worst, ((t - wb.at(k)).norm() / wb.at(k).norm().clamp_min(1e-12)).item<double>());
+  }
+  return worst;
+}
+
+void check_losses(const std::vector<double>& got, const std::vector<double>& want, double rel, std::size_t skip = 0) {
+  REQUIRE(got.size() + skip == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("logged loss " << i + skip << ": " << got[i] << " vs " << want[i + skip]);
+    CHECK(std::abs(got[i] - want[i + skip]) <= rel * std::abs(want[i + skip]));
+  }
+}
+
+const std::vector<std::string> kPolicies{"ddp", "zero1", "zero2", "full_shard"};
+
+}  // namespace
+
+TEST_CASE("2 and 4 ranks with batch b reproduce one process with batch 2b / 4b, for every policy") {
+  constexpr int64_t b = 4;
+  for (int world : {2, 4}) {
+    const auto ref = kTmp / ("equiv_ref_" + std::to_string(world));
+    fs::remove_all(ref);
+    require_success(launch(1, base_args("no", b * world, ref), ref / "logs", /*launched=*/false));
+    const auto want = logged_losses(ref);
+    REQUIRE(want.size() == 10);
+    for (const auto& policy : kPolicies) {
+      CAPTURE(policy);
+      CAPTURE(world);
+      const auto out = kTmp / ("equiv_" + policy + "_" + std::to_string(world));
+      fs::remove_all(out);
+      require_success(launch(world, base_args(policy, b, out), out / "logs"));
+      check_losses(logged_losses(out), want, 1e-5);
+      const double diff = weight_difference(out, ref);
+      MESSAGE(policy << " at " << world << " ranks: final weights differ by " << diff << " (relative)");
+      CHECK(diff < 1e-5);
+    }
+  }
+}
+
+TEST_CASE("fp16 and bf16 train under every sharding policy close to one process") {
+  for (const std::string precision : {"--fp16", "--bf16"}) {
+    const auto ref = kTmp / ("prec_ref" + precision);
+    fs::remove_all(ref);
+    auto ref_args = base_args("no", 8, ref);
+    ref_args.push_back(precision);
+    require_success(launch(1, ref_args, ref / "logs", false));
+    for (const auto& policy : kPolicies) {
+      CAPTURE(policy);
+      CAPTURE(precision);
+      const auto out = kTmp / ("prec_" + policy + precision);
+      fs::remove_all(out);
+      auto args = base_args(policy, 4, out);
+      args.push_back(precision);
+      require_success(launch(2, args, out / "logs"));
+      // Low-precision forward passes of different batch splits round differently.
+      check_losses(logged_losses(out), logged_losses(ref), 2e-2);
+      CHECK(weight_difference(out, ref) < 2e-2);
+    }
+  }
+}
+
+TEST_CASE("per-rank model-state bytes follow the ZeRO formulas at 1, 2 and 4 ranks") {
+  // fp32 master weights with AdamW: parameters 4 bytes, gradients 4, optimizer state 8
+  // (exp_avg, exp_avg_sq) per parameter. The ZeRO paper's stages, for N ranks:
+  //   DDP 4+4+8, ZeRO-1 4+4+8/N, ZeRO-2 4+(4+8)/N, FullShard (4+4+8)/N   (times psi)
+  struct Formula {
+    double p, g, o;  // divided by N when true
+    bool pn, gn, on;
+  };
+  const std::map<std::string, Formula> formulas{{"ddp", {4, 4, 8, false, false, false}},
+                                                {"zero1", {4, 4, 8, false, false, true}},
+                                                {"zero2", {4, 4, 8, false, true, true}},
+                                                {"full_shard", {4, 4, 8, true, true, true}}};
+  for (int world : {1, 2, 4}) {
+    for (const auto& policy : kPolicies) {
+      CAPTURE(policy);
+      CAPTURE(world);
+      const auto out = kTmp / ("mem_" + policy + "_" + std::to_string(world));
+      fs::remove_all(out);
+      auto args = base_args(policy, 4, out, 2);
+      require_success(launch(world, args, out / "logs"));
+      const auto& f = formulas.at(policy);
+      for (int r = 0; r < world; ++r) {
+        std::ifstream in((out / ("result.rank" + std::to_string(r) + ".json")).string());
+        const auto j = nlohmann::json::parse(in);
+        const double psi = j.at("psi").get<double>(), n = world;
+        const double want_p = f.p * psi / (f.pn ? n : 1), want_g = f.g * psi / (f.gn ? n : 1),
+                     want_o = f.o * psi / (f.on ? n : 1);
+        const double got_p = j.at("params").get<double>(), got_g = j.at("grads").get<double>(),
+                     got_o = j.at("optimizer").get<double>();
+        MESSAGE(policy << " N=" << world << " rank " << r << ": params " << got_p << " (formula " << want_p
+                       << "), grads " << got_g << " (" << want_g << "), optimizer " << got_o << " (" << want_o << ")");
+        CHECK(std::abs(got_p - want_p) <= 0.05 * want_p);
+        CHECK(std::abs(got_g - want_g) <= 0.05 * want_g);
+        CHECK(std::abs(got_o - want_o) <= 0.05 * want_o);
+        CHECK(std::abs((got_p + got_g + got_o) - (want_p + want_g + want_o)) <= 0.05 * (want_p + want_g + want_o));
+      }
+    }
+  }
+}
+
+TEST_CASE("a ZeRO-2 checkpoint from 4 ranks resumes under DDP at 2, FullShard at 2 and no sharding at 1") {
+  const auto full = kTmp / "reshard_zero2_4";
+  fs::remove_all(full);
+  auto args = base_args("zero2", 4, full);
+  set_flag(args, "--save_strategy", "steps");
+  set_flag(args, "--save_steps", "5");
+  require_success(launch(4, args, full / "logs"));
+  const auto ckpt = full / "checkpoint-5";
+  REQUIRE(fs::exists(ckpt / "model.safetensors"));
+  for (int r = 0; r < 4; ++r) REQUIRE(fs::exists(ckpt / ("optimizer-" + std::to_string(r) + "-of-4.safetensors")));
+  const auto want = logged_losses(full);
+
+  struct Resume {
+    std::string policy;
+    int world;
+    int64_t batch;
+  };
+  for (const auto& [policy, world, batch] : {Resume{"ddp", 2, 8}, Resume{"full_shard", 2, 8}, Resume{"no", 1, 16}}) {
+    CAPTURE(policy);
+    const auto out = kTmp / ("reshard_" + policy + "_" + std::to_string(world));
+    fs::remove_all(out);
+    auto resume = base_args(policy, batch, out);
+    resume.insert(resume.end(), {"--resume_from_checkpoint", ckpt.string()});
+    require_success(launch(world, resume, out / "logs", policy != "no"));
+    // The resumed run's history holds the checkpoint's first 5 entries and its own 5.
+    check_losses(logged_losses(out), want, 1e-5);
+    const double diff = weight_difference(out, full);
+    MESSAGE("resumed under " << policy << " at " << world << ": final weights differ by " << diff);
+    CHECK(diff < 1e-5);
+  }
+}
+
+TEST_CASE("a rank that dies makes the others fail with a loom: line naming it; the last checkpoint survives") {
+  struct Fault {
+    int world;
+    int die_rank;
+    std::string expect;
+  };
+  for (const auto& [world, die_rank, expect] :
+       {Fault{3, 1, "lost rank 1"}, Fault{2, 0, "lost rank 0 (it hosts the rendezvous store)"}}) {
+    CAPTURE(world);
+    CAPTURE(die_rank);
+    const auto out = kTmp / ("fault_" + std::to_string(world) + "_" + std::to_string(die_rank));
+    fs::remove_all(out);
+    auto args = base_args("ddp", 4, out, 20);
+    for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+             {"--save_strategy", "steps"}, {"--save_steps", "5"}, {"--die_rank", std::to_string(die_rank)},
+             {"--die_step", "7"}, {"--ddp_timeout", "20"}})
+      set_flag(args, flag, value);
+    const auto l = launch(world, args, out / "logs", true, 90);
+    CHECK(l.status[static_cast<std::size_t>(die_rank)] == 128 + SIGKILL);
+    for (int r = 0; r < world; ++r) {
+      if (r == die_rank) continue;
+      INFO("rank " << r << " stderr:\n" << l.err[static_cast<std::size_t>(r)]);
+      CHECK(l.status[static_cast<std::size_t>(r)] != 0);
+      CHECK(l.status[static_cast<std::size_t>(r)] != -1);  // ended by itself, not by our deadline
+      CHECK(l.err[static_cast<std::size_t>(r)].find("loom: ") != std::string::npos);
+      CHECK(l.err[static_cast<std::size_t>(r)].find(expect) != std::string::npos);
+    }
+    MESSAGE("world " << world << ", rank " << die_rank << " killed: the others ended after " << l.seconds << " s");
+    CHECK(l.seconds < 20);
+    // checkpoint-5 was committed before the fault and is complete; nothing later exists.
+    CHECK_NOTHROW(loom::checkpoint::validate_checkpoint(out / "checkpoint-5"));
+    CHECK(fs::exists(out / "checkpoint-5" / "optimizer.safetensors"));
+    CHECK_FALSE(fs::exists(out / "checkpoint-10"));
+    CHECK(loom::checkpoint::latest_checkpoint(out) == out / "checkpoint-5");
+  }
+}
+
+TEST_CASE("several processes under --sharding no stop at start-up with a loom: line") {
+  const auto out = kTmp / "no_sharding_2";
+  fs::remove_all(out);
+  const auto l = launch(2, base_args("no", 4, out), out / "logs");
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << " stderr:\n" << l.err[static_cast<std::size_t>(r)]);
+    CHECK(l.status[static_cast<std::size_t>(r)] == 2);
+    CHECK(l.err[static_cast<std::size_t>(r)].find("loom: WORLD_SIZE is 2 but this Trainer does not shard") !=
+          std::string::npos);
+  }
+  CHECK_FALSE(fs::exists(out / "trainer_state.json"));
+}
+
+int main(int argc, char** argv) {
+  if (std::getenv("LOOM_DIST_WORKER") != nullptr) return worker::run(argc, argv);
+  doctest::Context context(argc, argv);
+  return context.run();
+}
