@@ -46,6 +46,7 @@ struct WorkerArguments {
   int64_t hidden = 256;      ///< width of the MLP
   int64_t die_rank = -1;     ///< this rank kills itself (SIGKILL) ...
   int64_t die_step = -1;     ///< ... at the end of this optimizer step
+  bool hang = false;         ///< stop (SIGSTOP) instead of dying: a rank that no longer answers
 };
 
 struct Batch {
@@ -71,8 +72,9 @@ TORCH_MODULE(Mlp);
 struct Killer {
   int64_t rank = std::getenv("RANK") ? std::atoll(std::getenv("RANK")) : 0;
   int64_t die_rank = -1, die_step = -1;
+  bool hang = false;
   void on_step_end(const loom::TrainingArguments&, loom::TrainerState& state, loom::TrainerControl&) {
-    if (rank == die_rank && state.global_step == die_step) ::kill(::getpid(), SIGKILL);
+    if (rank == die_rank && state.global_step == die_step) ::kill(::getpid(), hang ? SIGSTOP : SIGKILL);
   }
 };
 
@@ -106,6 +108,7 @@ inline int run(int argc, char** argv) {
       DistTrainer<Sharding, Precision> trainer(args, Mlp(w.hidden), data);
       trainer.template callback<Killer>().die_rank = w.die_rank;
       trainer.template callback<Killer>().die_step = w.die_step;
+      trainer.template callback<Killer>().hang = w.hang;
       trainer.train();
       const auto& world = trainer.world();
       // Every rank: what it holds. Rank 0: the gathered weights.
@@ -154,7 +157,7 @@ struct Launch {
 // Starts `world` workers (ranks) of this binary with `args`; with `launched` false a single
 // worker gets no launch variables at all (the plain one-process path).
 Launch launch(int world, const std::vector<std::string>& args, const fs::path& logs, bool launched = true,
-              int timeout_s = 120) {
+              int timeout_s = 120, int stopped_rank = -1) {
   fs::create_directories(logs);
   const int port = free_port();
   std::vector<pid_t> pids;
@@ -201,6 +204,10 @@ Launch launch(int world, const std::vector<std::string>& args, const fs::path& l
   const auto start = std::chrono::steady_clock::now();
   int left = world;
   while (left > 0) {
+    // A rank stopped on purpose is killed once every other rank has ended.
+    if (stopped_rank >= 0 && left == 1 && pids[static_cast<std::size_t>(stopped_rank)] != 0) {
+      ::kill(pids[static_cast<std::size_t>(stopped_rank)], SIGKILL);
+    }
     for (int r = 0; r < world; ++r) {
       if (pids[static_cast<std::size_t>(r)] == 0) continue;
       int st = 0;
@@ -460,6 +467,22 @@ TEST_CASE("several processes under --sharding no stop at start-up with a loom: l
           std::string::npos);
   }
   CHECK_FALSE(fs::exists(out / "trainer_state.json"));
+}
+
+TEST_CASE("a rank that stops answering makes the others fail once ddp_timeout has passed") {
+  const auto out = kTmp / "hang_2_1";
+  fs::remove_all(out);
+  auto args = base_args("zero2", 4, out, 20);
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--die_rank", "1"}, {"--die_step", "4"}, {"--hang", "true"}, {"--ddp_timeout", "5"}})
+    set_flag(args, flag, value);
+  const auto l = launch(2, args, out / "logs", true, 90, /*stopped_rank=*/1);
+  INFO("rank 0 stderr:\n" << l.err[0]);
+  CHECK(l.status[0] == 2);
+  CHECK(l.err[0].find("loom: rank 0 lost rank 1") != std::string::npos);
+  MESSAGE("rank 1 stopped; rank 0 ended after " << l.seconds << " s with ddp_timeout 5 s");
+  CHECK(l.seconds >= 5);
+  CHECK(l.seconds < 30);
 }
 
 int main(int argc, char** argv) {
