@@ -143,7 +143,9 @@ class FullShardEngine : public UnitRuntime, public EngineBase {
       u.padded = detail::round_up(u.numel, n);
       u.shard_numel = u.padded / n;
       u.full = torch::zeros({u.padded}, opts);
-      u.shard = torch::zeros({u.shard_numel}, opts);
+      // A world of one: the shard is the whole unit, so it is the gathered buffer itself and
+      // nothing is ever copied or released.
+      u.shard = resident() ? u.full : torch::zeros({u.shard_numel}, opts);
       u.grad_shard = torch::zeros({u.shard_numel}, opts);
       for (std::size_t i = 0; i < u.slots.size(); ++i) {
         auto& s = u.slots[i];
@@ -153,7 +155,7 @@ class FullShardEngine : public UnitRuntime, public EngineBase {
         detail::set_grad_ready_hook(s.param, [this, k] { on_grad_ready(k); });
         index_[s.param.unsafeGetTensorImpl()] = {k, i};
       }
-      u.shard.copy_(u.full.narrow(0, r * u.shard_numel, u.shard_numel));
+      if (!resident()) u.shard.copy_(u.full.narrow(0, r * u.shard_numel, u.shard_numel));
       release(u);
     }
   }
@@ -217,7 +219,7 @@ class FullShardEngine : public UnitRuntime, public EngineBase {
     torch::NoGradGuard no_grad;
     for (auto& u : units_) {
       if (u.slots.empty()) continue;
-      u.shard.copy_(u.full.narrow(0, comm_->rank() * u.shard_numel, u.shard_numel));
+      if (!resident()) u.shard.copy_(u.full.narrow(0, comm_->rank() * u.shard_numel, u.shard_numel));
       release(u);
     }
   }
@@ -234,7 +236,7 @@ class FullShardEngine : public UnitRuntime, public EngineBase {
     StateBytes s;
     for (const auto& u : units_) {
       if (u.slots.empty()) continue;
-      s.params += static_cast<double>(u.shard.nbytes() + u.full.storage().nbytes());
+      s.params += static_cast<double>(u.shard.nbytes() + (resident() ? 0 : u.full.storage().nbytes()));
       s.grads += static_cast<double>(u.grad_shard.nbytes());
     }
     return s;
@@ -306,7 +308,8 @@ class FullShardEngine : public UnitRuntime, public EngineBase {
   }
 
   void prepare_grads(Unit& u) {
-    u.full_grad = torch::zeros({u.padded}, u.shard.options());
+    // A world of one accumulates straight into the gradient shard (the whole unit).
+    u.full_grad = resident() ? u.grad_shard : torch::zeros({u.padded}, u.shard.options());
     for (auto& s : u.slots) s.param.mutable_grad() = u.full_grad.narrow(0, s.offset, s.numel).view(s.param.sizes());
   }
 
@@ -321,9 +324,7 @@ class FullShardEngine : public UnitRuntime, public EngineBase {
     u.reduced = true;
     torch::NoGradGuard no_grad;
     for (auto& s : u.slots) s.param.mutable_grad() = torch::Tensor();
-    if (comm_->size() == 1) {
-      u.rs_out = u.full_grad;
-    } else {
+    if (!resident()) {  // in a world of one the gradients are already in grad_shard
       share_.apply(u.full_grad);
       u.rs_out = torch::empty({u.shard_numel}, u.shard.options());
       u.work = comm_->reduce_scatter(u.rs_out, u.full_grad, "the gradient reduce-scatter");
@@ -337,12 +338,10 @@ class FullShardEngine : public UnitRuntime, public EngineBase {
     if (u.slots.empty() || u.gathered || u.gather_work.pending()) return;
     launch_gather(u);
   }
+  [[nodiscard]] bool resident() const { return comm_->size() == 1; }
   void launch_gather(Unit& u) {
+    if (resident()) return;
     detail::alloc_storage(u.full, static_cast<std::size_t>(u.padded) * u.full.element_size());
-    if (comm_->size() == 1) {
-      u.full.copy_(u.shard);
-      return;
-    }
     u.gather_work = comm_->all_gather(u.full, u.shard, "the parameter all-gather");
   }
   void gather(Unit& u) {
@@ -353,9 +352,10 @@ class FullShardEngine : public UnitRuntime, public EngineBase {
   }
   void release(Unit& u) {
     u.gather_work.wait();
-    detail::free_storage(u.full);
     u.gathered = false;
+    if (!resident()) detail::free_storage(u.full);
   }
+
 
   std::vector<Unit> units_;
   std::map<const void*, std::pair<std::size_t, std::size_t>> index_;
