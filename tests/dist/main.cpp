@@ -81,14 +81,24 @@ struct Killer {
 template <class Sharding, class Precision>
 struct DistTrainer : loom::Trainer<DistTrainer<Sharding, Precision>, Mlp, Sharding, Precision, loom::Callbacks<Killer>> {
   using loom::Trainer<DistTrainer<Sharding, Precision>, Mlp, Sharding, Precision, loom::Callbacks<Killer>>::Trainer;
-  torch::Tensor compute_loss(Mlp& model, Batch& batch) {
-    return torch::cross_entropy_loss(model->forward(batch.x), batch.labels);
+  loom::ModelOutput compute_loss(Mlp& model, Batch& batch) {
+    auto logits = model->forward(batch.x);
+    return {torch::cross_entropy_loss(logits, batch.labels), logits};
+  }
+  // Needs every rank's predictions in order: exercises the all-gather of evaluation results.
+  loom::Metrics compute_metrics(const loom::EvalPrediction& p) {
+    const auto correct = p.predictions.argmax(1).eq(p.label_ids).to(torch::kDouble);
+    // weighted by position, so a reordered gather changes the value
+    const auto weights = torch::arange(1, correct.size(0) + 1, torch::kDouble);
+    return {{"accuracy", correct.mean().item<double>()},
+            {"ordered_accuracy", (correct * weights).sum().item<double>() / weights.sum().item<double>()},
+            {"rows", static_cast<double>(p.predictions.size(0))}};
   }
 };
 
 // A fixed classification problem, drawn from its own generator (independent of the seed).
-inline loom::data::TensorDataset<Batch> make_data(int64_t rows) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(1234);
+inline loom::data::TensorDataset<Batch> make_data(int64_t rows, uint64_t seed = 1234) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   auto x = torch::randn({rows, 16}, gen);
   auto w = torch::randn({16, 4}, gen);
   auto labels = (x.matmul(w) + 0.5 * torch::randn({rows, 4}, gen)).argmax(1);
@@ -103,9 +113,10 @@ inline int run(int argc, char** argv) {
     auto [w, args] = loom::parse_args(argc, argv, WorkerArguments{}, defaults);
     loom::validate(args);
     auto data = make_data(w.rows);
+    auto eval_data = make_data(100, 99);  // 13 batches of 8 (the last of 4): uneven across ranks
     loom::select_policies(args, [&]<class Sharding, class Precision>() {
       loom::set_seed(args.seed);
-      DistTrainer<Sharding, Precision> trainer(args, Mlp(w.hidden), data);
+      DistTrainer<Sharding, Precision> trainer(args, Mlp(w.hidden), data, eval_data);
       trainer.template callback<Killer>().die_rank = w.die_rank;
       trainer.template callback<Killer>().die_step = w.die_step;
       trainer.template callback<Killer>().hang = w.hang;
@@ -249,7 +260,8 @@ std::vector<std::string> base_args(const std::string& sharding, int64_t batch, c
   return {"--sharding", sharding, "--per_device_train_batch_size", std::to_string(batch), "--gradient_accumulation_steps",
           "2", "--max_steps", std::to_string(steps), "--learning_rate", "1e-2", "--weight_decay", "0.01",
           "--max_grad_norm", "0.5", "--logging_steps", "1", "--seed", "7", "--save_strategy", "no",
-          "--ddp_timeout", "30", "--output_dir", out.string(), "--result", (out / "result").string()};
+          "--ddp_timeout", "30", "--eval_strategy", "steps", "--eval_steps", "5", "--per_device_eval_batch_size", "8",
+          "--output_dir", out.string(), "--result", (out / "result").string()};
 }
 
 // Sets `flag` to `value` in `args`, replacing an earlier value (flags may be given once).
@@ -263,15 +275,17 @@ void set_flag(std::vector<std::string>& args, const std::string& flag, const std
   args.push_back(value);
 }
 
-std::vector<double> logged_losses(const fs::path& out) {
+// The values of `key` in the run's log_history, in order ("loss": every logged training loss).
+std::vector<double> logged(const fs::path& out, const std::string& key) {
   std::ifstream in(out / "trainer_state.json");
   REQUIRE(in.good());
   const auto j = nlohmann::json::parse(in);
-  std::vector<double> losses;
+  std::vector<double> values;
   for (const auto& e : j.at("log_history"))
-    if (e.contains("loss")) losses.push_back(e.at("loss").get<double>());
-  return losses;
+    if (e.contains(key)) values.push_back(e.at(key).get<double>());
+  return values;
 }
+std::vector<double> logged_losses(const fs::path& out) { return logged(out, "loss"); }
 
 std::map<std::string, torch::Tensor> weights(const fs::path& out) {
   std::map<std::string, torch::Tensor> m;
@@ -318,6 +332,12 @@ TEST_CASE("2 and 4 ranks with batch b reproduce one process with batch 2b / 4b, 
       fs::remove_all(out);
       require_success(launch(world, base_args(policy, b, out), out / "logs"));
       check_losses(logged_losses(out), want, 1e-5);
+      // Evaluation: each rank evaluates its batches; losses and ordered predictions gathered.
+      for (const char* key : {"eval_loss", "eval_accuracy", "eval_ordered_accuracy"}) {
+        CAPTURE(key);
+        check_losses(logged(out, key), logged(ref, key), 1e-5);
+      }
+      CHECK(logged(out, "eval_rows") == std::vector<double>{100, 100});
       const double diff = weight_difference(out, ref);
       MESSAGE(policy << " at " << world << " ranks: final weights differ by " << diff << " (relative)");
       CHECK(diff < 1e-5);

@@ -42,6 +42,7 @@
 #include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <algorithm>
 #include <any>
 #include <map>
 #include <cstdio>
@@ -1006,6 +1007,10 @@ class Trainer {
   }
 
   // HF's evaluation_loop: loss weighted by batch rows, predictions gathered for compute_metrics.
+  // With W ranks, rank r evaluates batches r, r+W, ...; the loss sums are all-reduced and the
+  // predictions all-gathered back into batch order, so every rank computes the same metrics
+  // over the whole set. Under FullShard a rank without a batch in the last round runs a
+  // discarded forward, because every forward takes part in collectives.
   template <class Batch>
   PredictResult evaluation_loop(data::DataLoader<Batch>& loader, const std::string& prefix) {
     loader.set_epoch(0);
@@ -1024,7 +1029,18 @@ class Trainer {
       logits.clear();
       labels.clear();
     };
-    for (int64_t b = 0; b < loader.size(); ++b) {
+    const int64_t world = world_.size, nb = loader.size();
+    std::vector<int64_t> logit_rows, label_rows;  // dim 0 of each batch this rank kept
+    for (int64_t k = 0; k < (nb + world - 1) / world; ++k) {
+      const int64_t b = k * world + world_.rank;
+      if (b >= nb) {
+        if constexpr (std::is_same_v<sharding_policy, sharding::FullShard>) {
+          Batch dummy = loader.batch(0);
+          data::to_device(dummy, device_);
+          (void)call_hook<hook::prediction_step>(self(), model_, dummy);
+        }
+        continue;
+      }
       Batch batch = loader.batch(b);
       data::to_device(batch, device_);
       const int64_t n = data::batch_rows(batch);
@@ -1033,9 +1049,15 @@ class Trainer {
         loss_sum += p.loss.to(torch::kDouble).reshape({}) * static_cast<double>(n);
         loss_rows += n;
       }
-      if (keep_preds && p.logits.defined()) logits.push_back(p.logits.detach());
-      if (keep_preds && p.labels.defined()) labels.push_back(p.labels.detach());
-      if (args_.eval_accumulation_steps && (b + 1) % *args_.eval_accumulation_steps == 0) flush();
+      if (keep_preds && p.logits.defined()) {
+        logits.push_back(p.logits.detach());
+        logit_rows.push_back(p.logits.dim() > 0 ? p.logits.size(0) : 1);
+      }
+      if (keep_preds && p.labels.defined()) {
+        labels.push_back(p.labels.detach());
+        label_rows.push_back(p.labels.dim() > 0 ? p.labels.size(0) : 1);
+      }
+      if (args_.eval_accumulation_steps && (k + 1) % *args_.eval_accumulation_steps == 0) flush();
       rows += n;
       callbacks_.template fire<event::on_prediction_step>(args_, state_, control_);
     }
@@ -1043,6 +1065,19 @@ class Trainer {
     PredictResult result;
     if (!host_logits.empty()) result.predictions = torch::cat(host_logits);
     if (!host_labels.empty()) result.label_ids = torch::cat(host_labels);
+    if (world > 1) {
+      auto totals = torch::stack({loss_sum, torch::full({}, static_cast<double>(loss_rows), loss_sum.options()),
+                                  torch::full({}, static_cast<double>(rows), loss_sum.options())});
+      sharding_->all_reduce(totals, "the evaluation all-reduce");
+      const auto host = totals.cpu();
+      loss_sum = host[0].to(device_);
+      loss_rows = static_cast<int64_t>(host[1].item<double>());
+      rows = static_cast<int64_t>(host[2].item<double>());
+      if (keep_preds) {
+        result.predictions = gather_batches(result.predictions, logit_rows, nb);
+        result.label_ids = gather_batches(result.label_ids, label_rows, nb);
+      }
+    }
     Metrics raw;
     if (result.predictions.defined() && result.label_ids.defined()) {
       EvalPrediction pred{result.predictions, result.label_ids};
@@ -1057,6 +1092,65 @@ class Trainer {
     if (was_training) module.train();
     result.metrics = std::move(metrics);
     return result;
+  }
+
+  // Every rank's part of a per-batch result, back in batch order. `local` is this rank's
+  // batches r, r+W, ... concatenated along dim 0, `sizes` their dim-0 sizes. Batches may
+  // differ in dim 0 but not in the other dims, nor in dtype, across ranks.
+  torch::Tensor gather_batches(const torch::Tensor& local, const std::vector<int64_t>& sizes, int64_t nb) {
+    auto* comm = sharding_->comm();
+    const int64_t world = world_.size, rank = world_.rank;
+    constexpr int64_t kMeta = 10;  // has data, dims, 7 trailing sizes, dtype + 1
+    auto meta = torch::zeros({nb + world * kMeta}, torch::TensorOptions().dtype(torch::kLong));
+    int64_t* m = meta.data_ptr<int64_t>();
+    for (std::size_t j = 0; j < sizes.size(); ++j) m[rank + static_cast<int64_t>(j) * world] = sizes[j];
+    if (local.defined()) {
+      check(local.dim() >= 1 && local.dim() <= 8, "predictions and labels must have 1 to 8 dimensions to be gathered "
+            "across ranks, got {}", local.dim());
+      int64_t* row = m + nb + rank * kMeta;
+      row[0] = 1;
+      row[1] = local.dim();
+      for (int64_t d = 1; d < local.dim(); ++d) row[1 + d] = local.size(d);
+      row[9] = static_cast<int64_t>(local.scalar_type()) + 1;
+    }
+    auto on_device = meta.to(comm->device());
+    sharding_->all_reduce(on_device, "the prediction-shape all-reduce");
+    meta = on_device.cpu();
+    m = meta.data_ptr<int64_t>();
+    int64_t ref = -1;
+    for (int64_t q = 0; q < world; ++q) {
+      const int64_t* row = m + nb + q * kMeta;
+      if (row[0] == 0) continue;
+      if (ref < 0) ref = q;
+      check(std::equal(row + 1, row + kMeta, m + nb + ref * kMeta + 1),
+            "ranks {} and {} produced predictions or labels of different shapes or types; evaluation gathers them "
+            "along dim 0 only", ref, q);
+    }
+    if (ref < 0) return {};
+    const int64_t* row = m + nb + ref * kMeta;
+    const auto dtype = static_cast<c10::ScalarType>(row[9] - 1);
+    const auto wire = c10::isFloatingType(dtype) ? torch::kFloat : torch::kLong;
+    std::vector<int64_t> count(static_cast<std::size_t>(world), 0);
+    for (int64_t b = 0; b < nb; ++b) count[static_cast<std::size_t>(b % world)] += m[b];
+    const int64_t most = *std::max_element(count.begin(), count.end());
+    std::vector<int64_t> shape{most};
+    for (int64_t d = 1; d < row[1]; ++d) shape.push_back(row[1 + d]);
+    const auto opts = torch::TensorOptions().device(comm->device()).dtype(wire);
+    auto mine = torch::zeros(shape, opts);
+    if (local.defined() && local.size(0) > 0) mine.narrow(0, 0, local.size(0)).copy_(local.to(wire));
+    shape[0] = most * world;
+    auto all = torch::empty(shape, opts);
+    comm->all_gather(all, mine, "the prediction all-gather").wait();
+    all = all.cpu();
+    std::vector<int64_t> offset(static_cast<std::size_t>(world), 0);
+    std::vector<torch::Tensor> parts;
+    for (int64_t b = 0; b < nb; ++b) {
+      const auto q = static_cast<std::size_t>(b % world);
+      if (m[b] > 0) parts.push_back(all.narrow(0, static_cast<int64_t>(q) * most + offset[q], m[b]));
+      offset[q] += m[b];
+    }
+    if (parts.empty()) return all.narrow(0, 0, 0).to(dtype);
+    return torch::cat(parts).to(dtype);
   }
 
   TrainingArguments args_;
