@@ -60,21 +60,17 @@ TEST_CASE("partial or contradictory launch variables are loom: errors naming the
   partial.erase("LOCAL_RANK");
   CHECK_THROWS_WITH(world_of(partial), doctest::Contains("LOCAL_RANK, MASTER_PORT missing"));
   CHECK_THROWS_WITH(world_of({{"RANK", "0"}}), doctest::Contains("loom: the launch environment is incomplete"));
-  auto bad = kTorchrun;
-  bad["RANK"] = "4";
-  CHECK_THROWS_WITH(world_of(bad), doctest::Contains("RANK=4 is out of range [0, 3]"));
-  bad = kTorchrun;
-  bad["WORLD_SIZE"] = "four";
-  CHECK_THROWS_WITH(world_of(bad), doctest::Contains("WORLD_SIZE=\"four\" is not an integer"));
-  bad = kTorchrun;
-  bad["MASTER_PORT"] = "70000";
-  CHECK_THROWS_WITH(world_of(bad), doctest::Contains("MASTER_PORT=70000 is out of range"));
-  bad = kTorchrun;
-  bad["LOCAL_RANK"] = "2";
-  CHECK_THROWS_WITH(world_of(bad), doctest::Contains("LOCAL_RANK=2 is out of range [0, 1]"));
-  bad = kTorchrun;
-  bad["TORCHELASTIC_USE_AGENT_STORE"] = "yes";
-  CHECK_THROWS_WITH(world_of(bad), doctest::Contains("is not True or False"));
+  // torchrun's variables with one of them changed
+  auto with = [](const std::string& name, const std::string& value) {
+    auto env = kTorchrun;
+    env[name] = value;
+    return env;
+  };
+  CHECK_THROWS_WITH(world_of(with("RANK", "4")), doctest::Contains("RANK=4 is out of range [0, 3]"));
+  CHECK_THROWS_WITH(world_of(with("WORLD_SIZE", "four")), doctest::Contains("WORLD_SIZE=\"four\" is not an integer"));
+  CHECK_THROWS_WITH(world_of(with("MASTER_PORT", "70000")), doctest::Contains("MASTER_PORT=70000 is out of range"));
+  CHECK_THROWS_WITH(world_of(with("LOCAL_RANK", "2")), doctest::Contains("LOCAL_RANK=2 is out of range [0, 1]"));
+  CHECK_THROWS_WITH(world_of(with("TORCHELASTIC_USE_AGENT_STORE", "yes")), doctest::Contains("is not True or False"));
 }
 
 TEST_CASE("W ranks with batch b read, step by step, the examples one process reads with batch W*b") {

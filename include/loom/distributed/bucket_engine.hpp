@@ -56,11 +56,10 @@ class BucketEngine : public EngineBase {
       check(p.scalar_type() == torch::kFloat, "sharding needs float32 parameters (the master weights); {} is {}",
             name, c10::toString(p.scalar_type()));
       const int64_t limit = buckets_.size() == 1 ? kFirstBucketBytes : cap_bytes_;
-      if (buckets_.empty() || buckets_.back().bytes >= limit) buckets_.emplace_back();
+      if (buckets_.empty() || buckets_.back().numel * 4 >= limit) buckets_.emplace_back();
       auto& b = buckets_.back();
       b.slots.push_back({p, name, b.numel, p.numel()});
       b.numel += p.numel();
-      b.bytes += p.numel() * 4;
     }
     for (std::size_t k = 0; k < buckets_.size(); ++k) {
       auto& b = buckets_[k];
@@ -85,16 +84,16 @@ class BucketEngine : public EngineBase {
 
   /// The piece of `param` this rank updates (the whole parameter for DDP), or none.
   std::optional<Piece> piece_of(const torch::Tensor& param, const std::string& name) {
-    auto it = index_.find(param.unsafeGetTensorImpl());
-    check(it != index_.end(), "the optimizer steps {}, which is not a trainable parameter of the model", name);
-    auto& b = buckets_[it->second.first];
-    const auto& s = b.slots[it->second.second];
+    const auto [k, i] = locate(param, name);
+    auto& b = buckets_[k];
+    const auto& s = b.slots[i];
     if (stage_ == Stage::ddp) return Piece{name, param, param.grad(), 0, s.numel, s.numel};
-    const int64_t lo = comm_->rank() * b.shard, hi = lo + b.shard;
-    const int64_t a = std::max(lo, s.offset), e = std::min(hi, s.offset + s.numel);
-    if (a >= e) return std::nullopt;
+    const auto range = detail::owned_range(s, comm_->rank(), b.shard);
+    if (!range) return std::nullopt;
+    const auto [a, e] = *range;
     Piece p{name, b.flat_param.narrow(0, a, e - a), {}, a - s.offset, e - s.offset, s.numel};
-    p.grad = stage_ == Stage::zero2 ? b.grad_shard.narrow(0, a - lo, e - a) : b.flat_grad.narrow(0, a, e - a);
+    p.grad = stage_ == Stage::zero2 ? b.grad_shard.narrow(0, a - comm_->rank() * b.shard, e - a)
+                                    : b.flat_grad.narrow(0, a, e - a);
     return p;
   }
 
@@ -113,7 +112,7 @@ class BucketEngine : public EngineBase {
     }
   }
   /// After the backward of a micro-step: launches what the hooks did not, waits for everything.
-  void after_backward(bool /*last*/) {
+  void after_backward() {
     if (!syncing_) return;
     while (next_launch_ < buckets_.size()) launch(next_launch_++);
     for (auto& b : buckets_) {
@@ -162,23 +161,12 @@ class BucketEngine : public EngineBase {
     }
     return s;
   }
-  /// Number of buckets and the elements in each (for tests and the benchmark).
-  [[nodiscard]] std::vector<int64_t> bucket_sizes() const {
-    std::vector<int64_t> out;
-    for (const auto& b : buckets_) out.push_back(b.numel);
-    return out;
-  }
 
  private:
   static constexpr int64_t kFirstBucketBytes = 1024 * 1024;
-  struct Slot {
-    torch::Tensor param;
-    std::string name;
-    int64_t offset, numel;
-  };
   struct Bucket {
-    std::vector<Slot> slots;
-    int64_t numel = 0, bytes = 0, padded = 0, shard = 0;
+    std::vector<detail::Slot> slots;
+    int64_t numel = 0, padded = 0, shard = 0;
     torch::Tensor flat_param, flat_grad, grad_shard, staging, rs_out;
     std::size_t ready = 0;
     bool launched = false;
@@ -224,7 +212,6 @@ class BucketEngine : public EngineBase {
   Stage stage_;
   int64_t cap_bytes_;
   std::vector<Bucket> buckets_;
-  std::map<const void*, std::pair<std::size_t, std::size_t>> index_;
   bool syncing_ = false;
   std::size_t next_launch_ = 0;
 };

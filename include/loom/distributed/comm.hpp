@@ -128,16 +128,10 @@ class Comm {
   }
   /// Returns when every rank has called it.
   void barrier(const char* what = "barrier") {
-    // A one-element all-reduce on the group's own device (NCCL's barrier needs a device guess).
-    auto t = torch::zeros({1}, torch::TensorOptions().device(device_));
-    all_reduce({t}, what).wait();
-    counters_.all_reduce -= ring_factor(2) * bytes(t);
-  }
-  /// SUM of a host integer over ranks.
-  int64_t sum(int64_t value, const char* what = "sum") {
-    auto t = torch::full({1}, static_cast<double>(value), torch::TensorOptions().device(device_).dtype(torch::kDouble));
-    all_reduce({t}, what).wait();
-    return static_cast<int64_t>(t.item<double>());
+    // A one-element all-reduce on the group's own device (NCCL's barrier needs a device
+    // guess), left out of the counters: it moves no model data.
+    std::vector<at::Tensor> t{torch::zeros({1}, torch::TensorOptions().device(device_))};
+    guarded(what, [&] { return pg_->allreduce(t); }).wait();
   }
 
   /// Turns the failure of collective `what` into a loom::Error naming the lost ranks.

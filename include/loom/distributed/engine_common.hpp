@@ -12,7 +12,10 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <functional>
+#include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,6 +74,23 @@ inline void alloc_storage(const torch::Tensor& t, std::size_t nbytes) {
 
 inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
+// A parameter's place in a flat buffer: elements [offset, offset + numel).
+struct Slot {
+  torch::Tensor param;
+  std::string name;
+  int64_t offset, numel;
+};
+
+// The elements [begin, end) of `slot` that rank `rank` owns when every rank owns `shard`
+// consecutive elements of the flat buffer (rank r: [r * shard, (r + 1) * shard)); none when
+// the slot lies outside them.
+inline std::optional<std::pair<int64_t, int64_t>> owned_range(const Slot& slot, int64_t rank, int64_t shard) {
+  const int64_t begin = std::max(rank * shard, slot.offset);
+  const int64_t end = std::min((rank + 1) * shard, slot.offset + slot.numel);
+  if (begin >= end) return std::nullopt;
+  return std::pair{begin, end};
+}
+
 // The factor each rank's gradient is scaled by before the SUM: its share of the group's
 // items (local / global), so the sum over ranks is the gradient of the loss normalized by
 // the items of the whole global batch, as one process with the global batch computes it.
@@ -116,6 +136,13 @@ class EngineBase {
   [[nodiscard]] Comm* comm() const { return comm_.get(); }
 
  protected:
+  // Where each trainable parameter lives: (bucket or unit, slot), by TensorImpl.
+  std::pair<std::size_t, std::size_t> locate(const torch::Tensor& param, const std::string& name) const {
+    auto it = index_.find(param.unsafeGetTensorImpl());
+    check(it != index_.end(), "the optimizer steps {}, which is not a trainable parameter of the model", name);
+    return it->second;
+  }
+
   // Every rank starts from rank 0's parameters and buffers.
   void broadcast_module(torch::nn::Module& module) {
     if (comm_->size() == 1) return;
@@ -127,6 +154,7 @@ class EngineBase {
 
   std::shared_ptr<Comm> comm_;
   detail::ItemShare share_;
+  std::map<const void*, std::pair<std::size_t, std::size_t>> index_;
 
  private:
   Work broadcast_one(const torch::Tensor& t) {

@@ -161,13 +161,13 @@ class FullShardEngine : public UnitRuntime, public EngineBase {
   }
 
   std::optional<Piece> piece_of(const torch::Tensor& param, const std::string& name) {
-    auto it = index_.find(param.unsafeGetTensorImpl());
-    check(it != index_.end(), "the optimizer steps {}, which is not a trainable parameter of the model", name);
-    auto& u = units_[it->second.first];
-    const auto& s = u.slots[it->second.second];
-    const int64_t lo = comm_->rank() * u.shard_numel, hi = lo + u.shard_numel;
-    const int64_t a = std::max(lo, s.offset), e = std::min(hi, s.offset + s.numel);
-    if (a >= e) return std::nullopt;
+    const auto [k, i] = locate(param, name);
+    auto& u = units_[k];
+    const auto& s = u.slots[i];
+    const auto range = detail::owned_range(s, comm_->rank(), u.shard_numel);
+    if (!range) return std::nullopt;
+    const auto [a, e] = *range;
+    const int64_t lo = comm_->rank() * u.shard_numel;
     return Piece{name, u.shard.narrow(0, a - lo, e - a), u.grad_shard.narrow(0, a - lo, e - a), a - s.offset,
                  e - s.offset, s.numel};
   }
@@ -188,7 +188,7 @@ class FullShardEngine : public UnitRuntime, public EngineBase {
       root.backward_started = true;
     }
   }
-  void after_backward(bool /*last*/) {
+  void after_backward() {
     // Units whose gradients did not all arrive (unused parameters) are reduced now, in
     // index order; then every reduction is waited for.
     for (std::size_t k = 1; k < units_.size(); ++k)
@@ -241,12 +241,6 @@ class FullShardEngine : public UnitRuntime, public EngineBase {
     }
     return s;
   }
-  /// Units (the root first) and their parameter counts.
-  [[nodiscard]] std::vector<int64_t> unit_sizes() const {
-    std::vector<int64_t> out;
-    for (const auto& u : units_) out.push_back(u.numel);
-    return out;
-  }
 
   // ---- UnitRuntime --------------------------------------------------------------------
   void pre_forward(int k) override {
@@ -273,15 +267,10 @@ class FullShardEngine : public UnitRuntime, public EngineBase {
   }
 
  private:
-  struct Slot {
-    torch::Tensor param;
-    std::string name;
-    int64_t offset, numel;
-  };
   struct Unit {
     FullShardUnitBase* wrapper = nullptr;
     std::string name;
-    std::vector<Slot> slots;
+    std::vector<detail::Slot> slots;
     int64_t numel = 0, padded = 0, shard_numel = 0;
     torch::Tensor full, shard, grad_shard, full_grad, rs_out;
     Work gather_work, work;
@@ -358,7 +347,6 @@ class FullShardEngine : public UnitRuntime, public EngineBase {
 
 
   std::vector<Unit> units_;
-  std::map<const void*, std::pair<std::size_t, std::size_t>> index_;
   std::vector<int> order_;
   bool recorded_ = false;
   bool in_backward_pass_ = false;

@@ -6,7 +6,7 @@
 //   piece_of(param, name)          what this rank's optimizer steps for `param`
 //   begin_group(items, device)     an accumulation group starts (items on this rank)
 //   begin_micro_step(last)         before a micro-step's forward
-//   after_backward(last)           after its backward: gradients reduced when they must be
+//   after_backward()               after its backward: gradients reduced when they must be
 //   after_step()                   after the optimizer step (ZeRO: all-gather parameters)
 //   zero_grad()                    gradients the engine owns
 //   with_full_params(fn)           fn sees complete parameters (save, load)
@@ -40,7 +40,7 @@ class ShardingImpl<sharding::NoShard> {
   void begin_group(int64_t, const torch::Device&) {}
   [[nodiscard]] const torch::Tensor& item_factor() const { return none_; }
   void begin_micro_step(bool) {}
-  void after_backward(bool) {}
+  void after_backward() {}
   void after_step() {}
   void zero_grad() {}
   template <class F>
@@ -66,31 +66,25 @@ class ShardingImpl<sharding::NoShard> {
   torch::Tensor none_;
 };
 
-template <>
-class ShardingImpl<sharding::DDP> : public BucketEngine {
+// DDP, ZeRO1 and ZeRO2: the bucket engine at one stage.
+template <Stage S>
+class StagedBuckets : public BucketEngine {
  public:
   static constexpr bool uses_comm = true;
   static constexpr bool owns_grads = true;
-  ShardingImpl(std::shared_ptr<Comm> comm, double bucket_cap_mb)
-      : BucketEngine(Stage::ddp, std::move(comm), bucket_cap_mb) {}
+  StagedBuckets(std::shared_ptr<Comm> comm, double bucket_cap_mb) : BucketEngine(S, std::move(comm), bucket_cap_mb) {}
 };
-
 template <>
-class ShardingImpl<sharding::ZeRO1> : public BucketEngine {
- public:
-  static constexpr bool uses_comm = true;
-  static constexpr bool owns_grads = true;
-  ShardingImpl(std::shared_ptr<Comm> comm, double bucket_cap_mb)
-      : BucketEngine(Stage::zero1, std::move(comm), bucket_cap_mb) {}
+class ShardingImpl<sharding::DDP> : public StagedBuckets<Stage::ddp> {
+  using StagedBuckets::StagedBuckets;
 };
-
 template <>
-class ShardingImpl<sharding::ZeRO2> : public BucketEngine {
- public:
-  static constexpr bool uses_comm = true;
-  static constexpr bool owns_grads = true;
-  ShardingImpl(std::shared_ptr<Comm> comm, double bucket_cap_mb)
-      : BucketEngine(Stage::zero2, std::move(comm), bucket_cap_mb) {}
+class ShardingImpl<sharding::ZeRO1> : public StagedBuckets<Stage::zero1> {
+  using StagedBuckets::StagedBuckets;
+};
+template <>
+class ShardingImpl<sharding::ZeRO2> : public StagedBuckets<Stage::zero2> {
+  using StagedBuckets::StagedBuckets;
 };
 
 template <>

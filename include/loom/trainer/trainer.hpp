@@ -52,6 +52,7 @@
 #include <fstream>
 #include <functional>
 #include <optional>
+#include <regex>
 #include <type_traits>
 #include <vector>
 
@@ -137,6 +138,14 @@ class LossWindow {
   std::vector<std::pair<torch::Tensor, int64_t>> items_;
   std::function<void(torch::Tensor&)> reduce_;
 };
+
+// Reads a JSON file; a missing or malformed file is a loom::Error naming it.
+inline nlohmann::json read_json_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  check(!j.is_discarded(), "{} is not valid JSON", path.string());
+  return j;
+}
 
 inline int64_t resolve_interval(double value, int64_t max_steps) {
   if (value > 0 && value < 1) return static_cast<int64_t>(std::ceil(value * static_cast<double>(max_steps)));
@@ -546,7 +555,7 @@ class Trainer {
           const double weight = group_items > 0 ? static_cast<double>(items[i]) / group_items : 1.0 / count;
           sharding_->begin_micro_step(i + 1 == count);
           torch::Tensor loss_step = call_hook<hook::training_step>(self(), model_, group[i], weight);
-          sharding_->after_backward(i + 1 == count);
+          sharding_->after_backward();
           if (sharding_->item_factor().defined()) loss_step = loss_step * sharding_->item_factor();
           tr_loss.add(loss_step, state_.global_step - last_logged);
           if (i + 1 == count) {
@@ -852,12 +861,7 @@ class Trainer {
       check(std::filesystem::exists(dir / f),
             "{} cannot resume training: it has no {} (saved with save_only_model? then start from its "
             "weights with --model_name_or_path {})", dir.string(), f, dir.string());
-    auto read_json = [&](const char* name) {
-      std::ifstream in(dir / name);
-      auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-      check(!j.is_discarded(), "{} is not valid JSON", (dir / name).string());
-      return j;
-    };
+    auto read_json = [&](const char* name) { return detail::read_json_file(dir / name); };
     try {
       optimizer_->load_state(optimizer_state_for_this_rank(dir), read_json("optimizer.json"));
       scheduler_->load_state_dict(read_json("scheduler.json"));
@@ -910,10 +914,11 @@ class Trainer {
       std::map<std::string, int64_t> covered, numels;
       for (int64_t r = 0; world == 0 || r < world; ++r) {
         if (world == 0) {  // the world size the checkpoint was saved at
+          static const std::regex shard0(R"(optimizer-0-of-([1-9][0-9]{0,5})\.safetensors)");
           for (const auto& e : std::filesystem::directory_iterator(dir)) {
+            std::smatch m;
             const auto name = e.path().filename().string();
-            if (name.rfind("optimizer-0-of-", 0) == 0 && e.path().extension() == ".safetensors")
-              world = std::stoll(name.substr(15, name.size() - 15 - 12));
+            if (std::regex_match(name, m, shard0)) world = std::stoll(m[1].str());
           }
           check(world > 0,
                 "{} cannot resume training: it has neither optimizer.safetensors nor optimizer-0-of-N.safetensors "
@@ -924,9 +929,8 @@ class Trainer {
         check(std::filesystem::exists(stem.string() + ".safetensors") && std::filesystem::exists(stem.string() + ".json"),
               "{} is missing the optimizer shard of rank {} ({}.safetensors/.json)", dir.string(), r,
               stem.filename().string());
-        std::ifstream in(stem.string() + ".json");
-        const auto meta = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-        check(meta.is_object() && meta.contains("ranges"), "{}.json is not valid", stem.string());
+        const auto meta = detail::read_json_file(stem.string() + ".json");
+        check(meta.is_object() && meta.contains("ranges"), "{}.json has no \"ranges\"", stem.string());
         for (auto& [key, t] : checkpoint::load_safetensors(stem.string() + ".safetensors")) {
           const auto dot = key.find('.');
           const std::string kind = key.substr(0, dot), param = key.substr(dot + 1);
