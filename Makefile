@@ -17,8 +17,7 @@ JOBS ?= $(shell nproc)
 APT_PACKAGES := build-essential cmake ninja-build ccache python3-venv zlib1g-dev \
                 nlohmann-json3-dev doctest-dev libgloo-dev dataset-fashion-mnist bible-kjv-text
 
-# ccache can cache translation units that use the shared precompiled header only with these.
-export CCACHE_SLOPPINESS := pch_defines,time_macros,include_file_mtime,include_file_ctime
+# ccache's other settings travel with the build (build/loom-ccache, cmake/loomBuildHelpers.cmake).
 export CCACHE_MAXSIZE := 5G
 
 .PHONY: help deps build demo test bench clean

@@ -3,6 +3,8 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 install(TARGETS loom EXPORT loomTargets FILE_SET HEADERS DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# loom::compiled: the non-template code compiled once, with this build's compiler and torch.
+install(TARGETS loom_compiled EXPORT loomTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(EXPORT loomTargets NAMESPACE loom:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/loom)
 
 # Hints recorded at build time; a consumer can override any of them.

@@ -1,11 +1,21 @@
 #pragma once
-// Helpers shared by loom's test files.
+// Helpers shared by loom's test files: shell capture, the Python peer, scratch folders,
+// file bytes, loom::Error messages. Light on purpose (no Trainer); the training set-up
+// shared by the Trainer-level tests is in trainer_support.hpp. Everything here is inline:
+// the unit tests are one executable.
+
+#include <loom/config/error.hpp>
 
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
+#include <string_view>
 
 namespace loom_test {
 
@@ -17,6 +27,46 @@ inline std::string run_capture(const std::string& cmd) {
   char buf[4096];
   while (std::fgets(buf, sizeof buf, pipe.get())) out += buf;
   return out;
+}
+
+/// The Python of $LOOM_PYTHON; nullptr (after a MESSAGE that `check` is skipped) when it
+/// is unset or missing.
+inline const char* python(std::string_view check) {
+  const char* py = std::getenv("LOOM_PYTHON");
+  if (py != nullptr && std::filesystem::exists(py)) return py;
+  MESSAGE("LOOM_PYTHON not set: " << check << " skipped");
+  return nullptr;
+}
+
+/// <LOOM_TEST_TMP>/<name> ("area/case" nests), removed if it exists, not created.
+inline std::filesystem::path tmp_dir(const std::string& name) {
+  auto p = std::filesystem::path(LOOM_TEST_TMP) / name;
+  std::filesystem::remove_all(p);
+  return p;
+}
+
+/// tmp_dir(name), created empty.
+inline std::filesystem::path fresh_dir(const std::string& name) {
+  auto p = tmp_dir(name);
+  std::filesystem::create_directories(p);
+  return p;
+}
+
+/// The whole content of the file at `path` ("" when it cannot be read).
+inline std::string read_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+/// The message of the loom::Error that `f()` throws, or "<no loom::Error>".
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const loom::Error& e) {
+    return e.what();
+  }
+  return "<no loom::Error>";
 }
 
 }  // namespace loom_test

@@ -10,64 +10,38 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include "../trainer_support.hpp"
+
 #include <bit>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
 
 namespace {
 
-struct Batch {
-  torch::Tensor x, labels;
+using loom_test::Classifier;
+using loom_test::fresh_model;
+using loom_test::linear_data;
+using loom_test::read_bytes;
+
+std::filesystem::path tmp_dir(const std::string& name) { return loom_test::tmp_dir("callbacks/" + name); }
+loom::TrainingArguments quiet_args(const std::string& name) { return loom_test::quiet_args("callbacks/" + name); }
+
+// The arguments of a callback event, built by hand for calling a callback directly.
+struct Direct {
+  loom::TrainingArguments args;
+  loom::TrainerState state;
+  loom::TrainerControl control;
 };
-
-// 3-class problem that a linear model separates well (as tests/trainer/test_trainer.cpp).
-loom::data::TensorDataset<Batch> make_data(int64_t n, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  auto x = torch::randn({n, 4}, gen);
-  auto w = torch::tensor({{2.0f, -1.0f, 0.5f}, {-1.0f, 2.0f, 0.0f}, {0.5f, 0.5f, -2.0f}, {1.0f, 0.0f, 1.0f}});
-  auto labels = x.matmul(w).argmax(1);
-  return loom::data::TensorDataset<Batch>({x, labels});
-}
-
-std::string tmp_dir(const std::string& name) {
-  auto p = std::filesystem::path(LOOM_TEST_TMP) / "callbacks" / name;
-  std::filesystem::remove_all(p);
-  return p.string();
-}
-
-loom::TrainingArguments quiet_args(const std::string& name) {
-  loom::TrainingArguments a;
-  a.output_dir = tmp_dir(name);
-  a.disable_tqdm = true;
-  a.save_strategy = "no";
-  a.use_cpu = true;
-  return a;
-}
-
-template <class... Policies>
-struct Classifier : loom::Trainer<Classifier<Policies...>, torch::nn::Linear, Policies...> {
-  using Base = loom::Trainer<Classifier<Policies...>, torch::nn::Linear, Policies...>;
-  using Base::Base;
-  loom::ModelOutput compute_loss(torch::nn::Linear& model, Batch& b) {
-    auto logits = model->forward(b.x);
-    return {torch::cross_entropy_loss(logits, b.labels), logits};
-  }
-  loom::Metrics compute_metrics(const loom::EvalPrediction& p) {
-    return {{"accuracy", p.predictions.argmax(1).eq(p.label_ids).to(torch::kDouble).mean().item<double>()}};
-  }
-};
-
-torch::nn::Linear fresh_model() {
-  torch::manual_seed(11);
-  return torch::nn::Linear(4, 3);
+Direct direct(const std::string& name) {
+  Direct d;
+  d.args.output_dir = tmp_dir(name).string();
+  return d;
 }
 
 std::vector<std::string> read_lines(const std::filesystem::path& path) {
@@ -75,13 +49,6 @@ std::vector<std::string> read_lines(const std::filesystem::path& path) {
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   return lines;
-}
-
-std::string read_bytes(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 // ---- a minimal reader of event files, independent of the writer's helpers ---------------
@@ -186,11 +153,8 @@ std::map<std::string, std::vector<std::pair<int64_t, float>>> expected_scalars(
 
 // Reads an event file with the real tensorboard package; nullopt (and a MESSAGE) without LOOM_PYTHON.
 std::optional<nlohmann::json> read_with_tensorboard(const std::filesystem::path& event_file) {
-  const char* python = std::getenv("LOOM_PYTHON");
-  if (python == nullptr || *python == '\0' || !std::filesystem::exists(python)) {
-    MESSAGE("LOOM_PYTHON unset: skipping the read-back by Python's tensorboard package");
-    return std::nullopt;
-  }
+  const char* python = loom_test::python("the read-back by Python's tensorboard package");
+  if (python == nullptr) return std::nullopt;
   const auto script = std::filesystem::path(LOOM_TEST_TMP) / "callbacks" / "read_events.py";
   {
     std::ofstream py(script);
@@ -290,10 +254,7 @@ TEST_CASE("tags follow HF's rewrite_logs") {
 }
 
 TEST_CASE("TensorBoardLogger called directly writes one file tensorboard reads back") {
-  loom::TrainingArguments args;
-  args.output_dir = tmp_dir("tb_direct");
-  loom::TrainerState state;
-  loom::TrainerControl control;
+  auto [args, state, control] = direct("tb_direct");
   loom::TensorBoardLogger tb;
   tb.on_train_begin(args, state, control);
   REQUIRE(tb.is_open());
@@ -347,14 +308,11 @@ TEST_CASE("TensorBoardLogger called directly writes one file tensorboard reads b
 }
 
 TEST_CASE("TensorBoardLogger: an event file that cannot be created is a loom::Error naming it") {
-  const auto dir = std::filesystem::path(tmp_dir("tb_blocked"));
+  auto [args, state, control] = direct("tb_blocked");
+  const std::filesystem::path dir(args.output_dir);
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "file") << "x";
-  loom::TrainingArguments args;
-  args.output_dir = dir.string();
   args.logging_dir = (dir / "file" / "runs").string();  // below a regular file
-  loom::TrainerState state;
-  loom::TrainerControl control;
   loom::TensorBoardLogger tb;
   CHECK_THROWS_WITH_AS(tb.on_train_begin(args, state, control),
                        doctest::Contains((dir / "file" / "runs").string().c_str()), loom::Error);
@@ -363,10 +321,7 @@ TEST_CASE("TensorBoardLogger: an event file that cannot be created is a loom::Er
 // ======================================== JSONL ==========================================
 
 TEST_CASE("JsonlLogger called directly appends one line per log, main process only") {
-  loom::TrainingArguments args;
-  args.output_dir = tmp_dir("jsonl_direct");
-  loom::TrainerState state;
-  loom::TrainerControl control;
+  auto [args, state, control] = direct("jsonl_direct");
   loom::JsonlLogger j;
   j.on_train_begin(args, state, control);
   REQUIRE(j.is_open());
@@ -420,8 +375,8 @@ TEST_CASE("a Trainer run: log.jsonl equals log_history; tensorboard reads the sa
   args.eval_strategy = "steps";
   args.eval_steps = 6;
   args.per_device_train_batch_size = 16;
-  Classifier<loom::Callbacks<loom::JsonlLogger, loom::TensorBoardLogger>> t(args, fresh_model(), make_data(128, 1),
-                                                                             make_data(40, 2));
+  Classifier<loom::Callbacks<loom::JsonlLogger, loom::TensorBoardLogger>> t(args, fresh_model(), linear_data(128, 1),
+                                                                             linear_data(40, 2));
   t.train();
   const auto& history = t.state().log_history;
   REQUIRE(history.size() == 3 + 2 + 1);  // loss at 4, 8, 12; eval at 6, 12; train metrics
@@ -559,7 +514,7 @@ TEST_CASE("EarlyStopping: start-up errors are loom::Error lines") {
   // Through the Trainer: the error surfaces from train().
   auto args = quiet_args("es_no_eval");
   args.max_steps = 2;
-  Classifier<loom::Callbacks<loom::EarlyStopping>> t(args, fresh_model(), make_data(32, 3));
+  Classifier<loom::Callbacks<loom::EarlyStopping>> t(args, fresh_model(), linear_data(32, 3));
   CHECK_THROWS_WITH_AS(t.train(), doctest::Contains("loom: EarlyStopping requires --metric_for_best_model"),
                        loom::Error);
 }
@@ -615,7 +570,7 @@ TEST_CASE("EarlyStopping in a Trainer run stops when eval_loss stops improving")
   args.eval_steps = 1;
   args.metric_for_best_model = "loss";
   args.per_device_train_batch_size = 8;
-  Classifier<loom::Callbacks<loom::EarlyStopping>> t(args, fresh_model(), make_data(64, 4), make_data(16, 5));
+  Classifier<loom::Callbacks<loom::EarlyStopping>> t(args, fresh_model(), linear_data(64, 4), linear_data(16, 5));
   t.callback<loom::EarlyStopping>().patience = 2;
   const auto out = t.train();
   // Eval 1 sets the best, evals 2 and 3 do not improve: patience 2 is reached at step 3.
@@ -634,7 +589,7 @@ TEST_CASE("EarlyStopping in a Trainer run stops when eval_loss stops improving")
   learning.eval_strategy = "steps";
   learning.eval_steps = 2;
   learning.metric_for_best_model = "loss";
-  Classifier<loom::Callbacks<loom::EarlyStopping>> t2(learning, fresh_model(), make_data(256, 4), make_data(64, 5));
+  Classifier<loom::Callbacks<loom::EarlyStopping>> t2(learning, fresh_model(), linear_data(256, 4), linear_data(64, 5));
   CHECK(t2.train().global_step == 8);
   CHECK(t2.callback<loom::EarlyStopping>().patience_counter() == 0);
 }

@@ -6,6 +6,8 @@
 
 #include <doctest/doctest.h>
 
+#include "../support.hpp"
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -18,12 +20,9 @@ namespace {
 namespace fs = std::filesystem;
 namespace ck = loom::checkpoint;
 
-fs::path fresh_dir(const std::string& name) {
-  const auto dir = fs::path(LOOM_TEST_TMP) / "checkpoint_folders" / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+using loom_test::error_of;
+
+fs::path fresh_dir(const std::string& name) { return loom_test::fresh_dir("checkpoint_folders/" + name); }
 
 void touch(const fs::path& p, const std::string& text = "x") {
   std::ofstream out(p);
@@ -59,16 +58,6 @@ std::vector<std::string> listing(const fs::path& dir) {
   for (const auto& e : fs::directory_iterator(dir)) v.push_back(e.path().filename().string());
   std::sort(v.begin(), v.end());
   return v;
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const loom::Error& e) {
-    return e.what();
-  }
-  return "<no loom::Error>";
 }
 
 // Survivor steps after rotating checkpoints 1..n with the given limit and best step.

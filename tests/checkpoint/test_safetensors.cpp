@@ -8,7 +8,6 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -24,17 +23,11 @@ using loom::checkpoint::load_safetensors_metadata;
 using loom::checkpoint::save_safetensors;
 using Named = std::vector<std::pair<std::string, torch::Tensor>>;
 
-fs::path fresh_dir(const std::string& name) {
-  const auto dir = fs::path(LOOM_TEST_TMP) / "checkpoint_safetensors" / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+using loom_test::error_of;
+using loom_test::read_bytes;
+using loom_test::run_capture;
 
-std::string read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+fs::path fresh_dir(const std::string& name) { return loom_test::fresh_dir("checkpoint_safetensors/" + name); }
 
 void write_bytes(const fs::path& p, const std::string& bytes) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
@@ -49,16 +42,6 @@ std::string le64(uint64_t n) {
 
 // A safetensors file with the given header text (unpadded) and data bytes.
 std::string file_with(const std::string& header, const std::string& data) { return le64(header.size()) + header + data; }
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const loom::Error& e) {
-    return e.what();
-  }
-  return "<no loom::Error>";
-}
 
 std::map<std::string, torch::Tensor> as_map(const Named& v) {
   std::map<std::string, torch::Tensor> m;
@@ -90,13 +73,6 @@ Named every_dtype() {
       {"strided", torch::arange(20, torch::kInt64).view({4, 5}).slice(1, 0, 5, 2)},
       {"expanded", torch::tensor({1.f, 2.f}).unsqueeze(0).expand({3, 2})},
   };
-}
-
-using loom_test::run_capture;
-
-const char* python() {
-  const char* py = std::getenv("LOOM_PYTHON");
-  return py != nullptr && fs::exists(py) ? py : nullptr;
 }
 
 // Compares a tensor with Python's description {dtype, shape, values (flattened)}.
@@ -341,11 +317,8 @@ TEST_CASE("safetensors: a file cut at any length is a loom::Error, never a crash
 }
 
 TEST_CASE("safetensors: a file written by loom reads back in Python's safetensors value by value") {
-  const char* py = python();
-  if (py == nullptr) {
-    MESSAGE("LOOM_PYTHON not set: Python cross-check skipped");
-    return;
-  }
+  const char* py = loom_test::python("Python cross-check");
+  if (py == nullptr) return;
   const auto dir = fresh_dir("to_python");
   const auto file = dir / "loom.safetensors";
   const auto input = every_dtype();
@@ -373,11 +346,8 @@ TEST_CASE("safetensors: a file written by loom reads back in Python's safetensor
 }
 
 TEST_CASE("safetensors: a file written by Python's save_file reads in loom value by value") {
-  const char* py = python();
-  if (py == nullptr) {
-    MESSAGE("LOOM_PYTHON not set: Python cross-check skipped");
-    return;
-  }
+  const char* py = loom_test::python("Python cross-check");
+  if (py == nullptr) return;
   const auto dir = fresh_dir("from_python");
   const auto file = dir / "python.safetensors";
   const auto script = dir / "write.py";

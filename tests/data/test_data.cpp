@@ -49,11 +49,8 @@ TEST_CASE("the epoch permutation is randperm from a generator seeded seed + epoc
 }
 
 TEST_CASE("the epoch permutation equals Python torch.randperm with the same seed") {
-  const char* py = std::getenv("LOOM_PYTHON");
-  if (py == nullptr || !std::filesystem::exists(py)) {
-    MESSAGE("LOOM_PYTHON not set: Python cross-check skipped");
-    return;
-  }
+  const char* py = loom_test::python("Python cross-check");
+  if (py == nullptr) return;
   const std::string script =
       "import torch\n"
       "for e in (0, 1, 2):\n"

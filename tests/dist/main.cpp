@@ -15,6 +15,8 @@
 
 #include <loom/loom.hpp>
 
+#include "../trainer_support.hpp"
+
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -28,7 +30,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -49,10 +50,7 @@ struct WorkerArguments {
   bool hang = false;         ///< stop (SIGSTOP) instead of dying: a rank that no longer answers
 };
 
-struct Batch {
-  torch::Tensor x;       ///< float [N, 16]
-  torch::Tensor labels;  ///< int64 [N]
-};
+using loom_test::Batch;  // x: float [N, 16]; labels: int64 [N]
 
 // Two FullShard units and a head outside every unit (the root unit under FullShard).
 struct MlpImpl : torch::nn::Module {
@@ -81,10 +79,7 @@ struct Killer {
 template <class Sharding, class Precision>
 struct DistTrainer : loom::Trainer<DistTrainer<Sharding, Precision>, Mlp, Sharding, Precision, loom::Callbacks<Killer>> {
   using loom::Trainer<DistTrainer<Sharding, Precision>, Mlp, Sharding, Precision, loom::Callbacks<Killer>>::Trainer;
-  loom::ModelOutput compute_loss(Mlp& model, Batch& batch) {
-    auto logits = model->forward(batch.x);
-    return {torch::cross_entropy_loss(logits, batch.labels), logits};
-  }
+  loom::ModelOutput compute_loss(Mlp& model, Batch& batch) { return loom_test::cross_entropy(model, batch); }
   // Needs every rank's predictions in order: exercises the all-gather of evaluation results.
   loom::Metrics compute_metrics(const loom::EvalPrediction& p) {
     const auto correct = p.predictions.argmax(1).eq(p.label_ids).to(torch::kDouble);
@@ -143,7 +138,8 @@ inline int run(int argc, char** argv) {
 
 namespace {
 
-const fs::path kTmp = fs::path(LOOM_TEST_TMP) / "dist";
+// <LOOM_TEST_TMP>/dist/<name>, emptied.
+fs::path dist_dir(const std::string& name) { return loom_test::tmp_dir("dist/" + name); }
 
 int free_port() {
   const int s = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -239,12 +235,7 @@ Launch launch(int world, const std::vector<std::string>& args, const fs::path& l
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  for (int r = 0; r < world; ++r) {
-    std::ifstream in(logs / ("rank" + std::to_string(r) + ".err"));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    result.err.push_back(ss.str());
-  }
+  for (int r = 0; r < world; ++r) result.err.push_back(loom_test::read_bytes(logs / ("rank" + std::to_string(r) + ".err")));
   return result;
 }
 
@@ -320,16 +311,14 @@ const std::vector<std::string> kPolicies{"ddp", "zero1", "zero2", "full_shard"};
 TEST_CASE("2 and 4 ranks with batch b reproduce one process with batch 2b / 4b, for every policy") {
   constexpr int64_t b = 4;
   for (int world : {2, 4}) {
-    const auto ref = kTmp / ("equiv_ref_" + std::to_string(world));
-    fs::remove_all(ref);
+    const auto ref = dist_dir("equiv_ref_" + std::to_string(world));
     require_success(launch(1, base_args("no", b * world, ref), ref / "logs", /*launched=*/false));
     const auto want = logged_losses(ref);
     REQUIRE(want.size() == 10);
     for (const auto& policy : kPolicies) {
       CAPTURE(policy);
       CAPTURE(world);
-      const auto out = kTmp / ("equiv_" + policy + "_" + std::to_string(world));
-      fs::remove_all(out);
+      const auto out = dist_dir("equiv_" + policy + "_" + std::to_string(world));
       require_success(launch(world, base_args(policy, b, out), out / "logs"));
       check_losses(logged_losses(out), want, 1e-5);
       // Evaluation: each rank evaluates its batches; losses and ordered predictions gathered.
@@ -347,16 +336,14 @@ TEST_CASE("2 and 4 ranks with batch b reproduce one process with batch 2b / 4b, 
 
 TEST_CASE("fp16 and bf16 train under every sharding policy close to one process") {
   for (const std::string precision : {"--fp16", "--bf16"}) {
-    const auto ref = kTmp / ("prec_ref" + precision);
-    fs::remove_all(ref);
+    const auto ref = dist_dir("prec_ref" + precision);
     auto ref_args = base_args("no", 8, ref);
     ref_args.push_back(precision);
     require_success(launch(1, ref_args, ref / "logs", false));
     for (const auto& policy : kPolicies) {
       CAPTURE(policy);
       CAPTURE(precision);
-      const auto out = kTmp / ("prec_" + policy + precision);
-      fs::remove_all(out);
+      const auto out = dist_dir("prec_" + policy + precision);
       auto args = base_args(policy, 4, out);
       args.push_back(precision);
       require_success(launch(2, args, out / "logs"));
@@ -383,8 +370,7 @@ TEST_CASE("per-rank model-state bytes follow the ZeRO formulas at 1, 2 and 4 ran
     for (const auto& policy : kPolicies) {
       CAPTURE(policy);
       CAPTURE(world);
-      const auto out = kTmp / ("mem_" + policy + "_" + std::to_string(world));
-      fs::remove_all(out);
+      const auto out = dist_dir("mem_" + policy + "_" + std::to_string(world));
       auto args = base_args(policy, 4, out, 2);
       require_success(launch(world, args, out / "logs"));
       const auto& f = formulas.at(policy);
@@ -408,8 +394,7 @@ TEST_CASE("per-rank model-state bytes follow the ZeRO formulas at 1, 2 and 4 ran
 }
 
 TEST_CASE("a ZeRO-2 checkpoint from 4 ranks resumes under DDP at 2, FullShard at 2 and no sharding at 1") {
-  const auto full = kTmp / "reshard_zero2_4";
-  fs::remove_all(full);
+  const auto full = dist_dir("reshard_zero2_4");
   auto args = base_args("zero2", 4, full);
   set_flag(args, "--save_strategy", "steps");
   set_flag(args, "--save_steps", "5");
@@ -426,8 +411,7 @@ TEST_CASE("a ZeRO-2 checkpoint from 4 ranks resumes under DDP at 2, FullShard at
   };
   for (const auto& [policy, world, batch] : {Resume{"ddp", 2, 8}, Resume{"full_shard", 2, 8}, Resume{"no", 1, 16}}) {
     CAPTURE(policy);
-    const auto out = kTmp / ("reshard_" + policy + "_" + std::to_string(world));
-    fs::remove_all(out);
+    const auto out = dist_dir("reshard_" + policy + "_" + std::to_string(world));
     auto resume = base_args(policy, batch, out);
     resume.insert(resume.end(), {"--resume_from_checkpoint", ckpt.string()});
     require_success(launch(world, resume, out / "logs", policy != "no"));
@@ -449,8 +433,7 @@ TEST_CASE("a rank that dies makes the others fail with a loom: line naming it; t
        {Fault{3, 1, "lost rank 1"}, Fault{2, 0, "lost rank 0 (it hosts the rendezvous store)"}}) {
     CAPTURE(world);
     CAPTURE(die_rank);
-    const auto out = kTmp / ("fault_" + std::to_string(world) + "_" + std::to_string(die_rank));
-    fs::remove_all(out);
+    const auto out = dist_dir("fault_" + std::to_string(world) + "_" + std::to_string(die_rank));
     auto args = base_args("ddp", 4, out, 20);
     for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
              {"--save_strategy", "steps"}, {"--save_steps", "5"}, {"--die_rank", std::to_string(die_rank)},
@@ -477,8 +460,7 @@ TEST_CASE("a rank that dies makes the others fail with a loom: line naming it; t
 }
 
 TEST_CASE("several processes under --sharding no stop at start-up with a loom: line") {
-  const auto out = kTmp / "no_sharding_2";
-  fs::remove_all(out);
+  const auto out = dist_dir("no_sharding_2");
   const auto l = launch(2, base_args("no", 4, out), out / "logs");
   for (int r = 0; r < 2; ++r) {
     INFO("rank " << r << " stderr:\n" << l.err[static_cast<std::size_t>(r)]);
@@ -490,8 +472,7 @@ TEST_CASE("several processes under --sharding no stop at start-up with a loom: l
 }
 
 TEST_CASE("a rank that stops answering makes the others fail once ddp_timeout has passed") {
-  const auto out = kTmp / "hang_2_1";
-  fs::remove_all(out);
+  const auto out = dist_dir("hang_2_1");
   auto args = base_args("zero2", 4, out, 20);
   for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
            {"--die_rank", "1"}, {"--die_step", "4"}, {"--hang", "true"}, {"--ddp_timeout", "5"}})

@@ -5,30 +5,20 @@
 
 #include <doctest/doctest.h>
 
-#include <filesystem>
+#include "../trainer_support.hpp"
+
 #include <limits>
 #include <vector>
 
 namespace {
 
-struct Batch {
-  torch::Tensor x, labels;
-};
+using loom_test::Batch;
 
-loom::data::TensorDataset<Batch> make_data(int64_t n, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  auto x = torch::randn({n, 8}, gen);
-  auto labels = x.narrow(1, 0, 3).argmax(1);
-  return loom::data::TensorDataset<Batch>({x, labels});
-}
+// 8 features; the label is the argmax of the first three.
+loom::data::TensorDataset<Batch> make_data(int64_t n, uint64_t seed) { return loom_test::argmax_data(n, seed, 8); }
 
 loom::TrainingArguments args_for(const std::string& name) {
-  loom::TrainingArguments a;
-  a.output_dir = (std::filesystem::path(LOOM_TEST_TMP) / name).string();
-  std::filesystem::remove_all(a.output_dir);
-  a.disable_tqdm = true;
-  a.save_strategy = "no";
-  a.use_cpu = true;
+  auto a = loom_test::quiet_args(name);
   a.per_device_train_batch_size = 8;
   a.learning_rate = 0.01;
   return a;

@@ -9,7 +9,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <numbers>
 #include <string>
@@ -56,11 +55,8 @@ TEST_CASE("warmup resolution: integer steps, fraction below 1, warmup_ratio") {
 }
 
 TEST_CASE("every lr_scheduler_type equals transformers.get_scheduler step by step") {
-  const char* py = std::getenv("LOOM_PYTHON");
-  if (py == nullptr || !std::filesystem::exists(py)) {
-    MESSAGE("LOOM_PYTHON not set: transformers cross-check skipped");
-    return;
-  }
+  const char* py = loom_test::python("transformers cross-check");
+  if (py == nullptr) return;
   struct Case {
     std::string name;
     int64_t warmup, total;
@@ -114,11 +110,8 @@ TEST_CASE("every lr_scheduler_type equals transformers.get_scheduler step by ste
 }
 
 TEST_CASE("reduce_lr_on_plateau equals torch's ReduceLROnPlateau under HF's get_scheduler") {
-  const char* py = std::getenv("LOOM_PYTHON");
-  if (py == nullptr || !std::filesystem::exists(py)) {
-    MESSAGE("LOOM_PYTHON not set: transformers cross-check skipped");
-    return;
-  }
+  const char* py = loom_test::python("transformers cross-check");
+  if (py == nullptr) return;
   const std::vector<double> metrics{1.0, 0.9, 0.95, 0.91, 0.92, 0.93, 0.85, 0.86, 0.87, 0.88, 0.89, 0.9, 0.91};
   const std::string kwargs = R"({"patience": 2, "factor": 0.5, "cooldown": 1, "threshold": 0.01})";
   std::string list;

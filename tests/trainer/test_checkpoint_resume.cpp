@@ -6,7 +6,7 @@
 
 #include <doctest/doctest.h>
 
-#include "../support.hpp"
+#include "../trainer_support.hpp"
 
 #include <cstdio>
 #include <filesystem>
@@ -17,15 +17,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Batch {
-  torch::Tensor x, labels;
-};
+using loom_test::Batch;
 
-loom::data::TensorDataset<Batch> data(int64_t n, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  auto x = torch::randn({n, 6}, gen);
-  return loom::data::TensorDataset<Batch>({x, x.narrow(1, 0, 3).argmax(1)});
-}
+// 6 features; the label is the argmax of the first three.
+loom::data::TensorDataset<Batch> data(int64_t n, uint64_t seed) { return loom_test::argmax_data(n, seed, 6); }
 
 struct StopAt {
   int64_t step = -1;
@@ -45,21 +40,12 @@ template <class Precision>
 struct T : loom::Trainer<T<Precision>, Mlp, Precision, loom::Callbacks<StopAt>> {
   using Base = loom::Trainer<T<Precision>, Mlp, Precision, loom::Callbacks<StopAt>>;
   using Base::Base;
-  loom::ModelOutput compute_loss(Mlp& model, Batch& b) {
-    auto logits = model->forward(b.x);
-    return {torch::cross_entropy_loss(logits, b.labels), logits};
-  }
-  loom::Metrics compute_metrics(const loom::EvalPrediction& p) {
-    return {{"accuracy", p.predictions.argmax(1).eq(p.label_ids).to(torch::kDouble).mean().item<double>()}};
-  }
+  loom::ModelOutput compute_loss(Mlp& model, Batch& b) { return loom_test::cross_entropy(model, b); }
+  loom::Metrics compute_metrics(const loom::EvalPrediction& p) { return loom_test::accuracy(p); }
 };
 
 loom::TrainingArguments base_args(const std::string& name) {
-  loom::TrainingArguments a;
-  a.output_dir = (fs::path(LOOM_TEST_TMP) / name).string();
-  fs::remove_all(a.output_dir);
-  a.disable_tqdm = true;
-  a.use_cpu = true;
+  auto a = loom_test::quiet_args(name);
   a.per_device_train_batch_size = 4;
   a.gradient_accumulation_steps = 2;
   a.learning_rate = 0.02;
@@ -74,11 +60,7 @@ loom::TrainingArguments base_args(const std::string& name) {
   return a;
 }
 
-std::vector<torch::Tensor> weights(Mlp& m) {
-  std::vector<torch::Tensor> out;
-  for (auto& p : m->parameters()) out.push_back(p.detach().clone());
-  return out;
-}
+using loom_test::weights;
 
 template <class Precision>
 void straight_vs_resumed(const std::string& name) {
@@ -152,11 +134,8 @@ TEST_CASE("a checkpoint holds HF's files; model.safetensors reads in Python's sa
   // No temporary folder is left behind.
   for (const auto& e : fs::directory_iterator(a.output_dir)) CHECK(e.path().filename().string().rfind(".", 0) != 0);
 
-  const char* py = std::getenv("LOOM_PYTHON");
-  if (py == nullptr || !fs::exists(py)) {
-    MESSAGE("LOOM_PYTHON not set: Python safetensors check skipped");
-    return;
-  }
+  const char* py = loom_test::python("Python safetensors check");
+  if (py == nullptr) return;
   const std::string out = run_capture(std::string(py) +
                                       " -c \"import json,sys; from safetensors.torch import load_file; "
                                       "d=load_file(sys.argv[1]); print(json.dumps({k: v.double().sum().item() for k, v in d.items()}))\" " +

@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include "../trainer_support.hpp"
+
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -12,25 +14,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Batch {
-  torch::Tensor x, labels;
-};
+using loom_test::Batch;
+using loom_test::quiet_args;
 
-loom::data::TensorDataset<Batch> make_data(int64_t n, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  auto x = torch::randn({n, 4}, gen);
-  return loom::data::TensorDataset<Batch>({x, x.narrow(1, 0, 3).argmax(1)});
-}
-
-loom::TrainingArguments args_for(const std::string& name) {
-  loom::TrainingArguments a;
-  a.output_dir = (fs::path(LOOM_TEST_TMP) / name).string();
-  fs::remove_all(a.output_dir);
-  a.disable_tqdm = true;
-  a.save_strategy = "no";
-  a.use_cpu = true;
-  return a;
-}
+// 4 features; the label is the argmax of the first three.
+loom::data::TensorDataset<Batch> make_data(int64_t n, uint64_t seed) { return loom_test::argmax_data(n, seed, 4); }
 
 struct Events {
   std::vector<std::string>* out = nullptr;
@@ -53,13 +41,8 @@ struct Events {
 
 struct Classifier : loom::Trainer<Classifier, torch::nn::Linear, loom::Callbacks<Events>> {
   using Trainer::Trainer;
-  loom::ModelOutput compute_loss(torch::nn::Linear& model, Batch& b) {
-    auto logits = model->forward(b.x);
-    return {torch::cross_entropy_loss(logits, b.labels), logits};
-  }
-  loom::Metrics compute_metrics(const loom::EvalPrediction& p) {
-    return {{"accuracy", p.predictions.argmax(1).eq(p.label_ids).to(torch::kDouble).mean().item<double>()}};
-  }
+  loom::ModelOutput compute_loss(torch::nn::Linear& model, Batch& b) { return loom_test::cross_entropy(model, b); }
+  loom::Metrics compute_metrics(const loom::EvalPrediction& p) { return loom_test::accuracy(p); }
   double floating_point_ops(const Batch& b) { return 6.0 * 15 * static_cast<double>(b.x.size(0)); }  // 6 * params * rows
 };
 
@@ -102,7 +85,7 @@ loom::data::TensorDataset<Tokens> padded_tokens(int64_t n, int64_t t) {
 
 TEST_CASE("predict returns predictions, label ids and test_ metrics, and fires on_predict") {
   std::vector<std::string> events;
-  auto args = args_for("predict");
+  auto args = quiet_args("predict");
   args.per_device_eval_batch_size = 16;  // 40 rows: 16, 16, 8
   Classifier t(args, torch::nn::Linear(4, 3), make_data(32, 1));
   t.callback<Events>().out = &events;
@@ -147,7 +130,7 @@ TEST_CASE("predict returns predictions, label ids and test_ metrics, and fires o
 
 TEST_CASE("memory metrics (skip_memory_metrics false) and total_flos from the hook") {
   std::vector<std::string> events;
-  auto args = args_for("memory");
+  auto args = quiet_args("memory");
   args.skip_memory_metrics = false;
   args.max_steps = 5;
   args.per_device_train_batch_size = 8;
@@ -176,25 +159,17 @@ TEST_CASE("memory metrics (skip_memory_metrics false) and total_flos from the ho
 
 TEST_CASE("gradient accumulation with a padded token loss equals one large batch") {
   auto run = [](int64_t batch, int64_t accumulation, const std::string& name) {
-    auto args = args_for(name);
-    args.per_device_train_batch_size = batch;
-    args.gradient_accumulation_steps = accumulation;
-    args.max_steps = 3;
-    args.learning_rate = 0.05;
-    args.lr_scheduler_type = "constant";
-    args.logging_steps = 1;
     torch::manual_seed(4);
-    TokenTrainer t(args, TokenModel{}, padded_tokens(96, 12));
+    TokenTrainer t(loom_test::accumulation_args(name, batch, accumulation, 0.05), TokenModel{}, padded_tokens(96, 12));
     t.train();
-    std::vector<torch::Tensor> w;
-    for (auto& p : t.model()->parameters()) w.push_back(p.detach().clone());
+    const auto w = loom_test::weights(t.model());
     std::vector<double> losses;
     for (const auto& e : t.state().log_history)
       if (e.contains("loss")) losses.push_back(e["loss"].get<double>());
     return std::pair{w, losses};
   };
   {
-    auto args = args_for("tok_rate");
+    auto args = quiet_args("tok_rate");
     args.per_device_train_batch_size = 32;
     args.max_steps = 3;
     args.include_tokens_per_second = true;
@@ -217,7 +192,7 @@ TEST_CASE("gradient accumulation with a padded token loss equals one large batch
 
 TEST_CASE("event order: epochs with logging_first_step, epoch evaluation and saving") {
   std::vector<std::string> events;
-  auto args = args_for("events_epoch");
+  auto args = quiet_args("events_epoch");
   args.num_train_epochs = 2;
   args.per_device_train_batch_size = 8;  // 16 rows: 2 steps per epoch
   args.logging_first_step = true;

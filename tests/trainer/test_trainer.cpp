@@ -5,39 +5,20 @@
 
 #include <doctest/doctest.h>
 
+#include "../trainer_support.hpp"
+
 #include <filesystem>
 #include <string>
 #include <vector>
 
 namespace {
 
-struct Batch {
-  torch::Tensor x, labels;
-};
-
-// 3-class problem that a linear model separates well.
-loom::data::TensorDataset<Batch> make_data(int64_t n, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  auto x = torch::randn({n, 4}, gen);
-  auto w = torch::tensor({{2.0f, -1.0f, 0.5f}, {-1.0f, 2.0f, 0.0f}, {0.5f, 0.5f, -2.0f}, {1.0f, 0.0f, 1.0f}});
-  auto labels = x.matmul(w).argmax(1);
-  return loom::data::TensorDataset<Batch>({x, labels});
-}
-
-std::string tmp_dir(const std::string& name) {
-  auto p = std::filesystem::path(LOOM_TEST_TMP) / name;
-  std::filesystem::remove_all(p);
-  return p.string();
-}
-
-loom::TrainingArguments quiet_args(const std::string& name) {
-  loom::TrainingArguments a;
-  a.output_dir = tmp_dir(name);
-  a.disable_tqdm = true;
-  a.save_strategy = "no";
-  a.use_cpu = true;
-  return a;
-}
+using loom_test::Batch;
+using loom_test::Classifier;
+using loom_test::fresh_model;
+using loom_test::linear_data;
+using loom_test::quiet_args;
+using loom_test::tmp_dir;
 
 struct EventLog {
   std::vector<std::string>* out = nullptr;
@@ -58,24 +39,6 @@ struct EventLog {
   void on_train_end(const loom::TrainingArguments&, loom::TrainerState&, loom::TrainerControl&) { out->push_back("train_end"); }
 };
 
-template <class... Policies>
-struct Classifier : loom::Trainer<Classifier<Policies...>, torch::nn::Linear, Policies...> {
-  using Base = loom::Trainer<Classifier<Policies...>, torch::nn::Linear, Policies...>;
-  using Base::Base;
-  loom::ModelOutput compute_loss(torch::nn::Linear& model, Batch& b) {
-    auto logits = model->forward(b.x);
-    return {torch::cross_entropy_loss(logits, b.labels), logits};
-  }
-  loom::Metrics compute_metrics(const loom::EvalPrediction& p) {
-    return {{"accuracy", p.predictions.argmax(1).eq(p.label_ids).to(torch::kDouble).mean().item<double>()}};
-  }
-};
-
-torch::nn::Linear fresh_model() {
-  torch::manual_seed(11);
-  return torch::nn::Linear(4, 3);
-}
-
 }  // namespace
 
 TEST_CASE("training lowers the loss and logs HF's keys with the right values") {
@@ -85,7 +48,7 @@ TEST_CASE("training lowers the loss and logs HF's keys with the right values") {
   args.logging_steps = 10;
   args.per_device_train_batch_size = 16;
   args.warmup_steps = 5;
-  Classifier<> t(args, fresh_model(), make_data(512, 1));
+  Classifier<> t(args, fresh_model(), linear_data(512, 1));
   auto out = t.train();
   const auto& h = t.state().log_history;
   REQUIRE(h.size() == 7);  // 6 logging steps + the final train metrics
@@ -116,8 +79,8 @@ TEST_CASE("training lowers the loss and logs HF's keys with the right values") {
 TEST_CASE("evaluation: eval_loss is weighted by batch size; metrics get the eval_ prefix") {
   auto args = quiet_args("eval");
   args.per_device_eval_batch_size = 64;  // 200 rows: 64, 64, 64, 8
-  auto train = make_data(64, 2);
-  auto eval = make_data(200, 3);
+  auto train = linear_data(64, 2);
+  auto eval = linear_data(200, 3);
   auto eval_copy = eval;
   Classifier<> t(args, fresh_model(), train, eval);
   auto m = t.evaluate();
@@ -143,7 +106,7 @@ TEST_CASE("epochs, steps and the output files follow HF") {
   args.per_device_train_batch_size = 10;  // 95 rows -> 10 batches per epoch (last has 5)
   args.logging_steps = 5;
   args.eval_strategy = "epoch";
-  Classifier<> t(args, fresh_model(), make_data(95, 4), make_data(30, 5));
+  Classifier<> t(args, fresh_model(), linear_data(95, 4), linear_data(30, 5));
   auto out = t.train();
   CHECK(out.global_step == 20);
   CHECK(t.state().max_steps == 20);
@@ -159,9 +122,9 @@ TEST_CASE("epochs, steps and the output files follow HF") {
   CHECK(std::filesystem::exists(dir / "train_results.json"));
   // drop_last drops the 5-row batch: 9 steps per epoch.
   args.dataloader_drop_last = true;
-  args.output_dir = tmp_dir("epochs_drop");
+  args.output_dir = tmp_dir("epochs_drop").string();
   args.eval_strategy = "no";
-  Classifier<> t2(args, fresh_model(), make_data(95, 4));
+  Classifier<> t2(args, fresh_model(), linear_data(95, 4));
   CHECK(t2.train().global_step == 18);
 }
 
@@ -174,7 +137,7 @@ TEST_CASE("events fire in HF's order, including accumulation sub-steps") {
   args.logging_steps = 2;
   args.eval_strategy = "steps";
   args.eval_steps = 2;
-  Classifier<loom::Callbacks<EventLog>> t(args, fresh_model(), make_data(32, 6), make_data(8, 7));
+  Classifier<loom::Callbacks<EventLog>> t(args, fresh_model(), linear_data(32, 6), linear_data(8, 7));
   t.callback<EventLog>().out = &events;
   t.train();
   const std::vector<std::string> expected{
@@ -188,16 +151,9 @@ TEST_CASE("events fire in HF's order, including accumulation sub-steps") {
 
 TEST_CASE("gradient accumulation: 4 x 8 equals one batch of 32 (fp32)") {
   auto run = [](int64_t batch, int64_t accumulation, const std::string& name) {
-    auto args = quiet_args(name);
-    args.per_device_train_batch_size = batch;
-    args.gradient_accumulation_steps = accumulation;
-    args.max_steps = 3;
-    args.learning_rate = 0.01;
-    args.lr_scheduler_type = "constant";
-    args.logging_steps = 1;
-    Classifier<> t(args, fresh_model(), make_data(96, 8));
+    Classifier<> t(loom_test::accumulation_args(name, batch, accumulation, 0.01), fresh_model(), linear_data(96, 8));
     t.train();
-    return std::vector<torch::Tensor>{t.model()->weight.detach().clone(), t.model()->bias.detach().clone()};
+    return loom_test::weights(t.model());  // weight, bias
   };
   auto big = run(32, 1, "ga_big");
   auto small = run(8, 4, "ga_small");
@@ -216,7 +172,7 @@ TEST_CASE("a model whose forward takes the batch needs no subclass") {
   args.learning_rate = 0.05;
   args.logging_steps = 5;
   torch::manual_seed(1);
-  loom::DefaultTrainer<LossModel> t(args, LossModel{}, make_data(128, 9));
+  loom::DefaultTrainer<LossModel> t(args, LossModel{}, linear_data(128, 9));
   t.train();
   const auto& h = t.state().log_history;
   CHECK(h[3]["loss"].get<double>() < h[0]["loss"].get<double>());
@@ -225,20 +181,20 @@ TEST_CASE("a model whose forward takes the batch needs no subclass") {
 TEST_CASE("bad arguments and data stop at start-up with one loom: line") {
   auto args = quiet_args("bad");
   args.per_device_train_batch_size = 0;
-  CHECK_THROWS_WITH_AS(Classifier<>(args, fresh_model(), make_data(8, 1)),
+  CHECK_THROWS_WITH_AS(Classifier<>(args, fresh_model(), linear_data(8, 1)),
                        doctest::Contains("loom: --per_device_train_batch_size"), loom::Error);
   args = quiet_args("bad_sharding");
   args.sharding = "ddp";
-  CHECK_THROWS_WITH_AS(Classifier<>(args, fresh_model(), make_data(8, 1)),
+  CHECK_THROWS_WITH_AS(Classifier<>(args, fresh_model(), linear_data(8, 1)),
                        "loom: --sharding ddp is not available in this build; the Trainer's sharding policy is \"no\"",
                        loom::Error);
   args = quiet_args("bad2");
   args.per_device_train_batch_size = 16;
   args.dataloader_drop_last = true;
-  Classifier<> t(args, fresh_model(), make_data(8, 1));
+  Classifier<> t(args, fresh_model(), linear_data(8, 1));
   CHECK_THROWS_WITH_AS(t.train(), doctest::Contains("loom: the training set yields no batch"), loom::Error);
   args = quiet_args("bad3");
-  Classifier<> no_eval(args, fresh_model(), make_data(8, 1));
+  Classifier<> no_eval(args, fresh_model(), linear_data(8, 1));
   CHECK_THROWS_WITH_AS(no_eval.evaluate(), doctest::Contains("loom: evaluation needs an evaluation dataset"),
                        loom::Error);
 }

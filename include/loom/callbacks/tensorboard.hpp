@@ -12,7 +12,7 @@
 // test_x -> test/x, anything else -> train/x), at state.global_step, and flushes.
 // Only the world main process writes.
 
-#include <loom/config/error.hpp>
+#include <loom/callbacks/log_file.hpp>
 #include <loom/config/training_arguments.hpp>
 #include <loom/core/metrics.hpp>
 #include <loom/core/state.hpp>
@@ -25,10 +25,8 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <string_view>
-#include <system_error>
 #include <unistd.h>
 
 namespace loom {
@@ -147,63 +145,37 @@ inline std::string event_file_name(double wall_time) {
 }  // namespace tensorboard
 
 /// Writes every log entry as TensorBoard scalars under logging_dir (default output_dir/runs).
-class TensorBoardLogger {
+/// path(), is_open(), close() and on_train_end come from LogFile (the current or last event
+/// file; a log after on_train_end starts a new one, as HF's callback does).
+class TensorBoardLogger : public LogFile {
  public:
   /// Folder for the event file; empty: args.logging_dir, else <output_dir>/runs.
   std::string log_dir;
 
   /// Creates the event file and writes its file_version record (main process only).
   void on_train_begin(const TrainingArguments& args, TrainerState& state, TrainerControl&) {
-    if (state.is_world_process_zero && !out_.is_open()) open(args);
+    ready(state, [&] { open_for(args); });
   }
   /// One scalar Event per metric at state.global_step, then a flush (opens a file first if needed).
   void on_log(const TrainingArguments& args, TrainerState& state, TrainerControl&, const Metrics& logs) {
-    if (!state.is_world_process_zero) return;
-    if (!out_.is_open()) open(args);
+    if (!ready(state, [&] { open_for(args); })) return;
     const double now = tensorboard::wall_time_now();
+    std::string records;
     for (const auto& [name, value] : logs)
-      write(tensorboard::scalar_event(now, state.global_step, tensorboard::tag_for(name), static_cast<float>(value)));
-    out_.flush();
-    if (!out_) throw Error("cannot write " + path_.string());
-  }
-  /// Closes the event file (a later log starts a new one, as HF's callback does).
-  void on_train_end(const TrainingArguments&, TrainerState&, TrainerControl&) { close(); }
-
-  /// The current (or last) event file; empty before the first open.
-  [[nodiscard]] const std::filesystem::path& path() const { return path_; }
-  /// True while an event file is open.
-  [[nodiscard]] bool is_open() const { return out_.is_open(); }
-  /// Closes the event file now.
-  void close() {
-    if (out_.is_open()) out_.close();
+      records += tensorboard::frame_record(
+          tensorboard::scalar_event(now, state.global_step, tensorboard::tag_for(name), static_cast<float>(value)));
+    write(records);
   }
 
  private:
-  void open(const TrainingArguments& args) {
+  void open_for(const TrainingArguments& args) {
     const std::filesystem::path dir = !log_dir.empty()       ? std::filesystem::path(log_dir)
                                       : args.logging_dir     ? std::filesystem::path(*args.logging_dir)
                                                              : std::filesystem::path(args.output_dir) / "runs";
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
     const double now = tensorboard::wall_time_now();
-    path_ = dir / tensorboard::event_file_name(now);
-    out_.open(path_, std::ios::out | std::ios::binary | std::ios::trunc);
-    if (!out_) {
-      out_ = std::ofstream();
-      throw Error("cannot create TensorBoard event file " + path_.string() +
-                  (ec ? " (" + ec.message() + ")" : std::string()));
-    }
-    write(tensorboard::file_version_event(now));
-    out_.flush();
-    if (!out_) throw Error("cannot write " + path_.string());
+    open(dir / tensorboard::event_file_name(now), Mode::create, "TensorBoard event file ");
+    write(tensorboard::frame_record(tensorboard::file_version_event(now)));
   }
-  void write(const std::string& event) {
-    const std::string record = tensorboard::frame_record(event);
-    out_.write(record.data(), static_cast<std::streamsize>(record.size()));
-  }
-
-  std::filesystem::path path_;
-  std::ofstream out_;
 };
 
 }  // namespace loom

@@ -14,22 +14,14 @@
 //      two renames). sorted_checkpoints() and latest_checkpoint() never list the dotted
 //      folders, whether or not the cleanup ran.
 
+#include <loom/config/inline.hpp>
 #include <loom/core/error.hpp>
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <charconv>
 #include <cstdint>
-#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <system_error>
-#include <utility>
 #include <vector>
 
 namespace loom::checkpoint {
@@ -44,230 +36,61 @@ inline constexpr std::string_view kCheckpointPrefix = "checkpoint";
 namespace detail {
 
 // Step of a folder named exactly "checkpoint-<digits>", or nullopt.
-inline std::optional<int64_t> step_of(std::string_view name) {
-  constexpr std::string_view prefix = "checkpoint-";
-  if (name.substr(0, prefix.size()) != prefix) return std::nullopt;
-  const std::string_view digits = name.substr(prefix.size());
-  if (digits.empty() || digits.size() > 18) return std::nullopt;
-  if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-    return std::nullopt;
-  int64_t step = 0;
-  const auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
-  if (ec != std::errc{} || ptr != digits.data() + digits.size()) return std::nullopt;
-  return step;
-}
+LOOM_INLINE std::optional<int64_t> step_of(std::string_view name);
 
 // fsync one file or folder; throws loom::Error on failure.
-inline void fsync_path(const std::filesystem::path& p, bool directory) {
-  const int fd = ::open(p.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  check(fd >= 0, "cannot open {} to flush it: {}", p.string(), std::strerror(errno));
-  const int rc = ::fsync(fd);
-  const int saved = errno;
-  ::close(fd);
-  // Some file systems refuse fsync on folders (EINVAL); the data itself is what matters.
-  check(rc == 0 || (directory && (saved == EINVAL || saved == EBADF)), "cannot flush {}: {}", p.string(),
-        std::strerror(saved));
-}
+LOOM_INLINE void fsync_path(const std::filesystem::path& p, bool directory);
 
 // fsync every file under `root`, then every folder (deepest first), then `root` itself.
-inline void fsync_tree(const std::filesystem::path& root) {
-  std::vector<std::filesystem::path> dirs;
-  for (const auto& entry : std::filesystem::recursive_directory_iterator(root)) {
-    if (entry.is_symlink()) continue;
-    if (entry.is_directory()) dirs.push_back(entry.path());
-    else if (entry.is_regular_file()) fsync_path(entry.path(), false);
-  }
-  std::sort(dirs.begin(), dirs.end(), [](const auto& a, const auto& b) {
-    return std::distance(a.begin(), a.end()) > std::distance(b.begin(), b.end());
-  });
-  for (const auto& d : dirs) fsync_path(d, true);
-  fsync_path(root, true);
-}
+LOOM_INLINE void fsync_tree(const std::filesystem::path& root);
 
-inline void rename_or_fail(const std::filesystem::path& from, const std::filesystem::path& to) {
-  std::error_code ec;
-  std::filesystem::rename(from, to, ec);
-  check(!ec, "cannot rename {} to {}: {}", from.string(), to.string(), ec.message());
-}
+// Renames `from` to `to`; throws loom::Error on failure.
+LOOM_INLINE void rename_or_fail(const std::filesystem::path& from, const std::filesystem::path& to);
 
-inline std::string pid_string() { return std::to_string(static_cast<long long>(::getpid())); }
+// This process's pid, as text.
+LOOM_INLINE std::string pid_string();
 
 // Same folder, compared as the file system sees it (relative vs absolute, "a/./b").
-inline bool same_path(const std::filesystem::path& a, const std::filesystem::path& b) {
-  std::error_code ea, eb;
-  const auto ca = std::filesystem::weakly_canonical(a, ea);
-  const auto cb = std::filesystem::weakly_canonical(b, eb);
-  if (!ea && !eb) return ca == cb;
-  return a.lexically_normal() == b.lexically_normal();
-}
+LOOM_INLINE bool same_path(const std::filesystem::path& a, const std::filesystem::path& b);
 
 }  // namespace detail
 
 /// output_dir/checkpoint-<step>, HF's folder for the checkpoint of global step `step`.
-inline std::filesystem::path checkpoint_dir(const std::filesystem::path& output_dir, int64_t step) {
-  check(step >= 0, "checkpoint step must not be negative, got {}", step);
-  return output_dir / (std::string(kCheckpointPrefix) + "-" + std::to_string(step));
-}
+LOOM_INLINE std::filesystem::path checkpoint_dir(const std::filesystem::path& output_dir, int64_t step);
 
 /// Folders named checkpoint-<int> in output_dir, in numeric step order (none if it does not exist).
-inline std::vector<std::filesystem::path> sorted_checkpoints(const std::filesystem::path& output_dir) {
-  std::vector<std::pair<int64_t, std::filesystem::path>> found;
-  std::error_code ec;
-  std::filesystem::directory_iterator it(output_dir, ec), end;
-  if (ec) return {};
-  for (; it != end; it.increment(ec)) {
-    if (ec) break;
-    const auto step = detail::step_of(it->path().filename().string());
-    std::error_code dir_ec;
-    if (step && std::filesystem::is_directory(it->path(), dir_ec)) found.emplace_back(*step, it->path());
-  }
-  std::sort(found.begin(), found.end());
-  std::vector<std::filesystem::path> out;
-  out.reserve(found.size());
-  for (auto& [step, path] : found) out.push_back(std::move(path));
-  return out;
-}
+LOOM_INLINE std::vector<std::filesystem::path> sorted_checkpoints(const std::filesystem::path& output_dir);
 
 /// The checkpoint folder of the highest step that is complete (holds trainer_state.json).
-inline std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& output_dir) {
-  const auto all = sorted_checkpoints(output_dir);
-  for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    std::error_code ec;
-    if (std::filesystem::is_regular_file(*it / kTrainerStateFile, ec)) return *it;
-  }
-  return std::nullopt;
-}
+LOOM_INLINE std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& output_dir);
 
 /// The temporary folder of a checkpoint in progress: output_dir/.tmp-checkpoint-<step>-<tag>.
-inline std::filesystem::path temporary_checkpoint_dir(const std::filesystem::path& output_dir, int64_t step,
-                                                      const std::string& tag) {
-  return output_dir / (".tmp-" + std::string(kCheckpointPrefix) + "-" + std::to_string(step) + "-" + tag);
-}
+LOOM_INLINE std::filesystem::path temporary_checkpoint_dir(const std::filesystem::path& output_dir, int64_t step,
+                                                           const std::string& tag);
 
 /// Creates (empty) and returns the temporary folder output_dir/.tmp-checkpoint-<step>-<tag>;
 /// the tag is this process's pid unless given (the ranks of a job share the tag "ranks").
-inline std::filesystem::path begin_checkpoint(const std::filesystem::path& output_dir, int64_t step,
-                                              const std::string& tag = detail::pid_string()) {
-  check(step >= 0, "checkpoint step must not be negative, got {}", step);
-  std::error_code ec;
-  std::filesystem::create_directories(output_dir, ec);
-  check(!ec, "cannot create output folder {}: {}", output_dir.string(), ec.message());
-  const auto tmp = temporary_checkpoint_dir(output_dir, step, tag);
-  std::filesystem::remove_all(tmp, ec);  // our own leftover from an earlier failed attempt
-  check(!ec, "cannot remove {}: {}", tmp.string(), ec.message());
-  std::filesystem::create_directory(tmp, ec);
-  check(!ec, "cannot create {}: {}", tmp.string(), ec.message());
-  return tmp;
-}
+LOOM_INLINE std::filesystem::path begin_checkpoint(const std::filesystem::path& output_dir, int64_t step,
+                                                   const std::string& tag = detail::pid_string());
 
 /// Flushes `tmp` to disk and renames it to `final_dir`, replacing an existing folder crash-safely.
-inline void commit_checkpoint(const std::filesystem::path& tmp, const std::filesystem::path& final_dir) {
-  std::error_code ec;
-  check(std::filesystem::is_directory(tmp, ec), "temporary checkpoint folder {} does not exist", tmp.string());
-  detail::fsync_tree(tmp);
-  const auto parent = final_dir.has_parent_path() ? final_dir.parent_path() : std::filesystem::path(".");
-  if (!std::filesystem::exists(std::filesystem::symlink_status(final_dir, ec))) {
-    detail::rename_or_fail(tmp, final_dir);
-    detail::fsync_path(parent, true);
-    return;
-  }
-  // rename(2) cannot replace a non-empty folder: move the old one aside first, delete it last.
-  const auto old = parent / (".old-" + final_dir.filename().string() + "-" + detail::pid_string());
-  std::filesystem::remove_all(old, ec);
-  check(!ec, "cannot remove {}: {}", old.string(), ec.message());
-  detail::rename_or_fail(final_dir, old);
-  detail::rename_or_fail(tmp, final_dir);
-  detail::fsync_path(parent, true);
-  std::filesystem::remove_all(old, ec);
-  check(!ec, "cannot remove {}: {}", old.string(), ec.message());
-}
+LOOM_INLINE void commit_checkpoint(const std::filesystem::path& tmp, const std::filesystem::path& final_dir);
 
 /// Cleans up after a crash: deletes .tmp-checkpoint-* folders and restores or deletes .old-checkpoint-*
 /// folders (restored when their checkpoint-<step> is missing). Returns the deleted folders.
-inline std::vector<std::filesystem::path> remove_stale_temporaries(const std::filesystem::path& output_dir) {
-  const std::string tmp_prefix = ".tmp-" + std::string(kCheckpointPrefix) + "-";
-  const std::string old_prefix = ".old-" + std::string(kCheckpointPrefix) + "-";
-  std::vector<std::filesystem::path> tmps, olds;
-  std::error_code ec;
-  std::filesystem::directory_iterator it(output_dir, ec), end;
-  if (ec) return {};
-  for (; it != end; it.increment(ec)) {
-    if (ec) break;
-    const std::string name = it->path().filename().string();
-    if (name.rfind(tmp_prefix, 0) == 0) tmps.push_back(it->path());
-    else if (name.rfind(old_prefix, 0) == 0) olds.push_back(it->path());
-  }
-  std::sort(olds.begin(), olds.end());
-  std::vector<std::filesystem::path> removed;
-  auto remove = [&](const std::filesystem::path& p) {
-    std::error_code rm_ec;
-    std::filesystem::remove_all(p, rm_ec);
-    check(!rm_ec, "cannot remove {}: {}", p.string(), rm_ec.message());
-    removed.push_back(p);
-  };
-  for (const auto& old : olds) {
-    // ".old-checkpoint-<step>-<pid>": the name it had is everything before the last '-'.
-    const std::string name = old.filename().string();
-    const auto dash = name.rfind('-');
-    const std::string original = name.substr(5, dash == std::string::npos || dash < 5 ? std::string::npos : dash - 5);
-    const auto target = output_dir / original;
-    std::error_code st_ec;
-    if (detail::step_of(original) && !std::filesystem::exists(std::filesystem::symlink_status(target, st_ec))) {
-      detail::rename_or_fail(old, target);
-      detail::fsync_path(output_dir, true);
-    } else {
-      remove(old);
-    }
-  }
-  std::sort(tmps.begin(), tmps.end());
-  for (const auto& tmp : tmps) remove(tmp);
-  return removed;
-}
+LOOM_INLINE std::vector<std::filesystem::path> remove_stale_temporaries(const std::filesystem::path& output_dir);
 
 /// HF's _rotate_checkpoints: deletes all but the newest `save_total_limit` checkpoints, keeping
 /// `best_checkpoint`; a limit <= 0 deletes nothing. Returns the deleted folders, oldest first.
-inline std::vector<std::filesystem::path> rotate_checkpoints(const std::filesystem::path& output_dir,
-                                                             int64_t save_total_limit,
-                                                             std::optional<std::filesystem::path> best_checkpoint) {
-  if (save_total_limit <= 0) return {};
-  auto sorted = sorted_checkpoints(output_dir);
-  // HF's _sorted_checkpoints bubbles the best checkpoint up to the second-to-last place (not
-  // the last: the newest stays last so training can resume from it).
-  if (best_checkpoint) {
-    const auto found = std::find_if(sorted.begin(), sorted.end(),
-                                    [&](const auto& p) { return detail::same_path(p, *best_checkpoint); });
-    if (found != sorted.end()) {
-      for (auto i = static_cast<std::size_t>(found - sorted.begin()); i + 2 < sorted.size(); ++i)
-        std::swap(sorted[i], sorted[i + 1]);
-    }
-  }
-  if (static_cast<int64_t>(sorted.size()) <= save_total_limit) return {};
-  // With a limit of 1 and a best checkpoint that is not the newest, HF keeps 2 (best + newest).
-  // As in HF, this applies whenever a best checkpoint is set, even one outside output_dir.
-  int64_t limit = save_total_limit;
-  if (best_checkpoint && limit == 1 && !detail::same_path(sorted.back(), *best_checkpoint)) limit = 2;
-  const auto n_delete = std::max<int64_t>(0, static_cast<int64_t>(sorted.size()) - limit);
-  std::vector<std::filesystem::path> deleted;
-  for (int64_t i = 0; i < n_delete; ++i) {
-    std::error_code ec;  // HF deletes with ignore_errors=True; loom reports only what it deleted
-    std::filesystem::remove_all(sorted[static_cast<std::size_t>(i)], ec);
-    if (!ec) deleted.push_back(sorted[static_cast<std::size_t>(i)]);
-  }
-  return deleted;
-}
+LOOM_INLINE std::vector<std::filesystem::path> rotate_checkpoints(const std::filesystem::path& output_dir,
+                                                                  int64_t save_total_limit,
+                                                                  std::optional<std::filesystem::path> best_checkpoint);
 
 /// Throws loom::Error unless `dir` is a folder holding model.safetensors and trainer_state.json.
-inline void validate_checkpoint(const std::filesystem::path& dir) {
-  std::error_code ec;
-  check(std::filesystem::exists(dir, ec), "checkpoint folder {} does not exist", dir.string());
-  check(std::filesystem::is_directory(dir, ec), "checkpoint folder {} is not a directory", dir.string());
-  std::string missing;
-  for (const std::string_view name : {kModelFile, kTrainerStateFile}) {
-    if (std::filesystem::is_regular_file(dir / name, ec)) continue;
-    if (!missing.empty()) missing += ", ";
-    missing += name;
-  }
-  check(missing.empty(), "{} is not a complete checkpoint: missing {}", dir.string(), missing);
-}
+LOOM_INLINE void validate_checkpoint(const std::filesystem::path& dir);
 
 }  // namespace loom::checkpoint
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/checkpoint/impl/folders.ipp>
+#endif

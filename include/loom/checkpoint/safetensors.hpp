@@ -12,25 +12,19 @@
 // about everything that could read out of bounds or misinterpret bytes.
 
 #include <loom/checkpoint/folders.hpp>
+#include <loom/config/inline.hpp>
 #include <loom/core/error.hpp>
 
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <array>
 #include <bit>
 #include <cstdint>
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <limits>
+#include <iosfwd>
 #include <map>
-#include <optional>
-#include <set>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -60,17 +54,11 @@ inline constexpr std::array<DtypeInfo, 10> kDtypes = {{
     {"BOOL", torch::kBool, 1},
 }};
 
-inline const DtypeInfo* dtype_by_name(std::string_view name) {
-  for (const auto& d : kDtypes)
-    if (d.name == name) return &d;
-  return nullptr;
-}
+// The entry of kDtypes with this safetensors name, or nullptr.
+LOOM_INLINE const DtypeInfo* dtype_by_name(std::string_view name);
 
-inline const DtypeInfo* dtype_by_type(torch::ScalarType type) {
-  for (const auto& d : kDtypes)
-    if (d.type == type) return &d;
-  return nullptr;
-}
+// The entry of kDtypes with this torch dtype, or nullptr.
+LOOM_INLINE const DtypeInfo* dtype_by_type(torch::ScalarType type);
 
 template <class Shape>
 std::string shape_string(const Shape& shape) {
@@ -88,12 +76,7 @@ std::string shape_string(const Shape& shape) {
 struct RemoveOnExit {
   std::filesystem::path path;
   bool armed = true;
-  ~RemoveOnExit() {
-    if (armed) {
-      std::error_code ec;
-      std::filesystem::remove(path, ec);
-    }
-  }
+  ~RemoveOnExit();
 };
 
 struct Entry {
@@ -111,255 +94,32 @@ struct Parsed {
 
 // Reads and checks the header: after this every entry lies inside the file and has exactly
 // shape x dtype bytes, so reading the data cannot run out of bounds.
-inline Parsed parse_header(const std::filesystem::path& path, std::ifstream& in) {
-  const std::string where = path.string();
-  std::error_code ec;
-  check(std::filesystem::exists(path, ec), "safetensors file {} does not exist", where);
-  check(std::filesystem::is_regular_file(path, ec), "{} is not a regular file", where);
-  const uint64_t file_size = std::filesystem::file_size(path, ec);
-  check(!ec, "cannot read the size of {}: {}", where, ec.message());
-  in.open(path, std::ios::binary);
-  check(static_cast<bool>(in), "cannot open {}", where);
-  check(file_size >= 8, "{} is not a safetensors file: it has {} bytes, fewer than the 8-byte header length",
-        where, file_size);
-  std::array<unsigned char, 8> len_bytes{};
-  in.read(reinterpret_cast<char*>(len_bytes.data()), 8);
-  check(static_cast<bool>(in), "cannot read {}", where);
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[static_cast<std::size_t>(i)];
-  check(header_len <= file_size - 8,
-        "{} is truncated or not a safetensors file: the header length {} exceeds the {} bytes after it", where,
-        header_len, file_size - 8);
-  std::string header(static_cast<std::size_t>(header_len), '\0');
-  in.read(header.data(), static_cast<std::streamsize>(header_len));
-  check(static_cast<bool>(in), "cannot read the header of {}", where);
-
-  nlohmann::ordered_json j;
-  try {
-    j = nlohmann::ordered_json::parse(header);
-  } catch (const nlohmann::json::exception&) {
-    fail("{} is not a safetensors file: the header is not valid JSON", where);
-  }
-  check(j.is_object(), "{} is not a safetensors file: the header is not a JSON object", where);
-
-  Parsed out;
-  out.data_start = 8 + header_len;
-  const uint64_t data_size = file_size - out.data_start;
-  for (const auto& [name, value] : j.items()) {
-    if (name == "__metadata__") {
-      check(value.is_object() || value.is_null(), "{}: __metadata__ is not an object of strings", where);
-      if (value.is_null()) continue;
-      for (const auto& [key, text] : value.items()) {
-        check(text.is_string(), "{}: __metadata__ entry '{}' is not a string", where, key);
-        out.metadata[key] = text.get<std::string>();
-      }
-      continue;
-    }
-    check(value.is_object(), "{}: tensor '{}' is not described by a JSON object", where, name);
-    check(value.contains("dtype") && value.at("dtype").is_string(), "{}: tensor '{}' has no dtype", where, name);
-    const auto dtype_name = value.at("dtype").get<std::string>();
-    const DtypeInfo* dtype = dtype_by_name(dtype_name);
-    check(dtype != nullptr, "{}: tensor '{}' has unsupported dtype '{}' (loom reads F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL)",
-          where, name, dtype_name);
-    check(value.contains("shape") && value.at("shape").is_array(), "{}: tensor '{}' has no shape", where, name);
-    Entry e{name, dtype, {}, 0, 0};
-    for (const auto& d : value.at("shape")) {
-      check(d.is_number_unsigned(), "{}: tensor '{}' has a shape that is not a list of non-negative integers",
-            where, name);
-      const auto dim = d.get<uint64_t>();
-      check(dim <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
-            "{}: tensor '{}' has a dimension too large", where, name);
-      e.shape.push_back(static_cast<int64_t>(dim));
-    }
-    // Byte count, guarded against overflow (a huge shape cannot match offsets inside the file).
-    uint64_t bytes = static_cast<uint64_t>(dtype->size);
-    bool too_big = false;
-    if (std::find(e.shape.begin(), e.shape.end(), 0) != e.shape.end()) {
-      bytes = 0;
-    } else {
-      for (const auto dim : e.shape) {
-        if (bytes > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(dim)) {
-          too_big = true;
-          break;
-        }
-        bytes *= static_cast<uint64_t>(dim);
-      }
-    }
-    const auto& offsets = value.contains("data_offsets") ? value.at("data_offsets") : nlohmann::ordered_json();
-    check(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
-              offsets[1].is_number_unsigned(),
-          "{}: tensor '{}' has no data_offsets [begin, end]", where, name);
-    e.begin = offsets[0].get<uint64_t>();
-    e.end = offsets[1].get<uint64_t>();
-    check(e.begin <= e.end && e.end <= data_size,
-          "{} is truncated or corrupt: tensor '{}' has data_offsets [{}, {}] outside the {} bytes of data", where,
-          name, e.begin, e.end, data_size);
-    check(!too_big && e.end - e.begin == bytes,
-          "{}: tensor '{}' has data_offsets [{}, {}] ({} bytes) but shape {} of {} needs {} bytes", where, name,
-          e.begin, e.end, e.end - e.begin, shape_string(e.shape), dtype->name,
-          too_big ? std::string("more than 2^64") : std::to_string(bytes));
-    out.entries.push_back(std::move(e));
-  }
-  return out;
-}
+LOOM_INLINE Parsed parse_header(const std::filesystem::path& path, std::ifstream& in);
 
 }  // namespace detail
 
 /// Writes `tensors` (any device, layout or strides) and string `metadata` to a safetensors
 /// file at `path`, via `path`.tmp and a rename; names must be unique.
-inline void save_safetensors(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
-                             const std::filesystem::path& path,
-                             const std::map<std::string, std::string>& metadata = {}) {
-  struct Item {
-    std::string name;
-    const detail::DtypeInfo* dtype;
-    torch::Tensor data;  // contiguous, CPU
-  };
-  std::vector<Item> items;
-  items.reserve(tensors.size());
-  std::set<std::string> seen;
-  for (const auto& [name, t] : tensors) {
-    check(name != "__metadata__", "cannot save {}: '__metadata__' is reserved and cannot name a tensor",
-          path.string());
-    check(seen.insert(name).second, "cannot save {}: the tensor name '{}' appears twice", path.string(), name);
-    check(t.defined(), "cannot save {}: tensor '{}' is undefined", path.string(), name);
-    check(t.layout() == torch::kStrided, "cannot save {}: tensor '{}' is not a dense (strided) tensor",
-          path.string(), name);
-    const auto* dtype = detail::dtype_by_type(t.scalar_type());
-    check(dtype != nullptr, "cannot save {}: tensor '{}' has dtype {}, which loom's safetensors writer does not support",
-          path.string(), name, std::string(c10::toString(t.scalar_type())));
-    items.push_back({name, dtype, t.detach().to(torch::kCPU).contiguous()});
-  }
-  // The Python library's layout: larger elements first, then by name (keeps data aligned).
-  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
-    if (a.dtype->size != b.dtype->size) return a.dtype->size > b.dtype->size;
-    return a.name < b.name;
-  });
-
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) {
-    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata) meta[k] = v;
-    header["__metadata__"] = std::move(meta);
-  }
-  uint64_t offset = 0;
-  for (const auto& item : items) {
-    const auto bytes = static_cast<uint64_t>(item.data.numel()) * static_cast<uint64_t>(item.dtype->size);
-    nlohmann::ordered_json shape = nlohmann::ordered_json::array();
-    for (const auto d : item.data.sizes()) shape.push_back(static_cast<uint64_t>(d));
-    header[item.name] = {{"dtype", item.dtype->name}, {"shape", std::move(shape)},
-                         {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-  }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
-
-  std::filesystem::path tmp = path;
-  tmp += ".tmp";
-  detail::RemoveOnExit cleanup{tmp};
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    check(static_cast<bool>(out), "cannot write {}", tmp.string());
-    std::array<char, 8> len{};
-    uint64_t n = text.size();
-    for (auto& b : len) b = static_cast<char>(n & 0xff), n >>= 8;
-    out.write(len.data(), 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const auto& item : items) {
-      const auto bytes = static_cast<std::streamsize>(item.data.numel() * item.dtype->size);
-      if (bytes > 0) out.write(static_cast<const char*>(item.data.data_ptr()), bytes);
-    }
-    out.flush();
-    check(static_cast<bool>(out), "cannot write {} (disk full?)", tmp.string());
-  }
-  detail::fsync_path(tmp, false);
-  detail::rename_or_fail(tmp, path);
-  cleanup.armed = false;
-}
+LOOM_INLINE void save_safetensors(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                                  const std::filesystem::path& path,
+                                  const std::map<std::string, std::string>& metadata = {});
 
 /// Reads every tensor of a safetensors file, as CPU tensors in header order.
-inline std::vector<std::pair<std::string, torch::Tensor>> load_safetensors(const std::filesystem::path& path) {
-  std::ifstream in;
-  const auto parsed = detail::parse_header(path, in);
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  out.reserve(parsed.entries.size());
-  for (const auto& e : parsed.entries) {
-    // BOOL is read as bytes and compared with 0: a byte other than 0/1 must not become an
-    // invalid bool.
-    const auto read_type = e.dtype->type == torch::kBool ? torch::kUInt8 : e.dtype->type;
-    auto t = torch::empty(e.shape, torch::TensorOptions().dtype(read_type));
-    const auto bytes = e.end - e.begin;
-    if (bytes > 0) {
-      in.seekg(static_cast<std::streamoff>(parsed.data_start + e.begin));
-      in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(bytes));
-      check(static_cast<bool>(in), "cannot read tensor '{}' from {}", e.name, path.string());
-    }
-    if (e.dtype->type == torch::kBool) t = t.ne(0);
-    out.emplace_back(e.name, std::move(t));
-  }
-  return out;
-}
+LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> load_safetensors(const std::filesystem::path& path);
 
 /// Reads the "__metadata__" strings of a safetensors file (empty when it has none).
-inline std::map<std::string, std::string> load_safetensors_metadata(const std::filesystem::path& path) {
-  std::ifstream in;
-  return detail::parse_header(path, in).metadata;
-}
+LOOM_INLINE std::map<std::string, std::string> load_safetensors_metadata(const std::filesystem::path& path);
 
 /// Writes the module's named parameters and buffers (libtorch names, e.g. "fc.weight") to `path`.
-inline void save_module(const torch::nn::Module& module, const std::filesystem::path& path) {
-  std::vector<std::pair<std::string, torch::Tensor>> tensors;
-  for (const auto& p : module.named_parameters(true))
-    if (p.value().defined()) tensors.emplace_back(p.key(), p.value());
-  for (const auto& b : module.named_buffers(true))
-    if (b.value().defined()) tensors.emplace_back(b.key(), b.value());
-  save_safetensors(tensors, path);
-}
+LOOM_INLINE void save_module(const torch::nn::Module& module, const std::filesystem::path& path);
 
 /// Copies a file written by save_module (or Python's save_file of a matching state_dict) into
 /// the module's parameters and buffers, converting dtype and device; every name and shape must
 /// match, else one loom::Error lists all differences and the module is left untouched.
-inline void load_module(torch::nn::Module& module, const std::filesystem::path& path) {
-  auto file = load_safetensors(path);
-  std::unordered_map<std::string, const torch::Tensor*> by_name;
-  for (const auto& [name, t] : file) by_name.emplace(name, &t);
-
-  std::vector<std::pair<torch::Tensor, const torch::Tensor*>> copies;
-  std::set<std::string> model_names;
-  std::vector<std::string> missing, shapes;
-  auto visit = [&](const std::string& name, const torch::Tensor& target) {
-    if (!target.defined()) return;
-    model_names.insert(name);
-    const auto it = by_name.find(name);
-    if (it == by_name.end()) {
-      missing.push_back(name);
-    } else if (it->second->sizes() != target.sizes()) {
-      shapes.push_back("shape of " + name + " is " + detail::shape_string(it->second->sizes()) +
-                       " in the file but " + detail::shape_string(target.sizes()) + " in the model");
-    } else {
-      copies.emplace_back(target, it->second);
-    }
-  };
-  for (const auto& p : module.named_parameters(true)) visit(p.key(), p.value());
-  for (const auto& b : module.named_buffers(true)) visit(b.key(), b.value());
-  std::vector<std::string> unexpected;
-  for (const auto& [name, t] : file)
-    if (!model_names.count(name)) unexpected.push_back(name);
-
-  if (!missing.empty() || !unexpected.empty() || !shapes.empty()) {
-    auto join = [](const std::vector<std::string>& v, std::string_view sep) {
-      std::string s;
-      for (const auto& x : v) s += (s.empty() ? "" : std::string(sep)) + x;
-      return s;
-    };
-    std::vector<std::string> parts;
-    if (!missing.empty()) parts.push_back("missing " + join(missing, ", "));
-    if (!unexpected.empty()) parts.push_back("unexpected " + join(unexpected, ", "));
-    parts.insert(parts.end(), shapes.begin(), shapes.end());
-    fail("{} does not match the model: {}", path.string(), join(parts, "; "));
-  }
-  torch::NoGradGuard no_grad;
-  for (auto& [target, source] : copies) target.copy_(*source);
-}
+LOOM_INLINE void load_module(torch::nn::Module& module, const std::filesystem::path& path);
 
 }  // namespace loom::checkpoint
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/checkpoint/impl/safetensors.ipp>
+#endif

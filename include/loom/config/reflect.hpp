@@ -17,6 +17,8 @@
 //   a field named `help`.
 
 #include <loom/config/error.hpp>
+#include <loom/config/meta.hpp>
+#include <loom/config/inline.hpp>
 #include <loom/config/nearest.hpp>
 
 #include <boost/pfr.hpp>
@@ -24,17 +26,11 @@
 
 #include <array>
 #include <charconv>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <iostream>
-#include <limits>
 #include <optional>
 #include <span>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -91,9 +87,6 @@ struct field_traits<std::optional<U>> {
 template <class F>
 inline constexpr bool is_supported_field_v =
     std::is_same_v<F, std::remove_cv_t<F>> && is_scalar_field_v<typename field_traits<F>::scalar>;
-
-template <class>
-inline constexpr bool dependent_false_v = false;
 
 template <class T>
 consteval bool all_fields_supported() {
@@ -182,20 +175,11 @@ std::string field_kind_phrase() {
 
 // ---- text -> value ----------------------------------------------------------------------
 
-inline std::string ascii_lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out)
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  return out;
-}
+/// `s` with A-Z lowered (other bytes as they are).
+LOOM_INLINE std::string ascii_lower(std::string_view s);
 
-// The words Python's strtobool (used by HfArgumentParser) accepts, in any case.
-inline std::optional<bool> parse_bool(std::string_view text) {
-  const std::string s = ascii_lower(text);
-  if (s == "true" || s == "1" || s == "yes" || s == "y" || s == "t" || s == "on") return true;
-  if (s == "false" || s == "0" || s == "no" || s == "n" || s == "f" || s == "off") return false;
-  return std::nullopt;
-}
+/// The words Python's strtobool (used by HfArgumentParser) accepts, in any case.
+LOOM_INLINE std::optional<bool> parse_bool(std::string_view text);
 
 // Whole-string integer parse: rejects "", "3.5", "abc", " 3", overflow, and "-1" for unsigned.
 template <class I>
@@ -213,23 +197,26 @@ std::optional<I> parse_integer(std::string_view text) {
 
 // Whole-string finite floating parse: accepts 1e-3, 5e-5, .5, 3; rejects nan, inf, overflow,
 // "abc" and trailing junk.
+LOOM_INLINE std::optional<float> parse_finite_float(std::string_view text);
+LOOM_INLINE std::optional<double> parse_finite_double(std::string_view text);
+
 template <class D>
 std::optional<D> parse_floating(std::string_view text) {
-  if (!text.empty() && text.front() == '+') {
-    text.remove_prefix(1);
-    if (!text.empty() && text.front() == '-') return std::nullopt;
+  if constexpr (std::is_same_v<D, float>) {
+    return parse_finite_float(text);
+  } else {
+    // long double goes through double: from_chars(long double) is not everywhere.
+    const std::optional<double> value = parse_finite_double(text);
+    if (!value) return std::nullopt;
+    return static_cast<D>(*value);
   }
-  if (text.empty()) return std::nullopt;
-  // long double goes through double: from_chars(long double) is not everywhere.
-  using Parsed = std::conditional_t<std::is_same_v<D, float>, float, double>;
-  Parsed value{};
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc{} || end != text.data() + text.size() || !std::isfinite(value))
-    return std::nullopt;
-  return static_cast<D>(value);
 }
 
-inline bool is_none_literal(std::string_view text) { return text == "none" || text == "None"; }
+/// "none" or "None": resets an optional field.
+LOOM_INLINE bool is_none_literal(std::string_view text);
+
+/// "loom: --<flag> expects <kind>, got '<text>'".
+LOOM_INLINE Error bad_text_error(std::string_view flag, std::string_view kind, std::string_view text);
 
 /// Sets `field` from command-line text; `flag` is the canonical field name, for messages.
 template <class F>
@@ -241,10 +228,6 @@ void set_from_text(F& field, std::string_view text, std::string_view flag) {
       return;
     }
   }
-  auto bad = [&] {
-    return Error("loom: --" + std::string(flag) + " expects " + field_kind_phrase<F>() + ", got '" +
-                 std::string(text) + "'");
-  };
   using S = typename Traits::scalar;
   std::optional<S> parsed;
   if constexpr (std::is_same_v<S, bool>) parsed = parse_bool(text);
@@ -252,11 +235,17 @@ void set_from_text(F& field, std::string_view text, std::string_view flag) {
   else if constexpr (std::is_floating_point_v<S>) parsed = parse_floating<S>(text);
   else if constexpr (std::is_same_v<S, std::string>) parsed = std::string(text);
   else static_assert(dependent_false_v<S>, "loom: unsupported field type");
-  if (!parsed) throw bad();
+  if (!parsed) throw bad_text_error(flag, field_kind_phrase<F>(), text);
   field = std::move(*parsed);
 }
 
 // ---- value -> text (for --help) -----------------------------------------------------------
+
+/// Shortest text that reads back to the same value: 5e-05, 0.9, 3, 1e-08 (long double is
+/// shown as double); non-finite values as an ostream writes them (inf, nan).
+LOOM_INLINE std::string floating_to_text(float value);
+LOOM_INLINE std::string floating_to_text(double value);
+LOOM_INLINE std::string floating_to_text(long double value);
 
 template <class S>
 std::string scalar_to_text(const S& value) {
@@ -265,17 +254,7 @@ std::string scalar_to_text(const S& value) {
   } else if constexpr (is_integer_field_v<S>) {
     return std::to_string(value);
   } else if constexpr (std::is_floating_point_v<S>) {
-    if (!std::isfinite(value)) {
-      std::ostringstream os;
-      os << value;
-      return os.str();
-    }
-    // Shortest text that reads back to the same value: 5e-05, 0.9, 3, 1e-08.
-    using Shown = std::conditional_t<std::is_same_v<S, float>, float, double>;
-    std::array<char, 64> buffer{};
-    const auto [end, ec] =
-        std::to_chars(buffer.data(), buffer.data() + buffer.size(), static_cast<Shown>(value));
-    return ec == std::errc{} ? std::string(buffer.data(), end) : std::string("?");
+    return floating_to_text(value);
   } else if constexpr (std::is_same_v<S, std::string>) {
     return value.empty() ? std::string("\"\"") : value;
   } else {
@@ -333,18 +312,50 @@ void assign_field(Tuple& values, const FieldInfo& info, std::string_view text) {
   }
 }
 
-inline std::string unknown_flag_message(std::string_view given, const std::vector<FieldInfo>& table) {
-  std::vector<std::string_view> names;
-  names.reserve(table.size());
-  for (const FieldInfo& info : table) names.push_back(info.name);
-  const std::string suggestion = nearest_name(given, names);
-  std::string message = "loom: unknown argument --" + std::string(given);
-  if (suggestion.empty()) return message + "; see --help";
-  return message + "; did you mean --" + suggestion + "?";
-}
+/// "loom: unknown argument --<given>", with the nearest flag of `table` when one is close.
+LOOM_INLINE std::string unknown_flag_message(std::string_view given, const std::vector<FieldInfo>& table);
+
+/// True when --help or -h is among `args`.
+LOOM_INLINE bool asks_for_help(std::span<const std::string> args);
+
+/// What parse_flags calls to store a flag's text into the field `info` names: `assign(context,
+/// info, text)` (a function pointer, so the parsing loop is compiled once, not per struct pack).
+struct FieldAssigner {
+  void* context;
+  void (*assign)(void* context, const FieldInfo& info, std::string_view text);
+};
+
+/// The flag loop of try_parse_args over `table`: splits --name=value, reads dashes as
+/// underscores, finds the field, rejects unknown, repeated and value-less flags, and hands
+/// each value to `assigner` in order.
+LOOM_INLINE void parse_flags(std::span<const std::string> args, const std::vector<FieldInfo>& table,
+                             FieldAssigner assigner);
+
+// ---- --help text and the CLI entry's exits --------------------------------------------------
+
+/// The usage line and the fixed part of --help, up to and including the --help line.
+LOOM_INLINE std::string help_usage(std::string_view program);
+
+/// Appends `  --<name> <<kind>>  (default: <default_text>)` and a newline.
+LOOM_INLINE void append_help_line(std::string& out, std::string_view name, std::string_view kind,
+                                  const std::string& default_text);
+
+/// argv[0]'s file name ("program" when argv[0] is missing; argv[0] itself when it has no name).
+LOOM_INLINE std::string program_name(int argc, const char* const* argv);
+
+/// argv[1..argc) as strings.
+LOOM_INLINE std::vector<std::string> collect_args(int argc, const char* const* argv);
+
+/// Prints `e` to stderr and exits 2.
+[[noreturn]] LOOM_INLINE void exit_with_error(const Error& e);
+
+/// Prints `help` to stdout and exits 0.
+[[noreturn]] LOOM_INLINE void exit_with_help(const std::string& help);
 
 // ---- JSON value -> field ------------------------------------------------------------------
 
+/// A JSON value as error messages show it: "an object", "an array", "null", or its dump
+/// (cut to 60 characters). Any nlohmann::basic_json; the two usual ones are compiled once.
 template <class Json>
 std::string describe_json(const Json& value) {
   if (value.is_object() || value.is_array()) return std::string("an ") + value.type_name();
@@ -353,22 +364,32 @@ std::string describe_json(const Json& value) {
   if (text.size() > 60) text = text.substr(0, 57) + "...";
   return text;
 }
+LOOM_INLINE std::string describe_json(const nlohmann::json& value);
+LOOM_INLINE std::string describe_json(const nlohmann::ordered_json& value);
+
+/// "loom: JSON key '<key>' expects <kind>, got <got><note>".
+LOOM_INLINE Error json_type_error(std::string_view key, std::string_view kind, std::string_view got,
+                                  std::string_view note);
+
+/// "loom: JSON key '<key>' is null, but the field is not optional (expects <kind>)".
+LOOM_INLINE Error json_null_error(std::string_view key, std::string_view kind);
+
+/// "loom: unknown JSON key '<key>'", with the nearest of `names` when one is close.
+LOOM_INLINE Error unknown_key_error(const std::string& key, std::span<const std::string_view> names);
 
 template <class F, class Json>
 void set_from_json(F& field, const Json& value, std::string_view key) {
   using Traits = field_traits<F>;
   using S = typename Traits::scalar;
   auto wrong = [&](std::string_view note = {}) {
-    return Error("loom: JSON key '" + std::string(key) + "' expects " + field_kind_phrase<F>() +
-                 ", got " + describe_json(value) + std::string(note));
+    return json_type_error(key, field_kind_phrase<F>(), describe_json(value), note);
   };
   if (value.is_null()) {
     if constexpr (Traits::is_optional) {
       field.reset();
       return;
     } else {
-      throw Error("loom: JSON key '" + std::string(key) + "' is null, but the field is not optional (expects " +
-                  field_kind_phrase<F>() + ")");
+      throw json_null_error(key, field_kind_phrase<F>());
     }
   }
   S parsed{};
@@ -407,6 +428,16 @@ nlohmann::ordered_json scalar_to_json(const S& value) {
   else return value;  // bool, std::string
 }
 
+/// Writes json.dump(2) and a newline to `path` atomically (path.tmp, then rename); creates
+/// parent folders.
+LOOM_INLINE void save_json_value(const nlohmann::ordered_json& json, const std::filesystem::path& path);
+
+/// Parses the JSON file at `path`; errors name the path.
+LOOM_INLINE nlohmann::json read_json_file(const std::filesystem::path& path);
+
+/// Re-says `e` with the file in front: "loom: <path>: unknown JSON key ...".
+[[noreturn]] LOOM_INLINE void rethrow_with_path(const std::filesystem::path& path, const Error& e);
+
 }  // namespace detail
 
 // ---- command line -----------------------------------------------------------------------
@@ -416,52 +447,16 @@ template <class... Ts>
 ParseResult<Ts...> try_parse_args(std::span<const std::string> args, std::tuple<Ts...> initial) {
   detail::check_parseable<Ts...>();
   ParseResult<Ts...> result{std::move(initial), false};
-  for (const std::string& arg : args)
-    if (arg == "--help" || arg == "-h") {
-      result.help = true;
-      return result;
-    }
+  if (detail::asks_for_help(args)) {
+    result.help = true;
+    return result;
+  }
 
   const std::vector<detail::FieldInfo> table = detail::field_table<Ts...>();
-  std::vector<bool> seen(table.size(), false);
-  auto is_flag = [](std::string_view token) { return token.starts_with("--"); };
-
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string_view token = args[i];
-    if (!is_flag(token) || token.size() == 2)
-      throw Error("loom: unexpected argument '" + std::string(token) + "'; flags look like --name value");
-
-    std::string_view given = token.substr(2);
-    std::optional<std::string_view> inline_value;
-    if (const auto eq = given.find('='); eq != std::string_view::npos) {
-      inline_value = given.substr(eq + 1);
-      given = given.substr(0, eq);
-    }
-    std::string name(given);
-    for (char& c : name)
-      if (c == '-') c = '_';  // HfArgumentParser also accepts --learning-rate
-
-    std::size_t index = 0;
-    while (index < table.size() && table[index].name != name) ++index;
-    if (index == table.size()) throw Error(detail::unknown_flag_message(name, table));
-    const detail::FieldInfo& info = table[index];
-    if (seen[index]) throw Error("loom: --" + std::string(info.name) + " given twice");
-    seen[index] = true;
-
-    std::string_view value;
-    if (inline_value) {
-      value = *inline_value;
-    } else if (info.is_bool) {
-      // A bare bool flag means true; a following non-flag token is its value.
-      value = (i + 1 < args.size() && !is_flag(args[i + 1])) ? std::string_view(args[++i])
-                                                              : std::string_view("true");
-    } else {
-      if (i + 1 >= args.size() || is_flag(args[i + 1]))
-        throw Error("loom: --" + std::string(info.name) + " needs a value (" + info.kind + ")");
-      value = args[++i];
-    }
-    detail::assign_field(result.values, info, value);
-  }
+  detail::parse_flags(args, table,
+                      {&result.values, [](void* values, const detail::FieldInfo& info, std::string_view text) {
+                         detail::assign_field(*static_cast<std::tuple<Ts...>*>(values), info, text);
+                       }});
   return result;
 }
 
@@ -475,23 +470,16 @@ ParseResult<Ts...> try_parse_args(std::span<const std::string> args) {
 template <class... Ts>
 std::string help_text(std::string_view program, const std::tuple<Ts...>& defaults) {
   detail::check_parseable<Ts...>();
-  std::ostringstream out;
-  out << "usage: " << program << " [--help] [--name value ...]\n"
-      << "\n"
-      << "Flags also take the form --name=value. A bool flag given bare means true\n"
-      << "(--fp16 is --fp16 true); an optional setting is reset with none.\n"
-      << "\n"
-      << "options:\n"
-      << "  --help, -h  show this message and exit\n";
+  std::string out = detail::help_usage(program);
   auto list = [&]<class T>(const T& defaults) {
     constexpr auto names = boost::pfr::names_as_array<T>();
     boost::pfr::for_each_field(defaults, [&]<class F>(const F& field, std::size_t index) {
-      out << "  --" << names[index] << " <" << detail::kind_short<typename detail::field_traits<F>::scalar>()
-          << ">  (default: " << detail::field_to_text(field) << ")\n";
+      detail::append_help_line(out, names[index], detail::kind_short<typename detail::field_traits<F>::scalar>(),
+                               detail::field_to_text(field));
     });
   };
   std::apply([&](const auto&... d) { (list(d), ...); }, defaults);
-  return out.str();
+  return out;
 }
 
 /// help_text for default-constructed Ts.
@@ -506,26 +494,17 @@ template <class... Ts>
   requires(sizeof...(Ts) > 0)
 auto parse_args(int argc, const char* const* argv, Ts... defaults) {
   detail::check_parseable<Ts...>();
-  std::string program = "program";
-  if (argc > 0 && argv != nullptr && argv[0] != nullptr) {
-    program = std::filesystem::path(argv[0]).filename().string();
-    if (program.empty()) program = argv[0];
-  }
-  std::vector<std::string> args;
-  for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+  const std::string program = detail::program_name(argc, argv);
+  const std::vector<std::string> args = detail::collect_args(argc, argv);
 
   std::tuple<Ts...> initial{std::move(defaults)...};
   ParseResult<Ts...> result;
   try {
     result = try_parse_args(args, initial);
   } catch (const Error& e) {
-    std::cerr << e.what() << std::endl;
-    std::exit(2);
+    detail::exit_with_error(e);
   }
-  if (result.help) {
-    std::cout << help_text(program, initial) << std::flush;
-    std::exit(0);
-  }
+  if (result.help) detail::exit_with_help(help_text(program, initial));
   if constexpr (sizeof...(Ts) == 1) {
     return std::get<0>(std::move(result.values));
   } else {
@@ -571,11 +550,7 @@ T from_json(const Json& json) {
     const std::string& key = it.key();
     std::size_t index = 0;
     while (index < names.size() && names[index] != key) ++index;
-    if (index == names.size()) {
-      const std::string suggestion = detail::nearest_name(key, names);
-      throw Error("loom: unknown JSON key '" + key + "'" +
-                  (suggestion.empty() ? std::string() : "; did you mean '" + suggestion + "'?"));
-    }
+    if (index == names.size()) throw detail::unknown_key_error(key, names);
     boost::pfr::for_each_field(value, [&](auto& field, std::size_t i) {
       if (i == index) detail::set_from_json(field, it.value(), names[index]);
     });
@@ -586,48 +561,22 @@ T from_json(const Json& json) {
 /// Writes to_json(value) with indent 2 to `path` atomically (path.tmp, then rename); creates parent folders.
 template <class T>
 void save_json(const T& value, const std::filesystem::path& path) {
-  const std::string text = to_json(value).dump(2) + "\n";
-  std::filesystem::path tmp = path;
-  tmp += ".tmp";
-  std::error_code ec;
-  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
-  {
-    std::ofstream file(tmp, std::ios::binary | std::ios::trunc);
-    if (!file) throw Error("loom: cannot write " + tmp.string());
-    file << text;
-    file.flush();
-    if (!file) {
-      file.close();
-      std::filesystem::remove(tmp, ec);
-      throw Error("loom: cannot write " + tmp.string());
-    }
-  }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);
-    throw Error("loom: cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
-  }
+  detail::save_json_value(to_json(value), path);
 }
 
 /// Reads a JSON object written by save_json (or by hand) into T; errors name the path.
 template <class T>
 T load_json(const std::filesystem::path& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) throw Error("loom: cannot open " + path.string() + " (missing or unreadable)");
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(file);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error("loom: " + path.string() + " is not valid JSON: " + e.what());
-  }
+  const nlohmann::json json = detail::read_json_file(path);
   try {
     return from_json<T>(json);
   } catch (const Error& e) {
-    // Re-say the message with the file in front: "loom: <path>: unknown JSON key ...".
-    constexpr std::string_view prefix = "loom: ";
-    throw Error("loom: " + path.string() + ": " + std::string(e.what()).substr(prefix.size()));
+    detail::rethrow_with_path(path, e);
   }
 }
 
 }  // namespace loom
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/config/impl/reflect.ipp>
+#endif

@@ -4,23 +4,13 @@
 // with arguments that were not finalized (it reads an unset eval_steps as logging_steps).
 
 #include <loom/config/error.hpp>
-#include <loom/config/nearest.hpp>
-#include <loom/config/reflect.hpp>
+#include <loom/config/inline.hpp>
 #include <loom/config/training_arguments.hpp>
 
-#include <boost/pfr.hpp>
-#include <nlohmann/json.hpp>
-
-#include <algorithm>
 #include <array>
-#include <cmath>
-#include <cstddef>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
-#include <type_traits>
-#include <utility>
 
 namespace loom {
 
@@ -37,193 +27,38 @@ inline constexpr std::array<std::string_view, 11> kLrSchedulerTypes = {
     "constant",         "constant_with_warmup",   "inverse_sqrt",              "reduce_lr_on_plateau",
     "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay"};
 
-inline std::string flag(std::string_view name) { return "--" + std::string(name); }
+/// "--<name>".
+LOOM_INLINE std::string flag(std::string_view name);
 
-inline std::string num(double value) { return scalar_to_text(value); }
+/// `value` as --help shows it (5e-05, 0.9, 3).
+LOOM_INLINE std::string num(double value);
 
-inline void check_choice(std::string_view name, const std::string& value,
-                         std::span<const std::string_view> choices) {
-  for (std::string_view choice : choices)
-    if (choice == value) return;
-  std::string list;
-  for (std::string_view choice : choices) {
-    if (!list.empty()) list += '|';
-    list += choice;
-  }
-  std::string message =
-      "loom: " + flag(name) + " must be one of " + list + ", got '" + value + "'";
-  const std::string suggestion = nearest_name(value, choices);
-  if (!suggestion.empty()) message += "; did you mean '" + suggestion + "'?";
-  throw Error(message);
-}
+/// Fails unless `value` is one of `choices`, listing them and the nearest one.
+LOOM_INLINE void check_choice(std::string_view name, const std::string& value,
+                              std::span<const std::string_view> choices);
 
-// Fails unless `value` > 0 (NaN fails too).
-inline void check_positive(std::string_view name, double value) {
-  if (!(value > 0)) throw Error("loom: " + flag(name) + " must be positive, got " + num(value));
-}
+/// Fails unless `value` > 0 (NaN fails too).
+LOOM_INLINE void check_positive(std::string_view name, double value);
 
-// Fails unless `value` >= 0 (NaN fails too).
-inline void check_non_negative(std::string_view name, double value) {
-  if (!(value >= 0)) throw Error("loom: " + flag(name) + " must be >= 0, got " + num(value));
-}
+/// Fails unless `value` >= 0 (NaN fails too).
+LOOM_INLINE void check_non_negative(std::string_view name, double value);
 
-// HF: a *_steps value above 1 counts steps and must be whole; below 1 it is a fraction.
-inline void check_whole_above_one(std::string_view name, double value) {
-  if (value > 1 && value != std::floor(value))
-    throw Error("loom: " + flag(name) + " must be a whole number when above 1 (below 1 it is a fraction of "
-                "the training steps), got " + num(value));
-}
+/// HF: a *_steps value above 1 counts steps and must be whole; below 1 it is a fraction.
+LOOM_INLINE void check_whole_above_one(std::string_view name, double value);
 
-// True when `save` is a whole multiple of `eval` (both step counts, or both fractions).
-inline bool is_multiple_of(double save, double eval) {
-  const double ratio = save / eval;
-  return std::fabs(ratio - std::round(ratio)) <= 1e-9 * std::max(1.0, std::fabs(ratio)) &&
-         std::round(ratio) >= 1;
-}
+/// True when `save` is a whole multiple of `eval` (both step counts, or both fractions).
+LOOM_INLINE bool is_multiple_of(double save, double eval);
 
 }  // namespace detail
 
 /// Throws loom::Error (one line starting "loom: ", naming the flag) for the first invalid setting found.
-inline void validate(const TrainingArguments& args) {
-  using namespace detail;
-
-  // Every floating field must be finite (the CLI refuses nan/inf, code and JSON might not).
-  constexpr auto names = boost::pfr::names_as_array<TrainingArguments>();
-  boost::pfr::for_each_field(args, [&]<class F>(const F& field, std::size_t index) {
-    if constexpr (std::is_same_v<F, double>) {
-      if (!std::isfinite(field))
-        throw Error("loom: " + flag(names[index]) + " must be a finite number, got " + num(field));
-    } else if constexpr (std::is_same_v<F, std::optional<double>>) {
-      if (field && !std::isfinite(*field))
-        throw Error("loom: " + flag(names[index]) + " must be a finite number, got " + num(*field));
-    }
-  });
-
-  if (args.output_dir.empty()) throw Error("loom: --output_dir must not be empty");
-
-  // --- names ---------------------------------------------------------------------------
-  check_choice("eval_strategy", args.eval_strategy, kIntervalStrategies);
-  check_choice("logging_strategy", args.logging_strategy, kIntervalStrategies);
-  check_choice("save_strategy", args.save_strategy, kSaveStrategies);
-  check_choice("optim", args.optim, kOptimizers);
-  check_choice("sharding", args.sharding, kShardings);
-  check_choice("lr_scheduler_type", args.lr_scheduler_type, kLrSchedulerTypes);
-  {
-    nlohmann::json kwargs;
-    try {
-      kwargs = nlohmann::json::parse(args.lr_scheduler_kwargs);
-    } catch (const nlohmann::json::exception&) {
-      kwargs = nullptr;
-    }
-    if (!kwargs.is_object())
-      throw Error("loom: --lr_scheduler_kwargs must be a JSON object such as '{\"num_cycles\": 2}', got '" +
-                  args.lr_scheduler_kwargs + "'");
-  }
-
-  // --- precision -----------------------------------------------------------------------
-  if (args.bf16 && args.fp16) throw Error("loom: --bf16 and --fp16 cannot both be set; pick one");
-
-  // --- batches -------------------------------------------------------------------------
-  check_positive("per_device_train_batch_size", static_cast<double>(args.per_device_train_batch_size));
-  check_positive("per_device_eval_batch_size", static_cast<double>(args.per_device_eval_batch_size));
-  check_positive("gradient_accumulation_steps", static_cast<double>(args.gradient_accumulation_steps));
-  if (args.eval_accumulation_steps)
-    check_positive("eval_accumulation_steps", static_cast<double>(*args.eval_accumulation_steps));
-  check_non_negative("dataloader_num_workers", static_cast<double>(args.dataloader_num_workers));
-
-  // --- optimizer -----------------------------------------------------------------------
-  check_non_negative("learning_rate", args.learning_rate);
-  check_non_negative("weight_decay", args.weight_decay);
-  for (auto [name, beta] : {std::pair<std::string_view, double>{"adam_beta1", args.adam_beta1},
-                            std::pair<std::string_view, double>{"adam_beta2", args.adam_beta2}})
-    if (!(beta >= 0 && beta < 1)) throw Error("loom: " + flag(name) + " must be in [0, 1), got " + num(beta));
-  check_positive("adam_epsilon", args.adam_epsilon);
-  check_non_negative("max_grad_norm", args.max_grad_norm);
-
-  // --- length and schedule -------------------------------------------------------------
-  if (args.max_steps <= 0 && !(args.num_train_epochs > 0))
-    throw Error("loom: --num_train_epochs must be positive when --max_steps is not set (> 0), got " +
-                num(args.num_train_epochs));
-  if (!(args.warmup_ratio >= 0 && args.warmup_ratio <= 1))
-    throw Error("loom: --warmup_ratio must be in [0, 1], got " + num(args.warmup_ratio));
-  check_non_negative("warmup_steps", args.warmup_steps);
-  if (args.warmup_ratio > 0 && args.warmup_steps > 0)
-    throw Error("loom: --warmup_ratio and --warmup_steps cannot both be set; use one (warmup_steps below 1 "
-                "is a fraction too)");
-  if (args.lr_scheduler_type == "reduce_lr_on_plateau" && args.eval_strategy == "no")
-    throw Error("loom: --lr_scheduler_type reduce_lr_on_plateau needs evaluation; set --eval_strategy "
-                "steps or epoch");
-
-  // --- logging, evaluation and saving intervals ----------------------------------------
-  if (args.logging_strategy == "steps") {
-    check_positive("logging_steps", args.logging_steps);
-    check_whole_above_one("logging_steps", args.logging_steps);
-  }
-  if (args.eval_steps) check_positive("eval_steps", *args.eval_steps);
-  // What the evaluation interval will be once finalize() has run.
-  const std::optional<double> eval_steps =
-      args.eval_steps ? args.eval_steps
-                      : (args.logging_steps > 0 ? std::optional<double>(args.logging_steps) : std::nullopt);
-  if (args.eval_strategy == "steps") {
-    if (!eval_steps)
-      throw Error("loom: --eval_strategy steps needs a positive --eval_steps (or a positive --logging_steps "
-                  "to default to)");
-    check_whole_above_one("eval_steps", *eval_steps);
-  }
-  if (args.save_strategy == "steps") {
-    check_positive("save_steps", args.save_steps);
-    check_whole_above_one("save_steps", args.save_steps);
-  }
-  if (args.save_total_limit) check_positive("save_total_limit", static_cast<double>(*args.save_total_limit));
-  check_non_negative("eval_delay", static_cast<double>(args.eval_delay));
-
-  // --- best model ----------------------------------------------------------------------
-  if (args.save_strategy == "best") {
-    if (!args.metric_for_best_model)
-      throw Error("loom: --save_strategy best needs --metric_for_best_model");
-    if (args.eval_strategy == "no")
-      throw Error("loom: --save_strategy best needs evaluation; set --eval_strategy steps or epoch");
-  }
-  if (args.load_best_model_at_end && args.save_strategy != "best") {
-    if (args.eval_strategy != args.save_strategy)
-      throw Error("loom: --load_best_model_at_end requires the save and eval strategy to match (or "
-                  "--save_strategy best), got --eval_strategy " + args.eval_strategy + " and --save_strategy " +
-                  args.save_strategy);
-    if (args.eval_strategy == "steps") {
-      const double eval = *eval_steps;
-      const double save = args.save_steps;
-      if ((eval < 1) != (save < 1))
-        throw Error("loom: --load_best_model_at_end requires --save_steps to be a multiple of --eval_steps, "
-                    "which cannot be guaranteed when mixing a fraction and a step count (--save_steps " +
-                    num(save) + ", --eval_steps " + num(eval) + ")");
-      if (!is_multiple_of(save, eval))
-        throw Error("loom: --load_best_model_at_end requires --save_steps to be a multiple of --eval_steps, "
-                    "got --save_steps " + num(save) + " and --eval_steps " + num(eval));
-    }
-  }
-
-  // --- reproducibility and distributed -------------------------------------------------
-  check_non_negative("seed", static_cast<double>(args.seed));
-  if (args.data_seed) check_non_negative("data_seed", static_cast<double>(*args.data_seed));
-  check_positive("ddp_timeout", static_cast<double>(args.ddp_timeout));
-  if (args.ddp_bucket_cap_mb) check_positive("ddp_bucket_cap_mb", static_cast<double>(*args.ddp_bucket_cap_mb));
-}
+LOOM_INLINE void validate(const TrainingArguments& args);
 
 /// Applies HF's __post_init__ defaults (eval_steps, metric_for_best_model, greater_is_better, do_eval); idempotent.
-inline void finalize(TrainingArguments& args) {
-  // HF: evaluating during training implies do_eval.
-  if (args.eval_strategy != "no") args.do_eval = true;
-  // HF: eval_strategy "steps" without eval_steps evaluates every logging_steps. (HF also
-  // treats eval_steps == 0 as unset; loom leaves 0 for validate() to reject.)
-  if (args.eval_strategy == "steps" && !args.eval_steps && args.logging_steps > 0)
-    args.eval_steps = args.logging_steps;
-  // HF: picking the best checkpoint, or reducing on plateau, watches the loss by default.
-  if ((args.load_best_model_at_end || args.lr_scheduler_type == "reduce_lr_on_plateau") &&
-      !args.metric_for_best_model)
-    args.metric_for_best_model = "loss";
-  // HF: a metric named *loss is minimized, anything else maximized.
-  if (args.metric_for_best_model && !args.greater_is_better)
-    args.greater_is_better = !std::string_view(*args.metric_for_best_model).ends_with("loss");
-}
+LOOM_INLINE void finalize(TrainingArguments& args);
 
 }  // namespace loom
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/config/impl/validate.ipp>
+#endif

@@ -2,8 +2,11 @@
 // loom::Metrics: an insertion-ordered name -> number map, the C++ twin of the dicts HF
 // passes to log() and returns from evaluate(). Order matters: log_history keeps it.
 
+#include <loom/config/inline.hpp>
+
 #include <nlohmann/json.hpp>
 
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -19,35 +22,18 @@ class Metrics {
 
   Metrics() = default;
   /// Builds from a list of (name, value) pairs, keeping their order.
-  Metrics(std::initializer_list<value_type> items) {
-    for (const auto& [k, v] : items) set(k, v);
-  }
+  Metrics(std::initializer_list<value_type> items);
 
   /// Sets `name` (appending it if new, keeping its place if not).
-  void set(std::string_view name, double value) {
-    for (auto& item : items_)
-      if (item.first == name) {
-        item.second = value;
-        return;
-      }
-    items_.emplace_back(std::string(name), value);
-  }
+  void set(std::string_view name, double value);
   /// The value of `name`, if present.
-  [[nodiscard]] std::optional<double> get(std::string_view name) const {
-    for (const auto& item : items_)
-      if (item.first == name) return item.second;
-    return std::nullopt;
-  }
+  [[nodiscard]] std::optional<double> get(std::string_view name) const;
   /// True when `name` is present.
   [[nodiscard]] bool contains(std::string_view name) const { return get(name).has_value(); }
   /// Removes `name` if present.
-  void erase(std::string_view name) {
-    std::erase_if(items_, [&](const value_type& item) { return item.first == name; });
-  }
+  void erase(std::string_view name);
   /// Copies every entry of `other` with `prefix` prepended to its name.
-  void merge(const Metrics& other, std::string_view prefix = {}) {
-    for (const auto& [k, v] : other.items_) set(std::string(prefix) + k, v);
-  }
+  void merge(const Metrics& other, std::string_view prefix = {});
 
   [[nodiscard]] auto begin() const { return items_.begin(); }
   [[nodiscard]] auto end() const { return items_.end(); }
@@ -55,14 +41,14 @@ class Metrics {
   [[nodiscard]] bool empty() const { return items_.empty(); }
 
   /// As a JSON object, in insertion order.
-  [[nodiscard]] nlohmann::ordered_json to_json() const {
-    nlohmann::ordered_json out = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : items_) out[k] = v;
-    return out;
-  }
+  [[nodiscard]] nlohmann::ordered_json to_json() const;
 
  private:
   std::vector<value_type> items_;
 };
 
 }  // namespace loom
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/core/impl/metrics.ipp>
+#endif

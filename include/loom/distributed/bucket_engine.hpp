@@ -32,7 +32,7 @@ namespace loom::dist {
 
 enum class Stage { ddp, zero1, zero2 };
 
-class BucketEngine : public EngineBase {
+class BucketEngine final : public EngineBase {
  public:
   BucketEngine(Stage stage, std::shared_ptr<Comm> comm, double bucket_cap_mb)
       : EngineBase(std::move(comm)), stage_(stage), cap_bytes_(static_cast<int64_t>(bucket_cap_mb * 1024 * 1024)) {}
@@ -44,7 +44,7 @@ class BucketEngine : public EngineBase {
   }
 
   /// Broadcasts rank 0's parameters and buffers, builds the buckets and registers the hooks.
-  void setup(torch::nn::Module& module) {
+  void setup(torch::nn::Module& module) override {
     torch::NoGradGuard no_grad;
     broadcast_module(module);
     const int64_t n = comm_->size();
@@ -83,7 +83,7 @@ class BucketEngine : public EngineBase {
   }
 
   /// The piece of `param` this rank updates (the whole parameter for DDP), or none.
-  std::optional<Piece> piece_of(const torch::Tensor& param, const std::string& name) {
+  std::optional<Piece> piece_of(const torch::Tensor& param, const std::string& name) override {
     const auto [k, i] = locate(param, name);
     auto& b = buckets_[k];
     const auto& s = b.slots[i];
@@ -98,12 +98,12 @@ class BucketEngine : public EngineBase {
   }
 
   /// Does the optimizer step slices (true) or whole parameters (DDP)?
-  [[nodiscard]] bool shards_optimizer() const { return stage_ != Stage::ddp; }
+  [[nodiscard]] bool shards_optimizer() const override { return stage_ != Stage::ddp; }
   /// Are gradients held in shards, so norms and overflow checks need a reduction?
-  [[nodiscard]] bool grads_sharded() const { return stage_ != Stage::ddp; }
+  [[nodiscard]] bool grads_sharded() const override { return stage_ != Stage::ddp; }
 
   /// Before the backward of a micro-step; `last`: the micro-step that completes the group.
-  void begin_micro_step(bool last) {
+  void begin_micro_step(bool last) override {
     syncing_ = last || stage_ == Stage::zero2;
     next_launch_ = 0;
     for (auto& b : buckets_) {
@@ -112,7 +112,7 @@ class BucketEngine : public EngineBase {
     }
   }
   /// After the backward of a micro-step: launches what the hooks did not, waits for everything.
-  void after_backward() {
+  void after_backward() override {
     if (!syncing_) return;
     while (next_launch_ < buckets_.size()) launch(next_launch_++);
     for (auto& b : buckets_) {
@@ -127,7 +127,7 @@ class BucketEngine : public EngineBase {
     syncing_ = false;
   }
   /// After the optimizer step: every rank gets every updated slice (ZeRO).
-  void after_step() {
+  void after_step() override {
     if (stage_ == Stage::ddp || comm_->size() == 1) return;
     std::vector<Work> works;
     for (auto& b : buckets_) {
@@ -137,22 +137,21 @@ class BucketEngine : public EngineBase {
     for (auto& w : works) w.wait();
   }
   /// Zeroes the gradients the engine holds (their buffers stay allocated).
-  void zero_grad() {
+  void zero_grad() override {
     for (auto& b : buckets_) {
       if (b.flat_grad.defined()) b.flat_grad.zero_();
       if (b.grad_shard.defined()) b.grad_shard.zero_();
     }
   }
   /// Runs `fn` with every parameter complete on this rank (always true here).
-  template <class F>
-  void with_full_params(F&& fn) {
+  void with_full_params(const std::function<void()>& fn) override {
     fn();
   }
-  void begin_forward_only() {}
-  void end_forward_only() {}
+  void begin_forward_only() override {}
+  void end_forward_only() override {}
 
   /// Parameter and gradient bytes this rank keeps (optimizer state is the optimizer's).
-  [[nodiscard]] StateBytes state_bytes() const {
+  [[nodiscard]] StateBytes state_bytes() const override {
     StateBytes s;
     for (const auto& b : buckets_) {
       s.params += static_cast<double>(b.flat_param.nbytes());

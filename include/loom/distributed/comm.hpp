@@ -1,5 +1,6 @@
 #pragma once
-// Comm: the job's process group, and the only place in loom that names c10d.
+// Comm: the job's process group, and the only place in loom that names c10d (this header
+// and its definitions in impl/comm.ipp, which hold the store and process-group headers).
 //
 // Rendezvous follows torchrun: a TCPStore at MASTER_ADDR:MASTER_PORT (hosted by rank 0, or
 // by torchrun's agent under the prefix /worker/attempt_<n> when
@@ -13,29 +14,36 @@
 // sees a failure writes loom/fault/<rank>, waits a few seconds for the others, and reports
 // the ranks that never wrote; if the store itself is gone, the rank hosting it is lost.
 
+#include <loom/config/inline.hpp>
 #include <loom/core/error.hpp>
 #include <loom/distributed/env.hpp>
 
-#include <torch/torch.h>
+#include <c10/util/intrusive_ptr.h>
+#include <torch/types.h>
 
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#if defined(LOOM_HAVE_NCCL)
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#endif
+// c10d::Work is held by value in Work (copied, moved and destroyed in callers), so it is
+// complete here; the store and process-group headers are needed by impl/comm.ipp only.
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <chrono>
-#include <cstdlib>
 #include <memory>
 #include <string>
-#include <thread>
+#include <utility>
 #include <vector>
 
 #ifndef USE_C10D_GLOO
 #error "loom: distributed/ needs ProcessGroupGloo; build with USE_C10D_GLOO and Gloo's headers (libgloo-dev)"
 #endif
+
+// Held through pointers only (c10::intrusive_ptr accepts an incomplete target); complete in
+// impl/comm.ipp, where Comm's constructor and destructor are.
+namespace c10d {
+class Store;
+class Backend;
+}  // namespace c10d
+namespace gloo::transport {
+class Device;
+}  // namespace gloo::transport
 
 namespace loom::dist {
 
@@ -48,7 +56,7 @@ class Work {
   Work() = default;
   Work(c10::intrusive_ptr<c10d::Work> work, Comm* comm, const char* what)
       : work_(std::move(work)), comm_(comm), what_(what) {}
-  inline void wait();
+  void wait();
   [[nodiscard]] bool pending() const { return static_cast<bool>(work_); }
 
  private:
@@ -69,31 +77,8 @@ class Comm {
  public:
   /// Joins the world on `device`'s backend (Gloo for CPU, NCCL for CUDA); collectives time out
   /// after `timeout`.
-  Comm(const World& world, torch::Device device, std::chrono::milliseconds timeout)
-      : world_(world), device_(device), timeout_(timeout) {
-    try {
-      store_ = make_store();
-      if (device.is_cuda()) {
-#if defined(LOOM_HAVE_NCCL)
-        auto opts = c10d::ProcessGroupNCCL::Options::create();
-        opts->timeout = timeout;
-        pg_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store_, world.rank, world.size, opts);
-#else
-        fail("this build of loom has no NCCL (torch without CUDA, or nccl.h not found at configure time); "
-             "train on the CPU with --use_cpu");
-#endif
-      } else {
-        auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
-        opts->devices.push_back(gloo_device());
-        pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, world.rank, world.size, opts);
-      }
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception& e) {
-      fail("rank {} could not join the process group of {} at {}:{} within {} s: {}", world.rank, world.size,
-           world.master_addr, world.master_port, timeout.count() / 1000, first_line(e.what()));
-    }
-  }
+  Comm(const World& world, torch::Device device, std::chrono::milliseconds timeout);
+  ~Comm();
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
 
@@ -105,63 +90,18 @@ class Comm {
   void reset_counters() { counters_ = {}; }
 
   /// In-place SUM over ranks of each tensor.
-  Work all_reduce(std::vector<at::Tensor> tensors, const char* what = "all_reduce") {
-    for (const auto& t : tensors) counters_.all_reduce += ring_factor(2) * bytes(t);
-    return guarded(what, [&] { return pg_->allreduce(tensors); });
-  }
+  Work all_reduce(std::vector<at::Tensor> tensors, const char* what = "all_reduce");
   /// `out` (numel n) = SUM over ranks of in[rank*n : (rank+1)*n].
-  Work reduce_scatter(at::Tensor out, at::Tensor in, const char* what = "reduce_scatter") {
-    counters_.reduce_scatter += ring_factor(1) * bytes(in);
-    return guarded(what, [&] { return pg_->_reduce_scatter_base(out, in); });
-  }
+  Work reduce_scatter(at::Tensor out, at::Tensor in, const char* what = "reduce_scatter");
   /// `out` = concatenation over ranks of `in`.
-  Work all_gather(at::Tensor out, at::Tensor in, const char* what = "all_gather") {
-    counters_.all_gather += ring_factor(1) * bytes(out);
-    return guarded(what, [&] { return pg_->_allgather_base(out, in); });
-  }
+  Work all_gather(at::Tensor out, at::Tensor in, const char* what = "all_gather");
   /// `tensors` of rank `root` copied to every rank.
-  Work broadcast(std::vector<at::Tensor> tensors, int root = 0, const char* what = "broadcast") {
-    for (const auto& t : tensors) counters_.broadcast += bytes(t);
-    c10d::BroadcastOptions o;
-    o.rootRank = root;
-    return guarded(what, [&] { return pg_->broadcast(tensors, o); });
-  }
+  Work broadcast(std::vector<at::Tensor> tensors, int root = 0, const char* what = "broadcast");
   /// Returns when every rank has called it.
-  void barrier(const char* what = "barrier") {
-    // A one-element all-reduce on the group's own device (NCCL's barrier needs a device
-    // guess), left out of the counters: it moves no model data.
-    std::vector<at::Tensor> t{torch::zeros({1}, torch::TensorOptions().device(device_))};
-    guarded(what, [&] { return pg_->allreduce(t); }).wait();
-  }
+  void barrier(const char* what = "barrier");
 
   /// Turns the failure of collective `what` into a loom::Error naming the lost ranks.
-  [[noreturn]] void fail_collective(const char* what, const std::string& cause) {
-    std::vector<int> lost;
-    bool store_lost = false;
-    try {
-      const auto key = [](int r) { return "fault/" + std::to_string(r); };
-      store_->set(key(world_.rank), std::vector<uint8_t>{1});
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-      for (;;) {
-        lost.clear();
-        for (int r = 0; r < world_.size; ++r)
-          if (r != world_.rank && !store_->check({key(r)})) lost.push_back(r);
-        if (lost.empty() || std::chrono::steady_clock::now() > deadline) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
-    } catch (const std::exception&) {
-      store_lost = true;
-    }
-    std::string names;
-    if (store_lost) {
-      names = world_.agent_store ? "the torchrun agent's store" : "rank 0 (it hosts the rendezvous store)";
-    } else {
-      for (int r : lost) names += (names.empty() ? "rank " : ", rank ") + std::to_string(r);
-      if (names.empty()) names = "no rank (every rank reported the failure)";
-    }
-    fail("rank {} lost {} during {} (it exited or did not answer within ddp_timeout {} s): {}", world_.rank, names,
-         what, timeout_.count() / 1000, first_line(cause));
-  }
+  [[noreturn]] void fail_collective(const char* what, const std::string& cause);
 
  private:
   template <class F>
@@ -174,38 +114,12 @@ class Comm {
       fail_collective(what, e.what());
     }
   }
-  [[nodiscard]] double ring_factor(int passes) const {
-    return world_.size > 1 ? passes * static_cast<double>(world_.size - 1) / world_.size : 0.0;
-  }
-  static double bytes(const at::Tensor& t) { return static_cast<double>(t.numel() * t.element_size()); }
-  static std::string first_line(const std::string& s) {
-    const auto nl = s.find('\n');
-    return nl == std::string::npos ? s : s.substr(0, nl);
-  }
+  [[nodiscard]] double ring_factor(int passes) const;
+  static double bytes(const at::Tensor& t);
+  static std::string first_line(const std::string& s);
 
-  c10::intrusive_ptr<c10d::Store> make_store() {
-    if (!world_.launched) return c10::make_intrusive<c10d::HashStore>();
-    c10d::TCPStoreOptions o;
-    o.port = static_cast<std::uint16_t>(world_.master_port);
-    o.isServer = !world_.agent_store && world_.rank == 0;
-    o.numWorkers = world_.agent_store ? std::nullopt : std::optional<std::size_t>(world_.size);
-    o.waitWorkers = false;
-    o.timeout = timeout_;
-    c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(world_.master_addr, o);
-    if (world_.agent_store)
-      store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(world_.restart_count), store);
-    // The job's keys under their own prefix, so a store shared with torchrun stays tidy.
-    return c10::make_intrusive<c10d::PrefixStore>("loom", store);
-  }
-
-  std::shared_ptr<::gloo::transport::Device> gloo_device() const {
-    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"))
-      return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
-    const std::string& a = world_.master_addr;
-    if (!world_.launched || a == "127.0.0.1" || a == "localhost" || a == "::1")
-      return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-    return c10d::ProcessGroupGloo::createDefaultDevice();
-  }
+  c10::intrusive_ptr<c10d::Store> make_store();
+  std::shared_ptr<::gloo::transport::Device> gloo_device() const;
 
   World world_;
   torch::Device device_;
@@ -215,14 +129,8 @@ class Comm {
   CommCounters counters_;
 };
 
-inline void Work::wait() {
-  if (!work_) return;
-  auto w = std::move(work_);
-  try {
-    w->wait();
-  } catch (const std::exception& e) {
-    comm_->fail_collective(what_, e.what());
-  }
-}
-
 }  // namespace loom::dist
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/distributed/impl/comm.ipp>
+#endif

@@ -6,6 +6,7 @@
 
 #include <loom/core/error.hpp>
 #include <loom/distributed/comm.hpp>
+#include <loom/distributed/engine.hpp>
 
 #include <torch/torch.h>
 
@@ -21,23 +22,6 @@
 #include <vector>
 
 namespace loom::dist {
-
-/// The part of one parameter a rank updates: the whole parameter (unsharded policies) or a
-/// flat range of it. `param` and `grad` are what the optimizer steps; [begin, end) is the
-/// range in the parameter's flattened elements, recorded in checkpoints.
-struct Piece {
-  std::string name;            ///< the parameter's name in the model
-  torch::Tensor param;         ///< the values this rank updates (a view into the engine's storage)
-  torch::Tensor grad;          ///< their gradient (a view)
-  int64_t begin = 0, end = 0;  ///< flat element range within the parameter
-  int64_t numel = 0;           ///< elements of the whole parameter
-};
-
-/// Bytes a rank holds for model state, measured from the tensors it keeps between steps.
-struct StateBytes {
-  double params = 0, grads = 0, optimizer = 0;
-  [[nodiscard]] double total() const { return params + grads + optimizer; }
-};
 
 namespace detail {
 
@@ -121,19 +105,21 @@ class ItemShare {
 
 /// What every sharding engine shares: the process group, the item share of each
 /// accumulation group, SUM for the Trainer's reductions, and the start-up broadcast.
-class EngineBase {
+class EngineBase : public Engine {
  public:
   explicit EngineBase(std::shared_ptr<Comm> comm) : comm_(std::move(comm)) {}
 
   /// Starts an accumulation group whose micro-batches hold `local_items` items on this rank.
-  void begin_group(int64_t local_items, const torch::Device& device) { share_.begin_group(comm_.get(), local_items, device); }
+  void begin_group(int64_t local_items, const torch::Device& device) override {
+    share_.begin_group(comm_.get(), local_items, device);
+  }
   /// local / global items of the group, on the device; undefined in a world of one.
-  [[nodiscard]] const torch::Tensor& item_factor() const { return share_.factor(); }
+  [[nodiscard]] const torch::Tensor& item_factor() const override { return share_.factor(); }
   /// In-place SUM over ranks.
-  void all_reduce(torch::Tensor& t, const char* what) {
+  void all_reduce(torch::Tensor& t, const char* what) override {
     if (comm_->size() > 1) comm_->all_reduce({t}, what).wait();
   }
-  [[nodiscard]] Comm* comm() const { return comm_.get(); }
+  [[nodiscard]] Comm* comm() const override { return comm_.get(); }
 
  protected:
   // Where each trainable parameter lives: (bucket or unit, slot), by TensorImpl.

@@ -5,15 +5,14 @@
 // elastic agent hosts the rendezvous store. None of them set means one process; some of
 // them set, or values that contradict each other, are a loom::Error naming the variable.
 
+#include <loom/config/inline.hpp>
 #include <loom/core/error.hpp>
 
-#include <charconv>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <string>
 #include <string_view>
-#include <vector>
 
 namespace loom::dist {
 
@@ -33,53 +32,16 @@ struct World {
 };
 
 namespace detail {
-inline int parse_env_int(std::string_view name, const char* text, int min, int max) {
-  const std::string_view s(text);
-  int value = 0;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
-  check(ec == std::errc() && end == s.data() + s.size() && !s.empty(),
-        "environment variable {}={:?} is not an integer", name, s);
-  check(value >= min && value <= max, "environment variable {}={} is out of range [{}, {}]", name, value, min, max);
-  return value;
-}
+/// `text` (the value of environment variable `name`) as an int in [min, max]; else loom::Error.
+LOOM_INLINE int parse_env_int(std::string_view name, const char* text, int min, int max);
 }  // namespace detail
 
 /// The world described by the environment; `getenv` is replaceable for tests.
-inline World world_from_env(const std::function<const char*(const char*)>& getenv =
-                                [](const char* n) { return std::getenv(n); }) {
-  constexpr const char* required[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"};
-  std::vector<std::string> present, missing;
-  for (const char* n : required) (getenv(n) != nullptr ? present : missing).emplace_back(n);
-  World w;
-  if (present.empty()) return w;
-  if (!missing.empty()) {
-    std::string have, lack;
-    for (const auto& n : present) have += (have.empty() ? "" : ", ") + n;
-    for (const auto& n : missing) lack += (lack.empty() ? "" : ", ") + n;
-    fail("the launch environment is incomplete: {} set but {} missing; start the program with torchrun, "
-         "or set all of RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (or none for one process)",
-         have, lack);
-  }
-  w.launched = true;
-  w.size = detail::parse_env_int("WORLD_SIZE", getenv("WORLD_SIZE"), 1, 1 << 20);
-  w.rank = detail::parse_env_int("RANK", getenv("RANK"), 0, w.size - 1);
-  w.local_size = getenv("LOCAL_WORLD_SIZE") ? detail::parse_env_int("LOCAL_WORLD_SIZE", getenv("LOCAL_WORLD_SIZE"),
-                                                                       1, w.size)
-                                            : w.size;
-  w.local_rank = detail::parse_env_int("LOCAL_RANK", getenv("LOCAL_RANK"), 0, w.local_size - 1);
-  check(w.local_rank <= w.rank, "environment variables LOCAL_RANK={} and RANK={} contradict each other",
-        w.local_rank, w.rank);
-  w.master_addr = getenv("MASTER_ADDR");
-  check(!w.master_addr.empty(), "environment variable MASTER_ADDR is empty");
-  w.master_port = detail::parse_env_int("MASTER_PORT", getenv("MASTER_PORT"), 1, 65535);
-  if (const char* a = getenv("TORCHELASTIC_USE_AGENT_STORE")) {
-    const std::string_view v(a);
-    check(v == "True" || v == "False", "environment variable TORCHELASTIC_USE_AGENT_STORE={:?} is not True or False", v);
-    w.agent_store = v == "True";
-  }
-  if (const char* r = getenv("TORCHELASTIC_RESTART_COUNT"))
-    w.restart_count = detail::parse_env_int("TORCHELASTIC_RESTART_COUNT", r, 0, 1 << 20);
-  return w;
-}
+LOOM_INLINE World world_from_env(const std::function<const char*(const char*)>& getenv =
+                                     [](const char* n) { return std::getenv(n); });
 
 }  // namespace loom::dist
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/distributed/impl/env.ipp>
+#endif

@@ -21,6 +21,7 @@
 // The root unit is gathered at the start of each micro-step and released after its backward.
 
 #include <loom/distributed/engine_common.hpp>
+#include <loom/distributed/full_shard_unit.hpp>
 
 #include <map>
 #include <optional>
@@ -28,70 +29,7 @@
 
 namespace loom::dist {
 
-/// What the FullShard engine does around a unit's forward (the wrapper calls it).
-class UnitRuntime {
- public:
-  virtual ~UnitRuntime() = default;
-  virtual void pre_forward(int unit) = 0;
-  virtual torch::Tensor post_forward(int unit, torch::Tensor out) = 0;
-};
-
-/// The non-template part of every FullShardUnit, found by the engine with dynamic_cast.
-class FullShardUnitBase {
- public:
-  virtual ~FullShardUnitBase() = default;
-  UnitRuntime* loom_runtime = nullptr;  ///< set while a FullShard engine owns the unit
-  int loom_unit = -1;                   ///< the unit's index in that engine
-};
-
-/// A block sharded as one unit under FullShard; `Inner` is a torch module holder.
-template <class Inner>
-class FullShardUnitImpl : public torch::nn::Module, public FullShardUnitBase {
- public:
-  explicit FullShardUnitImpl(Inner inner) : inner_(std::move(inner)) {
-    for (const auto& p : inner_->named_parameters(/*recurse=*/false)) register_parameter(p.key(), p.value());
-    for (const auto& b : inner_->named_buffers(/*recurse=*/false)) register_buffer(b.key(), b.value());
-    for (const auto& c : inner_->named_children()) register_module(c.key(), c.value());
-  }
-  /// The block's forward, with the unit's parameters gathered around it under FullShard.
-  template <class... Args>
-  auto forward(Args&&... args) {
-    using R = decltype(inner_->forward(std::forward<Args>(args)...));
-    if constexpr (std::is_same_v<R, torch::Tensor>) {
-      if (loom_runtime == nullptr) return inner_->forward(std::forward<Args>(args)...);
-      loom_runtime->pre_forward(loom_unit);
-      auto out = inner_->forward(std::forward<Args>(args)...);
-      return loom_runtime->post_forward(loom_unit, std::move(out));
-    } else {
-      static_assert(std::is_same_v<R, torch::Tensor>,
-                    "loom: a FullShardUnit's block must return one torch::Tensor from forward");
-    }
-  }
-  void train(bool on = true) override {
-    torch::nn::Module::train(on);
-    inner_->train(on);
-  }
-  /// The wrapped block.
-  Inner& inner() { return inner_; }
-
- private:
-  Inner inner_;
-};
-
-/// Module holder of FullShardUnitImpl<Inner>.
-template <class Inner>
-class FullShardUnit : public torch::nn::ModuleHolder<FullShardUnitImpl<Inner>> {
- public:
-  using torch::nn::ModuleHolder<FullShardUnitImpl<Inner>>::ModuleHolder;
-};
-
-/// Wraps `block` as a FullShard unit.
-template <class Inner>
-FullShardUnit<Inner> full_shard_unit(Inner block) {
-  return FullShardUnit<Inner>(std::move(block));
-}
-
-class FullShardEngine : public UnitRuntime, public EngineBase {
+class FullShardEngine final : public UnitRuntime, public EngineBase {
  public:
   explicit FullShardEngine(std::shared_ptr<Comm> comm) : EngineBase(std::move(comm)) {}
   FullShardEngine(const FullShardEngine&) = delete;
@@ -103,7 +41,7 @@ class FullShardEngine : public UnitRuntime, public EngineBase {
     }
   }
 
-  void setup(torch::nn::Module& module) {
+  void setup(torch::nn::Module& module) override {
     torch::NoGradGuard no_grad;
     broadcast_module(module);
     // Units: every FullShardUnit (not nested); the root: everything else.
@@ -160,7 +98,7 @@ class FullShardEngine : public UnitRuntime, public EngineBase {
     }
   }
 
-  std::optional<Piece> piece_of(const torch::Tensor& param, const std::string& name) {
+  std::optional<Piece> piece_of(const torch::Tensor& param, const std::string& name) override {
     const auto [k, i] = locate(param, name);
     auto& u = units_[k];
     const auto& s = u.slots[i];
@@ -171,10 +109,10 @@ class FullShardEngine : public UnitRuntime, public EngineBase {
     return Piece{name, u.shard.narrow(0, a - lo, e - a), u.grad_shard.narrow(0, a - lo, e - a), a - s.offset,
                  e - s.offset, s.numel};
   }
-  [[nodiscard]] bool shards_optimizer() const { return true; }
-  [[nodiscard]] bool grads_sharded() const { return true; }
+  [[nodiscard]] bool shards_optimizer() const override { return true; }
+  [[nodiscard]] bool grads_sharded() const override { return true; }
 
-  void begin_micro_step(bool /*last*/) {
+  void begin_micro_step(bool /*last*/) override {
     for (auto& u : units_) {
       u.ready = 0;
       u.backward_started = false;
@@ -188,7 +126,7 @@ class FullShardEngine : public UnitRuntime, public EngineBase {
       root.backward_started = true;
     }
   }
-  void after_backward() {
+  void after_backward() override {
     // Units whose gradients did not all arrive (unused parameters) are reduced now, in
     // index order; then every reduction is waited for.
     for (std::size_t k = 1; k < units_.size(); ++k)
@@ -203,16 +141,15 @@ class FullShardEngine : public UnitRuntime, public EngineBase {
     }
     in_backward_pass_ = false;
   }
-  void after_step() {}
-  void zero_grad() {
+  void after_step() override {}
+  void zero_grad() override {
     for (auto& u : units_)
       if (u.grad_shard.defined()) u.grad_shard.zero_();
   }
 
   /// Runs `fn` with every parameter gathered; afterwards the shards take the (possibly
   /// changed) values and the gathered copies are released.
-  template <class F>
-  void with_full_params(F&& fn) {
+  void with_full_params(const std::function<void()>& fn) override {
     for (auto& u : units_)
       if (!u.slots.empty()) gather(u);
     fn();
@@ -224,15 +161,15 @@ class FullShardEngine : public UnitRuntime, public EngineBase {
     }
   }
   /// Around forward passes without backward (evaluation): the root stays gathered.
-  void begin_forward_only() {
+  void begin_forward_only() override {
     if (!units_[0].slots.empty()) gather(units_[0]);
   }
-  void end_forward_only() {
+  void end_forward_only() override {
     for (auto& u : units_)
       if (!u.slots.empty()) release(u);
   }
 
-  [[nodiscard]] StateBytes state_bytes() const {
+  [[nodiscard]] StateBytes state_bytes() const override {
     StateBytes s;
     for (const auto& u : units_) {
       if (u.slots.empty()) continue;
@@ -353,8 +290,3 @@ class FullShardEngine : public UnitRuntime, public EngineBase {
 };
 
 }  // namespace loom::dist
-
-namespace loom {
-using dist::full_shard_unit;
-using dist::FullShardUnit;
-}  // namespace loom

@@ -1,98 +1,69 @@
 #pragma once
-// ShardingImpl<Tag>: the engine behind each sharding tag, with one interface the Trainer
-// drives (docs/architecture.md, "Sharding engines"):
-//
-//   setup(module)                  after the model is on its device
-//   piece_of(param, name)          what this rank's optimizer steps for `param`
-//   begin_group(items, device)     an accumulation group starts (items on this rank)
-//   begin_micro_step(last)         before a micro-step's forward
-//   after_backward()               after its backward: gradients reduced when they must be
-//   after_step()                   after the optimizer step (ZeRO: all-gather parameters)
-//   zero_grad()                    gradients the engine owns
-//   with_full_params(fn)           fn sees complete parameters (save, load)
-//   begin/end_forward_only()       around evaluation
-//   all_reduce(t, what)            SUM over ranks, for norms, overflow flags and logged losses
-//   state_bytes()                  parameter and gradient bytes held
-//
-// NoShard implements it with no process group at all (the single-process Trainer is unchanged).
+// ShardingImpl<Tag>: what each sharding tag means to the Trainer, as compile-time facts plus
+// the engine it runs (dist::Engine, made by make_engine). The primary template fails loudly;
+// the ShardingEngine concept states what a specialization provides, and the Trainer asserts
+// it. A new strategy adds one tag (policy/tags.hpp), one engine file here, one
+// specialization below and one case in make_engine (impl/engine.ipp).
 
-#include <loom/distributed/bucket_engine.hpp>
-#include <loom/distributed/full_shard.hpp>
+#include <loom/config/meta.hpp>
+#include <loom/distributed/engine.hpp>
+#include <loom/distributed/full_shard_unit.hpp>
 #include <loom/policy/tags.hpp>
+
+#include <concepts>
 
 namespace loom::dist {
 
+/// Specialized per sharding tag.
 template <class Tag>
-class ShardingImpl;
-
-template <>
-class ShardingImpl<sharding::NoShard> {
- public:
-  static constexpr bool uses_comm = false;   ///< needs a process group
-  static constexpr bool owns_grads = false;  ///< gradients are the autograd defaults (set to none after a step)
-  explicit ShardingImpl(std::shared_ptr<Comm> /*comm*/, double /*bucket_cap_mb*/) {}
-  void setup(torch::nn::Module& module) { module_ = &module; }
-  std::optional<Piece> piece_of(const torch::Tensor& param, const std::string& name) {
-    return Piece{name, param, param.grad(), 0, param.numel(), param.numel()};
-  }
-  [[nodiscard]] bool shards_optimizer() const { return false; }
-  [[nodiscard]] bool grads_sharded() const { return false; }
-  void begin_group(int64_t, const torch::Device&) {}
-  [[nodiscard]] const torch::Tensor& item_factor() const { return none_; }
-  void begin_micro_step(bool) {}
-  void after_backward() {}
-  void after_step() {}
-  void zero_grad() {}
-  template <class F>
-  void with_full_params(F&& fn) {
-    fn();
-  }
-  void begin_forward_only() {}
-  void end_forward_only() {}
-  void all_reduce(torch::Tensor&, const char*) {}
-  [[nodiscard]] Comm* comm() const { return nullptr; }
-  [[nodiscard]] StateBytes state_bytes() const {
-    StateBytes s;
-    if (module_ == nullptr) return s;
-    for (const auto& p : module_->parameters(true)) {
-      s.params += static_cast<double>(p.nbytes());
-      if (p.grad().defined()) s.grads += static_cast<double>(p.grad().nbytes());
-    }
-    return s;
-  }
-
- private:
-  torch::nn::Module* module_ = nullptr;
-  torch::Tensor none_;
+struct ShardingImpl {
+  static_assert(dependent_false_v<Tag>, "loom: no ShardingImpl for this sharding tag; add a specialization "
+                                      "in loom/distributed/sharding.hpp");
 };
 
-// DDP, ZeRO1 and ZeRO2: the bucket engine at one stage.
-template <Stage S>
-class StagedBuckets : public BucketEngine {
- public:
+/// What the Trainer reads from a sharding policy.
+template <class S>
+concept ShardingEngine = requires {
+  { S::kind } -> std::convertible_to<EngineKind>;         // the engine make_engine builds
+  { S::uses_comm } -> std::convertible_to<bool>;          // needs a process group
+  { S::owns_grads } -> std::convertible_to<bool>;         // the engine zeroes gradients (not the optimizer)
+  { S::forward_is_collective } -> std::convertible_to<bool>;  // every rank must run every forward
+};
+
+template <>
+struct ShardingImpl<sharding::NoShard> {
+  static constexpr EngineKind kind = EngineKind::none;
+  static constexpr bool uses_comm = false;
+  static constexpr bool owns_grads = false;  // autograd's gradients, set to none after a step
+  static constexpr bool forward_is_collective = false;
+};
+template <>
+struct ShardingImpl<sharding::DDP> {
+  static constexpr EngineKind kind = EngineKind::ddp;
   static constexpr bool uses_comm = true;
   static constexpr bool owns_grads = true;
-  StagedBuckets(std::shared_ptr<Comm> comm, double bucket_cap_mb) : BucketEngine(S, std::move(comm), bucket_cap_mb) {}
+  static constexpr bool forward_is_collective = false;
 };
 template <>
-class ShardingImpl<sharding::DDP> : public StagedBuckets<Stage::ddp> {
-  using StagedBuckets::StagedBuckets;
-};
-template <>
-class ShardingImpl<sharding::ZeRO1> : public StagedBuckets<Stage::zero1> {
-  using StagedBuckets::StagedBuckets;
-};
-template <>
-class ShardingImpl<sharding::ZeRO2> : public StagedBuckets<Stage::zero2> {
-  using StagedBuckets::StagedBuckets;
-};
-
-template <>
-class ShardingImpl<sharding::FullShard> : public FullShardEngine {
- public:
+struct ShardingImpl<sharding::ZeRO1> {
+  static constexpr EngineKind kind = EngineKind::zero1;
   static constexpr bool uses_comm = true;
   static constexpr bool owns_grads = true;
-  ShardingImpl(std::shared_ptr<Comm> comm, double /*bucket_cap_mb*/) : FullShardEngine(std::move(comm)) {}
+  static constexpr bool forward_is_collective = false;
+};
+template <>
+struct ShardingImpl<sharding::ZeRO2> {
+  static constexpr EngineKind kind = EngineKind::zero2;
+  static constexpr bool uses_comm = true;
+  static constexpr bool owns_grads = true;
+  static constexpr bool forward_is_collective = false;
+};
+template <>
+struct ShardingImpl<sharding::FullShard> {
+  static constexpr EngineKind kind = EngineKind::full_shard;
+  static constexpr bool uses_comm = true;
+  static constexpr bool owns_grads = true;
+  static constexpr bool forward_is_collective = true;  // each forward gathers parameters
 };
 
 }  // namespace loom::dist

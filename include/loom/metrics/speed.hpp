@@ -2,32 +2,27 @@
 // HF's speed_metrics: <split>_runtime (s, 4 decimals), <split>_samples_per_second and
 // <split>_steps_per_second (3 decimals).
 
+#include <loom/config/inline.hpp>
 #include <loom/core/metrics.hpp>
 
 #include <chrono>
-#include <cmath>
 #include <optional>
 #include <string>
 
 namespace loom {
 
 namespace detail {
-inline double round_to(double v, int digits) {
-  const double scale = std::pow(10.0, digits);
-  return std::round(v * scale) / scale;
-}
+// `v` rounded to `digits` decimals.
+LOOM_INLINE double round_to(double v, int digits);
 }  // namespace detail
 
 /// Runtime and throughput of a phase that started at `start`.
-inline Metrics speed_metrics(const std::string& split, std::chrono::steady_clock::time_point start,
-                             std::optional<double> num_samples = std::nullopt,
-                             std::optional<double> num_steps = std::nullopt) {
-  const double runtime = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  Metrics m;
-  m.set(split + "_runtime", detail::round_to(runtime, 4));
-  if (num_samples) m.set(split + "_samples_per_second", detail::round_to(*num_samples / runtime, 3));
-  if (num_steps) m.set(split + "_steps_per_second", detail::round_to(*num_steps / runtime, 3));
-  return m;
-}
+LOOM_INLINE Metrics speed_metrics(const std::string& split, std::chrono::steady_clock::time_point start,
+                                  std::optional<double> num_samples = std::nullopt,
+                                  std::optional<double> num_steps = std::nullopt);
 
 }  // namespace loom
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/metrics/impl/speed.ipp>
+#endif

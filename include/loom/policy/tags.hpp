@@ -47,17 +47,20 @@ namespace precision {
 /// float32 everywhere (the default).
 struct FP32 {
   using loom_family = family::Precision;
-  static constexpr std::string_view name = "fp32";
+  static constexpr std::string_view name = "fp32";  ///< the flag that selects it (--bf16, --fp16); FP32 has none
+  static constexpr std::string_view type_name = "FP32";
 };
 /// bfloat16 autocast for forward and loss; float32 master weights and optimizer state.
 struct BF16 {
   using loom_family = family::Precision;
-  static constexpr std::string_view name = "bf16";
+  static constexpr std::string_view name = "bf16";  ///< the flag that selects it (--bf16)
+  static constexpr std::string_view type_name = "BF16";
 };
 /// float16 autocast plus dynamic loss scaling; float32 master weights and optimizer state.
 struct FP16 {
   using loom_family = family::Precision;
-  static constexpr std::string_view name = "fp16";
+  static constexpr std::string_view name = "fp16";  ///< the flag that selects it (--fp16)
+  static constexpr std::string_view type_name = "FP16";
 };
 }  // namespace precision
 

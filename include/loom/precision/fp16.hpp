@@ -68,4 +68,5 @@ struct PrecisionImpl<FP16> {
   ScalerOptions options_;
   torch::Tensor scale_, growth_tracker_, found_inf_;
 };
+static_assert(PrecisionPolicy<PrecisionImpl<FP16>>, "loom: PrecisionImpl<FP16> does not model PrecisionPolicy");
 }  // namespace loom::precision

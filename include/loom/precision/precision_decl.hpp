@@ -1,14 +1,7 @@
 #pragma once
-// Precision policies. PrecisionImpl<Tag> is specialized once per precision tag, each in its
-// own file; the primary template only fails loudly. A specialization provides:
-//   explicit PrecisionImpl(const TrainingArguments&, torch::Device)
-//   Autocast autocast() const                     RAII scope for forward + loss
-//   torch::Tensor scale_loss(const torch::Tensor&)  what backward() is called on
-//   void unscale(const std::vector<torch::Tensor>& params)  before clipping
-//   torch::Tensor found_inf() const               device flag (undefined: never skips)
-//   void update()                                 after the optimizer step
-//   nlohmann::json state_dict() const / void load_state_dict(const nlohmann::json&)
+// Precision policies: PrecisionImpl<Tag>, one specialization per tag, each a PrecisionPolicy.
 
+#include <loom/config/meta.hpp>
 #include <loom/config/training_arguments.hpp>
 #include <loom/core/error.hpp>
 #include <loom/policy/tags.hpp>
@@ -17,17 +10,15 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <concepts>
 #include <vector>
 
 namespace loom::precision {
 
-template <class T>
-inline constexpr bool dependent_false = false;
-
-/// Specialized per precision tag (see the top of this file).
+/// Specialized per precision tag, each a PrecisionPolicy; this primary template only fails loudly.
 template <class Tag>
 struct PrecisionImpl {
-  static_assert(dependent_false<Tag>, "loom: no PrecisionImpl for this precision tag; include its header "
+  static_assert(dependent_false_v<Tag>, "loom: no PrecisionImpl for this precision tag; include its header "
                                       "from loom/precision/");
 };
 
@@ -59,5 +50,20 @@ class Autocast {
   bool prev_enabled_ = false;
   at::ScalarType prev_dtype_ = at::kFloat;
 };
+
+/// What the Trainer needs of a precision policy (PrecisionImpl<Tag> for each tag).
+template <class P>
+concept PrecisionPolicy =
+    std::constructible_from<P, const TrainingArguments&, torch::Device> &&
+    requires(P& p, const P& cp, const torch::Tensor& loss, const std::vector<torch::Tensor>& params,
+             const nlohmann::json& state) {
+      { cp.autocast() } -> std::same_as<Autocast>;                   // RAII scope for forward + loss
+      { cp.scale_loss(loss) } -> std::convertible_to<torch::Tensor>;  // what backward() is called on
+      p.unscale(params);                                             // before clipping
+      { cp.found_inf() } -> std::convertible_to<torch::Tensor>;       // device flag (undefined: never skips)
+      p.update();                                                    // after the optimizer step
+      { cp.state_dict() } -> std::convertible_to<nlohmann::json>;     // what scaler.json holds
+      p.load_state_dict(state);
+    };
 
 }  // namespace loom::precision

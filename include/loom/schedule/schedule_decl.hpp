@@ -6,12 +6,14 @@
 //   static double factor(int64_t step, const ScheduleParams&, const Config&);
 // LRScheduler<Tag> is HF's LambdaLR: the rate of optimizer step k is base_lr * factor(k).
 
+#include <loom/config/meta.hpp>
 #include <loom/core/error.hpp>
 #include <loom/policy/tags.hpp>
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <concepts>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -30,13 +32,10 @@ struct ScheduleParams {
   nlohmann::json kwargs = nlohmann::json::object();  ///< lr_scheduler_kwargs
 };
 
-template <class T>
-inline constexpr bool dependent_false = false;
-
 /// Specialized per schedule tag (see the top of this file).
 template <class Tag>
 struct ScheduleImpl {
-  static_assert(dependent_false<Tag>, "loom: no ScheduleImpl for this schedule tag; "
+  static_assert(dependent_false_v<Tag>, "loom: no ScheduleImpl for this schedule tag; "
                                       "include its header from loom/schedule/");
 };
 
@@ -155,5 +154,19 @@ class LRScheduler : public LRSchedulerBase {
  private:
   typename ScheduleImpl<Tag>::Config config_;
 };
+
+/// What the Trainer asks of a scheduler (LRScheduler<Tag>, or a create_scheduler override's).
+template <class S>
+concept Schedule = std::derived_from<S, LRSchedulerBase> && requires(S& s, const S& cs, const nlohmann::json& j) {
+  { cs.current_lr() } -> std::convertible_to<double>;
+  { cs.wants_metric() } -> std::convertible_to<bool>;
+  s.step_metric(1.0);
+  { cs.state_dict() } -> std::convertible_to<nlohmann::json>;
+  s.load_state_dict(j);
+};
+
+/// A scheduler whose formula is picked at run time from lr_scheduler_type (schedule::FromArgs).
+template <class S>
+concept NamedAtRunTime = std::constructible_from<S, ScheduleParams, std::string_view>;
 
 }  // namespace loom::schedule

@@ -3,16 +3,16 @@
 // callback pack with `if constexpr (requires ...)` so an event nobody handles costs nothing.
 // TrainerControl flags are reset here, exactly where HF's CallbackHandler resets them.
 
+#include <loom/config/meta.hpp>
 #include <loom/config/training_arguments.hpp>
 #include <loom/core/state.hpp>
 
+#include <concepts>
+#include <string>
 #include <tuple>
 #include <type_traits>
 
 namespace loom {
-
-template <class T>
-inline constexpr bool dependent_false_v = false;
 
 // Each event tag forwards to a callback's member of the same name. A callback may take the
 // event's extra argument (metrics, logs) or not. A member with the event's name that fits
@@ -54,9 +54,26 @@ LOOM_DEFINE_EVENT(on_log)
 }  // namespace event
 #undef LOOM_DEFINE_EVENT
 
+/// What a callback is: a class the Trainer can default-construct. Its event members are
+/// checked where they are called (a member named like an event with the wrong parameters is
+/// a compile error); `name` + `state()` + `load_state(json)` make it stateful (checkpointed).
+template <class Cb>
+concept Callback = std::is_class_v<Cb> && std::default_initializable<Cb>;
+
+/// A callback whose state is checkpointed in trainer_state.json under its `name`.
+template <class Cb>
+concept StatefulCallback = Callback<Cb> && requires(Cb& cb, const nlohmann::json& j) {
+  { Cb::name } -> std::convertible_to<std::string_view>;
+  cb.state();
+  cb.load_state(j);
+};
+
 /// The callbacks of one Trainer: built-ins first, then the user's pack, called in that order.
 template <class... Cbs>
 class CallbackSet {
+  static_assert((Callback<Cbs> && ...), "loom: every callback must be a class type with a default constructor "
+                                        "(callbacks are configured through their members after construction)");
+
  public:
   /// Fires `Event` on every callback after applying HF's flag resets for it.
   template <class Event, class... X>
@@ -75,6 +92,24 @@ class CallbackSet {
   template <class F>
   void for_each(F&& f) {
     std::apply([&](auto&... cb) { (f(cb), ...); }, callbacks_);
+  }
+
+  /// Stores the state of every stateful callback in `states` under its name.
+  void save_states(nlohmann::ordered_json& states) {
+    for_each([&](auto& cb) {
+      using Cb = std::decay_t<decltype(cb)>;
+      if constexpr (StatefulCallback<Cb>) states[std::string(Cb::name)] = cb.state();
+    });
+  }
+  /// Restores every stateful callback found in `states`.
+  void load_states(const nlohmann::ordered_json& states) {
+    for_each([&](auto& cb) {
+      using Cb = std::decay_t<decltype(cb)>;
+      if constexpr (StatefulCallback<Cb>) {
+        const std::string key(Cb::name);
+        if (states.contains(key)) cb.load_state(nlohmann::json(states[key]));
+      }
+    });
   }
 
   /// The callback of type `Cb`.

@@ -4,6 +4,7 @@
 // hook's name that cannot be called with the hook's arguments hides the default and is a
 // compile error here, with a "loom:" message naming the hook and its expected form.
 
+#include <loom/config/meta.hpp>
 #include <loom/core/metrics.hpp>
 
 #include <boost/pfr.hpp>
@@ -54,9 +55,6 @@ torch::Tensor logits_of(const R& r) {
 
 namespace hook {
 
-template <class T>
-inline constexpr bool dependent_false = false;
-
 // Each hook tag calls `self.NAME(args...)`. The Trainer base defines every hook, so the call
 // only fails when the subclass declared NAME with other parameters.
 #define LOOM_DEFINE_HOOK(NAME, EXPECTED)                                                     \
@@ -66,7 +64,7 @@ inline constexpr bool dependent_false = false;
       if constexpr (requires { self.NAME(std::forward<A>(a)...); }) {                        \
         return self.NAME(std::forward<A>(a)...);                                             \
       } else {                                                                               \
-        static_assert(dependent_false<Self>, "loom: the override of " #NAME                  \
+        static_assert(dependent_false_v<Self>, "loom: the override of " #NAME                \
                                              " has the wrong signature; expected " EXPECTED); \
       }                                                                                      \
     }                                                                                        \

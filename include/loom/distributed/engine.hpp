@@ -1,0 +1,88 @@
+#pragma once
+// dist::Engine: the run-time interface of every sharding engine, and the only distributed
+// header the Trainer's translation units need. The engines themselves (bucket_engine.hpp for
+// DDP / ZeRO-1 / ZeRO-2, full_shard.hpp for FullShard, the NoShard engine) are reached
+// through make_engine(), so under LOOM_SEPARATE_COMPILATION editing an engine rebuilds the
+// loom::compiled library only. The calls are a handful per micro-step, far from the kernels.
+
+#include <loom/config/inline.hpp>
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace loom::dist {
+
+class Comm;  // distributed/comm.hpp
+
+/// The part of one parameter a rank updates: the whole parameter (unsharded policies) or a
+/// flat range of it. `param` and `grad` are what the optimizer steps; [begin, end) is the
+/// range in the parameter's flattened elements, recorded in checkpoints.
+struct Piece {
+  std::string name;            ///< the parameter's name in the model
+  torch::Tensor param;         ///< the values this rank updates (a view into the engine's storage)
+  torch::Tensor grad;          ///< their gradient (a view)
+  int64_t begin = 0, end = 0;  ///< flat element range within the parameter
+  int64_t numel = 0;           ///< elements of the whole parameter
+};
+
+/// Bytes a rank holds for model state, measured from the tensors it keeps between steps.
+struct StateBytes {
+  double params = 0, grads = 0, optimizer = 0;
+  [[nodiscard]] double total() const { return params + grads + optimizer; }
+};
+
+/// Which engine a sharding tag runs.
+enum class EngineKind { none, ddp, zero1, zero2, full_shard };
+
+/// What the Trainer asks of a sharding engine, in the order a step asks it.
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  /// After the model is on its device: broadcast, flatten, register hooks.
+  virtual void setup(torch::nn::Module& module) = 0;
+  /// What this rank's optimizer steps for `param` (none: another rank owns all of it).
+  virtual std::optional<Piece> piece_of(const torch::Tensor& param, const std::string& name) = 0;
+  /// The optimizer steps pieces of parameters (ZeRO, FullShard).
+  [[nodiscard]] virtual bool shards_optimizer() const = 0;
+  /// Each rank holds the gradient of its pieces only (norms and overflow flags need a SUM).
+  [[nodiscard]] virtual bool grads_sharded() const = 0;
+  /// An accumulation group starts; `local_items` are this rank's items in it.
+  virtual void begin_group(int64_t local_items, const torch::Device& device) = 0;
+  /// local / global items of the group, on the device; undefined in a world of one.
+  [[nodiscard]] virtual const torch::Tensor& item_factor() const = 0;
+  /// Before a micro-step's forward; `last` is the group's last micro-step.
+  virtual void begin_micro_step(bool last) = 0;
+  /// After its backward: gradients reduced where they must be.
+  virtual void after_backward() = 0;
+  /// After the optimizer step (ZeRO: all-gather the updated slices).
+  virtual void after_step() = 0;
+  /// Zeroes the gradients the engine owns.
+  virtual void zero_grad() = 0;
+  /// Runs `fn` while every parameter is complete (saving, loading); FullShard writes changed
+  /// values back to the shards afterwards.
+  virtual void with_full_params(const std::function<void()>& fn) = 0;
+  /// Around evaluation (forward passes without backward).
+  virtual void begin_forward_only() = 0;
+  virtual void end_forward_only() = 0;
+  /// In-place SUM over ranks (norms, overflow flags, logged losses); nothing in a world of one.
+  virtual void all_reduce(torch::Tensor& t, const char* what) = 0;
+  /// The process group (null for NoShard).
+  [[nodiscard]] virtual Comm* comm() const = 0;
+  /// Parameter and gradient bytes this rank holds.
+  [[nodiscard]] virtual StateBytes state_bytes() const = 0;
+};
+
+/// The engine of `kind` over `comm` (null for EngineKind::none); bucket_cap_mb is DDP's and
+/// ZeRO's bucket size (ddp_bucket_cap_mb).
+LOOM_INLINE std::unique_ptr<Engine> make_engine(EngineKind kind, std::shared_ptr<Comm> comm, double bucket_cap_mb);
+
+}  // namespace loom::dist
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/distributed/impl/engine.ipp>
+#endif

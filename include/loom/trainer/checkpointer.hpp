@@ -1,0 +1,92 @@
+#pragma once
+// Checkpointer: the one owner of the checkpoint format. Every file of a checkpoint folder is
+// named, written and read back here; the components hand over their state and get it back.
+//
+//   checkpoint-N/model.safetensors        weights (named parameters and buffers), gathered
+//   checkpoint-N/optimizer.safetensors    AdamW moments and step counts, by parameter name
+//   checkpoint-N/optimizer-R-of-W.safetensors / .json
+//                                         instead, when the optimizer is sharded: rank R's
+//                                         pieces, and each piece's flat range in its parameter
+//   checkpoint-N/optimizer.json           optimizer scalars
+//   checkpoint-N/<part>.json              each JsonPart: scheduler.json (torch's LambdaLR
+//                                         field names), scaler.json (fp16; HF forgets it),
+//                                         loop_state.json (the loop's loss totals)
+//   checkpoint-N/rng_state.safetensors    CPU (and CUDA) generator states
+//   checkpoint-N/trainer_state.json       HF's TrainerState, callback states included
+//   checkpoint-N/training_args.json       the arguments
+//
+// Everything is written to a temporary folder that is renamed into place at the end
+// (checkpoint/folders.hpp); in a distributed run rank 0 writes the gathered model and the
+// shared files, every rank its optimizer shard, and rank 0 renames the folder once all ranks
+// are done. A sharded optimizer state loads at any world size and under any policy.
+
+#include <loom/config/inline.hpp>
+#include <loom/config/training_arguments.hpp>
+#include <loom/core/state.hpp>
+#include <loom/distributed/engine.hpp>
+#include <loom/distributed/env.hpp>
+#include <loom/trainer/optimizer_step.hpp>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace loom {
+
+/// A part of a checkpoint that a component owns: one JSON file it fills and reads back.
+struct JsonPart {
+  std::string file;                                  ///< file name inside the checkpoint folder
+  std::function<nlohmann::json()> save;              ///< called on every rank (may be a collective)
+  std::function<void(const nlohmann::json&)> load;   ///< restores what save returned
+};
+
+/// A JsonPart over an object with state_dict() / load_state_dict(json).
+template <class T>
+JsonPart json_part(std::string file, T& object) {
+  return {std::move(file), [&object] { return nlohmann::json(object.state_dict()); },
+          [&object](const nlohmann::json& j) { object.load_state_dict(j); }};
+}
+
+class Checkpointer {
+ public:
+  /// Saves and loads `model` (through `engine`, which gathers sharded parameters).
+  Checkpointer(const TrainingArguments& args, const dist::World& world, dist::Engine& engine, torch::nn::Module& model)
+      : args_(&args), world_(world), engine_(&engine), model_(&model) {}
+
+  /// Writes output_dir/checkpoint-<state.global_step> and rotates old ones (every rank calls it).
+  LOOM_INLINE void save(const TrainerState& state, OptimizerStep& optimizer, const std::vector<JsonPart>& parts);
+  /// The folder --resume_from_checkpoint names ("latest": the newest complete one in output_dir).
+  LOOM_INLINE std::optional<std::filesystem::path> resume_dir();
+  /// Restores a checkpoint: weights, this rank's optimizer state (resharded), the parts, the
+  /// RNG states, and the progress fields of `state` (the plan stays this run's, as HF does).
+  LOOM_INLINE void load(const std::filesystem::path& dir, TrainerState& state, OptimizerStep& optimizer,
+                        const std::vector<JsonPart>& parts);
+  /// Loads the weights of `dir`/model.safetensors into the model (strict names and shapes).
+  LOOM_INLINE void load_weights(const std::filesystem::path& dir);
+  /// Loads --model_name_or_path's weights (a folder holding model.safetensors).
+  LOOM_INLINE void load_pretrained(const std::string& name_or_path);
+  /// Writes the (gathered) weights to `dir`/model.safetensors on rank 0.
+  LOOM_INLINE void save_weights(const std::filesystem::path& dir);
+
+ private:
+  LOOM_INLINE void barrier(const char* what);
+  LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> optimizer_state_for_this_rank(
+      const std::filesystem::path& dir, OptimizerStep& optimizer);
+
+  const TrainingArguments* args_;
+  dist::World world_;
+  dist::Engine* engine_;
+  torch::nn::Module* model_;
+};
+
+}  // namespace loom
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/trainer/impl/checkpointer.ipp>
+#endif

@@ -1,0 +1,225 @@
+#pragma once
+#include <loom/checkpoint/folders.hpp>
+#include <loom/checkpoint/safetensors.hpp>
+#include <loom/config/reflect.hpp>
+#include <loom/core/error.hpp>
+#include <loom/distributed/comm.hpp>
+#include <loom/trainer/checkpointer.hpp>
+#include <loom/trainer/run_files.hpp>
+
+#include <map>
+#include <mutex>
+#include <regex>
+
+namespace loom {
+
+namespace detail {
+inline constexpr const char* kOptimizerMeta = "optimizer.json";
+inline constexpr const char* kOptimizerState = "optimizer.safetensors";
+inline constexpr const char* kRngState = "rng_state.safetensors";
+inline constexpr const char* kTrainingArgs = "training_args.json";
+}  // namespace detail
+
+LOOM_INLINE void Checkpointer::barrier(const char* what) {
+  if (world_.size > 1) engine_->comm()->barrier(what);
+}
+
+LOOM_INLINE void Checkpointer::save_weights(const std::filesystem::path& dir) {
+  engine_->with_full_params([&] {
+    if (world_.is_main()) checkpoint::save_module(*model_, dir / checkpoint::kModelFile);
+  });
+}
+
+LOOM_INLINE void Checkpointer::load_weights(const std::filesystem::path& dir) {
+  engine_->with_full_params([&] { checkpoint::load_module(*model_, dir / checkpoint::kModelFile); });
+}
+
+LOOM_INLINE void Checkpointer::load_pretrained(const std::string& name_or_path) {
+  const auto file = std::filesystem::path(name_or_path) / checkpoint::kModelFile;
+  check(std::filesystem::exists(file), "--model_name_or_path {}: {} does not exist", name_or_path, file.string());
+  load_weights(name_or_path);
+}
+
+LOOM_INLINE void Checkpointer::save(const TrainerState& state, OptimizerStep& optimizer,
+                                    const std::vector<JsonPart>& parts) {
+  const auto& args = *args_;
+  const std::filesystem::path out(args.output_dir);
+  // Every rank fills every part: a part may be a collective (the loss window's sum).
+  std::vector<nlohmann::json> values;
+  values.reserve(parts.size());
+  for (const auto& part : parts) values.push_back(part.save());
+  const bool main = world_.is_main();
+  const std::string tag = world_.size > 1 ? std::string("ranks") : checkpoint::detail::pid_string();
+  const auto tmp = checkpoint::temporary_checkpoint_dir(out, state.global_step, tag);
+  if (main) checkpoint::begin_checkpoint(out, state.global_step, tag);
+  barrier("the checkpoint barrier");
+  save_weights(tmp);
+  auto& opt = optimizer.optimizer();
+  if (!args.save_only_model && engine_->shards_optimizer()) {
+    const auto stem = fmt::format("optimizer-{}-of-{}", world_.rank, world_.size);
+    checkpoint::save_safetensors(opt.state_tensors(), tmp / (stem + ".safetensors"));
+    nlohmann::json ranges = nlohmann::json::object();
+    for (const auto& p : optimizer.pieces()) ranges[p.name] = {p.begin, p.end, p.numel};
+    detail::write_json_file(tmp / (stem + ".json"), {{"ranges", ranges}}, 2);
+  }
+  if (main && !args.save_only_model) {
+    if (!engine_->shards_optimizer()) checkpoint::save_safetensors(opt.state_tensors(), tmp / detail::kOptimizerState);
+    detail::write_json_file(tmp / detail::kOptimizerMeta, opt.state_meta(), 2);
+    for (std::size_t i = 0; i < parts.size(); ++i) detail::write_json_file(tmp / parts[i].file, values[i], 2);
+    std::vector<std::pair<std::string, torch::Tensor>> rng{{"cpu", at::detail::getDefaultCPUGenerator().get_state()}};
+    if (torch::cuda::is_available())
+      for (int i = 0; i < static_cast<int>(torch::cuda::device_count()); ++i)
+        rng.emplace_back("cuda:" + std::to_string(i),
+                         at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, i)).get_state());
+    checkpoint::save_safetensors(rng, tmp / detail::kRngState);
+  }
+  if (main) {
+    detail::write_json_file(tmp / checkpoint::kTrainerStateFile, nlohmann::json(state.to_json()), 2);
+    save_json(args, tmp / detail::kTrainingArgs);
+  }
+  barrier("the checkpoint barrier");  // every shard is written
+  if (main) {
+    checkpoint::commit_checkpoint(tmp, checkpoint::checkpoint_dir(out, state.global_step));
+    if (args.save_total_limit) {
+      std::optional<std::filesystem::path> best;
+      if (state.best_model_checkpoint) best = std::filesystem::path(*state.best_model_checkpoint);
+      checkpoint::rotate_checkpoints(out, *args.save_total_limit, best);
+    }
+  }
+  barrier("the checkpoint barrier");  // the checkpoint is in place before anyone reads it
+}
+
+LOOM_INLINE std::optional<std::filesystem::path> Checkpointer::resume_dir() {
+  const auto& args = *args_;
+  if (!args.resume_from_checkpoint) return std::nullopt;
+  const std::filesystem::path out(args.output_dir);
+  if (*args.resume_from_checkpoint == "latest") {
+    if (world_.is_main() && std::filesystem::exists(out)) checkpoint::remove_stale_temporaries(out);
+    barrier("the resume barrier");
+    auto latest = std::filesystem::exists(out) ? checkpoint::latest_checkpoint(out) : std::nullopt;
+    check(latest.has_value(), "--resume_from_checkpoint latest: no complete checkpoint-N folder in {}", out.string());
+    return latest;
+  }
+  const std::filesystem::path dir(*args.resume_from_checkpoint);
+  checkpoint::validate_checkpoint(dir);
+  return dir;
+}
+
+LOOM_INLINE void Checkpointer::load(const std::filesystem::path& dir, TrainerState& state, OptimizerStep& optimizer,
+                                    const std::vector<JsonPart>& parts) {
+  // The weights first: a damaged model file is the most useful thing to report.
+  load_weights(dir);
+  std::vector<std::string> required{detail::kOptimizerMeta};
+  for (const auto& part : parts) required.push_back(part.file);
+  required.emplace_back(detail::kRngState);
+  for (const auto& f : required)
+    check(std::filesystem::exists(dir / f),
+          "{} cannot resume training: it has no {} (saved with save_only_model? then start from its "
+          "weights with --model_name_or_path {})", dir.string(), f, dir.string());
+  try {
+    optimizer.optimizer().load_state(optimizer_state_for_this_rank(dir, optimizer),
+                                     detail::read_state_file(dir / detail::kOptimizerMeta));
+    for (const auto& part : parts) part.load(detail::read_state_file(dir / part.file));
+  } catch (const nlohmann::json::exception& e) {
+    fail("{} has a malformed state file: {}", dir.string(), e.what());
+  }
+  for (const auto& [name, t] : checkpoint::load_safetensors(dir / detail::kRngState)) {
+    auto restore = [&](at::Generator gen) {  // a handle sharing the global generator
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(t);
+    };
+    if (name == "cpu") {
+      restore(at::detail::getDefaultCPUGenerator());
+    } else if (name.rfind("cuda:", 0) == 0 && torch::cuda::is_available()) {
+      const int i = std::stoi(name.substr(5));
+      if (i < static_cast<int>(torch::cuda::device_count()))
+        restore(at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, i)));
+    }
+  }
+  // Progress, history and best model come from the checkpoint; the plan (max_steps,
+  // intervals) from this run's arguments, as HF does.
+  const auto saved = TrainerState::load(dir / checkpoint::kTrainerStateFile);
+  state.global_step = saved.global_step;
+  state.epoch = saved.epoch;
+  state.log_history = saved.log_history;
+  state.best_metric = saved.best_metric;
+  state.best_global_step = saved.best_global_step;
+  state.best_model_checkpoint = saved.best_model_checkpoint;
+  state.total_flos = saved.total_flos;
+  state.num_input_tokens_seen = saved.num_input_tokens_seen;
+  state.stateful_callbacks = saved.stateful_callbacks;
+}
+
+// The optimizer state of checkpoint `dir`, whole or sharded at any world size, cut to what
+// this rank's optimizer steps (whole parameters, or this rank's pieces).
+LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> Checkpointer::optimizer_state_for_this_rank(
+    const std::filesystem::path& dir, OptimizerStep& optimizer) {
+  std::map<std::string, torch::Tensor> full;
+  if (std::filesystem::exists(dir / detail::kOptimizerState)) {
+    for (auto& [k, t] : checkpoint::load_safetensors(dir / detail::kOptimizerState))
+      full[k] = k.rfind("step.", 0) == 0 ? t : t.reshape({-1});
+  } else {
+    int64_t world = 0;
+    std::map<std::string, int64_t> covered, numels;
+    for (int64_t r = 0; world == 0 || r < world; ++r) {
+      if (world == 0) {  // the world size the checkpoint was saved at
+        static const std::regex shard0(R"(optimizer-0-of-([1-9][0-9]{0,5})\.safetensors)");
+        for (const auto& e : std::filesystem::directory_iterator(dir)) {
+          std::smatch m;
+          const auto name = e.path().filename().string();
+          if (std::regex_match(name, m, shard0)) world = std::stoll(m[1].str());
+        }
+        check(world > 0,
+              "{} cannot resume training: it has neither optimizer.safetensors nor optimizer-0-of-N.safetensors "
+              "(saved with save_only_model? then start from its weights with --model_name_or_path {})",
+              dir.string(), dir.string());
+      }
+      const auto stem = dir / fmt::format("optimizer-{}-of-{}", r, world);
+      check(std::filesystem::exists(stem.string() + ".safetensors") && std::filesystem::exists(stem.string() + ".json"),
+            "{} is missing the optimizer shard of rank {} ({}.safetensors/.json)", dir.string(), r,
+            stem.filename().string());
+      const auto meta = detail::read_state_file(stem.string() + ".json");
+      check(meta.is_object() && meta.contains("ranges"), "{}.json has no \"ranges\"", stem.string());
+      for (auto& [key, t] : checkpoint::load_safetensors(stem.string() + ".safetensors")) {
+        const auto dot = key.find('.');
+        const std::string kind = key.substr(0, dot), param = key.substr(dot + 1);
+        if (kind == "step") {
+          full[key] = t;
+          continue;
+        }
+        check(meta["ranges"].contains(param), "{}.json has no range for {}", stem.string(), param);
+        const auto range = meta["ranges"][param].get<std::vector<int64_t>>();
+        auto& f = full[key];
+        if (!f.defined()) f = torch::zeros({range.at(2)}, t.options());
+        f.narrow(0, range.at(0), range.at(1) - range.at(0)).copy_(t.reshape({-1}));
+        covered[key] += range.at(1) - range.at(0);
+        numels[key] = range.at(2);
+      }
+    }
+    for (const auto& [key, n] : numels)
+      check(covered[key] == n, "{}: the optimizer shards cover {} of the {} elements of {}", dir.string(), covered[key],
+            n, key);
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  auto take = [&](const std::string& key, int64_t begin, int64_t end, c10::IntArrayRef shape) {
+    auto it = full.find(key);
+    if (it == full.end()) return;  // Optimizer::load_state reports what is missing
+    if (key.rfind("step.", 0) == 0) out.emplace_back(key, it->second);
+    else if (it->second.numel() < end) out.emplace_back(key, it->second);  // a shape mismatch, reported there
+    else out.emplace_back(key, it->second.narrow(0, begin, end - begin).reshape(shape));
+  };
+  auto& opt = optimizer.optimizer();
+  const bool pieces = engine_->shards_optimizer();
+  std::size_t k = 0;
+  for (const auto& g : opt.groups())
+    for (std::size_t i = 0; i < g.params.size(); ++i, ++k) {
+      const auto& name = g.names.at(i);
+      const int64_t begin = pieces ? optimizer.pieces().at(k).begin : 0;
+      const int64_t end = pieces ? optimizer.pieces().at(k).end : g.params[i].numel();
+      for (const char* kind : {"exp_avg.", "exp_avg_sq.", "step."}) take(kind + name, begin, end, g.params[i].sizes());
+    }
+  if (opt.options().algorithm == optim::Algorithm::sgd || full.empty()) out.clear();
+  return out;
+}
+
+}  // namespace loom

@@ -1,0 +1,80 @@
+#pragma once
+#include <loom/trainer/loop_state.hpp>
+
+#include <loom/core/error.hpp>
+
+#include <algorithm>
+#include <cmath>
+
+namespace loom {
+
+LOOM_INLINE double LossWindow::total(bool nan_filter) const {
+  double tr = carry_;
+  if (items_.empty()) return tr;
+  std::vector<torch::Tensor> losses;
+  losses.reserve(items_.size());
+  for (const auto& [l, s] : items_) losses.push_back(l.reshape({}).to(torch::kFloat));
+  auto stacked = torch::stack(losses);
+  if (reduce_) reduce_(stacked);
+  const auto host = stacked.to(torch::kDouble).cpu();
+  const double* v = host.data_ptr<double>();
+  for (std::size_t i = 0; i < items_.size(); ++i)
+    tr += (!nan_filter || std::isfinite(v[i])) ? v[i] : tr / static_cast<double>(1 + items_[i].second);
+  return tr;
+}
+
+LOOM_INLINE nlohmann::json LoopState::state_dict(bool nan_filter) const {
+  return {{"tr_loss", tr_loss.total(nan_filter)},
+          {"total_loss", total_loss},
+          {"globalstep_last_logged", last_logged}};
+}
+
+LOOM_INLINE void LoopState::load_state_dict(const nlohmann::json& j) {
+  tr_loss.reset(j.at("tr_loss").get<double>());
+  total_loss = j.at("total_loss").get<double>();
+  last_logged = j.at("globalstep_last_logged").get<int64_t>();
+}
+
+namespace detail {
+inline int64_t resolve_interval(double value, int64_t max_steps) {
+  if (value > 0 && value < 1) return static_cast<int64_t>(std::ceil(value * static_cast<double>(max_steps)));
+  return static_cast<int64_t>(value);
+}
+}  // namespace detail
+
+LOOM_INLINE TrainingPlan TrainingPlan::make(const TrainingArguments& args, int64_t len, int64_t examples,
+                                            int world_size) {
+  check(len > 0, "the training set yields no batch ({} examples, per_device_train_batch_size {}{})", examples,
+        args.per_device_train_batch_size, args.dataloader_drop_last ? ", dataloader_drop_last" : "");
+  TrainingPlan p;
+  const int64_t ga = args.gradient_accumulation_steps;
+  p.batches_per_epoch = len;
+  p.updates_per_epoch = std::max<int64_t>(len / ga + (len % ga > 0 ? 1 : 0), 1);
+  const int64_t total_batch = args.per_device_train_batch_size * ga * world_size;
+  if (args.max_steps > 0) {
+    p.max_steps = args.max_steps;
+    p.num_epochs = p.max_steps / p.updates_per_epoch + (p.max_steps % p.updates_per_epoch > 0 ? 1 : 0);
+    p.num_train_samples = static_cast<double>(p.max_steps * total_batch);
+  } else {
+    p.max_steps = static_cast<int64_t>(std::ceil(args.num_train_epochs * static_cast<double>(p.updates_per_epoch)));
+    p.num_epochs = static_cast<int64_t>(std::ceil(args.num_train_epochs));
+    p.num_train_samples = static_cast<double>(examples) * args.num_train_epochs;
+  }
+  return p;
+}
+
+LOOM_INLINE TrainerState TrainingPlan::initial_state(const TrainingArguments& args, bool world_zero,
+                                                     bool local_zero) const {
+  TrainerState s;
+  s.is_world_process_zero = world_zero;
+  s.is_local_process_zero = local_zero;
+  s.max_steps = max_steps;
+  s.num_train_epochs = num_epochs;
+  s.train_batch_size = args.per_device_train_batch_size;
+  s.logging_steps = detail::resolve_interval(args.logging_steps, max_steps);
+  s.eval_steps = detail::resolve_interval(args.eval_steps.value_or(args.logging_steps), max_steps);
+  s.save_steps = detail::resolve_interval(args.save_steps, max_steps);
+  return s;
+}
+
+}  // namespace loom

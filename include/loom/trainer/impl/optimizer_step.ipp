@@ -1,0 +1,94 @@
+#pragma once
+#include <loom/trainer/optimizer_step.hpp>
+
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+namespace loom {
+
+LOOM_INLINE void OptimizerStep::reset(optim::Optimizer full, schedule::LRSchedulerBase& scheduler) {
+  scheduler_ = &scheduler;
+  state_bytes_ = {};
+  skipped_ = 0;
+  skip_pending_ = false;
+  pieces_.clear();
+  optimizer_.reset();
+  if (!engine_->shards_optimizer()) {
+    optimizer_.emplace(std::move(full));
+    return;
+  }
+  std::vector<optim::ParamGroup> groups;
+  for (const auto& g : full.groups()) {
+    optim::ParamGroup sharded{{}, {}, g.weight_decay};
+    for (std::size_t i = 0; i < g.params.size(); ++i) {
+      auto piece = engine_->piece_of(g.params[i], g.names.at(i));
+      if (!piece) continue;
+      torch::Tensor p = piece->param;
+      p.mutable_grad() = piece->grad;
+      sharded.params.push_back(p);
+      sharded.names.push_back(piece->name);
+      pieces_.push_back(*piece);
+    }
+    groups.push_back(std::move(sharded));
+  }
+  optimizer_.emplace(std::move(groups), full.options());
+}
+
+LOOM_INLINE torch::Tensor OptimizerStep::clip(const torch::Tensor& found_inf, double max_grad_norm) {
+  if (engine_->grads_sharded() && found_inf.defined()) {
+    torch::Tensor inf = found_inf;
+    engine_->all_reduce(inf, "the fp16 overflow all-reduce");
+  }
+  if (max_grad_norm <= 0) return {};
+  const auto params = optimizer_->parameters();
+  if (!engine_->grads_sharded()) return optim::clip_grad_norm(params, max_grad_norm);
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  torch::Tensor sq = grads.empty() ? torch::zeros({1}, torch::TensorOptions().device(device_))
+                                   : torch::stack(at::_foreach_norm(grads, 2)).square().sum().reshape({1});
+  engine_->all_reduce(sq, "the gradient-norm all-reduce");
+  auto total = sq.sqrt().reshape({});
+  if (!grads.empty()) at::_foreach_mul_(grads, torch::clamp_max(max_grad_norm / (total + 1e-6), 1.0));
+  return total;
+}
+
+LOOM_INLINE void OptimizerStep::settle_skip() {
+  if (!skip_pending_) return;
+  if (skip_event_) skip_event_->synchronize();
+  skip_pending_ = false;
+  if (skip_flag_host_.item<float>() == 0.0f) scheduler_->step();
+  else ++skipped_;
+}
+
+LOOM_INLINE void OptimizerStep::step(double lr, const torch::Tensor& found_inf) {
+  optimizer_->step(lr, found_inf);
+  engine_->after_step();
+}
+
+LOOM_INLINE void OptimizerStep::after_update(const torch::Tensor& inf) {
+  if (!inf.defined()) {
+    scheduler_->step();
+    return;
+  }
+  if (!skip_flag_host_.defined())
+    skip_flag_host_ = torch::empty({1}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(device_.is_cuda()));
+  skip_flag_host_.copy_(inf.reshape({1}), /*non_blocking=*/device_.is_cuda());
+  if (device_.is_cuda()) {
+    skip_event_.emplace(device_.type());
+    skip_event_->record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
+  }
+  skip_pending_ = true;
+}
+
+LOOM_INLINE void OptimizerStep::finish() {
+  if (state_bytes_.total() == 0) {
+    state_bytes_ = engine_->state_bytes();
+    state_bytes_.optimizer = 0;
+    for (const auto& [name, t] : optimizer_->state_tensors()) state_bytes_.optimizer += static_cast<double>(t.nbytes());
+  }
+  if (engine_owns_grads_) engine_->zero_grad();
+  else optimizer_->zero_grad();
+}
+
+}  // namespace loom

@@ -1,0 +1,46 @@
+#pragma once
+#include <loom/config/validate.hpp>
+#include <loom/core/error.hpp>
+#include <loom/distributed/comm.hpp>
+#include <loom/trainer/startup.hpp>
+
+#include <chrono>
+
+namespace loom {
+
+LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& policies, bool has_eval_dataset) {
+  // The precision policy named in the type decides; --bf16 / --fp16 must agree with it (the
+  // runtime selector, loom::select_policies, picks the type from those flags).
+  check(!(args.bf16 && args.fp16), "--bf16 and --fp16 are both set; choose one");
+  const std::string_view flag = args.bf16 ? "bf16" : args.fp16 ? "fp16" : "";
+  check(flag.empty() || flag == policies.precision,
+        "--{} is set but this Trainer was compiled with precision::{}; name precision::{} in its type, "
+        "or build it through loom::select_policies", flag, policies.precision_type, args.bf16 ? "BF16" : "FP16");
+  args.bf16 = policies.precision == "bf16";
+  args.fp16 = policies.precision == "fp16";
+  check(args.sharding == policies.sharding,
+        "--sharding {} is not available in this build; the Trainer's sharding policy is \"{}\"", args.sharding,
+        policies.sharding);
+  validate(args);
+  finalize(args);
+  check(args.eval_strategy == "no" || has_eval_dataset,
+        "--eval_strategy {} needs an evaluation dataset; pass one to the Trainer or use --eval_strategy no",
+        args.eval_strategy);
+  Startup s;
+  s.world = dist::world_from_env();
+  if (!policies.uses_comm)
+    check(s.world.size == 1,
+          "WORLD_SIZE is {} but this Trainer does not shard (--sharding no); pass --sharding ddp, zero1, zero2 "
+          "or full_shard, or start one process", s.world.size);
+  if (torch::cuda::is_available() && !args.use_cpu) {
+    check(s.world.local_rank < static_cast<int>(torch::cuda::device_count()),
+          "LOCAL_RANK {} has no GPU: this node has {}; start at most that many processes per node",
+          s.world.local_rank, torch::cuda::device_count());
+    s.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(s.world.local_rank));
+  }
+  if (policies.uses_comm)
+    s.comm = std::make_shared<dist::Comm>(s.world, s.device, std::chrono::seconds(args.ddp_timeout));
+  return s;
+}
+
+}  // namespace loom

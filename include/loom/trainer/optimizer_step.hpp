@@ -1,0 +1,85 @@
+#pragma once
+// OptimizerStep: the optimizer as the sharding engine sees it, and the sequence that ends
+// every accumulation group (HF's, in order):
+//
+//   precision.unscale(params())        the caller: the precision policy's part
+//   clip(found_inf, max_grad_norm)     overflow flag and squared norms summed over ranks
+//   on_pre_optimizer_step              the caller
+//   settle_skip()                      the previous step's fp16 skip flag, read now
+//   step(lr, found_inf)                the optimizer, then the engine (ZeRO: all-gather)
+//   on_optimizer_step; precision.update()
+//   after_update(found_inf)            the skip flag starts its way to the host
+//   finish()                           state bytes (once), gradients zeroed
+//
+// HF does not advance the scheduler after a step the fp16 scaler skipped. The skip is decided
+// on the device; its flag is copied to the host asynchronously after the step and read just
+// before the next step needs the learning rate (by then the copy is long done, so the host
+// never waits on the device inside a step).
+
+#include <loom/config/inline.hpp>
+#include <loom/distributed/engine.hpp>
+#include <loom/optim/optimizer.hpp>
+#include <loom/schedule/schedule_decl.hpp>
+
+#include <c10/core/Event.h>
+#include <torch/torch.h>
+
+#include <optional>
+#include <vector>
+
+namespace loom {
+
+class OptimizerStep {
+ public:
+  /// Steps through `engine`; gradients are zeroed by the engine when it owns them.
+  OptimizerStep(dist::Engine& engine, torch::Device device, bool engine_owns_grads)
+      : engine_(&engine), device_(device), engine_owns_grads_(engine_owns_grads) {}
+
+  /// Takes the optimizer create_optimizer built and, when the engine shards the optimizer,
+  /// rebuilds it with the same algorithm and groups over this rank's pieces of each parameter.
+  LOOM_INLINE void reset(optim::Optimizer full, schedule::LRSchedulerBase& scheduler);
+
+  /// Every parameter the optimizer steps (this rank's pieces when sharded).
+  [[nodiscard]] std::vector<torch::Tensor> params() const { return optimizer_->parameters(); }
+  /// Sums the fp16 overflow flag over ranks when gradients are sharded, then clips to
+  /// `max_grad_norm` by the global norm (0: no clipping). Returns the norm (undefined: none).
+  LOOM_INLINE torch::Tensor clip(const torch::Tensor& found_inf, double max_grad_norm);
+  /// Reads the skip flag of the previous step and steps the scheduler if that step counted.
+  LOOM_INLINE void settle_skip();
+  /// The optimizer step at `lr` (skipped on the device when found_inf is set), then the engine's.
+  LOOM_INLINE void step(double lr, const torch::Tensor& found_inf);
+  /// After the scaler's update: steps the scheduler, or (fp16) sends the flag to the host.
+  LOOM_INLINE void after_update(const torch::Tensor& found_inf);
+  /// Records the model-state bytes after the first step and zeroes the gradients.
+  LOOM_INLINE void finish();
+
+  /// The optimizer (after reset).
+  [[nodiscard]] optim::Optimizer& optimizer() { return *optimizer_; }
+  [[nodiscard]] bool has_optimizer() const { return optimizer_.has_value(); }
+  /// What this rank's optimizer steps, in optimizer order (empty unless sharded).
+  [[nodiscard]] const std::vector<dist::Piece>& pieces() const { return pieces_; }
+  /// Optimizer steps skipped so far (fp16).
+  [[nodiscard]] int64_t skipped_steps() const { return skipped_; }
+  void set_skipped_steps(int64_t n) { skipped_ = n; }
+  /// Bytes this rank holds for parameters, gradients and optimizer state (after the first step).
+  [[nodiscard]] const dist::StateBytes& state_bytes() const { return state_bytes_; }
+
+ private:
+  dist::Engine* engine_;
+  torch::Device device_;
+  bool engine_owns_grads_;
+  schedule::LRSchedulerBase* scheduler_ = nullptr;
+  std::optional<optim::Optimizer> optimizer_;
+  std::vector<dist::Piece> pieces_;
+  dist::StateBytes state_bytes_;
+  torch::Tensor skip_flag_host_;
+  std::optional<c10::Event> skip_event_;
+  bool skip_pending_ = false;
+  int64_t skipped_ = 0;
+};
+
+}  // namespace loom
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/trainer/impl/optimizer_step.ipp>
+#endif

@@ -1,0 +1,45 @@
+#pragma once
+// What a Trainer decides at start-up, before it touches the model: the arguments checked
+// against the compiled policies, validated and finalized; the process's place in the job;
+// its device; and the process group when the sharding policy needs one. Every mistake is a
+// loom::Error, in the order a user would fix them.
+
+#include <loom/config/inline.hpp>
+#include <loom/config/training_arguments.hpp>
+#include <loom/distributed/env.hpp>
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string_view>
+
+namespace loom::dist {
+class Comm;
+}
+
+namespace loom {
+
+/// The policies a Trainer was compiled with, as start-up checks the arguments against them.
+struct CompiledPolicies {
+  std::string_view sharding;        ///< the sharding tag's --sharding name
+  std::string_view precision;       ///< the precision tag's flag name (fp32, bf16, fp16)
+  std::string_view precision_type;  ///< its type name (FP32, BF16, FP16)
+  bool uses_comm = false;           ///< the sharding policy needs a process group
+};
+
+/// The outcome of start-up.
+struct Startup {
+  dist::World world;                  ///< rank, world size, local rank
+  torch::Device device{torch::kCPU};  ///< where the model lives
+  std::shared_ptr<dist::Comm> comm;   ///< the process group (null when the policy needs none)
+};
+
+/// Checks and finalizes `args` for `policies` (the flags follow the compiled precision) and
+/// joins the job. `has_eval_dataset`: the Trainer was given an evaluation dataset.
+LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& policies, bool has_eval_dataset);
+
+}  // namespace loom
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/trainer/impl/startup.ipp>
+#endif

@@ -1,0 +1,99 @@
+#pragma once
+// The training set-up shared by the tests that run a real Trainer: the batch type,
+// seeded synthetic classification data, quiet arguments, the cross-entropy loss and
+// accuracy metric, and a linear classifier Trainer. Inline or templates only: the unit
+// tests are one executable.
+
+#include <loom/loom.hpp>
+
+#include "support.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace loom_test {
+
+/// Features and class labels.
+struct Batch {
+  torch::Tensor x;       ///< float [N, features]
+  torch::Tensor labels;  ///< int64 [N]
+};
+
+/// `n` rows of `features` standard normal features (own generator, seeded `seed`); the
+/// label is the argmax of the first three.
+inline loom::data::TensorDataset<Batch> argmax_data(int64_t n, uint64_t seed, int64_t features) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto x = torch::randn({n, features}, gen);
+  return loom::data::TensorDataset<Batch>({x, x.narrow(1, 0, 3).argmax(1)});
+}
+
+/// A 3-class problem on 4 features that a linear model separates well.
+inline loom::data::TensorDataset<Batch> linear_data(int64_t n, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto x = torch::randn({n, 4}, gen);
+  auto w = torch::tensor({{2.0f, -1.0f, 0.5f}, {-1.0f, 2.0f, 0.0f}, {0.5f, 0.5f, -2.0f}, {1.0f, 0.0f, 1.0f}});
+  auto labels = x.matmul(w).argmax(1);
+  return loom::data::TensorDataset<Batch>({x, labels});
+}
+
+/// Arguments writing to tmp_dir(name), on the CPU, without progress bar or checkpoints.
+inline loom::TrainingArguments quiet_args(const std::string& name) {
+  loom::TrainingArguments a;
+  a.output_dir = tmp_dir(name).string();
+  a.disable_tqdm = true;
+  a.save_strategy = "no";
+  a.use_cpu = true;
+  return a;
+}
+
+/// quiet_args(name) for 3 steps of `batch` rows x `accumulation` micro-batches at a
+/// constant `learning_rate`, logging every step: gradient accumulation against one batch.
+inline loom::TrainingArguments accumulation_args(const std::string& name, int64_t batch, int64_t accumulation,
+                                                 double learning_rate) {
+  auto a = quiet_args(name);
+  a.per_device_train_batch_size = batch;
+  a.gradient_accumulation_steps = accumulation;
+  a.max_steps = 3;
+  a.learning_rate = learning_rate;
+  a.lr_scheduler_type = "constant";
+  a.logging_steps = 1;
+  return a;
+}
+
+/// Detached copies of `model`'s parameters, in order.
+template <class Model>
+std::vector<torch::Tensor> weights(Model& model) {
+  std::vector<torch::Tensor> out;
+  for (auto& p : model->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+/// Cross-entropy of model(b.x) against b.labels, with the logits as predictions.
+template <class Model, class B>
+loom::ModelOutput cross_entropy(Model& model, const B& b) {
+  auto logits = model->forward(b.x);
+  return {torch::cross_entropy_loss(logits, b.labels), logits};
+}
+
+/// {"accuracy": share of rows whose argmax is the label}.
+inline loom::Metrics accuracy(const loom::EvalPrediction& p) {
+  return {{"accuracy", p.predictions.argmax(1).eq(p.label_ids).to(torch::kDouble).mean().item<double>()}};
+}
+
+/// A linear classifier Trainer on Batch with `Policies`, reporting accuracy.
+template <class... Policies>
+struct Classifier : loom::Trainer<Classifier<Policies...>, torch::nn::Linear, Policies...> {
+  using Base = loom::Trainer<Classifier<Policies...>, torch::nn::Linear, Policies...>;
+  using Base::Base;
+  loom::ModelOutput compute_loss(torch::nn::Linear& model, Batch& b) { return cross_entropy(model, b); }
+  loom::Metrics compute_metrics(const loom::EvalPrediction& p) { return accuracy(p); }
+};
+
+/// The same Linear(4, 3) every call (seed 11).
+inline torch::nn::Linear fresh_model() {
+  torch::manual_seed(11);
+  return torch::nn::Linear(4, 3);
+}
+
+}  // namespace loom_test
