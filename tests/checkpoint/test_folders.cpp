@@ -22,7 +22,7 @@ namespace ck = loom::checkpoint;
 
 using loom_test::error_of;
 
-fs::path fresh_dir(const std::string& name) { return loom_test::fresh_dir("checkpoint_folders/" + name); }
+fs::path folders_dir(const std::string& name) { return loom_test::fresh_dir("checkpoint_folders/" + name); }
 
 void touch(const fs::path& p, const std::string& text = "x") {
   std::ofstream out(p);
@@ -65,7 +65,7 @@ struct Rotation {
   std::vector<std::string> deleted, survivors;
 };
 Rotation rotate(int64_t n, int64_t limit, std::optional<int64_t> best_step) {
-  const auto out = fresh_dir("rotate_case");
+  const auto out = folders_dir("rotate_case");
   std::vector<int64_t> steps;
   for (int64_t s = 1; s <= n; ++s) steps.push_back(s);
   make_checkpoints(out, steps);
@@ -87,7 +87,7 @@ TEST_CASE("checkpoint_dir is output_dir/checkpoint-<step>") {
 }
 
 TEST_CASE("sorted_checkpoints: numeric order, only folders named checkpoint-<int>") {
-  const auto out = fresh_dir("sorted");
+  const auto out = folders_dir("sorted");
   make_checkpoints(out, {10, 9, 100, 2}, false);
   for (const char* other : {"checkpoint-abc", "checkpoint-5x", "checkpoint-", "checkpoints", "xcheckpoint-3",
                             ".tmp-checkpoint-11-123", ".old-checkpoint-12-1", "runs"})
@@ -99,7 +99,7 @@ TEST_CASE("sorted_checkpoints: numeric order, only folders named checkpoint-<int
 }
 
 TEST_CASE("latest_checkpoint: the highest complete step, ignoring incomplete folders and temporaries") {
-  const auto out = fresh_dir("latest");
+  const auto out = folders_dir("latest");
   CHECK_FALSE(ck::latest_checkpoint(out).has_value());
   CHECK_FALSE(ck::latest_checkpoint(out / "missing").has_value());
   make_checkpoints(out, {5, 9});
@@ -115,7 +115,7 @@ TEST_CASE("latest_checkpoint: the highest complete step, ignoring incomplete fol
 }
 
 TEST_CASE("begin/commit write a checkpoint through a temporary folder; re-saving a step replaces it") {
-  const auto out = fresh_dir("commit") / "nested" / "output";  // created on demand
+  const auto out = folders_dir("commit") / "nested" / "output";  // created on demand
   const auto tmp = ck::begin_checkpoint(out, 3);
   CHECK(fs::is_directory(tmp));
   CHECK(tmp.parent_path() == out);
@@ -157,7 +157,7 @@ TEST_CASE("begin/commit write a checkpoint through a temporary folder; re-saving
 }
 
 TEST_CASE("a real checkpoint: model + trainer state written via begin/commit, then validated and found") {
-  const auto out = fresh_dir("real");
+  const auto out = folders_dir("real");
   torch::nn::Linear model(3, 2);
   loom::TrainerState state;
   state.global_step = 12;
@@ -175,7 +175,7 @@ TEST_CASE("a real checkpoint: model + trainer state written via begin/commit, th
 }
 
 TEST_CASE("remove_stale_temporaries deletes temporaries and restores a checkpoint moved aside by a crash") {
-  const auto out = fresh_dir("stale");
+  const auto out = folders_dir("stale");
   CHECK(ck::remove_stale_temporaries(out / "missing").empty());
   make_checkpoints(out, {7});
   // A crash while re-saving step 6, between "rename old away" and "rename new in":
@@ -248,7 +248,7 @@ TEST_CASE("rotate_checkpoints keeps the best checkpoint exactly as HF does") {
 }
 
 TEST_CASE("rotate_checkpoints: numeric order, path spelling of the best, other folders untouched") {
-  const auto out = fresh_dir("rotate_misc");
+  const auto out = folders_dir("rotate_misc");
   make_checkpoints(out, {9, 10, 100, 1000});
   fs::create_directories(out / "runs");
   fs::create_directories(out / ".tmp-checkpoint-2000-1");
@@ -267,7 +267,7 @@ TEST_CASE("rotate_checkpoints: numeric order, path spelling of the best, other f
 }
 
 TEST_CASE("validate_checkpoint names what is wrong") {
-  const auto out = fresh_dir("validate");
+  const auto out = folders_dir("validate");
   const auto missing = out / "checkpoint-1";
   CHECK(error_of([&] { ck::validate_checkpoint(missing); }) ==
         "loom: checkpoint folder " + missing.string() + " does not exist");

@@ -27,7 +27,7 @@ using loom_test::error_of;
 using loom_test::read_bytes;
 using loom_test::run_capture;
 
-fs::path fresh_dir(const std::string& name) { return loom_test::fresh_dir("checkpoint_safetensors/" + name); }
+fs::path safetensors_dir(const std::string& name) { return loom_test::fresh_dir("checkpoint_safetensors/" + name); }
 
 void write_bytes(const fs::path& p, const std::string& bytes) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
@@ -129,7 +129,7 @@ void randomize(Net& net, int64_t seed) {
 }  // namespace
 
 TEST_CASE("safetensors: the byte layout is the format's (length, padded JSON header, little-endian data)") {
-  const auto dir = fresh_dir("layout");
+  const auto dir = safetensors_dir("layout");
   const auto path = dir / "a.safetensors";
   save_safetensors({{"b", torch::tensor({1.0f, -2.0f})}, {"a", torch::tensor({int64_t{1}})},
                     {"c", torch::tensor({int16_t{258}})}},
@@ -159,7 +159,7 @@ TEST_CASE("safetensors: the byte layout is the format's (length, padded JSON hea
 }
 
 TEST_CASE("safetensors: every dtype, 0-dim, empty and non-contiguous tensors round-trip exactly") {
-  const auto dir = fresh_dir("roundtrip");
+  const auto dir = safetensors_dir("roundtrip");
   const auto input = every_dtype();
   save_safetensors(input, dir / "all.safetensors");
   const auto loaded = load_safetensors(dir / "all.safetensors");
@@ -186,7 +186,7 @@ TEST_CASE("safetensors: every dtype, 0-dim, empty and non-contiguous tensors rou
 }
 
 TEST_CASE("safetensors: tensors that require grad or live on the GPU are saved from a CPU copy") {
-  const auto dir = fresh_dir("grad_device");
+  const auto dir = safetensors_dir("grad_device");
   auto w = torch::randn({3, 2}, torch::requires_grad());
   Named input{{"w", w}};
   if (torch::cuda::is_available()) input.emplace_back("gpu", torch::arange(6, torch::kFloat32).cuda().view({2, 3}).t());
@@ -199,7 +199,7 @@ TEST_CASE("safetensors: tensors that require grad or live on the GPU are saved f
 }
 
 TEST_CASE("safetensors: metadata round-trips; a file without metadata has none") {
-  const auto dir = fresh_dir("metadata");
+  const auto dir = safetensors_dir("metadata");
   const std::map<std::string, std::string> meta{{"format", "pt"}, {"note", "h\xc3\xa9llo \"quoted\" \\ {}"}, {"empty", ""}};
   save_safetensors({{"x", torch::ones({2})}}, dir / "m.safetensors", meta);
   CHECK(load_safetensors_metadata(dir / "m.safetensors") == meta);
@@ -210,7 +210,7 @@ TEST_CASE("safetensors: metadata round-trips; a file without metadata has none")
 }
 
 TEST_CASE("safetensors: the writer rejects duplicate names, unsupported dtypes and undefined tensors") {
-  const auto dir = fresh_dir("writer_errors");
+  const auto dir = safetensors_dir("writer_errors");
   const auto path = dir / "w.safetensors";
   CHECK(error_of([&] { save_safetensors({{"a", torch::ones({1})}, {"a", torch::zeros({1})}}, path); }) ==
         "loom: cannot save " + path.string() + ": the tensor name 'a' appears twice");
@@ -229,7 +229,7 @@ TEST_CASE("safetensors: the writer rejects duplicate names, unsupported dtypes a
 }
 
 TEST_CASE("safetensors: every malformed file is a loom::Error naming the file") {
-  const auto dir = fresh_dir("malformed");
+  const auto dir = safetensors_dir("malformed");
   auto err = [&](const std::string& name, const std::string& bytes) {
     const auto p = dir / name;
     write_bytes(p, bytes);
@@ -295,7 +295,7 @@ TEST_CASE("safetensors: every malformed file is a loom::Error naming the file") 
 }
 
 TEST_CASE("safetensors: a file cut at any length is a loom::Error, never a crash") {
-  const auto dir = fresh_dir("truncated");
+  const auto dir = safetensors_dir("truncated");
   const auto good = dir / "good.safetensors";
   save_safetensors({{"w", torch::randn({3, 3})}, {"b", torch::ones({3}, torch::kBFloat16)}, {"m", torch::tensor({true})}},
                    good, {{"format", "pt"}});
@@ -319,7 +319,7 @@ TEST_CASE("safetensors: a file cut at any length is a loom::Error, never a crash
 TEST_CASE("safetensors: a file written by loom reads back in Python's safetensors value by value") {
   const char* py = loom_test::python("Python cross-check");
   if (py == nullptr) return;
-  const auto dir = fresh_dir("to_python");
+  const auto dir = safetensors_dir("to_python");
   const auto file = dir / "loom.safetensors";
   const auto input = every_dtype();
   save_safetensors(input, file, {{"format", "pt"}, {"written_by", "loom"}});
@@ -348,7 +348,7 @@ TEST_CASE("safetensors: a file written by loom reads back in Python's safetensor
 TEST_CASE("safetensors: a file written by Python's save_file reads in loom value by value") {
   const char* py = loom_test::python("Python cross-check");
   if (py == nullptr) return;
-  const auto dir = fresh_dir("from_python");
+  const auto dir = safetensors_dir("from_python");
   const auto file = dir / "python.safetensors";
   const auto script = dir / "write.py";
   {
@@ -383,7 +383,7 @@ TEST_CASE("safetensors: a file written by Python's save_file reads in loom value
 }
 
 TEST_CASE("save_module / load_module round-trip parameters and buffers under libtorch names") {
-  const auto dir = fresh_dir("module");
+  const auto dir = safetensors_dir("module");
   const auto path = dir / "model.safetensors";
   Net a, b;
   randomize(a, 1);
@@ -430,7 +430,7 @@ TEST_CASE("save_module / load_module round-trip parameters and buffers under lib
 }
 
 TEST_CASE("load_module is strict: one error lists every missing, unexpected and mis-shaped tensor") {
-  const auto dir = fresh_dir("strict");
+  const auto dir = safetensors_dir("strict");
   const auto path = dir / "bad.safetensors";
   Net net;
   randomize(net, 5);

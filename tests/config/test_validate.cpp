@@ -14,7 +14,7 @@ namespace {
 using loom::TrainingArguments;
 
 // The message validate() throws, or "" when it accepts the arguments.
-std::string error_of(const TrainingArguments& args) {
+std::string validate_error(const TrainingArguments& args) {
   try {
     loom::validate(args);
   } catch (const loom::Error& e) {
@@ -27,7 +27,7 @@ std::string error_of(const TrainingArguments& args) {
 std::string error_after(const std::function<void(TrainingArguments&)>& change) {
   TrainingArguments args;
   change(args);
-  return error_of(args);
+  return validate_error(args);
 }
 
 // Checks the message is one "loom: " line naming every flag in `flags`.
@@ -41,7 +41,7 @@ void check_names(const std::string& message, std::initializer_list<const char*> 
 }  // namespace
 
 TEST_CASE("validate: the defaults and common configurations pass") {
-  CHECK(error_of(TrainingArguments{}) == "");
+  CHECK(validate_error(TrainingArguments{}) == "");
 
   TrainingArguments steps;
   steps.eval_strategy = "steps";
@@ -56,21 +56,21 @@ TEST_CASE("validate: the defaults and common configurations pass") {
   steps.bf16 = true;
   steps.lr_scheduler_type = "cosine_with_min_lr";
   steps.lr_scheduler_kwargs = R"({"min_lr": 1e-6})";
-  CHECK(error_of(steps) == "");
+  CHECK(validate_error(steps) == "");
 
   TrainingArguments best;
   best.eval_strategy = "epoch";
   best.save_strategy = "best";
   best.metric_for_best_model = "eval_loss";
   best.load_best_model_at_end = true;
-  CHECK(error_of(best) == "");
+  CHECK(validate_error(best) == "");
 
   TrainingArguments fractions;  // both fractions of the run, save a multiple of eval
   fractions.eval_strategy = "steps";
   fractions.eval_steps = 0.1;
   fractions.save_steps = 0.3;
   fractions.load_best_model_at_end = true;
-  CHECK(error_of(fractions) == "");
+  CHECK(validate_error(fractions) == "");
 }
 
 TEST_CASE("validate: precision") {
@@ -335,6 +335,6 @@ TEST_CASE("finalize then validate: load_best_model_at_end with matching epochs")
   a.eval_strategy = "epoch";
   a.save_strategy = "epoch";
   loom::finalize(a);
-  CHECK(error_of(a) == "");
+  CHECK(validate_error(a) == "");
   CHECK(a.metric_for_best_model == std::optional<std::string>("loss"));
 }

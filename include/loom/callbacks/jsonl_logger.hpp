@@ -5,13 +5,11 @@
 // Only the world main process writes.
 
 #include <loom/callbacks/log_file.hpp>
+#include <loom/config/inline.hpp>
 #include <loom/config/training_arguments.hpp>
 #include <loom/core/metrics.hpp>
 #include <loom/core/state.hpp>
 
-#include <nlohmann/json.hpp>
-
-#include <filesystem>
 #include <string>
 
 namespace loom {
@@ -25,21 +23,16 @@ class JsonlLogger : public LogFile {
   std::string file_name = "log.jsonl";
 
   /// Opens the file in append mode (main process only).
-  void on_train_begin(const TrainingArguments& args, TrainerState& state, TrainerControl&) {
-    ready(state, [&] { open_for(args); });
-  }
+  void on_train_begin(const TrainingArguments& args, TrainerState& state, TrainerControl&);
   /// Writes `logs` plus "step" as one line and flushes it (opens the file first if needed).
-  void on_log(const TrainingArguments& args, TrainerState& state, TrainerControl&, const Metrics& logs) {
-    if (!ready(state, [&] { open_for(args); })) return;
-    auto entry = logs.to_json();
-    entry["step"] = state.global_step;
-    write(entry.dump() + '\n');
-  }
+  void on_log(const TrainingArguments& args, TrainerState& state, TrainerControl&, const Metrics& logs);
 
  private:
-  void open_for(const TrainingArguments& args) {
-    open(std::filesystem::path(args.output_dir) / file_name, Mode::append);
-  }
+  void open_for(const TrainingArguments& args);
 };
 
 }  // namespace loom
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/callbacks/impl/jsonl_logger.ipp>
+#endif

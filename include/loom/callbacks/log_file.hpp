@@ -5,15 +5,13 @@
 // after every write, so a crashed run keeps what it logged. A file that cannot be opened
 // or written is a loom::Error naming it. on_train_end closes the file.
 
+#include <loom/config/inline.hpp>
 #include <loom/config/training_arguments.hpp>
-#include <loom/core/error.hpp>
 #include <loom/core/state.hpp>
 
 #include <filesystem>
 #include <fstream>
-#include <string>
 #include <string_view>
-#include <system_error>
 #include <utility>
 
 namespace loom {
@@ -22,16 +20,14 @@ namespace loom {
 class LogFile {
  public:
   /// Closes the file (the next event that logs opens it again).
-  void on_train_end(const TrainingArguments&, TrainerState&, TrainerControl&) { close(); }
+  void on_train_end(const TrainingArguments&, TrainerState&, TrainerControl&);
 
   /// The file written to (empty before the first open).
   [[nodiscard]] const std::filesystem::path& path() const { return path_; }
   /// True while the file is open.
   [[nodiscard]] bool is_open() const { return out_.is_open(); }
   /// Closes the file now (the next event that logs opens it again).
-  void close() {
-    if (out_.is_open()) out_.close();
-  }
+  void close();
 
  protected:
   /// What opening does to a file that exists.
@@ -52,24 +48,10 @@ class LogFile {
   /// Opens `path` with `mode`, creating its folder. On failure: loom::Error "cannot open
   /// <kind><path> for appending" (append) or "cannot create <kind><path>" (create), with
   /// the reason the folder could not be created, if it could not.
-  void open(std::filesystem::path path, Mode mode, std::string_view kind = "") {
-    path_ = std::move(path);
-    std::error_code ec;
-    if (path_.has_parent_path()) std::filesystem::create_directories(path_.parent_path(), ec);
-    out_.open(path_, mode == Mode::append ? std::ios::out | std::ios::app
-                                          : std::ios::out | std::ios::binary | std::ios::trunc);
-    if (out_) return;
-    out_ = std::ofstream();
-    fail("cannot {} {}{}{}{}", mode == Mode::append ? "open" : "create", kind, path_.string(),
-         mode == Mode::append ? " for appending" : "", ec ? " (" + ec.message() + ")" : std::string());
-  }
+  void open(std::filesystem::path path, Mode mode, std::string_view kind = "");
 
   /// Writes `bytes` and flushes them; loom::Error "cannot write <path>" on failure.
-  void write(std::string_view bytes) {
-    out_.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out_.flush();
-    check(static_cast<bool>(out_), "cannot write {}", path_.string());
-  }
+  void write(std::string_view bytes);
 
  private:
   std::filesystem::path path_;
@@ -77,3 +59,7 @@ class LogFile {
 };
 
 }  // namespace loom
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/callbacks/impl/log_file.ipp>
+#endif

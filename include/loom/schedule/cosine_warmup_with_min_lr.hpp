@@ -4,6 +4,7 @@
 // progress is (step - W + 1) / max(1, T - W).
 #include <loom/schedule/cosine_with_min_lr.hpp>
 
+#include <cmath>
 #include <numbers>
 
 namespace loom::schedule {
@@ -13,11 +14,7 @@ struct ScheduleImpl<CosineWarmupWithMinLR> {
     double num_cycles = 0.5, min_lr_rate = 0.0;
     std::optional<double> warmup_lr_rate;
   };
-  static Config configure(const ScheduleParams& p) {
-    Kwargs k(p.kwargs, CosineWarmupWithMinLR::name, {"num_cycles", "min_lr", "min_lr_rate", "warmup_lr_rate"});
-    return {k.number("num_cycles", 0.5), resolve_min_lr_rate(k, p, CosineWarmupWithMinLR::name),
-            k.optional_number("warmup_lr_rate")};
-  }
+  static Config configure(const ScheduleParams& p);
   static double factor(int64_t step_i, const ScheduleParams& p, const Config& c) {
     const double step = static_cast<double>(step_i);
     const double w = static_cast<double>(p.num_warmup_steps);
@@ -32,3 +29,7 @@ struct ScheduleImpl<CosineWarmupWithMinLR> {
   }
 };
 }  // namespace loom::schedule
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/schedule/impl/cosine_warmup_with_min_lr.ipp>
+#endif

@@ -3,29 +3,20 @@
 // min_lr_rate x the peak): factor * (1 - min_lr_rate) + min_lr_rate. One of the two is required.
 #include <loom/schedule/schedule_decl.hpp>
 
+#include <cmath>
 #include <numbers>
 
 namespace loom::schedule {
 
 /// min_lr_rate from lr_scheduler_kwargs' min_lr or min_lr_rate (exactly one), as HF.
-inline double resolve_min_lr_rate(const Kwargs& k, const ScheduleParams& p, std::string_view schedule) {
-  const auto min_lr = k.optional_number("min_lr");
-  const auto min_lr_rate = k.optional_number("min_lr_rate");
-  check(!(min_lr && min_lr_rate), "{}: set only one of min_lr and min_lr_rate in lr_scheduler_kwargs", schedule);
-  check(min_lr || min_lr_rate, "{} needs min_lr or min_lr_rate in lr_scheduler_kwargs, e.g. '{{\"min_lr_rate\": 0.1}}'",
-        schedule);
-  return min_lr ? *min_lr / p.base_lr : *min_lr_rate;
-}
+LOOM_INLINE double resolve_min_lr_rate(const Kwargs& k, const ScheduleParams& p, std::string_view schedule);
 
 template <>
 struct ScheduleImpl<CosineWithMinLR> {
   struct Config {
     double num_cycles = 0.5, min_lr_rate = 0.0;
   };
-  static Config configure(const ScheduleParams& p) {
-    Kwargs k(p.kwargs, CosineWithMinLR::name, {"num_cycles", "min_lr", "min_lr_rate"});
-    return {k.number("num_cycles", 0.5), resolve_min_lr_rate(k, p, CosineWithMinLR::name)};
-  }
+  static Config configure(const ScheduleParams& p);
   static double factor(int64_t step, const ScheduleParams& p, const Config& c) {
     if (step < p.num_warmup_steps) return warmup_factor(step, p);
     const double f = 0.5 * (1.0 + std::cos(std::numbers::pi * c.num_cycles * 2.0 * decay_progress(step, p)));
@@ -34,3 +25,7 @@ struct ScheduleImpl<CosineWithMinLR> {
 };
 
 }  // namespace loom::schedule
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/schedule/impl/cosine_with_min_lr.ipp>
+#endif

@@ -3,6 +3,7 @@
 // each restarting at 1; 0 once training is over.
 #include <loom/schedule/schedule_decl.hpp>
 
+#include <cmath>
 #include <numbers>
 
 namespace loom::schedule {
@@ -11,10 +12,7 @@ struct ScheduleImpl<CosineWithRestarts> {
   struct Config {
     double num_cycles = 1;
   };
-  static Config configure(const ScheduleParams& p) {
-    Kwargs k(p.kwargs, CosineWithRestarts::name, {"num_cycles"});
-    return {k.number("num_cycles", 1)};
-  }
+  static Config configure(const ScheduleParams& p);
   static double factor(int64_t step, const ScheduleParams& p, const Config& c) {
     if (step < p.num_warmup_steps) return warmup_factor(step, p);
     const double progress = decay_progress(step, p);
@@ -23,3 +21,7 @@ struct ScheduleImpl<CosineWithRestarts> {
   }
 };
 }  // namespace loom::schedule
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/schedule/impl/cosine_with_restarts.ipp>
+#endif

@@ -15,7 +15,11 @@
 #include <loom/schedule/schedule_decl.hpp>
 #include <loom/schedule/warmup_stable_decay.hpp>
 
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -32,12 +36,7 @@ template <>
 class LRScheduler<FromArgs> : public LRSchedulerBase {
  public:
   /// A scheduler for lr_scheduler_type `name`; unknown names and bad kwargs are loom::Errors.
-  LRScheduler(ScheduleParams params, std::string_view name) : LRSchedulerBase(std::move(params)) {
-    bool found = false;
-    std::string known;
-    std::apply([&](auto... tags) { (pick(tags, name, found, known), ...); }, NamedSchedules{});
-    check(found, "lr_scheduler_type '{}' is not one of {}", name, known);
-  }
+  LRScheduler(ScheduleParams params, std::string_view name);
   /// Learning rate for optimizer step `step` (plateau: the current rate).
   [[nodiscard]] double lr_at(int64_t step) const { return plateau_ ? plateau_->lr : factor_(step) * base_lr(); }
   /// Learning rate for the next optimizer step.
@@ -48,33 +47,21 @@ class LRScheduler<FromArgs> : public LRSchedulerBase {
   }
   /// True for reduce_lr_on_plateau.
   [[nodiscard]] bool wants_metric() const { return plateau_.has_value(); }
-  [[nodiscard]] nlohmann::json state_dict() const {
-    auto j = LRSchedulerBase::state_dict();
-    if (plateau_) j["plateau"] = plateau_->to_json();
-    return j;
-  }
-  void load_state_dict(const nlohmann::json& j) {
-    LRSchedulerBase::load_state_dict(j);
-    if (plateau_) plateau_->from_json(j.at("plateau"));
-  }
+  [[nodiscard]] nlohmann::json state_dict() const;
+  void load_state_dict(const nlohmann::json& j);
 
  private:
+  /// Configures the schedule `Tag` when it is the one called `name` (the constructor folds
+  /// this over NamedSchedules); appends Tag's name to `known`.
   template <class Tag>
-  void pick(Tag, std::string_view name, bool& found, std::string& known) {
-    known += known.empty() ? "" : ", ";
-    known += Tag::name;
-    if (found || Tag::name != name) return;
-    found = true;
-    if constexpr (std::is_same_v<Tag, ReduceLROnPlateau>) {
-      plateau_ = PlateauState::configure(params());
-    } else {
-      auto config = ScheduleImpl<Tag>::configure(params());
-      factor_ = [p = params(), config](int64_t step) { return ScheduleImpl<Tag>::factor(step, p, config); };
-    }
-  }
+  void pick(Tag, std::string_view name, bool& found, std::string& known);
 
   std::function<double(int64_t)> factor_;
   std::optional<PlateauState> plateau_;
 };
 
 }  // namespace loom::schedule
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/schedule/impl/from_args.ipp>
+#endif

@@ -3,19 +3,15 @@
 // defaults to the warmup length, or 10000 without warmup.
 #include <loom/schedule/schedule_decl.hpp>
 
+#include <cmath>
+
 namespace loom::schedule {
 template <>
 struct ScheduleImpl<InverseSqrt> {
   struct Config {
     double timescale = 10000;
   };
-  static Config configure(const ScheduleParams& p) {
-    Kwargs k(p.kwargs, InverseSqrt::name, {"timescale"});
-    const double fallback = p.num_warmup_steps > 0 ? static_cast<double>(p.num_warmup_steps) : 10000.0;
-    Config c{k.number("timescale", fallback)};
-    check(c.timescale > 0, "inverse_sqrt schedule: timescale must be positive, got {}", c.timescale);
-    return c;
-  }
+  static Config configure(const ScheduleParams& p);
   static double factor(int64_t step, const ScheduleParams& p, const Config& c) {
     if (step < p.num_warmup_steps) return warmup_factor(step, p);
     const double shift = c.timescale - static_cast<double>(p.num_warmup_steps);
@@ -23,3 +19,7 @@ struct ScheduleImpl<InverseSqrt> {
   }
 };
 }  // namespace loom::schedule
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/schedule/impl/inverse_sqrt.ipp>
+#endif

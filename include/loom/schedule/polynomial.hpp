@@ -3,19 +3,15 @@
 // after training; lr_end 1e-7 and power 1 by default; lr_end must be below the peak rate.
 #include <loom/schedule/schedule_decl.hpp>
 
+#include <cmath>
+
 namespace loom::schedule {
 template <>
 struct ScheduleImpl<Polynomial> {
   struct Config {
     double lr_end = 1e-7, power = 1.0;
   };
-  static Config configure(const ScheduleParams& p) {
-    Kwargs k(p.kwargs, Polynomial::name, {"lr_end", "power"});
-    Config c{k.number("lr_end", 1e-7), k.number("power", 1.0)};
-    check(p.base_lr > c.lr_end, "polynomial schedule: lr_end ({}) must be smaller than the learning rate ({})",
-          c.lr_end, p.base_lr);
-    return c;
-  }
+  static Config configure(const ScheduleParams& p);
   static double factor(int64_t step, const ScheduleParams& p, const Config& c) {
     if (step < p.num_warmup_steps) return warmup_factor(step, p);
     if (step > p.num_training_steps) return c.lr_end / p.base_lr;
@@ -26,3 +22,7 @@ struct ScheduleImpl<Polynomial> {
   }
 };
 }  // namespace loom::schedule
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/schedule/impl/polynomial.ipp>
+#endif

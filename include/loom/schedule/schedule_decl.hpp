@@ -6,15 +6,15 @@
 //   static double factor(int64_t step, const ScheduleParams&, const Config&);
 // LRScheduler<Tag> is HF's LambdaLR: the rate of optimizer step k is base_lr * factor(k).
 
+#include <loom/config/inline.hpp>
 #include <loom/config/meta.hpp>
-#include <loom/core/error.hpp>
+#include <loom/config/training_arguments.hpp>
 #include <loom/policy/tags.hpp>
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <concepts>
-#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
@@ -43,47 +43,16 @@ struct ScheduleImpl {
 /// for any key the schedule does not take (HF raises TypeError there too).
 class Kwargs {
  public:
-  Kwargs(const nlohmann::json& kwargs, std::string_view schedule, std::initializer_list<std::string_view> known)
-      : kwargs_(kwargs.is_null() ? nlohmann::json::object() : kwargs), schedule_(schedule) {
-    check(kwargs_.is_object(), "lr_scheduler_kwargs must be a JSON object, got {}", kwargs_.dump());
-    for (const auto& [key, value] : kwargs_.items()) {
-      bool ok = false;
-      std::string list;
-      for (auto k : known) {
-        ok = ok || k == key;
-        list += list.empty() ? "" : ", ";
-        list += k;
-      }
-      check(ok, "lr_scheduler_kwargs: '{}' is not an argument of {} (it takes: {})", key, schedule_,
-            list.empty() ? "nothing" : list);
-    }
-  }
+  Kwargs(const nlohmann::json& kwargs, std::string_view schedule, std::initializer_list<std::string_view> known);
   /// The number at `key`, or `fallback`.
   [[nodiscard]] double number(std::string_view key, double fallback) const {
     return optional_number(key).value_or(fallback);
   }
   /// The number at `key`, if given (JSON null counts as not given).
-  [[nodiscard]] std::optional<double> optional_number(std::string_view key) const {
-    const auto it = kwargs_.find(std::string(key));
-    if (it == kwargs_.end() || it->is_null()) return std::nullopt;
-    check(it->is_number(), "lr_scheduler_kwargs: {} of {} must be a number, got {}", key, schedule_, it->dump());
-    return it->get<double>();
-  }
+  [[nodiscard]] std::optional<double> optional_number(std::string_view key) const;
   /// The string at `key` (one of `allowed`), or `fallback`.
   [[nodiscard]] std::string choice(std::string_view key, std::string fallback,
-                                   std::initializer_list<std::string_view> allowed) const {
-    const auto it = kwargs_.find(std::string(key));
-    if (it == kwargs_.end() || it->is_null()) return fallback;
-    check(it->is_string(), "lr_scheduler_kwargs: {} of {} must be a string, got {}", key, schedule_, it->dump());
-    const auto value = it->get<std::string>();
-    std::string list;
-    for (auto a : allowed) {
-      if (a == value) return value;
-      list += list.empty() ? "" : ", ";
-      list += a;
-    }
-    fail("lr_scheduler_kwargs: {} of {} must be one of {}, got '{}'", key, schedule_, list, value);
-  }
+                                   std::initializer_list<std::string_view> allowed) const;
 
  private:
   nlohmann::json kwargs_;
@@ -92,12 +61,12 @@ class Kwargs {
 
 /// HF's warmup length: warmup_steps when >= 1, a fraction of training when in (0, 1),
 /// else ceil(warmup_ratio * num_training_steps).
-inline int64_t resolve_warmup_steps(double warmup_steps, double warmup_ratio, int64_t num_training_steps) {
-  if (warmup_steps >= 1) return static_cast<int64_t>(warmup_steps);
-  if (warmup_steps > 0)
-    return static_cast<int64_t>(std::ceil(warmup_steps * static_cast<double>(num_training_steps)));
-  return static_cast<int64_t>(std::ceil(warmup_ratio * static_cast<double>(num_training_steps)));
-}
+LOOM_INLINE int64_t resolve_warmup_steps(double warmup_steps, double warmup_ratio, int64_t num_training_steps);
+
+/// The Trainer's ScheduleParams over `num_training_steps` optimizer steps: warmup resolved
+/// from warmup_steps / warmup_ratio, base_lr = learning_rate, kwargs parsed from
+/// lr_scheduler_kwargs (a JSON parse error propagates as nlohmann::json::parse_error).
+LOOM_INLINE ScheduleParams make_schedule_params(const TrainingArguments& args, int64_t num_training_steps);
 
 /// Linear warmup from 0, HF's shared first phase: step / max(1, warmup).
 inline double warmup_factor(int64_t step, const ScheduleParams& p) {
@@ -124,9 +93,9 @@ class LRSchedulerBase {
   /// The peak learning rate.
   [[nodiscard]] double base_lr() const { return params_.base_lr; }
   /// State for checkpoints (field names as torch's LambdaLR state_dict).
-  [[nodiscard]] nlohmann::json state_dict() const { return {{"last_epoch", step_}, {"base_lrs", {base_lr()}}}; }
+  [[nodiscard]] nlohmann::json state_dict() const;
   /// Restores state_dict() output.
-  void load_state_dict(const nlohmann::json& j) { step_ = j.at("last_epoch").get<int64_t>(); }
+  void load_state_dict(const nlohmann::json& j);
 
  private:
   ScheduleParams params_;
@@ -170,3 +139,7 @@ template <class S>
 concept NamedAtRunTime = std::constructible_from<S, ScheduleParams, std::string_view>;
 
 }  // namespace loom::schedule
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/schedule/impl/schedule_decl.ipp>
+#endif

@@ -4,6 +4,7 @@
 // (required), then min_lr_ratio. num_stable_steps defaults to T - W - num_decay_steps.
 #include <loom/schedule/schedule_decl.hpp>
 
+#include <cmath>
 #include <numbers>
 
 namespace loom::schedule {
@@ -15,28 +16,8 @@ struct ScheduleImpl<WarmupStableDecay> {
     Shape warmup = Shape::linear, decay = Shape::cosine;
     double min_lr_ratio = 0.0, num_cycles = 0.5;
   };
-  static Shape shape(const std::string& s) {
-    return s == "linear" ? Shape::linear : s == "cosine" ? Shape::cosine : Shape::one_minus_sqrt;
-  }
-  static Config configure(const ScheduleParams& p) {
-    Kwargs k(p.kwargs, WarmupStableDecay::name,
-             {"num_decay_steps", "num_stable_steps", "warmup_type", "decay_type", "min_lr_ratio", "num_cycles"});
-    const auto decay = k.optional_number("num_decay_steps");
-    check(decay.has_value(),
-          "warmup_stable_decay needs num_decay_steps in lr_scheduler_kwargs, e.g. '{{\"num_decay_steps\": 100}}'");
-    Config c;
-    c.num_decay_steps = static_cast<int64_t>(*decay);
-    c.num_stable_steps = static_cast<int64_t>(k.number(
-        "num_stable_steps", static_cast<double>(p.num_training_steps - p.num_warmup_steps - c.num_decay_steps)));
-    c.warmup = shape(k.choice("warmup_type", "linear", {"linear", "cosine", "1-sqrt"}));
-    c.decay = shape(k.choice("decay_type", "cosine", {"linear", "cosine", "1-sqrt"}));
-    c.min_lr_ratio = k.number("min_lr_ratio", 0.0);
-    c.num_cycles = k.number("num_cycles", 0.5);
-    check(c.num_decay_steps >= 0 && c.num_stable_steps >= 0,
-          "warmup_stable_decay: warmup ({}) + num_decay_steps ({}) exceed the {} training steps", p.num_warmup_steps,
-          c.num_decay_steps, p.num_training_steps);
-    return c;
-  }
+  static Shape shape(const std::string& s);
+  static Config configure(const ScheduleParams& p);
   static double factor(int64_t step, const ScheduleParams& p, const Config& c) {
     const int64_t w = p.num_warmup_steps;
     if (step < w) {
@@ -59,3 +40,7 @@ struct ScheduleImpl<WarmupStableDecay> {
   }
 };
 }  // namespace loom::schedule
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/schedule/impl/warmup_stable_decay.ipp>
+#endif

@@ -214,11 +214,7 @@ class Trainer {
 
   /// The schedule policy's scheduler over `num_training_steps` optimizer steps.
   scheduler_type create_scheduler(int64_t num_training_steps) {
-    schedule::ScheduleParams p;
-    p.num_training_steps = num_training_steps;
-    p.num_warmup_steps = schedule::resolve_warmup_steps(args_.warmup_steps, args_.warmup_ratio, num_training_steps);
-    p.base_lr = args_.learning_rate;
-    p.kwargs = nlohmann::json::parse(args_.lr_scheduler_kwargs);
+    auto p = schedule::make_schedule_params(args_, num_training_steps);
     if constexpr (schedule::NamedAtRunTime<scheduler_type>)
       return scheduler_type(std::move(p), args_.lr_scheduler_type);
     else

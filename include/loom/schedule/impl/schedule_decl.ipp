@@ -1,0 +1,82 @@
+#pragma once
+// Definitions of schedule/schedule_decl.hpp (compiled once with LOOM_SEPARATE_COMPILATION).
+
+#include <loom/config/training_arguments.hpp>
+#include <loom/core/error.hpp>
+#include <loom/schedule/schedule_decl.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace loom::schedule {
+
+LOOM_INLINE Kwargs::Kwargs(const nlohmann::json& kwargs, std::string_view schedule,
+                           std::initializer_list<std::string_view> known)
+    : kwargs_(kwargs.is_null() ? nlohmann::json::object() : kwargs), schedule_(schedule) {
+  check(kwargs_.is_object(), "lr_scheduler_kwargs must be a JSON object, got {}", kwargs_.dump());
+  for (const auto& [key, value] : kwargs_.items()) {
+    bool ok = false;
+    std::string list;
+    for (auto k : known) {
+      ok = ok || k == key;
+      list += list.empty() ? "" : ", ";
+      list += k;
+    }
+    check(ok, "lr_scheduler_kwargs: '{}' is not an argument of {} (it takes: {})", key, schedule_,
+          list.empty() ? "nothing" : list);
+  }
+}
+
+LOOM_INLINE std::optional<double> Kwargs::optional_number(std::string_view key) const {
+  const auto it = kwargs_.find(std::string(key));
+  if (it == kwargs_.end() || it->is_null()) return std::nullopt;
+  check(it->is_number(), "lr_scheduler_kwargs: {} of {} must be a number, got {}", key, schedule_, it->dump());
+  return it->get<double>();
+}
+
+LOOM_INLINE std::string Kwargs::choice(std::string_view key, std::string fallback,
+                                       std::initializer_list<std::string_view> allowed) const {
+  const auto it = kwargs_.find(std::string(key));
+  if (it == kwargs_.end() || it->is_null()) return fallback;
+  check(it->is_string(), "lr_scheduler_kwargs: {} of {} must be a string, got {}", key, schedule_, it->dump());
+  const auto value = it->get<std::string>();
+  std::string list;
+  for (auto a : allowed) {
+    if (a == value) return value;
+    list += list.empty() ? "" : ", ";
+    list += a;
+  }
+  fail("lr_scheduler_kwargs: {} of {} must be one of {}, got '{}'", key, schedule_, list, value);
+}
+
+LOOM_INLINE int64_t resolve_warmup_steps(double warmup_steps, double warmup_ratio, int64_t num_training_steps) {
+  if (warmup_steps >= 1) return static_cast<int64_t>(warmup_steps);
+  if (warmup_steps > 0)
+    return static_cast<int64_t>(std::ceil(warmup_steps * static_cast<double>(num_training_steps)));
+  return static_cast<int64_t>(std::ceil(warmup_ratio * static_cast<double>(num_training_steps)));
+}
+
+LOOM_INLINE ScheduleParams make_schedule_params(const TrainingArguments& args, int64_t num_training_steps) {
+  ScheduleParams p;
+  p.num_training_steps = num_training_steps;
+  p.num_warmup_steps = resolve_warmup_steps(args.warmup_steps, args.warmup_ratio, num_training_steps);
+  p.base_lr = args.learning_rate;
+  p.kwargs = nlohmann::json::parse(args.lr_scheduler_kwargs);
+  return p;
+}
+
+LOOM_INLINE nlohmann::json LRSchedulerBase::state_dict() const {
+  return {{"last_epoch", step_}, {"base_lrs", {base_lr()}}};
+}
+
+LOOM_INLINE void LRSchedulerBase::load_state_dict(const nlohmann::json& j) {
+  step_ = j.at("last_epoch").get<int64_t>();
+}
+
+}  // namespace loom::schedule
