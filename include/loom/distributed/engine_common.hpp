@@ -1,8 +1,9 @@
 #pragma once
 // Pieces shared by the sharding engines (distributed/bucket_engine.hpp for DDP, ZeRO-1 and
-// ZeRO-2; distributed/full_shard.hpp for FullShard): what an engine hands the Trainer, the
-// per-parameter post-accumulate-grad hook, and storage that can be freed and re-allocated
-// under live views (how FullShard frees gathered parameters that autograd still refers to).
+// ZeRO-2; distributed/full_shard.hpp for FullShard): EngineBase (the dist::Engine members
+// every engine shares), the per-parameter post-accumulate-grad hook, and storage that can be
+// freed and re-allocated under live views (how FullShard frees gathered parameters that
+// autograd still refers to). What an engine hands the Trainer is in engine.hpp.
 
 #include <loom/core/error.hpp>
 #include <loom/distributed/comm.hpp>

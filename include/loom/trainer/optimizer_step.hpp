@@ -3,7 +3,7 @@
 // every accumulation group (HF's, in order):
 //
 //   precision.unscale(params())        the caller: the precision policy's part
-//   clip(found_inf, max_grad_norm)     overflow flag and squared norms summed over ranks
+//   clip(params, found_inf, max_norm)  overflow flag and squared norms summed over ranks
 //   on_pre_optimizer_step              the caller
 //   settle_skip()                      the previous step's fp16 skip flag, read now
 //   step(lr, found_inf)                the optimizer, then the engine (ZeRO: all-gather)
@@ -41,9 +41,11 @@ class OptimizerStep {
 
   /// Every parameter the optimizer steps (this rank's pieces when sharded).
   [[nodiscard]] std::vector<torch::Tensor> params() const { return optimizer_->parameters(); }
-  /// Sums the fp16 overflow flag over ranks when gradients are sharded, then clips to
-  /// `max_grad_norm` by the global norm (0: no clipping). Returns the norm (undefined: none).
-  LOOM_INLINE torch::Tensor clip(const torch::Tensor& found_inf, double max_grad_norm);
+  /// Sums the fp16 overflow flag over ranks when gradients are sharded, then clips `params`
+  /// (params()' result) to `max_grad_norm` by the global norm (0: no clipping). Returns the
+  /// norm (undefined: none).
+  LOOM_INLINE torch::Tensor clip(const std::vector<torch::Tensor>& params, const torch::Tensor& found_inf,
+                                 double max_grad_norm);
   /// Reads the skip flag of the previous step and steps the scheduler if that step counted.
   LOOM_INLINE void settle_skip();
   /// The optimizer step at `lr` (skipped on the device when found_inf is set), then the engine's.

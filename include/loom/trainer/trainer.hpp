@@ -458,8 +458,9 @@ class Trainer {
           if (engine_->item_factor().defined()) loss_step = loss_step * engine_->item_factor();
           loop_.tr_loss.add(loss_step, state_.global_step - loop_.last_logged);
           if (i + 1 == count) {
-            precision_->unscale(steps_->params());
-            grad_norm = steps_->clip(precision_->found_inf(), args_.max_grad_norm);
+            const auto params = steps_->params();
+            precision_->unscale(params);
+            grad_norm = steps_->clip(params, precision_->found_inf(), args_.max_grad_norm);
             callbacks_.template fire<event::on_pre_optimizer_step>(args_, state_, control_);
             steps_->settle_skip();
             last_lr = scheduler_->current_lr();

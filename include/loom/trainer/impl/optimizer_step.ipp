@@ -33,13 +33,13 @@ LOOM_INLINE void OptimizerStep::reset(optim::Optimizer full, schedule::LRSchedul
   optimizer_.emplace(std::move(groups), full.options());
 }
 
-LOOM_INLINE torch::Tensor OptimizerStep::clip(const torch::Tensor& found_inf, double max_grad_norm) {
+LOOM_INLINE torch::Tensor OptimizerStep::clip(const std::vector<torch::Tensor>& params, const torch::Tensor& found_inf,
+                                              double max_grad_norm) {
   if (engine_->grads_sharded() && found_inf.defined()) {
     torch::Tensor inf = found_inf;
     engine_->all_reduce(inf, "the fp16 overflow all-reduce");
   }
   if (max_grad_norm <= 0) return {};
-  const auto params = optimizer_->parameters();
   if (!engine_->grads_sharded()) return optim::clip_grad_norm(params, max_grad_norm);
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
