@@ -561,6 +561,28 @@ TEST_CASE("EarlyStopping: state() has HF's shape and round-trips") {
                        doctest::Contains("loom: invalid EarlyStopping state"), loom::Error);
 }
 
+TEST_CASE("TrainerControl's state is HF's ExportableState entry; a bad entry is a loom: error") {
+  loom::TrainerControl c;
+  c.should_save = true;
+  c.should_log = true;
+  const auto j = c.state();
+  CHECK(j.dump() == R"({"args":{"should_training_stop":false,"should_epoch_stop":false,"should_save":true,)"
+                    R"("should_evaluate":false,"should_log":true},"attributes":{}})");
+  const auto back = loom::TrainerControl::from_state(nlohmann::json::parse(j.dump()));
+  CHECK(back.should_save);
+  CHECK(back.should_log);
+  CHECK_FALSE(back.should_evaluate);
+  CHECK_FALSE(back.should_training_stop);
+  CHECK_THROWS_WITH_AS(loom::TrainerControl::from_state(nlohmann::json::parse(
+                           R"({"args": {"should_training_stop": false, "should_epoch_stop": false,
+                                        "should_save": 1, "should_evaluate": false, "should_log": false}})")),
+                       doctest::Contains("loom: trainer_state.json: stateful_callbacks.TrainerControl.args.should_save "
+                                         "is missing or not a boolean"),
+                       loom::Error);
+  CHECK_THROWS_WITH_AS(loom::TrainerControl::from_state(nlohmann::json::parse("[]")),
+                       doctest::Contains("has no \"args\" object"), loom::Error);
+}
+
 TEST_CASE("EarlyStopping in a Trainer run stops when eval_loss stops improving") {
   auto args = quiet_args("es_trainer");
   args.learning_rate = 0.0;  // the model never changes: eval_loss never improves

@@ -310,7 +310,20 @@ TEST_CASE("callback state (EarlyStopping's patience counter) is checkpointed and
   auto state = loom::TrainerState::load(fs::path(a.output_dir) / "checkpoint-4" / "trainer_state.json");
   REQUIRE(state.stateful_callbacks.contains("EarlyStoppingCallback"));
   CHECK(state.stateful_callbacks["EarlyStoppingCallback"]["attributes"]["early_stopping_patience_counter"] == 1);
+  {
+    // HF's default: restore_callback_states_from_checkpoint false, the counter starts at 0.
+    auto b = a;
+    b.output_dir = loom_test::fresh_dir("callback_state_not_restored").string();
+    b.resume_from_checkpoint = (fs::path(a.output_dir) / "checkpoint-4").string();
+    torch::manual_seed(1);
+    WithEarlyStop fresh(b, Mlp{}, data(40, 1), data(12, 2));
+    fresh.callback<loom::EarlyStopping>().patience = 5;
+    fresh.train();
+    CHECK(fresh.callback<loom::EarlyStopping>().patience_counter() == 4);
+    CHECK(fresh.state().global_step == 12);
+  }
   a.resume_from_checkpoint = "latest";
+  a.restore_callback_states_from_checkpoint = true;
   torch::manual_seed(1);
   WithEarlyStop resumed(a, Mlp{}, data(40, 1), data(12, 2));
   resumed.callback<loom::EarlyStopping>().patience = 5;

@@ -71,6 +71,7 @@ struct TrainingArguments {
   std::optional<std::string> metric_for_best_model;  ///< metric that decides "best"
   std::optional<bool> greater_is_better;      ///< direction of metric_for_best_model
   std::optional<std::string> resume_from_checkpoint;  ///< a checkpoint folder, or "latest"
+  bool restore_callback_states_from_checkpoint = false;  ///< on resume, restore stateful callbacks and TrainerControl
 
   // --- initial weights (a loom extension: HF keeps this in the example scripts) --------
   std::optional<std::string> model_name_or_path;  ///< start from DIR/model.safetensors (strict match)

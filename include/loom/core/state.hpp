@@ -61,6 +61,13 @@ struct TrainerControl {
   bool should_save = false;           ///< save a checkpoint now (reset at on_step_begin, on_save)
   bool should_evaluate = false;       ///< evaluate now (reset at on_step_begin, on_evaluate)
   bool should_log = false;            ///< log now (reset at on_step_begin, on_log)
+
+  /// The entry trainer_state.json keeps under stateful_callbacks["TrainerControl"], as HF's
+  /// TrainerControl.state(): {"args": {flag: value...}, "attributes": {}}.
+  [[nodiscard]] nlohmann::ordered_json state() const;
+  /// The flags of a state() entry (HF's restore on resume); a missing or non-boolean flag
+  /// is a loom::Error.
+  static TrainerControl from_state(const nlohmann::json& j);
 };
 
 }  // namespace loom

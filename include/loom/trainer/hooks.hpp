@@ -71,7 +71,7 @@ namespace hook {
   };
 
 LOOM_DEFINE_HOOK(compute_loss, "compute_loss(Model&, Batch&) -> torch::Tensor or loom::ModelOutput")
-LOOM_DEFINE_HOOK(training_step, "training_step(Model&, Batch&, double loss_weight) -> torch::Tensor")
+LOOM_DEFINE_HOOK(training_step, "training_step(Model&, Batch&, double loss_divisor) -> torch::Tensor")
 LOOM_DEFINE_HOOK(prediction_step, "prediction_step(Model&, Batch&) -> loom::PredictionOutput")
 LOOM_DEFINE_HOOK(num_items, "num_items(const Batch&) -> int64_t")
 LOOM_DEFINE_HOOK(create_optimizer, "create_optimizer() -> loom::optim::Optimizer")

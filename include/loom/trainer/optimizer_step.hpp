@@ -37,13 +37,16 @@ class OptimizerStep {
 
   /// Takes the optimizer create_optimizer built and, when the engine shards the optimizer,
   /// rebuilds it with the same algorithm and groups over this rank's pieces of each parameter.
-  LOOM_INLINE void reset(optim::Optimizer full, schedule::LRSchedulerBase& scheduler);
+  /// `model_order`: the model's parameters, in the order HF clips them (model.parameters()).
+  LOOM_INLINE void reset(optim::Optimizer full, schedule::LRSchedulerBase& scheduler,
+                         const std::vector<torch::Tensor>& model_order);
 
-  /// Every parameter the optimizer steps (this rank's pieces when sharded).
-  [[nodiscard]] std::vector<torch::Tensor> params() const { return optimizer_->parameters(); }
-  /// Sums the fp16 overflow flag over ranks when gradients are sharded, then clips `params`
-  /// (params()' result) to `max_grad_norm` by the global norm (0: no clipping). Returns the
-  /// norm (undefined: none).
+  /// Every parameter the optimizer steps: in model order (then any the model does not hold),
+  /// so the global norm sums as HF's does; this rank's pieces when sharded.
+  [[nodiscard]] const std::vector<torch::Tensor>& params() const { return params_; }
+  /// Sums the fp16 overflow flag over ranks when gradients are sharded, then computes the
+  /// global norm of `params` and clips to `max_grad_norm` (0: the norm only, as HF 5 logs it).
+  /// Returns the norm.
   LOOM_INLINE torch::Tensor clip(const std::vector<torch::Tensor>& params, const torch::Tensor& found_inf,
                                  double max_grad_norm);
   /// Reads the skip flag of the previous step and steps the scheduler if that step counted.
@@ -72,6 +75,7 @@ class OptimizerStep {
   bool engine_owns_grads_;
   schedule::LRSchedulerBase* scheduler_ = nullptr;
   std::optional<optim::Optimizer> optimizer_;
+  std::vector<torch::Tensor> params_;
   std::vector<dist::Piece> pieces_;
   dist::StateBytes state_bytes_;
   torch::Tensor skip_flag_host_;

@@ -152,10 +152,11 @@ class Trainer {
     }
   }
 
-  /// Forward and backward of one micro-batch; the loss is scaled by `loss_weight`, the
-  /// micro-batch's share of the items in its accumulation group. Returns the scaled loss, detached.
+  /// Forward and backward of one micro-batch; the loss is divided by `loss_divisor`, the items
+  /// of its accumulation group over the micro-batch's (gradient_accumulation_steps when the
+  /// batches are equal, as HF divides). Returns the divided loss, detached.
   template <class Batch>
-  torch::Tensor training_step(Model& model, Batch& batch, double loss_weight) {
+  torch::Tensor training_step(Model& model, Batch& batch, double loss_divisor) {
     torch::Tensor loss;
     {
       auto autocast = precision_->autocast();
@@ -164,7 +165,7 @@ class Trainer {
     check(loss.defined() && loss.numel() == 1, "compute_loss must return a scalar loss, got shape {}",
           loss.defined() ? c10::str(loss.sizes()) : std::string("undefined"));
     if (loss.scalar_type() != torch::kFloat) loss = loss.to(torch::kFloat);
-    if (loss_weight != 1.0) loss = loss * loss_weight;
+    if (loss_divisor != 1.0) loss = loss / loss_divisor;
     backward(loss);
     return loss.detach();
   }
@@ -400,16 +401,21 @@ class Trainer {
 
     auto optimizer = call_hook<hook::create_optimizer>(self());
     scheduler_.emplace(call_hook<hook::create_scheduler>(self(), plan.max_steps));
-    steps_->reset(std::move(optimizer), *scheduler_);
     auto& module = detail::module_of(model_);
+    steps_->reset(std::move(optimizer), *scheduler_, module.parameters());
     module.train();
 
     loop_ = LoopState{};
     if (world_.size > 1) loop_.tr_loss.set_reducer([this](torch::Tensor& t) { engine_->all_reduce(t, "the loss all-reduce"); });
     int64_t epochs_trained = 0, batches_to_skip = 0;
+    record_callback_states();  // HF's TrainerState(stateful_callbacks=...) at the start of training
     if (auto resume = checkpointer_->resume_dir()) {
       checkpointer_->load(*resume, state_, *steps_, checkpoint_parts());
-      callbacks_.load_states(state_.stateful_callbacks);
+      if (args_.restore_callback_states_from_checkpoint) {
+        callbacks_.load_states(state_.stateful_callbacks);
+        if (state_.stateful_callbacks.contains("TrainerControl"))
+          control_ = TrainerControl::from_state(nlohmann::json(state_.stateful_callbacks["TrainerControl"]));
+      }
       epochs_trained = state_.global_step / plan.updates_per_epoch;
       batches_to_skip = (state_.global_step % plan.updates_per_epoch) * ga;
     }
@@ -451,14 +457,15 @@ class Trainer {
         for (int64_t i = 0; i < count; ++i) {
           ++step;
           if (step % ga == 0) callbacks_.template fire<event::on_step_begin>(args_, state_, control_);
-          const double weight = group_items > 0 ? static_cast<double>(items[i]) / group_items : 1.0 / count;
+          const double divisor = group_items > 0 ? static_cast<double>(group_items) / static_cast<double>(items[i])
+                                                 : static_cast<double>(count);
           engine_->begin_micro_step(i + 1 == count);
-          torch::Tensor loss_step = call_hook<hook::training_step>(self(), model_, group[i], weight);
+          torch::Tensor loss_step = call_hook<hook::training_step>(self(), model_, group[i], divisor);
           engine_->after_backward();
           if (engine_->item_factor().defined()) loss_step = loss_step * engine_->item_factor();
           loop_.tr_loss.add(loss_step, state_.global_step - loop_.last_logged);
           if (i + 1 == count) {
-            const auto params = steps_->params();
+            const auto& params = steps_->params();
             precision_->unscale(params);
             grad_norm = steps_->clip(params, precision_->found_inf(), args_.max_grad_norm);
             callbacks_.template fire<event::on_pre_optimizer_step>(args_, state_, control_);
@@ -512,6 +519,12 @@ class Trainer {
     return out;
   }
 
+  // The stateful callbacks' states and the TrainerControl flags, as trainer_state.json keeps them.
+  void record_callback_states() {
+    callbacks_.save_states(state_.stateful_callbacks);
+    state_.stateful_callbacks["TrainerControl"] = control_.state();
+  }
+
   // HF's TrainingArguments.should_log: informational lines come from the main process of
   // each node (log_on_each_node, the default) or of the whole job.
   [[nodiscard]] bool should_log() const {
@@ -539,7 +552,7 @@ class Trainer {
     if (control_.should_save) {
       steps_->settle_skip();
       best_.before_save(state_);
-      callbacks_.save_states(state_.stateful_callbacks);
+      record_callback_states();
       checkpointer_->save(state_, *steps_, checkpoint_parts());
       callbacks_.template fire<event::on_save>(args_, state_, control_);
     }
@@ -562,6 +575,7 @@ class Trainer {
       scheduler_->step_metric(*value);
     }
     call_hook<hook::log>(self(), std::as_const(metrics));
+    metrics.set("epoch", state_.epoch);  // HF's log() adds it to the caller's metrics
     callbacks_.template fire<event::on_evaluate>(args_, state_, control_, metrics);
     return metrics;
   }

@@ -20,6 +20,10 @@ LOOM_INLINE void DefaultFlowCallback::on_step_end(const TrainingArguments& args,
     control.should_save = true;
   if (state.global_step >= state.max_steps) {
     control.should_training_stop = true;
+    // The last step is evaluated under eval_strategy steps even off the interval (HF 5).
+    if (args.eval_strategy == "steps" && state.eval_steps > 0 && state.global_step % state.eval_steps != 0 &&
+        args.eval_delay <= state.global_step)
+      control.should_evaluate = true;
     if (args.save_strategy == "steps") control.should_save = true;
   }
 }

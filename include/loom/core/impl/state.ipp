@@ -95,4 +95,29 @@ LOOM_INLINE TrainerState TrainerState::load(const std::filesystem::path& path) {
   }
 }
 
+LOOM_INLINE nlohmann::ordered_json TrainerControl::state() const {
+  nlohmann::ordered_json args = {{"should_training_stop", should_training_stop},
+                                 {"should_epoch_stop", should_epoch_stop},
+                                 {"should_save", should_save},
+                                 {"should_evaluate", should_evaluate},
+                                 {"should_log", should_log}};
+  return {{"args", args}, {"attributes", nlohmann::ordered_json::object()}};
+}
+
+LOOM_INLINE TrainerControl TrainerControl::from_state(const nlohmann::json& j) {
+  TrainerControl c;
+  const nlohmann::json* args = j.is_object() && j.contains("args") ? &j["args"] : nullptr;
+  if (!args || !args->is_object())
+    throw Error("trainer_state.json: stateful_callbacks.TrainerControl has no \"args\" object");
+  for (auto [name, flag] : {std::pair{"should_training_stop", &c.should_training_stop},
+                            std::pair{"should_epoch_stop", &c.should_epoch_stop}, std::pair{"should_save", &c.should_save},
+                            std::pair{"should_evaluate", &c.should_evaluate}, std::pair{"should_log", &c.should_log}}) {
+    if (!args->contains(name) || !(*args)[name].is_boolean())
+      throw Error(std::string("trainer_state.json: stateful_callbacks.TrainerControl.args.") + name +
+                  " is missing or not a boolean");
+    *flag = (*args)[name].get<bool>();
+  }
+  return c;
+}
+
 }  // namespace loom

@@ -9,17 +9,18 @@
 namespace loom {
 
 LOOM_INLINE double LossWindow::total(bool nan_filter) const {
-  double tr = carry_;
+  // Summed in float32, one step after the other, as HF's tr_loss tensor is (bit for bit).
+  auto tr = static_cast<float>(carry_);
   if (items_.empty()) return tr;
   std::vector<torch::Tensor> losses;
   losses.reserve(items_.size());
   for (const auto& [l, s] : items_) losses.push_back(l.reshape({}).to(torch::kFloat));
   auto stacked = torch::stack(losses);
   if (reduce_) reduce_(stacked);
-  const auto host = stacked.to(torch::kDouble).cpu();
-  const double* v = host.data_ptr<double>();
+  const auto host = stacked.cpu().contiguous();
+  const float* v = host.data_ptr<float>();
   for (std::size_t i = 0; i < items_.size(); ++i)
-    tr += (!nan_filter || std::isfinite(v[i])) ? v[i] : tr / static_cast<double>(1 + items_[i].second);
+    tr += (!nan_filter || std::isfinite(v[i])) ? v[i] : tr / static_cast<float>(1 + items_[i].second);
   return tr;
 }
 
@@ -72,7 +73,9 @@ LOOM_INLINE TrainerState TrainingPlan::initial_state(const TrainingArguments& ar
   s.num_train_epochs = num_epochs;
   s.train_batch_size = args.per_device_train_batch_size;
   s.logging_steps = detail::resolve_interval(args.logging_steps, max_steps);
-  s.eval_steps = detail::resolve_interval(args.eval_steps.value_or(args.logging_steps), max_steps);
+  // HF: eval_steps falls back to logging_steps only under eval_strategy steps (finalize()
+  // sets it); otherwise trainer_state.json keeps TrainerState's default.
+  if (args.eval_steps) s.eval_steps = detail::resolve_interval(*args.eval_steps, max_steps);
   s.save_steps = detail::resolve_interval(args.save_steps, max_steps);
   return s;
 }

@@ -3,17 +3,28 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <unordered_set>
+
 namespace loom {
 
-LOOM_INLINE void OptimizerStep::reset(optim::Optimizer full, schedule::LRSchedulerBase& scheduler) {
+LOOM_INLINE void OptimizerStep::reset(optim::Optimizer full, schedule::LRSchedulerBase& scheduler,
+                                      const std::vector<torch::Tensor>& model_order) {
   scheduler_ = &scheduler;
   state_bytes_ = {};
   skipped_ = 0;
   skip_pending_ = false;
   pieces_.clear();
+  params_.clear();
   optimizer_.reset();
   if (!engine_->shards_optimizer()) {
     optimizer_.emplace(std::move(full));
+    auto stepped = optimizer_->parameters();
+    std::unordered_set<const c10::TensorImpl*> in_optimizer;
+    for (const auto& p : stepped) in_optimizer.insert(p.unsafeGetTensorImpl());
+    for (const auto& p : model_order)
+      if (in_optimizer.erase(p.unsafeGetTensorImpl()) > 0) params_.push_back(p);
+    for (const auto& p : stepped)
+      if (in_optimizer.count(p.unsafeGetTensorImpl()) > 0) params_.push_back(p);
     return;
   }
   std::vector<optim::ParamGroup> groups;
@@ -31,6 +42,7 @@ LOOM_INLINE void OptimizerStep::reset(optim::Optimizer full, schedule::LRSchedul
     groups.push_back(std::move(sharded));
   }
   optimizer_.emplace(std::move(groups), full.options());
+  params_ = optimizer_->parameters();
 }
 
 LOOM_INLINE torch::Tensor OptimizerStep::clip(const std::vector<torch::Tensor>& params, const torch::Tensor& found_inf,
@@ -39,7 +51,6 @@ LOOM_INLINE torch::Tensor OptimizerStep::clip(const std::vector<torch::Tensor>& 
     torch::Tensor inf = found_inf;
     engine_->all_reduce(inf, "the fp16 overflow all-reduce");
   }
-  if (max_grad_norm <= 0) return {};
   if (!engine_->grads_sharded()) return optim::clip_grad_norm(params, max_grad_norm);
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
@@ -49,7 +60,8 @@ LOOM_INLINE torch::Tensor OptimizerStep::clip(const std::vector<torch::Tensor>& 
                                    : torch::stack(at::_foreach_norm(grads, 2)).square().sum().reshape({1});
   engine_->all_reduce(sq, "the gradient-norm all-reduce");
   auto total = sq.sqrt().reshape({});
-  if (!grads.empty()) at::_foreach_mul_(grads, torch::clamp_max(max_grad_norm / (total + 1e-6), 1.0));
+  if (!grads.empty() && max_grad_norm > 0)
+    at::_foreach_mul_(grads, torch::clamp_max(max_grad_norm / (total + 1e-6), 1.0));
   return total;
 }
 

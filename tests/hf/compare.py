@@ -1,0 +1,330 @@
+#!/usr/bin/env python3
+"""loom against transformers.Trainer, bit for bit (issue 14; docs/semantics.md, "Identical to HF").
+
+For each configuration below, the same command line runs transformers.Trainer (in this
+process) and loom (tests/hf/peer.cpp, built as hf_peer) on the same model, data and initial
+weights, on the CPU in fp32 with one thread. Then it compares:
+  - log_history, entry by entry: every key and value but timings, bit for bit (loss,
+    grad_norm, learning_rate, epoch, step, eval_accuracy ...); eval_loss within EVAL_LOSS_RTOL
+    (HF averages the repeated per-batch losses in float32 with numpy, loom in double);
+  - trainer_state.json: every other key, exactly;
+  - train_results.json, eval_results.json, all_results.json: the same keys, the same values
+    (timings excepted, eval_loss as above);
+  - the final weights: every tensor bit for bit.
+
+  compare.py --peer build/tests/hf_peer --work /tmp/hf [--only NAME] [--ranks 2]
+
+--ranks 2 runs the DDP configurations under torchrun (gloo) on both sides instead.
+"""
+import argparse
+import contextlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+FEATURES, HIDDEN, CLASSES = 8, 16, 3
+EVAL_LOSS_RTOL = 1e-6
+TIMINGS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "eval_runtime",
+           "eval_samples_per_second", "eval_steps_per_second"}
+
+COMMON = ["--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "16", "--logging_steps", "1",
+          "--seed", "7", "--save_strategy", "no", "--use_cpu", "true"]
+
+# name -> (training examples, flags)
+CONFIGS = {
+    "adamw_fused_warmup_linear_clip": (96, [
+        "--optim", "adamw_torch_fused", "--learning_rate", "3e-3", "--lr_scheduler_type", "linear",
+        "--warmup_steps", "3", "--max_grad_norm", "1.0", "--num_train_epochs", "2", "--eval_strategy", "epoch"]),
+    "adamw_cosine_decay_accumulation": (96, [
+        "--optim", "adamw_torch", "--learning_rate", "5e-3", "--lr_scheduler_type", "cosine",
+        "--weight_decay", "0.1", "--warmup_steps", "0.1", "--gradient_accumulation_steps", "3",
+        "--max_grad_norm", "0.5", "--num_train_epochs", "3", "--eval_strategy", "epoch"]),
+    "adamw_fused_no_clipping": (96, [
+        "--optim", "adamw_torch_fused", "--learning_rate", "2e-3", "--lr_scheduler_type", "linear",
+        "--weight_decay", "0.01", "--max_grad_norm", "0", "--num_train_epochs", "2", "--eval_strategy", "epoch"]),
+    "sgd_no_evaluation": (96, [
+        "--optim", "sgd", "--learning_rate", "0.05", "--lr_scheduler_type", "constant", "--weight_decay", "0.01",
+        "--max_grad_norm", "1.0", "--num_train_epochs", "2"]),
+    "partial_batch_log_every_4_eval_steps": (100, [
+        "--optim", "adamw_torch", "--learning_rate", "3e-3", "--lr_scheduler_type", "cosine", "--logging_steps", "4",
+        "--gradient_accumulation_steps", "2", "--max_grad_norm", "1.0", "--num_train_epochs", "2",
+        "--eval_strategy", "steps", "--eval_steps", "5"]),
+    "checkpoints_best_model_at_end": (96, [
+        "--optim", "adamw_torch_fused", "--learning_rate", "3e-3", "--lr_scheduler_type", "linear",
+        "--max_grad_norm", "1.0", "--num_train_epochs", "2", "--eval_strategy", "steps", "--eval_steps", "5",
+        "--save_strategy", "steps", "--save_steps", "10", "--load_best_model_at_end", "true",
+        "--metric_for_best_model", "accuracy", "--save_total_limit", "2"]),
+    "resume_from_checkpoint_10": (96, [
+        "--optim", "adamw_torch", "--learning_rate", "3e-3", "--lr_scheduler_type", "cosine", "--weight_decay", "0.05",
+        "--gradient_accumulation_steps", "2", "--max_grad_norm", "1.0", "--num_train_epochs", "3",
+        "--eval_strategy", "epoch", "--save_strategy", "steps", "--save_steps", "10",
+        "--restore_callback_states_from_checkpoint", "true"]),
+}
+# Configurations whose run is repeated from one of its checkpoints on both sides (HF's
+# train(resume_from_checkpoint=...), loom's --resume_from_checkpoint), then compared again.
+RESUME = {"resume_from_checkpoint_10": "checkpoint-10"}
+# The configurations run with --ranks 2 (DDP on both sides), and their own flags: an eval
+# batch that splits the 40 evaluation rows evenly over the ranks (otherwise accelerate pads
+# the last round with repeated rows and HF's eval_loss includes their losses; loom's does not).
+DDP_CONFIGS = ["adamw_fused_warmup_linear_clip", "adamw_cosine_decay_accumulation"]
+DDP_FLAGS = ["--per_device_eval_batch_size", "10"]
+
+
+class Net(nn.Module):
+    """fc1 -> LayerNorm -> ReLU -> fc2, as NetImpl in peer.cpp."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(FEATURES, HIDDEN)
+        self.norm = nn.LayerNorm(HIDDEN)
+        self.fc2 = nn.Linear(HIDDEN, CLASSES)
+
+    def forward(self, x, labels=None):
+        logits = self.fc2(torch.relu(self.norm(self.fc1(x))))
+        return {"loss": F.cross_entropy(logits, labels), "logits": logits}
+
+
+class Rows(torch.utils.data.Dataset):
+    def __init__(self, x, labels):
+        self.x, self.labels = x, labels
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "labels": self.labels[i]}
+
+
+def accuracy(p):
+    return {"accuracy": float((p.predictions.argmax(-1) == p.label_ids).sum()) / len(p.label_ids)}
+
+
+def merge(common, flags):
+    """common's flag/value pairs, those in `flags` replacing them (loom refuses a flag given twice)."""
+    pairs = dict(zip(common[::2], common[1::2]))
+    pairs.update(zip(flags[::2], flags[1::2]))
+    return [x for pair in pairs.items() for x in pair]
+
+
+def make_inputs(work, n_train):
+    """Data (a noisy linear 3-class problem) and initial weights, both from fixed seeds."""
+    folder = os.path.join(work, f"inputs-{n_train}")
+    os.makedirs(os.path.join(folder, "init"), exist_ok=True)
+    gen = torch.Generator().manual_seed(1234)
+    w = torch.randn(FEATURES, CLASSES, generator=gen)
+    x = torch.randn(n_train + 40, FEATURES, generator=gen)
+    labels = (x @ w + 0.5 * torch.randn(n_train + 40, CLASSES, generator=gen)).argmax(1)
+    save_file({"train_x": x[:n_train].contiguous(), "train_labels": labels[:n_train].contiguous(),
+               "eval_x": x[n_train:].contiguous(), "eval_labels": labels[n_train:].contiguous()},
+              os.path.join(folder, "data.safetensors"))
+    torch.manual_seed(0)
+    save_file(Net().state_dict(), os.path.join(folder, "init", "model.safetensors"))
+    return folder
+
+
+def run_hf(flags, inputs, out):
+    """transformers.Trainer on `flags`, writing what loom's peer writes."""
+    from transformers import HfArgumentParser, Trainer, TrainingArguments
+
+    (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(
+        flags + ["--output_dir", out, "--report_to", "none"])
+    data = load_file(os.path.join(inputs, "data.safetensors"))
+    model = Net()
+    model.load_state_dict(load_file(os.path.join(inputs, "init", "model.safetensors")))
+    trainer = Trainer(model=model, args=args, train_dataset=Rows(data["train_x"], data["train_labels"]),
+                      eval_dataset=Rows(data["eval_x"], data["eval_labels"]), compute_metrics=accuracy)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "hf.log"), "w") as log, contextlib.redirect_stdout(log), \
+            contextlib.redirect_stderr(log):
+        result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+        # loom's train() writes these two itself (as HF's run_*.py examples do after train()).
+        trainer.save_metrics("train", result.metrics)
+        trainer.save_state()
+        trainer.save_metrics("eval", trainer.evaluate())
+    if trainer.is_world_process_zero():
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, os.path.join(out, "final.safetensors"))
+
+
+def run_loom(peer, flags, inputs, out, ranks):
+    cmd = [peer] + flags + ["--data_file", os.path.join(inputs, "data.safetensors"), "--model_name_or_path",
+                            os.path.join(inputs, "init"), "--weights_out", os.path.join(out, "final.safetensors"),
+                            "--output_dir", out]
+    if ranks > 1:
+        cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone",
+               f"--nproc_per_node={ranks}", "--no-python"] + cmd + ["--sharding", "ddp"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"hf_peer failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+
+
+def run_hf_ranks(flags, inputs, out, ranks):
+    """HF under torchrun: this script re-entered with --hf-worker."""
+    cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", f"--nproc_per_node={ranks}",
+           os.path.abspath(__file__), "--hf-worker", inputs, out, "--"] + flags
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"HF under torchrun failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+
+
+class Report:
+    def __init__(self, skip=()):
+        self.skip = set(skip) | TIMINGS  # keys not compared
+        self.problems = []
+        self.worst = 0.0            # largest relative difference of any other value or weight
+        self.worst_eval_loss = 0.0  # ... of eval_loss
+
+    def value(self, where, hf, lm, rtol=0.0):
+        if isinstance(hf, float) or isinstance(lm, float):
+            if hf is None or lm is None:
+                self.problems.append(f"{where}: HF {hf!r}, loom {lm!r}")
+                return
+            if math.isnan(hf) and math.isnan(lm):
+                return
+            rel = abs(hf - lm) / max(abs(hf), 1e-30)
+            if where.endswith("eval_loss]"):
+                self.worst_eval_loss = max(self.worst_eval_loss, rel)
+            else:
+                self.worst = max(self.worst, rel)
+            if hf != lm and rel > rtol:
+                self.problems.append(f"{where}: HF {hf!r}, loom {lm!r} (relative {rel:.3g})")
+        elif hf != lm:
+            self.problems.append(f"{where}: HF {hf!r}, loom {lm!r}")
+
+    def metrics(self, where, hf, lm, rtol):
+        hk, lk = set(hf) - self.skip, set(lm) - self.skip
+        if hk != lk:
+            self.problems.append(f"{where}: keys only in HF {sorted(hk - lk)}, only in loom {sorted(lk - hk)}")
+        for k in sorted(hk & lk):
+            self.value(f"{where}[{k}]", hf[k], lm[k], rtol(k))
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def compare_state(report, where, hf_file, loom_file, rtol):
+    """Two trainer_state.json files: log_history entry by entry, then every other key."""
+    hs, ls = read_json(hf_file), read_json(loom_file)
+    hl, ll = hs.pop("log_history"), ls.pop("log_history")
+    if len(hl) != len(ll):
+        report.problems.append(f"{where} log_history: HF {len(hl)} entries, loom {len(ll)}")
+    for i, (h, l) in enumerate(zip(hl, ll)):
+        report.metrics(f"{where} log_history[{i}]", h, l, rtol)
+    for s in (hs, ls):  # the two runs write to different output_dirs
+        if s.get("best_model_checkpoint"):
+            s["best_model_checkpoint"] = os.path.basename(s["best_model_checkpoint"])
+    report.metrics(where, hs, ls, lambda k: 0.0)
+
+
+def compare_weights(report, where, hf_file, loom_file, tolerance):
+    hw, lw = load_file(hf_file), load_file(loom_file)
+    if set(hw) != set(lw):
+        report.problems.append(f"{where}: HF {sorted(hw)}, loom {sorted(lw)}")
+    for k in sorted(set(hw) & set(lw)):
+        if not torch.equal(hw[k], lw[k]):
+            diff = ((hw[k] - lw[k]).abs().max() / hw[k].abs().max().clamp_min(1e-30)).item()
+            report.worst = max(report.worst, diff)
+            if diff > tolerance:
+                report.problems.append(f"{where} {k}: max difference {diff:.3g} of its largest value")
+
+
+def compare(hf_out, loom_out, tolerance, skip=()):
+    report = Report(skip)
+    rtol = (lambda k: max(tolerance, EVAL_LOSS_RTOL) if k.endswith("eval_loss") else tolerance)
+    compare_state(report, "trainer_state.json", os.path.join(hf_out, "trainer_state.json"),
+                  os.path.join(loom_out, "trainer_state.json"), rtol)
+    for name in ("train_results.json", "eval_results.json", "all_results.json"):
+        report.metrics(name, read_json(os.path.join(hf_out, name)), read_json(os.path.join(loom_out, name)), rtol)
+    compare_weights(report, "final weights", os.path.join(hf_out, "final.safetensors"),
+                    os.path.join(loom_out, "final.safetensors"), tolerance)
+    # Checkpoints: the same folders, each with the same trainer_state.json and weights.
+    folders = [sorted(d for d in os.listdir(out) if d.startswith("checkpoint-")) for out in (hf_out, loom_out)]
+    if folders[0] != folders[1]:
+        report.problems.append(f"checkpoints: HF {folders[0]}, loom {folders[1]}")
+    for d in folders[0]:
+        if d in folders[1]:
+            compare_state(report, f"{d}/trainer_state.json", os.path.join(hf_out, d, "trainer_state.json"),
+                          os.path.join(loom_out, d, "trainer_state.json"), rtol)
+            compare_weights(report, f"{d}/model.safetensors", os.path.join(hf_out, d, "model.safetensors"),
+                            os.path.join(loom_out, d, "model.safetensors"), tolerance)
+    return report
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--hf-worker":
+        torch.set_num_threads(1)
+        inputs, out = sys.argv[2], sys.argv[3]
+        run_hf(sys.argv[5:], inputs, out)
+        # HF leaves the process group to the interpreter's exit, where gloo's threads can
+        # abort the process ("terminate called without an active exception").
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
+            torch.distributed.destroy_process_group()
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peer", required=True, help="the hf_peer executable")
+    parser.add_argument("--work", required=True, help="a scratch folder (emptied)")
+    parser.add_argument("--only", help="run one configuration")
+    parser.add_argument("--ranks", type=int, default=1, help="2: the DDP configurations under torchrun")
+    parser.add_argument("--tolerance", type=float, default=0.0,
+                        help="relative tolerance of values and weights (0: bit for bit)")
+    opts = parser.parse_args()
+    torch.set_num_threads(1)
+    shutil.rmtree(opts.work, ignore_errors=True)
+    names = DDP_CONFIGS if opts.ranks > 1 else list(CONFIGS)
+    if opts.only:
+        names = [opts.only]
+    failed = 0
+    for name in names:
+        n_train, flags = CONFIGS[name]
+        flags = merge(COMMON, flags + (DDP_FLAGS if opts.ranks > 1 else []))
+        inputs = make_inputs(opts.work, n_train)
+        hf_out, loom_out = (os.path.join(opts.work, name, side) for side in ("hf", "loom"))
+        if opts.ranks > 1:
+            run_hf_ranks(flags, inputs, hf_out, opts.ranks)
+        else:
+            run_hf(flags, inputs, hf_out)
+        run_loom(opts.peer, flags, inputs, loom_out, opts.ranks)
+        report = compare(hf_out, loom_out, opts.tolerance)
+        if name in RESUME and opts.ranks == 1 and not report.problems:
+            # HF restarts train_loss from 0 on resume (it averages this session's steps only);
+            # loom's equals the uninterrupted run's (docs/semantics.md): checked against that.
+            hf_res, loom_res = (os.path.join(opts.work, name, side) for side in ("hf-resumed", "loom-resumed"))
+            run_hf(merge(flags, ["--resume_from_checkpoint", os.path.join(hf_out, RESUME[name])]), inputs, hf_res)
+            run_loom(opts.peer, merge(flags, ["--resume_from_checkpoint", os.path.join(loom_out, RESUME[name])]),
+                     inputs, loom_res, 1)
+            report = compare(hf_res, loom_res, opts.tolerance, skip={"train_loss"})
+            straight = read_json(os.path.join(loom_out, "train_results.json"))["train_loss"]
+            resumed = read_json(os.path.join(loom_res, "train_results.json"))["train_loss"]
+            if straight != resumed:
+                report.problems.append(f"loom's train_loss after resume {resumed!r}, uninterrupted {straight!r}")
+            name += " (resumed from " + RESUME[name] + ")"
+        steps = read_json(os.path.join(hf_out, "trainer_state.json"))["global_step"]
+        if report.problems:
+            failed += 1
+            print(f"FAIL {name} ({steps} steps):")
+            for p in report.problems[:25]:
+                print(f"  {p}")
+            if len(report.problems) > 25:
+                print(f"  ... {len(report.problems) - 25} more")
+        else:
+            how = "bit for bit" if report.worst == 0.0 else f"largest relative difference {report.worst:.3g}"
+            how += f"; eval_loss within {report.worst_eval_loss:.3g} relative"
+            print(f"ok {name} ({steps} steps, {opts.ranks} rank(s)): {how}")
+    print(f"hf compare: {len(names) - failed} of {len(names)} configurations match")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

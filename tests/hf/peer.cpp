@@ -1,0 +1,92 @@
+// loom's side of the comparison with transformers.Trainer (tests/hf/compare.py): a small
+// classifier whose parameter names, order and arithmetic are those of the Python model in
+// compare.py, trained from the same safetensors weights on the same data, with every
+// command-line flag a TrainingArguments flag (the same command line runs HF's side).
+//
+//   build/tests/hf_peer --data_file data.safetensors --model_name_or_path init/
+//       --weights_out final.safetensors --output_dir out/ [HF flags...]   (one line)
+//
+// --sharding ddp (under torchrun) runs the DDP engine; anything else one process.
+
+#include <loom/loom.hpp>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+namespace {
+
+/// Flags of this program, beside every TrainingArguments flag.
+struct PeerArguments {
+  std::string data_file;    ///< safetensors with train_x, train_labels, eval_x, eval_labels
+  std::string weights_out;  ///< where rank 0 writes the final weights (safetensors)
+  int64_t hidden = 16;      ///< width of the hidden layer
+};
+
+struct Batch {
+  torch::Tensor x;       ///< float [N, features]
+  torch::Tensor labels;  ///< int64 [N]
+};
+
+// fc1 -> LayerNorm -> ReLU -> fc2: decay (weights) and no-decay (biases, the norm) parameters
+// interleave in module order, so the clipping order is visible in the results.
+struct NetImpl : torch::nn::Module {
+  NetImpl(int64_t features, int64_t hidden, int64_t classes)
+      : fc1(register_module("fc1", torch::nn::Linear(features, hidden))),
+        norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden})))),
+        fc2(register_module("fc2", torch::nn::Linear(hidden, classes))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(norm(fc1(x)))); }
+  torch::nn::Linear fc1;
+  torch::nn::LayerNorm norm;
+  torch::nn::Linear fc2;
+};
+TORCH_MODULE(Net);
+
+template <class Sharding>
+struct PeerTrainer : loom::Trainer<PeerTrainer<Sharding>, Net, Sharding> {
+  using PeerTrainer::Trainer::Trainer;
+  loom::ModelOutput compute_loss(Net& model, Batch& batch) {
+    auto logits = model->forward(batch.x);
+    return {torch::nn::functional::cross_entropy(logits, batch.labels), logits};
+  }
+  loom::Metrics compute_metrics(const loom::EvalPrediction& p) {
+    const auto correct = p.predictions.argmax(-1).eq(p.label_ids).sum().item<int64_t>();
+    loom::Metrics m;
+    m.set("accuracy", static_cast<double>(correct) / static_cast<double>(p.label_ids.size(0)));
+    return m;
+  }
+};
+
+torch::Tensor tensor_named(const std::vector<std::pair<std::string, torch::Tensor>>& all, const std::string& name) {
+  for (const auto& [key, t] : all)
+    if (key == name) return t;
+  throw loom::Error("loom: hf_peer: the data file has no tensor " + name);
+}
+
+template <class Sharding>
+int run(const PeerArguments& peer, const loom::TrainingArguments& args) {
+  const auto data = loom::checkpoint::load_safetensors(peer.data_file);
+  loom::data::TensorDataset<Batch> train({tensor_named(data, "train_x"), tensor_named(data, "train_labels")});
+  loom::data::TensorDataset<Batch> eval({tensor_named(data, "eval_x"), tensor_named(data, "eval_labels")});
+  const int64_t features = tensor_named(data, "train_x").size(1);
+  const int64_t classes = tensor_named(data, "train_labels").max().item<int64_t>() + 1;
+  PeerTrainer<Sharding> trainer(args, Net(features, peer.hidden, classes), train, eval);
+  trainer.train();
+  const auto metrics = trainer.evaluate();
+  trainer.save_metrics("eval", metrics);
+  if (trainer.state().is_world_process_zero && !peer.weights_out.empty())
+    loom::checkpoint::save_module(*trainer.model(), peer.weights_out);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return loom::run_main([&] {
+    auto [peer, args] = loom::parse_args(argc, argv, PeerArguments{}, loom::TrainingArguments{});
+    loom::check(!peer.data_file.empty(), "hf_peer needs --data_file");
+    if (args.sharding == "ddp") return run<loom::sharding::DDP>(peer, args);
+    loom::check(args.sharding == "no", "hf_peer runs --sharding no or ddp, got {}", args.sharding);
+    return run<loom::sharding::NoShard>(peer, args);
+  });
+}
