@@ -58,6 +58,12 @@ inline std::string read_bytes(const std::filesystem::path& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
+/// Replaces the file at `path` with `bytes`.
+inline void write_bytes(const std::filesystem::path& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
 /// The message of the loom::Error that `f()` throws, or "<no loom::Error>".
 template <class F>
 std::string error_of(F&& f) {

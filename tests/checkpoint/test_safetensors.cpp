@@ -25,14 +25,10 @@ using Named = std::vector<std::pair<std::string, torch::Tensor>>;
 
 using loom_test::error_of;
 using loom_test::read_bytes;
+using loom_test::write_bytes;
 using loom_test::run_capture;
 
 fs::path safetensors_dir(const std::string& name) { return loom_test::fresh_dir("checkpoint_safetensors/" + name); }
-
-void write_bytes(const fs::path& p, const std::string& bytes) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 std::string le64(uint64_t n) {
   std::string s(8, '\0');
@@ -282,11 +278,51 @@ TEST_CASE("safetensors: every malformed file is a loom::Error naming the file") 
       "needs more than 2^64 bytes");
   has(err("bad_metadata", file_with(R"({"__metadata__": {"k": 1}})", "")), "__metadata__ entry 'k' is not a string");
 
-  // A valid header with gaps or out-of-order offsets inside the data is accepted.
-  const auto odd = dir / "odd_layout";
-  write_bytes(odd, file_with(R"({"b": {"dtype": "U8", "shape": [2], "data_offsets": [4, 6]},)"
+
+  // Strict as the reference reader: the tensors tile the data exactly, and the header is
+  // one JSON object with unique names, padded with spaces only.
+  const std::string two_u8 = R"({"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}, )";
+  has(err("gap", file_with(two_u8 + R"("b": {"dtype": "U8", "shape": [2], "data_offsets": [4, 6]}})",
+                           std::string("\x01\x02..\x03\x04", 6))),
+      "is corrupt: tensor 'b' has data_offsets [4, 6] but the previous tensor 'a' ends at 2");
+  has(err("overlap", file_with(two_u8 + R"("b": {"dtype": "U8", "shape": [2], "data_offsets": [1, 3]}})",
+                               std::string("\x01\x02\x03", 3))),
+      "tensor 'b' has data_offsets [1, 3] but the previous tensor 'a' ends at 2");
+  has(err("not_from_0", file_with(R"({"a": {"dtype": "U8", "shape": [2], "data_offsets": [1, 3]}})", "xyz")),
+      "tensor 'a' has data_offsets [1, 3] but the data starts at 0");
+  has(err("trailing", file_with(R"({"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}})", "xyz")),
+      "its tensors cover 2 bytes of data but the file holds 3");
+  has(err("duplicate", file_with(R"({"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, )"
+                                 R"("a": {"dtype": "U8", "shape": [1], "data_offsets": [1, 2]}})", "xy")),
+      "(header): key 'a' appears twice in the top-level object");
+  has(err("leading_space", file_with(R"( {"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}})", "x")),
+      "the header does not start with '{'");
+  has(err("newline_padding", file_with(R"({"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}})"
+                                       "\n",
+                                       "x")),
+      "bytes other than space padding");
+  {
+    const auto big = dir / "header_too_large";  // sparse: the length is refused before anything is read
+    write_bytes(big, le64(100'000'001) + "{");
+    std::filesystem::resize_file(big, 8 + 100'000'001);
+    has(error_of([&] { (void)load_safetensors(big); }), "header length 100000001 exceeds the format's limit");
+    std::filesystem::remove(big);
+  }
+  {
+    // A header length one byte short on a real file: the last padding byte is read as data.
+    const auto good = dir / "good_for_short";
+    save_safetensors({{"w", torch::arange(6, torch::kFloat)}}, good);
+    auto bytes = read_bytes(good);
+    const uint64_t n = static_cast<unsigned char>(bytes[0]) | (uint64_t{static_cast<unsigned char>(bytes[1])} << 8);
+    has(err("header_one_short", le64(n - 1) + bytes.substr(8)),
+        bytes[8 + n - 1] == ' ' ? "its tensors cover 24 bytes of data but the file holds 25" : "not valid JSON");
+  }
+
+  // Offsets in another order than the names are fine when they tile the data.
+  const auto odd = dir / "odd_order";
+  write_bytes(odd, file_with(R"({"b": {"dtype": "U8", "shape": [2], "data_offsets": [2, 4]},)"
                              R"( "a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}})",
-                             std::string("\x01\x02..\x03\x04", 6)));
+                             std::string("\x01\x02\x03\x04", 4)));
   const auto loaded = load_safetensors(odd);
   REQUIRE(loaded.size() == 2);
   CHECK(loaded[0].first == "b");

@@ -25,6 +25,8 @@ import shutil
 import subprocess
 import sys
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here needs the Hub
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

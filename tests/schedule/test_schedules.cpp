@@ -186,4 +186,14 @@ TEST_CASE("scheduler state round-trips, plateau state included") {
   q.step_metric(3.0);
   p.step_metric(3.0);
   CHECK(q.current_lr() == doctest::Approx(p.current_lr()));
+
+  // Through the file, before any metric: best is inf, which JSON writes as null.
+  for (const char* mode : {"min", "max"}) {
+    LRScheduler<FromArgs> fresh(params(0, 10, 0.1, {{"mode", mode}}), "reduce_lr_on_plateau");
+    const auto text = fresh.state_dict().dump();
+    CHECK(text.find("\"best\":null") != std::string::npos);
+    LRScheduler<FromArgs> back(params(0, 10, 0.1, {{"mode", mode}}), "reduce_lr_on_plateau");
+    back.load_state_dict(nlohmann::json::parse(text));
+    CHECK(back.state_dict() == fresh.state_dict());
+  }
 }

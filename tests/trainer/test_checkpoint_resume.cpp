@@ -285,6 +285,69 @@ TEST_CASE("bad checkpoints and weights stop at start-up with one loom: line") {
                        loom::Error);
 }
 
+TEST_CASE("a checkpoint's state files are read strictly: each bad field is a loom: error naming file and field") {
+  auto a = base_args("strict_state");
+  a.eval_strategy = "no";
+  a.max_steps = 6;
+  torch::manual_seed(1);
+  {
+    T<loom::precision::FP32> first(a, Mlp{}, data(40, 1));
+    first.train();
+  }
+  const auto ckpt = fs::path(a.output_dir) / "checkpoint-6";
+  const auto pristine = fs::path(a.output_dir + "-pristine");
+  fs::remove_all(pristine);
+  fs::copy(ckpt, pristine, fs::copy_options::recursive);
+  a.resume_from_checkpoint = ckpt.string();
+  a.max_steps = 12;
+  // Restores the checkpoint, applies `damage`, resumes, returns the error.
+  auto resume_after = [&](auto damage) {
+    fs::remove_all(ckpt);
+    fs::copy(pristine, ckpt, fs::copy_options::recursive);
+    damage();
+    T<loom::precision::FP32> t(a, Mlp{}, data(40, 1));
+    return loom_test::error_of([&] { t.train(); });
+  };
+  auto edit_json = [&](const std::string& file, auto change) {
+    auto j = nlohmann::json::parse(loom_test::read_bytes(ckpt / file));
+    change(j);
+    loom_test::write_bytes(ckpt / file, j.dump(2));
+  };
+  auto expect = [](const std::string& msg, const std::string& part) {
+    INFO(msg);
+    CHECK(msg.find(part) != std::string::npos);
+    CHECK(msg.rfind("loom: ", 0) == 0);
+  };
+  expect(resume_after([&] { edit_json("trainer_state.json", [](auto& j) { j["global_step"] = -5; }); }),
+         (ckpt / "trainer_state.json").string() + ": field 'global_step' must be an integer >= 0, got -5");
+  expect(resume_after([&] { edit_json("trainer_state.json", [](auto& j) { j["epoch"] = "1"; }); }),
+         "trainer_state.json: field 'epoch' must be a number, got \"1\"");
+  expect(resume_after([&] {
+           auto text = loom_test::read_bytes(ckpt / "trainer_state.json");
+           text.replace(text.find("\"global_step\""), 0, "\"global_step\": 7,\n  ");
+           loom_test::write_bytes(ckpt / "trainer_state.json", text);
+         }),
+         "trainer_state.json: key 'global_step' appears twice in the top-level object");
+  expect(resume_after([&] { edit_json("loop_state.json", [](auto& j) { j["tr_loss"] = "x"; }); }),
+         (ckpt / "loop_state.json").string() + ": field 'tr_loss' must be a number, got \"x\"");
+  expect(resume_after([&] { edit_json("loop_state.json", [](auto& j) { j["skipped_steps"] = 1.5; }); }),
+         "loop_state.json: field 'skipped_steps' must be an integer >= 0, got 1.5");
+  expect(resume_after([&] { edit_json("scheduler.json", [](auto& j) { j.erase("last_epoch"); }); }),
+         (ckpt / "scheduler.json").string() + ": field 'last_epoch' is missing");
+  expect(resume_after([&] { edit_json("optimizer.json", [](auto& j) { j["steps"] = -1; }); }),
+         (ckpt / "optimizer.json").string() + ": field 'steps' must be an integer >= 0, got -1");
+  // A moment with the right element count in another layout (transposed): not loaded flattened.
+  expect(resume_after([&] {
+           auto tensors = loom::checkpoint::load_safetensors(ckpt / "optimizer.safetensors");
+           for (auto& [name, t] : tensors)
+             if (name == "exp_avg.a.weight") t = t.t().contiguous();
+           loom::checkpoint::save_safetensors(tensors, ckpt / "optimizer.safetensors");
+         }),
+         "the optimizer state exp_avg.a.weight has shape [6, 16] but parameter a.weight has shape [16, 6]");
+  // The untouched copy still resumes.
+  CHECK(resume_after([] {}) == "<no loom::Error>");
+}
+
 namespace {
 struct WithEarlyStop : loom::Trainer<WithEarlyStop, Mlp, loom::Callbacks<StopAt, loom::EarlyStopping>> {
   using Trainer::Trainer;

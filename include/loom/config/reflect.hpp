@@ -19,6 +19,7 @@
 #include <loom/config/error.hpp>
 #include <loom/config/meta.hpp>
 #include <loom/config/inline.hpp>
+#include <loom/config/json.hpp>
 #include <loom/config/nearest.hpp>
 
 #include <boost/pfr.hpp>
@@ -432,9 +433,6 @@ nlohmann::ordered_json scalar_to_json(const S& value) {
 /// parent folders.
 LOOM_INLINE void save_json_value(const nlohmann::ordered_json& json, const std::filesystem::path& path);
 
-/// Parses the JSON file at `path`; errors name the path.
-LOOM_INLINE nlohmann::json read_json_file(const std::filesystem::path& path);
-
 /// Re-says `e` with the file in front: "loom: <path>: unknown JSON key ...".
 [[noreturn]] LOOM_INLINE void rethrow_with_path(const std::filesystem::path& path, const Error& e);
 
@@ -567,7 +565,7 @@ void save_json(const T& value, const std::filesystem::path& path) {
 /// Reads a JSON object written by save_json (or by hand) into T; errors name the path.
 template <class T>
 T load_json(const std::filesystem::path& path) {
-  const nlohmann::json json = detail::read_json_file(path);
+  const nlohmann::json json = loom::json::read_file(path);
   try {
     return from_json<T>(json);
   } catch (const Error& e) {

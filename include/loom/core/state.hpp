@@ -44,13 +44,14 @@ struct TrainerState {
   /// trainer_state.json content.
   [[nodiscard]] nlohmann::ordered_json to_json() const;
 
-  /// Reads trainer_state.json content written by loom or by HF's Trainer.
-  static TrainerState from_json(const nlohmann::json& j);
+  /// Reads trainer_state.json content written by loom or by HF's Trainer; a missing, mistyped
+  /// or out-of-range field is "loom: <where>: field '<name>' ...".
+  static TrainerState from_json(const nlohmann::json& j, const std::string& where = "trainer_state.json");
 
   /// Writes trainer_state.json (indent 2, as HF) to `path`.
   void save(const std::filesystem::path& path) const;
 
-  /// Reads trainer_state.json from `path`.
+  /// Reads trainer_state.json from `path` (strictly: json::read_file, then from_json).
   static TrainerState load(const std::filesystem::path& path);
 };
 

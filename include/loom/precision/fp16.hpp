@@ -5,6 +5,7 @@
 // by _amp_foreach_non_finite_check_and_unscale_ (before clipping), the optimizer step reads
 // found_inf on the device (the fused AdamW kernel skips itself), and _amp_update_scale_
 // backs off or grows the scale. The scaler state is checkpointed (HF forgets it).
+#include <loom/config/json.hpp>
 #include <loom/precision/precision_decl.hpp>
 
 namespace loom::precision {
@@ -55,12 +56,22 @@ struct PrecisionImpl<FP16> {
             {"growth_interval", options_.growth_interval},
             {"_growth_tracker", growth_tracker_.item<int64_t>()}};
   }
+  /// Restores state_dict() output (torch.amp.GradScaler's keys); out-of-range values are
+  /// loom::Errors naming the field.
   void load_state_dict(const nlohmann::json& j) {
-    scale_.fill_(j.at("scale").get<double>());
-    growth_tracker_.fill_(j.at("_growth_tracker").get<int64_t>());
-    options_.growth_factor = j.at("growth_factor").get<double>();
-    options_.backoff_factor = j.at("backoff_factor").get<double>();
-    options_.growth_interval = j.at("growth_interval").get<int64_t>();
+    const json::Fields f(j, "");
+    const double scale = f.number("scale", 0.0);
+    if (!(scale > 0)) f.fail("scale", "must be positive, got " + j["scale"].dump());
+    const double growth = f.number("growth_factor", 1.0);
+    const double backoff = f.number("backoff_factor", 0.0);
+    if (!(backoff > 0 && backoff < 1)) f.fail("backoff_factor", "must be in (0, 1), got " + j["backoff_factor"].dump());
+    const int64_t interval = f.integer("growth_interval", 1);
+    const int64_t tracker = f.integer("_growth_tracker", 0);
+    scale_.fill_(scale);
+    growth_tracker_.fill_(tracker);
+    options_.growth_factor = growth;
+    options_.backoff_factor = backoff;
+    options_.growth_interval = interval;
   }
 
  private:

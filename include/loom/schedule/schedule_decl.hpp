@@ -44,13 +44,12 @@ struct ScheduleImpl {
 class Kwargs {
  public:
   Kwargs(const nlohmann::json& kwargs, std::string_view schedule, std::initializer_list<std::string_view> known);
-  /// The number at `key`, or `fallback`.
-  [[nodiscard]] double number(std::string_view key, double fallback) const {
-    return optional_number(key).value_or(fallback);
-  }
-  /// The number at `key`, if given (JSON null counts as not given).
+  /// The number at `key`, or `fallback` when absent; null is an error (HF's argument has a
+  /// number default, and None fails there too).
+  [[nodiscard]] LOOM_INLINE double number(std::string_view key, double fallback) const;
+  /// The number at `key`, if given (null counts as not given: HF's default is None).
   [[nodiscard]] std::optional<double> optional_number(std::string_view key) const;
-  /// The string at `key` (one of `allowed`), or `fallback`.
+  /// The string at `key` (one of `allowed`), or `fallback` when absent; null is an error.
   [[nodiscard]] std::string choice(std::string_view key, std::string fallback,
                                    std::initializer_list<std::string_view> allowed) const;
 

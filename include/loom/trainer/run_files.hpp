@@ -15,8 +15,6 @@ namespace loom::detail {
 
 /// Writes `j` (sorted keys, as HF's json.dumps(sort_keys=True)) through a temporary file.
 LOOM_INLINE void write_json_file(const std::filesystem::path& path, const nlohmann::json& j, int indent);
-/// Reads a checkpoint's JSON state file; a malformed one is "loom: <path> is not valid JSON".
-LOOM_INLINE nlohmann::json read_state_file(const std::filesystem::path& path);
 /// `<split>_results.json` in `output_dir`, merged into all_results.json (HF's save_metrics).
 LOOM_INLINE void save_metrics(const std::filesystem::path& output_dir, const std::string& split, const Metrics& metrics);
 /// trainer_state.json in `output_dir` (HF's save_state).

@@ -22,6 +22,7 @@
 
 #include <loom/callbacks/default_flow.hpp>
 #include <loom/callbacks/progress.hpp>
+#include <loom/config/json.hpp>
 #include <loom/config/training_arguments.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/metrics.hpp>
@@ -387,7 +388,7 @@ class Trainer {
                      },
                      [this](const nlohmann::json& j) {
                        loop_.load_state_dict(j);
-                       steps_->set_skipped_steps(j.at("skipped_steps").template get<int64_t>());
+                       steps_->set_skipped_steps(json::Fields(j, "").integer("skipped_steps", 0));
                      }}};
   }
 

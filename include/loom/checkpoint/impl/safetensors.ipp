@@ -3,6 +3,7 @@
 
 #include <loom/checkpoint/folders.hpp>
 #include <loom/checkpoint/safetensors.hpp>
+#include <loom/config/json.hpp>
 #include <loom/core/error.hpp>
 
 #include <nlohmann/json.hpp>
@@ -65,17 +66,22 @@ LOOM_INLINE Parsed parse_header(const std::filesystem::path& path, std::ifstream
   check(header_len <= file_size - 8,
         "{} is truncated or not a safetensors file: the header length {} exceeds the {} bytes after it", where,
         header_len, file_size - 8);
+  // The reference reader's limit (safetensors' MAX_HEADER_SIZE).
+  constexpr uint64_t kMaxHeader = 100'000'000;
+  check(header_len <= kMaxHeader, "{} is not a safetensors file: its header length {} exceeds the format's limit of {} bytes",
+        where, header_len, kMaxHeader);
   std::string header(static_cast<std::size_t>(header_len), '\0');
   in.read(header.data(), static_cast<std::streamsize>(header_len));
   check(static_cast<bool>(in), "cannot read the header of {}", where);
 
-  nlohmann::ordered_json j;
-  try {
-    j = nlohmann::ordered_json::parse(header);
-  } catch (const nlohmann::json::exception&) {
-    fail("{} is not a safetensors file: the header is not valid JSON", where);
-  }
+  check(nlohmann::ordered_json::accept(header), "{} is not a safetensors file: the header is not valid JSON", where);
+  const auto j = json::parse_ordered(header, where + " (header)");  // refuses a tensor named twice
   check(j.is_object(), "{} is not a safetensors file: the header is not a JSON object", where);
+  // As the format says: the JSON object starts at the first byte and is padded with spaces only.
+  check(header.front() == '{', "{} is corrupt: the header does not start with '{{' (a wrong header length?)", where);
+  check(header.find_first_not_of(' ', header.find_last_of('}') + 1) == std::string::npos,
+        "{} is corrupt: the header has bytes other than space padding after its JSON object (a wrong header length?)",
+        where);
 
   Parsed out;
   out.data_start = 8 + header_len;
@@ -135,6 +141,26 @@ LOOM_INLINE Parsed parse_header(const std::filesystem::path& path, std::ifstream
           too_big ? std::string("more than 2^64") : std::to_string(bytes));
     out.entries.push_back(std::move(e));
   }
+  // The tensors tile the data exactly, as the reference reader requires: in offset order each
+  // starts where the previous one ends, and the last ends at the end of the file.
+  std::vector<const Entry*> by_offset;
+  for (const auto& e : out.entries) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const Entry* a, const Entry* b) { return std::pair(a->begin, a->end) < std::pair(b->begin, b->end); });
+  uint64_t covered = 0;
+  const Entry* previous = nullptr;
+  for (const Entry* e : by_offset) {
+    check(e->begin == covered,
+          "{} is corrupt: tensor '{}' has data_offsets [{}, {}] but {} (tensors must tile the data without gaps "
+          "or overlaps)", where, e->name, e->begin, e->end,
+          previous ? fmt::format("the previous tensor '{}' ends at {}", previous->name, previous->end)
+                   : std::string("the data starts at 0"));
+    covered = e->end;
+    previous = e;
+  }
+  check(covered == data_size,
+        "{} is corrupt: its tensors cover {} bytes of data but the file holds {} (trailing bytes, or a wrong header "
+        "length)", where, covered, data_size);
   return out;
 }
 

@@ -246,16 +246,6 @@ LOOM_INLINE void save_json_value(const nlohmann::ordered_json& json, const std::
   }
 }
 
-LOOM_INLINE nlohmann::json read_json_file(const std::filesystem::path& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) throw Error("loom: cannot open " + path.string() + " (missing or unreadable)");
-  try {
-    return nlohmann::json::parse(file);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error("loom: " + path.string() + " is not valid JSON: " + e.what());
-  }
-}
-
 LOOM_INLINE void rethrow_with_path(const std::filesystem::path& path, const Error& e) {
   // Re-say the message with the file in front: "loom: <path>: unknown JSON key ...".
   constexpr std::string_view prefix = "loom: ";

@@ -2,6 +2,7 @@
 // Definitions of config/validate.hpp (compiled once with LOOM_SEPARATE_COMPILATION).
 
 #include <loom/config/error.hpp>
+#include <loom/config/json.hpp>
 #include <loom/config/nearest.hpp>
 #include <loom/config/reflect.hpp>
 #include <loom/config/training_arguments.hpp>
@@ -91,12 +92,11 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
   check_choice("sharding", args.sharding, kShardings);
   check_choice("lr_scheduler_type", args.lr_scheduler_type, kLrSchedulerTypes);
   {
+    // A syntax error gets the example below; valid JSON is then read strictly (a key given
+    // twice is an error naming it).
     nlohmann::json kwargs;
-    try {
-      kwargs = nlohmann::json::parse(args.lr_scheduler_kwargs);
-    } catch (const nlohmann::json::exception&) {
-      kwargs = nullptr;
-    }
+    if (nlohmann::json::accept(args.lr_scheduler_kwargs))
+      kwargs = json::parse(args.lr_scheduler_kwargs, "--lr_scheduler_kwargs");
     if (!kwargs.is_object())
       throw Error("loom: --lr_scheduler_kwargs must be a JSON object such as '{\"num_cycles\": 2}', got '" +
                   args.lr_scheduler_kwargs + "'");

@@ -1,6 +1,7 @@
 #pragma once
 // Definitions of core/state.hpp (compiled once with LOOM_SEPARATE_COMPILATION).
 
+#include <loom/config/json.hpp>
 #include <loom/core/state.hpp>
 
 #include <nlohmann/json.hpp>
@@ -45,34 +46,30 @@ LOOM_INLINE nlohmann::ordered_json TrainerState::to_json() const {
   return j;
 }
 
-LOOM_INLINE TrainerState TrainerState::from_json(const nlohmann::json& j) {
+LOOM_INLINE TrainerState TrainerState::from_json(const nlohmann::json& j, const std::string& where) {
+  // Required: what a resume needs. Optional (absent or null): the rest, as HF writes them.
+  const json::Fields f(j, where);
   TrainerState s;
-  auto opt = [&](const char* key, auto& field) {
-    if (j.contains(key) && !j[key].is_null()) field = j[key].get<std::decay_t<decltype(*field)>>();
-  };
-  auto req = [&](const char* key, auto& field) {
-    if (!j.contains(key)) throw Error(std::string("trainer_state.json has no field '") + key + "'");
-    field = j[key].get<std::decay_t<decltype(field)>>();
-  };
-  req("epoch", s.epoch);
-  req("global_step", s.global_step);
-  req("max_steps", s.max_steps);
-  if (j.contains("logging_steps")) s.logging_steps = j["logging_steps"].get<int64_t>();
-  if (j.contains("eval_steps")) s.eval_steps = j["eval_steps"].get<int64_t>();
-  if (j.contains("save_steps")) s.save_steps = j["save_steps"].get<int64_t>();
-  if (j.contains("train_batch_size") && !j["train_batch_size"].is_null())
-    s.train_batch_size = j["train_batch_size"].get<int64_t>();
-  if (j.contains("num_train_epochs")) s.num_train_epochs = j["num_train_epochs"].get<int64_t>();
-  if (j.contains("num_input_tokens_seen"))
-    s.num_input_tokens_seen = j["num_input_tokens_seen"].get<int64_t>();
-  if (j.contains("total_flos")) s.total_flos = j["total_flos"].get<double>();
-  if (j.contains("log_history"))
-    for (const auto& e : j["log_history"]) s.log_history.push_back(nlohmann::ordered_json(e));
-  opt("best_metric", s.best_metric);
-  opt("best_global_step", s.best_global_step);
-  opt("best_model_checkpoint", s.best_model_checkpoint);
-  if (j.contains("stateful_callbacks"))
-    s.stateful_callbacks = nlohmann::ordered_json(j["stateful_callbacks"]);
+  s.epoch = f.number("epoch", 0.0);
+  s.global_step = f.integer("global_step", 0);
+  s.max_steps = f.integer("max_steps", 0);
+  s.logging_steps = f.optional_integer("logging_steps", 0).value_or(s.logging_steps);
+  s.eval_steps = f.optional_integer("eval_steps", 0).value_or(s.eval_steps);
+  s.save_steps = f.optional_integer("save_steps", 0).value_or(s.save_steps);
+  s.train_batch_size = f.optional_integer("train_batch_size", 0).value_or(s.train_batch_size);
+  s.num_train_epochs = f.optional_integer("num_train_epochs", 0).value_or(s.num_train_epochs);
+  s.num_input_tokens_seen = f.optional_integer("num_input_tokens_seen", 0).value_or(0);
+  s.total_flos = f.optional_number("total_flos", 0.0).value_or(0.0);
+  if (f.has("log_history")) {
+    for (const auto& e : f.array("log_history")) {
+      if (!e.is_object()) f.fail("log_history", "must hold JSON objects, got " + e.dump());
+      s.log_history.push_back(nlohmann::ordered_json(e));
+    }
+  }
+  s.best_metric = f.optional_number("best_metric");
+  s.best_global_step = f.optional_integer("best_global_step", 0);
+  s.best_model_checkpoint = f.optional_string("best_model_checkpoint");
+  if (f.has("stateful_callbacks")) s.stateful_callbacks = nlohmann::ordered_json(f.object("stateful_callbacks"));
   return s;
 }
 
@@ -84,15 +81,7 @@ LOOM_INLINE void TrainerState::save(const std::filesystem::path& path) const {
 }
 
 LOOM_INLINE TrainerState TrainerState::load(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) throw Error("cannot read " + path.string());
-  try {
-    return from_json(nlohmann::json::parse(in));
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(path.string() + " is not a valid trainer_state.json: " + e.what());
-  } catch (const Error& e) {
-    throw Error(path.string() + ": " + std::string(e.what()).substr(6));  // drop the inner "loom: "
-  }
+  return from_json(json::read_file(path), path.string());
 }
 
 LOOM_INLINE nlohmann::ordered_json TrainerControl::state() const {

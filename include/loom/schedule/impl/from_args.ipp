@@ -3,6 +3,7 @@
 // constructor and its per-tag `pick`, so every schedule's configure and the closure over its
 // factor are instantiated here once.
 
+#include <loom/config/json.hpp>
 #include <loom/core/error.hpp>
 #include <loom/schedule/from_args.hpp>
 
@@ -47,7 +48,7 @@ LOOM_INLINE nlohmann::json LRScheduler<FromArgs>::state_dict() const {
 
 LOOM_INLINE void LRScheduler<FromArgs>::load_state_dict(const nlohmann::json& j) {
   LRSchedulerBase::load_state_dict(j);
-  if (plateau_) plateau_->from_json(j.at("plateau"));
+  if (plateau_) plateau_->from_json(json::Fields(j, "").object("plateau"));
 }
 
 }  // namespace loom::schedule

@@ -1,6 +1,7 @@
 #pragma once
 // Definitions of schedule/reduce_lr_on_plateau.hpp (compiled once with LOOM_SEPARATE_COMPILATION).
 
+#include <loom/config/json.hpp>
 #include <loom/core/error.hpp>
 #include <loom/schedule/reduce_lr_on_plateau.hpp>
 
@@ -62,11 +63,17 @@ LOOM_INLINE nlohmann::json PlateauState::to_json() const {
 }
 
 LOOM_INLINE void PlateauState::from_json(const nlohmann::json& j) {
-  best = j.at("best").get<double>();
-  num_bad_epochs = j.at("num_bad_epochs").get<int64_t>();
-  cooldown_counter = j.at("cooldown_counter").get<int64_t>();
-  last_epoch = j.at("last_epoch").get<int64_t>();
-  lr = j.at("_last_lr").at(0).get<double>();
+  const json::Fields f(j, "");
+  // Before the first metric `best` is +-inf, which JSON writes as null.
+  best = f.optional_number("best").value_or(maximize ? -std::numeric_limits<double>::infinity()
+                                                     : std::numeric_limits<double>::infinity());
+  num_bad_epochs = f.integer("num_bad_epochs", 0);
+  cooldown_counter = f.integer("cooldown_counter", 0);
+  last_epoch = f.integer("last_epoch", 0);
+  const auto& last_lr = f.array("_last_lr");
+  if (last_lr.size() != 1 || !last_lr[0].is_number() || !(last_lr[0].get<double>() >= 0))
+    f.fail("_last_lr", "must be [a learning rate >= 0], got " + last_lr.dump());
+  lr = last_lr[0].get<double>();
 }
 
 LOOM_INLINE LRScheduler<ReduceLROnPlateau>::LRScheduler(ScheduleParams params)
@@ -80,7 +87,7 @@ LOOM_INLINE nlohmann::json LRScheduler<ReduceLROnPlateau>::state_dict() const {
 
 LOOM_INLINE void LRScheduler<ReduceLROnPlateau>::load_state_dict(const nlohmann::json& j) {
   LRSchedulerBase::load_state_dict(j);
-  plateau_.from_json(j.at("plateau"));
+  plateau_.from_json(json::Fields(j, "").object("plateau"));
 }
 
 }  // namespace loom::schedule

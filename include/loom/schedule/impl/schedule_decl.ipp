@@ -1,6 +1,7 @@
 #pragma once
 // Definitions of schedule/schedule_decl.hpp (compiled once with LOOM_SEPARATE_COMPILATION).
 
+#include <loom/config/json.hpp>
 #include <loom/config/training_arguments.hpp>
 #include <loom/core/error.hpp>
 #include <loom/schedule/schedule_decl.hpp>
@@ -33,6 +34,13 @@ LOOM_INLINE Kwargs::Kwargs(const nlohmann::json& kwargs, std::string_view schedu
   }
 }
 
+LOOM_INLINE double Kwargs::number(std::string_view key, double fallback) const {
+  const auto it = kwargs_.find(std::string(key));
+  if (it == kwargs_.end()) return fallback;
+  check(it->is_number(), "lr_scheduler_kwargs: {} of {} must be a number, got {}", key, schedule_, it->dump());
+  return it->get<double>();
+}
+
 LOOM_INLINE std::optional<double> Kwargs::optional_number(std::string_view key) const {
   const auto it = kwargs_.find(std::string(key));
   if (it == kwargs_.end() || it->is_null()) return std::nullopt;
@@ -43,7 +51,7 @@ LOOM_INLINE std::optional<double> Kwargs::optional_number(std::string_view key) 
 LOOM_INLINE std::string Kwargs::choice(std::string_view key, std::string fallback,
                                        std::initializer_list<std::string_view> allowed) const {
   const auto it = kwargs_.find(std::string(key));
-  if (it == kwargs_.end() || it->is_null()) return fallback;
+  if (it == kwargs_.end()) return fallback;
   check(it->is_string(), "lr_scheduler_kwargs: {} of {} must be a string, got {}", key, schedule_, it->dump());
   const auto value = it->get<std::string>();
   std::string list;
@@ -67,7 +75,7 @@ LOOM_INLINE ScheduleParams make_schedule_params(const TrainingArguments& args, i
   p.num_training_steps = num_training_steps;
   p.num_warmup_steps = resolve_warmup_steps(args.warmup_steps, args.warmup_ratio, num_training_steps);
   p.base_lr = args.learning_rate;
-  p.kwargs = nlohmann::json::parse(args.lr_scheduler_kwargs);
+  p.kwargs = json::parse(args.lr_scheduler_kwargs, "--lr_scheduler_kwargs");
   return p;
 }
 
@@ -76,7 +84,7 @@ LOOM_INLINE nlohmann::json LRSchedulerBase::state_dict() const {
 }
 
 LOOM_INLINE void LRSchedulerBase::load_state_dict(const nlohmann::json& j) {
-  step_ = j.at("last_epoch").get<int64_t>();
+  step_ = json::Fields(j, "").integer("last_epoch", 0);
 }
 
 }  // namespace loom::schedule

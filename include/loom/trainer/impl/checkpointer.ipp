@@ -1,12 +1,14 @@
 #pragma once
 #include <loom/checkpoint/folders.hpp>
 #include <loom/checkpoint/safetensors.hpp>
+#include <loom/config/json.hpp>
 #include <loom/config/reflect.hpp>
 #include <loom/core/error.hpp>
 #include <loom/distributed/comm.hpp>
 #include <loom/trainer/checkpointer.hpp>
 #include <loom/trainer/run_files.hpp>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <regex>
@@ -58,9 +60,15 @@ LOOM_INLINE void Checkpointer::save(const TrainerState& state, OptimizerStep& op
   if (!args.save_only_model && engine_->shards_optimizer()) {
     const auto stem = fmt::format("optimizer-{}-of-{}", world_.rank, world_.size);
     checkpoint::save_safetensors(opt.state_tensors(), tmp / (stem + ".safetensors"));
-    nlohmann::json ranges = nlohmann::json::object();
-    for (const auto& p : optimizer.pieces()) ranges[p.name] = {p.begin, p.end, p.numel};
-    detail::write_json_file(tmp / (stem + ".json"), {{"ranges", ranges}}, 2);
+    // Each piece's flat range in its parameter, and the parameter's shape (checked on load).
+    nlohmann::json ranges = nlohmann::json::object(), shapes = nlohmann::json::object();
+    std::map<std::string, std::vector<int64_t>> shape_of;
+    for (const auto& item : model_->named_parameters(true)) shape_of[item.key()] = item.value().sizes().vec();
+    for (const auto& p : optimizer.pieces()) {
+      ranges[p.name] = {p.begin, p.end, p.numel};
+      if (auto it = shape_of.find(p.name); it != shape_of.end()) shapes[p.name] = it->second;
+    }
+    detail::write_json_file(tmp / (stem + ".json"), {{"ranges", ranges}, {"shapes", shapes}}, 2);
   }
   if (main && !args.save_only_model) {
     if (!engine_->shards_optimizer()) checkpoint::save_safetensors(opt.state_tensors(), tmp / detail::kOptimizerState);
@@ -116,12 +124,19 @@ LOOM_INLINE void Checkpointer::load(const std::filesystem::path& dir, TrainerSta
     check(std::filesystem::exists(dir / f),
           "{} cannot resume training: it has no {} (saved with save_only_model? then start from its "
           "weights with --model_name_or_path {})", dir.string(), f, dir.string());
-  try {
-    optimizer.optimizer().load_state(optimizer_state_for_this_rank(dir, optimizer),
-                                     detail::read_state_file(dir / detail::kOptimizerMeta));
-    for (const auto& part : parts) part.load(detail::read_state_file(dir / part.file));
-  } catch (const nlohmann::json::exception& e) {
-    fail("{} has a malformed state file: {}", dir.string(), e.what());
+  const auto meta = json::read_file(dir / detail::kOptimizerMeta);
+  json::Fields(meta, (dir / detail::kOptimizerMeta).string()).integer("steps", 0);
+  optimizer.optimizer().load_state(optimizer_state_for_this_rank(dir, optimizer), meta);
+  for (const auto& part : parts) {
+    const auto file = dir / part.file;
+    const auto j = json::read_file(file);
+    try {
+      part.load(j);
+    } catch (const Error& e) {
+      detail::rethrow_with_path(file, e);
+    } catch (const nlohmann::json::exception& e) {
+      fail("{}: {}", file.string(), e.what());
+    }
   }
   for (const auto& [name, t] : checkpoint::load_safetensors(dir / detail::kRngState)) {
     auto restore = [&](at::Generator gen) {  // a handle sharing the global generator
@@ -155,9 +170,14 @@ LOOM_INLINE void Checkpointer::load(const std::filesystem::path& dir, TrainerSta
 LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> Checkpointer::optimizer_state_for_this_rank(
     const std::filesystem::path& dir, OptimizerStep& optimizer) {
   std::map<std::string, torch::Tensor> full;
+  // The shape each moment was saved with, checked against its parameter's below (a moment
+  // with the right element count in another layout must not load flattened).
+  std::map<std::string, std::pair<std::vector<int64_t>, std::string>> saved_shape;  // key -> (shape, file)
   if (std::filesystem::exists(dir / detail::kOptimizerState)) {
-    for (auto& [k, t] : checkpoint::load_safetensors(dir / detail::kOptimizerState))
+    for (auto& [k, t] : checkpoint::load_safetensors(dir / detail::kOptimizerState)) {
+      if (k.rfind("step.", 0) != 0) saved_shape[k] = {t.sizes().vec(), (dir / detail::kOptimizerState).string()};
       full[k] = k.rfind("step.", 0) == 0 ? t : t.reshape({-1});
+    }
   } else {
     int64_t world = 0;
     std::map<std::string, int64_t> covered, numels;
@@ -178,8 +198,12 @@ LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> Checkpointer::opt
       check(std::filesystem::exists(stem.string() + ".safetensors") && std::filesystem::exists(stem.string() + ".json"),
             "{} is missing the optimizer shard of rank {} ({}.safetensors/.json)", dir.string(), r,
             stem.filename().string());
-      const auto meta = detail::read_state_file(stem.string() + ".json");
-      check(meta.is_object() && meta.contains("ranges"), "{}.json has no \"ranges\"", stem.string());
+      const std::string meta_file = stem.string() + ".json";
+      const auto meta = json::read_file(meta_file);
+      const json::Fields fields(meta, meta_file);
+      const auto& ranges = fields.object("ranges");
+      const nlohmann::json no_shapes = nlohmann::json::object();
+      const auto& shapes = fields.has("shapes") ? fields.object("shapes") : no_shapes;  // absent before 2026-11-23
       for (auto& [key, t] : checkpoint::load_safetensors(stem.string() + ".safetensors")) {
         const auto dot = key.find('.');
         const std::string kind = key.substr(0, dot), param = key.substr(dot + 1);
@@ -187,18 +211,43 @@ LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> Checkpointer::opt
           full[key] = t;
           continue;
         }
-        check(meta["ranges"].contains(param), "{}.json has no range for {}", stem.string(), param);
-        const auto range = meta["ranges"][param].get<std::vector<int64_t>>();
+        check(ranges.contains(param), "{}: field 'ranges' has no entry for {}", meta_file, param);
+        const auto& range = ranges[param];
+        const bool valid = range.is_array() && range.size() == 3 &&
+                           std::all_of(range.begin(), range.end(), [](const auto& x) { return x.is_number_integer(); });
+        const int64_t begin = valid ? range[0].template get<int64_t>() : 0, end = valid ? range[1].template get<int64_t>() : 0,
+                      numel = valid ? range[2].template get<int64_t>() : 0;
+        check(valid && 0 <= begin && begin <= end && end <= numel && end - begin == t.numel(),
+              "{}: field 'ranges.{}' must be [begin, end, numel] with 0 <= begin <= end <= numel and end - begin = "
+              "the {} elements of {} in the shard, got {}", meta_file, param, t.numel(), key, range.dump());
+        const auto seen = numels.find(key);
+        check(seen == numels.end() || seen->second == numel, "{}: field 'ranges.{}' gives {} elements, another shard {}",
+              meta_file, param, numel, seen == numels.end() ? 0 : seen->second);
+        if (shapes.contains(param)) {
+          const auto& shape = shapes[param];
+          check(shape.is_array() && std::all_of(shape.begin(), shape.end(), [](const auto& x) { return x.is_number_unsigned(); }),
+                "{}: field 'shapes.{}' must be a list of sizes, got {}", meta_file, param, shape.dump());
+          saved_shape[key] = {shape.template get<std::vector<int64_t>>(), meta_file};
+        }
         auto& f = full[key];
-        if (!f.defined()) f = torch::zeros({range.at(2)}, t.options());
-        f.narrow(0, range.at(0), range.at(1) - range.at(0)).copy_(t.reshape({-1}));
-        covered[key] += range.at(1) - range.at(0);
-        numels[key] = range.at(2);
+        if (!f.defined()) f = torch::zeros({numel}, t.options());
+        f.narrow(0, begin, end - begin).copy_(t.reshape({-1}));
+        covered[key] += end - begin;
+        numels[key] = numel;
       }
     }
     for (const auto& [key, n] : numels)
       check(covered[key] == n, "{}: the optimizer shards cover {} of the {} elements of {}", dir.string(), covered[key],
             n, key);
+  }
+  std::map<std::string, std::vector<int64_t>> param_shape;
+  for (const auto& item : model_->named_parameters(true)) param_shape[item.key()] = item.value().sizes().vec();
+  for (const auto& [key, saved] : saved_shape) {
+    const auto it = param_shape.find(key.substr(key.find('.') + 1));
+    if (it == param_shape.end()) continue;  // Optimizer::load_state reports it as unexpected
+    check(saved.first == it->second, "{}: the optimizer state {} has shape {} but parameter {} has shape {}",
+          saved.second, key, checkpoint::detail::shape_string(saved.first), it->first,
+          checkpoint::detail::shape_string(it->second));
   }
   std::vector<std::pair<std::string, torch::Tensor>> out;
   auto take = [&](const std::string& key, int64_t begin, int64_t end, c10::IntArrayRef shape) {

@@ -1,7 +1,10 @@
 #pragma once
 #include <loom/trainer/loop_state.hpp>
 
+#include <loom/config/json.hpp>
 #include <loom/core/error.hpp>
+
+#include <limits>
 
 #include <algorithm>
 #include <cmath>
@@ -31,9 +34,16 @@ LOOM_INLINE nlohmann::json LoopState::state_dict(bool nan_filter) const {
 }
 
 LOOM_INLINE void LoopState::load_state_dict(const nlohmann::json& j) {
-  tr_loss.reset(j.at("tr_loss").get<double>());
-  total_loss = j.at("total_loss").get<double>();
-  last_logged = j.at("globalstep_last_logged").get<int64_t>();
+  const json::Fields f(j, "");
+  // A nan/inf loss (logging_nan_inf_filter off) is written as null.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  auto loss = [&](const char* key) {
+    if (!j.contains(key)) f.fail(key, "is missing");
+    return j[key].is_null() ? nan : f.number(key);
+  };
+  tr_loss.reset(loss("tr_loss"));
+  total_loss = loss("total_loss");
+  last_logged = f.integer("globalstep_last_logged", 0);
 }
 
 namespace detail {

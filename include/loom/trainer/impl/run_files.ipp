@@ -17,13 +17,6 @@ LOOM_INLINE void write_json_file(const std::filesystem::path& path, const nlohma
   std::filesystem::rename(tmp, path);
 }
 
-LOOM_INLINE nlohmann::json read_state_file(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  check(!j.is_discarded(), "{} is not valid JSON", path.string());
-  return j;
-}
-
 LOOM_INLINE void save_metrics(const std::filesystem::path& dir, const std::string& split, const Metrics& metrics) {
   std::filesystem::create_directories(dir);
   nlohmann::json j = nlohmann::json::object();
