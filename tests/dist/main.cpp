@@ -48,6 +48,7 @@ struct WorkerArguments {
   int64_t die_rank = -1;     ///< this rank kills itself (SIGKILL) ...
   int64_t die_step = -1;     ///< ... at the end of this optimizer step
   bool hang = false;         ///< stop (SIGSTOP) instead of dying: a rank that no longer answers
+  std::string die_signal = "KILL";  ///< KILL, or TERM/USR1/INT: a preemption signal the Trainer handles
 };
 
 using loom_test::Batch;  // x: float [N, 16]; labels: int64 [N]
@@ -66,13 +67,17 @@ struct MlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
-// Kills this process at the end of a chosen step (the fault tests).
+// Kills this process at the end of a chosen step (the fault tests), or sends it a
+// preemption signal (a real one, to this thread).
 struct Killer {
   int64_t rank = std::getenv("RANK") ? std::atoll(std::getenv("RANK")) : 0;
   int64_t die_rank = -1, die_step = -1;
   bool hang = false;
+  int signal = SIGKILL;
   void on_step_end(const loom::TrainingArguments&, loom::TrainerState& state, loom::TrainerControl&) {
-    if (rank == die_rank && state.global_step == die_step) ::kill(::getpid(), hang ? SIGSTOP : SIGKILL);
+    if (rank != die_rank || state.global_step != die_step) return;
+    if (signal == SIGKILL) ::kill(::getpid(), hang ? SIGSTOP : SIGKILL);
+    else ::raise(signal);
   }
 };
 
@@ -115,6 +120,10 @@ inline int run(int argc, char** argv) {
       trainer.template callback<Killer>().die_rank = w.die_rank;
       trainer.template callback<Killer>().die_step = w.die_step;
       trainer.template callback<Killer>().hang = w.hang;
+      trainer.template callback<Killer>().signal = w.die_signal == "TERM"   ? SIGTERM
+                                                   : w.die_signal == "USR1" ? SIGUSR1
+                                                   : w.die_signal == "INT"  ? SIGINT
+                                                                            : SIGKILL;
       trainer.train();
       const auto& world = trainer.world();
       // Every rank: what it holds. Rank 0: the gathered weights.
@@ -456,6 +465,38 @@ TEST_CASE("a rank that dies makes the others fail with a loom: line naming it; t
     CHECK(fs::exists(out / "checkpoint-5" / "optimizer.safetensors"));
     CHECK_FALSE(fs::exists(out / "checkpoint-10"));
     CHECK(loom::checkpoint::latest_checkpoint(out) == out / "checkpoint-5");
+  }
+}
+
+TEST_CASE("a preemption signal on one rank stops every rank after the same step, saved; the resume is bitwise") {
+  for (const std::string policy : {"ddp", "zero2"}) {
+    CAPTURE(policy);
+    const auto straight = dist_dir("preempt_straight_" + policy);
+    require_success(launch(2, base_args(policy, 8, straight, 12), straight / "logs"));
+
+    const auto out = dist_dir("preempt_" + policy);
+    auto args = base_args(policy, 8, out, 12);
+    for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+             {"--die_rank", "1"}, {"--die_step", "4"}, {"--die_signal", "TERM"}})
+      set_flag(args, flag, value);
+    const auto l = launch(2, args, out / "logs");
+    for (int r = 0; r < 2; ++r) {
+      INFO("rank " << r << " stderr:\n" << l.err[static_cast<std::size_t>(r)]);
+      CHECK(l.status[static_cast<std::size_t>(r)] == loom::kExitPreempted);
+    }
+    // Rank 1's flag reaches every rank two steps later: both stop after step 6 and save it
+    // (--save_strategy no: the preemption save is the only one).
+    CHECK(l.err[0].find("loom: stopped by SIGTERM after step 6; the run is saved in " +
+                        (out / "checkpoint-6").string()) != std::string::npos);
+    CHECK(l.err[1].find("stopped by") == std::string::npos);  // rank 0 says it
+    CHECK_NOTHROW(loom::checkpoint::validate_checkpoint(out / "checkpoint-6"));
+    CHECK(loom::checkpoint::latest_checkpoint(out) == out / "checkpoint-6");
+
+    auto resume = base_args(policy, 8, out, 12);
+    set_flag(resume, "--resume_from_checkpoint", "latest");
+    require_success(launch(2, resume, out / "logs2"));
+    CHECK(weight_difference(out, straight) == 0.0);
+    check_losses(logged_losses(out), logged_losses(straight), 0.0);
   }
 }
 

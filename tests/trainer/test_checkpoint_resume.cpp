@@ -8,6 +8,7 @@
 
 #include "../trainer_support.hpp"
 
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -346,6 +347,70 @@ TEST_CASE("a checkpoint's state files are read strictly: each bad field is a loo
          "the optimizer state exp_avg.a.weight has shape [6, 16] but parameter a.weight has shape [16, 6]");
   // The untouched copy still resumes.
   CHECK(resume_after([] {}) == "<no loom::Error>");
+}
+
+namespace {
+// Sends this thread a real signal at the end of a chosen step.
+struct RaiseAt {
+  int64_t step = -1;
+  int signal = SIGTERM;
+  void on_step_end(const loom::TrainingArguments&, loom::TrainerState& state, loom::TrainerControl&) const {
+    if (state.global_step == step) std::raise(signal);
+  }
+};
+struct Preemptible : loom::Trainer<Preemptible, Mlp, loom::Callbacks<RaiseAt>> {
+  using Trainer::Trainer;
+  loom::ModelOutput compute_loss(Mlp& model, Batch& b) { return loom_test::cross_entropy(model, b); }
+};
+}  // namespace
+
+TEST_CASE("SIGTERM, SIGUSR1 and SIGINT stop training after the step, saved; the resume is bitwise") {
+  auto a = base_args("preempt_straight");
+  a.eval_strategy = "no";
+  a.save_strategy = "no";
+  torch::manual_seed(1);
+  Preemptible straight(a, Mlp{}, data(40, 1));
+  straight.train();
+  for (const int sig : {SIGTERM, SIGUSR1, SIGINT}) {
+    CAPTURE(sig);
+    auto b = a;
+    b.output_dir = loom_test::tmp_dir("preempt_" + std::to_string(sig)).string();
+    struct sigaction before {};
+    REQUIRE(sigaction(sig, nullptr, &before) == 0);  // doctest's own handler, or the default
+    torch::manual_seed(1);
+    {
+      Preemptible first(b, Mlp{}, data(40, 1));
+      first.callback<RaiseAt>().step = 5;
+      first.callback<RaiseAt>().signal = sig;
+      try {
+        first.train();
+        FAIL("train() returned after the signal");
+      } catch (const loom::Preempted& e) {
+        CHECK(e.signal() == sig);
+        CHECK(e.global_step() == 5);  // one process: it stops after the very step
+        CHECK(e.checkpoint() == (fs::path(b.output_dir) / "checkpoint-5").string());
+        CHECK(std::string(e.what()) == "loom: stopped by " + loom::Preempted::signal_name(sig) +
+                                           " after step 5; the run is saved in " + e.checkpoint() +
+                                           " (resume with --resume_from_checkpoint latest)");
+      }
+      CHECK(first.state().global_step == 5);
+    }
+    // The handlers are gone after train(): the one before is back.
+    struct sigaction now {};
+    REQUIRE(sigaction(sig, nullptr, &now) == 0);
+    const bool restored = now.sa_handler == before.sa_handler;
+    CHECK(restored);
+    CHECK_NOTHROW(loom::checkpoint::validate_checkpoint(fs::path(b.output_dir) / "checkpoint-5"));
+    CHECK(fs::exists(fs::path(b.output_dir) / "trainer_state.json"));
+    b.resume_from_checkpoint = "latest";
+    torch::manual_seed(1);
+    Preemptible resumed(b, Mlp{}, data(40, 1));
+    resumed.train();
+    CHECK(resumed.state().global_step == 12);
+    const auto w0 = weights(straight.model()), w1 = weights(resumed.model());
+    for (std::size_t i = 0; i < w0.size(); ++i) CHECK(torch::equal(w0[i], w1[i]));
+    CHECK(resumed.state().log_history.size() == straight.state().log_history.size());
+  }
 }
 
 namespace {

@@ -18,9 +18,11 @@
 //   evaluation.hpp      evaluation sums and the cross-rank gather in batch order
 //   best_model.hpp      metric_for_best_model tracking
 //   run_files.hpp       save_metrics / save_state
+//   preemption.hpp      SIGTERM/SIGUSR1/SIGINT: stop at an agreed step, save, throw Preempted
 // and the sharding engine behind dist::Engine (distributed/engine.hpp).
 
 #include <loom/callbacks/default_flow.hpp>
+#include <loom/checkpoint/folders.hpp>
 #include <loom/callbacks/progress.hpp>
 #include <loom/config/json.hpp>
 #include <loom/config/training_arguments.hpp>
@@ -48,6 +50,7 @@
 #include <loom/trainer/hooks.hpp>
 #include <loom/trainer/loop_state.hpp>
 #include <loom/trainer/optimizer_step.hpp>
+#include <loom/trainer/preemption.hpp>
 #include <loom/trainer/run_files.hpp>
 #include <loom/trainer/startup.hpp>
 
@@ -407,6 +410,7 @@ class Trainer {
     module.train();
 
     loop_ = LoopState{};
+    last_saved_step_ = -1;
     if (world_.size > 1) loop_.tr_loss.set_reducer([this](torch::Tensor& t) { engine_->all_reduce(t, "the loss all-reduce"); });
     int64_t epochs_trained = 0, batches_to_skip = 0;
     record_callback_states();  // HF's TrainerState(stateful_callbacks=...) at the start of training
@@ -424,6 +428,8 @@ class Trainer {
     const auto start = std::chrono::steady_clock::now();
     const MemoryTracker memory("train", !args_.skip_memory_metrics, device_);
     in_train_ = true;
+    PreemptionWatch preemption(engine_->comm(), device_);
+    bool preempted = false;
     callbacks_.template fire<event::on_train_begin>(args_, state_, control_);
     if (args_.eval_on_start) evaluate_impl<Batch>("eval");
 
@@ -481,6 +487,7 @@ class Trainer {
             state_.epoch = static_cast<double>(epoch) + static_cast<double>(step + 1) / static_cast<double>(len);
             callbacks_.template fire<event::on_step_end>(args_, state_, control_);
             maybe_log_save_evaluate<Batch>(grad_norm, last_lr);
+            if (preemption.should_stop()) preempted = control_.should_training_stop = true;
           } else {
             callbacks_.template fire<event::on_substep_end>(args_, state_, control_);
           }
@@ -494,6 +501,7 @@ class Trainer {
     }
 
     steps_->settle_skip();
+    if (preempted || preemption.got_signal_at_end()) stop_for_preemption(preemption.stop_signal());
     in_train_ = false;
     if (args_.load_best_model_at_end && state_.best_model_checkpoint) {
       if (should_log())
@@ -555,8 +563,26 @@ class Trainer {
       best_.before_save(state_);
       record_callback_states();
       checkpointer_->save(state_, *steps_, checkpoint_parts());
+      last_saved_step_ = state_.global_step;
       callbacks_.template fire<event::on_save>(args_, state_, control_);
     }
+  }
+
+  // The end of a run stopped by a signal: a checkpoint of this step (unless one was just
+  // saved), on_save, on_train_end, trainer_state.json, then loom::Preempted.
+  [[noreturn]] void stop_for_preemption(int signal) {
+    if (last_saved_step_ != state_.global_step) {
+      best_.before_save(state_);
+      record_callback_states();
+      checkpointer_->save(state_, *steps_, checkpoint_parts());
+      last_saved_step_ = state_.global_step;
+      callbacks_.template fire<event::on_save>(args_, state_, control_);
+    }
+    in_train_ = false;
+    callbacks_.template fire<event::on_train_end>(args_, state_, control_);
+    save_state();
+    throw Preempted(signal, state_.global_step,
+                    checkpoint::checkpoint_dir(args_.output_dir, state_.global_step).string());
   }
 
   template <class Batch>
@@ -637,6 +663,7 @@ class Trainer {
   BestModel best_{args_};
   LoopState loop_;
   bool in_train_ = false;
+  int64_t last_saved_step_ = -1;  // global_step of the last checkpoint this run saved
 };
 
 /// A Trainer with no overrides.
