@@ -30,12 +30,13 @@ struct Probe : loom::Trainer<Probe<Precision>, torch::nn::Linear, Precision, loo
   using Base = loom::Trainer<Probe<Precision>, torch::nn::Linear, Precision, loom::schedule::Linear>;
   using Base::Base;
   int64_t poison_step = -1;  // global_step value during which the loss becomes inf
+  bool poison_all = false;   // ... or every step
   torch::ScalarType seen = torch::kDouble;
   torch::Tensor compute_loss(torch::nn::Linear& model, Batch& b) {
     auto logits = model->forward(b.x);
     seen = logits.scalar_type();
     auto loss = torch::cross_entropy_loss(logits, b.labels);
-    if (this->state().global_step == poison_step) loss = loss * std::numeric_limits<float>::infinity();
+    if (poison_all || this->state().global_step == poison_step) loss = loss * std::numeric_limits<float>::infinity();
     return loss;
   }
 };
@@ -119,6 +120,24 @@ TEST_CASE("FP16: an injected overflow skips exactly that step and halves the sca
   const auto& h = t.state().log_history;
   CHECK(h[2]["learning_rate"].get<double>() == doctest::Approx(h[3]["learning_rate"].get<double>()));
   CHECK(h[1]["learning_rate"].get<double>() > h[2]["learning_rate"].get<double>());
+  // Each log says how many of its steps were skipped.
+  for (std::size_t i = 0; i < 6; ++i) CHECK(h[i]["skipped_steps"].get<double>() == (i == 2 ? 1.0 : 0.0));
+}
+
+TEST_CASE("FP16: a loss scale that collapses below 1 stops the run with a loom: error") {
+  auto args = args_for("fp16_collapse");
+  args.max_steps = 40;
+  args.logging_steps = 10;
+  torch::manual_seed(0);
+  Probe<loom::precision::FP16> t(args, torch::nn::Linear(8, 3), make_data(256, 2));
+  t.poison_all = true;  // every step overflows: the scale halves each time, 2^16 -> 2^-1 after 17
+  const auto msg = loom_test::error_of([&] { t.train(); });
+  INFO(msg);
+  CHECK(msg.rfind("loom: the fp16 loss scale fell to 0.5 (below 1) at step 17 after 17 skipped steps", 0) == 0);
+  CHECK(t.skipped_steps() == 17);
+  // The first window logged its ten skipped steps.
+  REQUIRE(t.state().log_history.size() == 1);
+  CHECK(t.state().log_history[0]["skipped_steps"].get<double>() == 10.0);
 }
 
 TEST_CASE("FP16: the scale doubles after 2000 clean steps (PyTorch's growth interval)") {

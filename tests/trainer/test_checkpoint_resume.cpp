@@ -364,6 +364,24 @@ struct Preemptible : loom::Trainer<Preemptible, Mlp, loom::Callbacks<RaiseAt>> {
 };
 }  // namespace
 
+TEST_CASE("resuming with another batch layout says what changed; the same layout says nothing") {
+  loom::TrainingArguments a;
+  a.per_device_train_batch_size = 8;
+  a.gradient_accumulation_steps = 2;
+  const nlohmann::json saved = {{"per_device_train_batch_size", 8}, {"gradient_accumulation_steps", 2}, {"world_size", 2}};
+  CHECK(loom::resume_warning(saved, a, 2, 40).empty());
+  CHECK(loom::resume_warning({{"tr_loss", 0.0}}, a, 4, 40).empty());  // a checkpoint from before these fields
+  a.per_device_train_batch_size = 4;
+  CHECK(loom::resume_warning(saved, a, 4, 40) ==
+        "loom: warning: resuming at step 40 with per_device_train_batch_size 4 (was 8), world size 4 (was 2): a step "
+        "takes 32 examples (was 32), the position in the data is recomputed in the new steps, so the examples after "
+        "the resume are not those an uninterrupted run would read, and the learning-rate schedule follows this run's "
+        "length");
+  a.per_device_train_batch_size = 8;
+  CHECK(loom::resume_warning(saved, a, 1, 40).find("world size 1 (was 2): a step takes 16 examples (was 32)") !=
+        std::string::npos);
+}
+
 TEST_CASE("SIGTERM, SIGUSR1 and SIGINT stop training after the step, saved; the resume is bitwise") {
   auto a = base_args("preempt_straight");
   a.eval_strategy = "no";

@@ -5,8 +5,11 @@
 // by _amp_foreach_non_finite_check_and_unscale_ (before clipping), the optimizer step reads
 // found_inf on the device (the fused AdamW kernel skips itself), and _amp_update_scale_
 // backs off or grows the scale. The scaler state is checkpointed (HF forgets it).
+#include <loom/config/error.hpp>
 #include <loom/config/json.hpp>
 #include <loom/precision/precision_decl.hpp>
+
+#include <sstream>
 
 namespace loom::precision {
 
@@ -16,6 +19,9 @@ struct ScalerOptions {
   double growth_factor = 2.0;    ///< scale *= this after growth_interval clean steps
   double backoff_factor = 0.5;   ///< scale *= this after a step with inf/nan gradients
   int64_t growth_interval = 2000;  ///< clean steps between growths
+  /// Below this scale after a skipped step the run stops with a loom::Error: the loss
+  /// overflows float16 even unscaled, so every step is skipped (DeepSpeed's min_loss_scale, 1).
+  double min_scale = 1.0;
 };
 
 template <>
@@ -49,6 +55,16 @@ struct PrecisionImpl<FP16> {
   }
   /// The current scale (a device tensor of one element).
   [[nodiscard]] const torch::Tensor& scale() const { return scale_; }
+  /// Called after a skipped step (a host read of the scale): below min_scale, a loom::Error.
+  void check_scale_floor(int64_t skipped_steps, int64_t global_step) const {
+    const double s = scale_.item<double>();
+    if (s >= options_.min_scale) return;
+    std::ostringstream m;
+    m << "loom: the fp16 loss scale fell to " << s << " (below " << options_.min_scale << ") at step " << global_step
+      << " after " << skipped_steps << " skipped steps: the gradients overflow at every step, so nothing trains. "
+      << "Lower --learning_rate, train in --bf16, or look for inf/nan in the loss";
+    throw Error(m.str());
+  }
   [[nodiscard]] nlohmann::json state_dict() const {
     return {{"scale", scale_.item<double>()},
             {"growth_factor", options_.growth_factor},

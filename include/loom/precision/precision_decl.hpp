@@ -66,4 +66,12 @@ concept PrecisionPolicy =
       p.load_state_dict(state);
     };
 
+/// A precision policy that scales the loss and may skip steps (FP16): the Trainer logs the
+/// skipped steps of each logging window and stops when the scale collapses.
+template <class P>
+concept ScalesLoss = PrecisionPolicy<P> && requires(const P& cp, int64_t n) {
+  { cp.scale() } -> std::convertible_to<torch::Tensor>;
+  cp.check_scale_floor(n, n);  // throws loom::Error below the floor
+};
+
 }  // namespace loom::precision

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -46,6 +47,7 @@ struct LoopState {
   double total_loss = 0.0;     ///< sum of every logged window (train_loss = total / steps)
   int64_t last_logged = 0;     ///< global_step of the last log (HF's _globalstep_last_logged)
   int64_t items_seen = 0;      ///< num_items of this run's micro-batches (tokens, for token losses)
+  int64_t skipped_logged = 0;  ///< fp16 skipped steps counted in the logs so far
 
   /// loop_state.json's loss fields: the unlogged window is summed (a collective when
   /// distributed). OptimizerStep adds its skipped_steps to the same file.
@@ -53,6 +55,12 @@ struct LoopState {
   /// Restores state_dict() output.
   LOOM_INLINE void load_state_dict(const nlohmann::json& j);
 };
+
+/// The warning for a resume whose batch layout differs from the checkpoint's (HF warns too):
+/// `saved` is the checkpoint's loop_state.json. Empty when nothing changed or the checkpoint
+/// predates these fields.
+LOOM_INLINE std::string resume_warning(const nlohmann::json& saved, const TrainingArguments& args, int world_size,
+                                       int64_t global_step);
 
 /// How long a run is, from the arguments and the training loader (HF's _inner_training_loop
 /// preamble).

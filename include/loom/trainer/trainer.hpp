@@ -387,11 +387,16 @@ class Trainer {
                      [this] {
                        auto j = loop_.state_dict(args_.logging_nan_inf_filter);
                        j["skipped_steps"] = steps_->skipped_steps();
+                       // The batch layout, for the resume warning.
+                       j["per_device_train_batch_size"] = args_.per_device_train_batch_size;
+                       j["gradient_accumulation_steps"] = args_.gradient_accumulation_steps;
+                       j["world_size"] = world_.size;
                        return j;
                      },
                      [this](const nlohmann::json& j) {
                        loop_.load_state_dict(j);
                        steps_->set_skipped_steps(json::Fields(j, "").integer("skipped_steps", 0));
+                       resumed_loop_state_ = j;
                      }}};
   }
 
@@ -416,6 +421,8 @@ class Trainer {
     record_callback_states();  // HF's TrainerState(stateful_callbacks=...) at the start of training
     if (auto resume = checkpointer_->resume_dir()) {
       checkpointer_->load(*resume, state_, *steps_, checkpoint_parts());
+      const auto warning = resume_warning(resumed_loop_state_, args_, world_.size, state_.global_step);
+      if (!warning.empty() && world_.is_main()) std::fprintf(stderr, "%s\n", warning.c_str());
       if (args_.restore_callback_states_from_checkpoint) {
         callbacks_.load_states(state_.stateful_callbacks);
         if (state_.stateful_callbacks.contains("TrainerControl"))
@@ -476,7 +483,7 @@ class Trainer {
             precision_->unscale(params);
             grad_norm = steps_->clip(params, precision_->found_inf(), args_.max_grad_norm);
             callbacks_.template fire<event::on_pre_optimizer_step>(args_, state_, control_);
-            steps_->settle_skip();
+            settle_skip();
             last_lr = scheduler_->current_lr();
             steps_->step(last_lr, precision_->found_inf());
             callbacks_.template fire<event::on_optimizer_step>(args_, state_, control_);
@@ -528,6 +535,15 @@ class Trainer {
     return out;
   }
 
+  // Reads the last step's fp16 skip flag (OptimizerStep::settle_skip); after a skipped step,
+  // checks that the loss scale has not collapsed (a host read, on skipped steps only).
+  void settle_skip() {
+    const int64_t before = steps_->skipped_steps();
+    steps_->settle_skip();
+    if constexpr (precision::ScalesLoss<precision_type>)
+      if (steps_->skipped_steps() != before) precision_->check_scale_floor(steps_->skipped_steps(), state_.global_step);
+  }
+
   // The stateful callbacks' states and the TrainerControl flags, as trainer_state.json keeps them.
   void record_callback_states() {
     callbacks_.save_states(state_.stateful_callbacks);
@@ -547,6 +563,12 @@ class Trainer {
       loop_.tr_loss.reset();
       Metrics logs;
       logs.set("loss", loss / static_cast<double>(state_.global_step - loop_.last_logged));
+      if constexpr (precision::ScalesLoss<precision_type>) {
+        // fp16: how many of the window's steps the scaler skipped (their loss still counts).
+        settle_skip();
+        logs.set("skipped_steps", static_cast<double>(steps_->skipped_steps() - loop_.skipped_logged));
+        loop_.skipped_logged = steps_->skipped_steps();
+      }
       if (grad_norm.defined()) logs.set("grad_norm", grad_norm.item<double>());
       logs.set("learning_rate", lr);
       loop_.total_loss += loss;
@@ -664,6 +686,7 @@ class Trainer {
   LoopState loop_;
   bool in_train_ = false;
   int64_t last_saved_step_ = -1;  // global_step of the last checkpoint this run saved
+  nlohmann::json resumed_loop_state_;  // the checkpoint's loop_state.json, for the resume warning
 };
 
 /// A Trainer with no overrides.

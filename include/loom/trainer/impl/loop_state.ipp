@@ -30,7 +30,8 @@ LOOM_INLINE double LossWindow::total(bool nan_filter) const {
 LOOM_INLINE nlohmann::json LoopState::state_dict(bool nan_filter) const {
   return {{"tr_loss", tr_loss.total(nan_filter)},
           {"total_loss", total_loss},
-          {"globalstep_last_logged", last_logged}};
+          {"globalstep_last_logged", last_logged},
+          {"skipped_steps_logged", skipped_logged}};
 }
 
 LOOM_INLINE void LoopState::load_state_dict(const nlohmann::json& j) {
@@ -44,6 +45,31 @@ LOOM_INLINE void LoopState::load_state_dict(const nlohmann::json& j) {
   tr_loss.reset(loss("tr_loss"));
   total_loss = loss("total_loss");
   last_logged = f.integer("globalstep_last_logged", 0);
+  skipped_logged = f.optional_integer("skipped_steps_logged", 0).value_or(0);
+}
+
+LOOM_INLINE std::string resume_warning(const nlohmann::json& saved, const TrainingArguments& args, int world_size,
+                                       int64_t global_step) {
+  const json::Fields f(saved, "");
+  const auto batch = f.optional_integer("per_device_train_batch_size", 1);
+  const auto accumulation = f.optional_integer("gradient_accumulation_steps", 1);
+  const auto world = f.optional_integer("world_size", 1);
+  if (!batch || !accumulation || !world) return {};
+  std::string changes;
+  auto compare = [&](const char* name, int64_t was, int64_t now) {
+    if (was != now) changes += (changes.empty() ? "" : ", ") + std::string(name) + " " + std::to_string(now) + " (was " +
+                               std::to_string(was) + ")";
+  };
+  compare("per_device_train_batch_size", *batch, args.per_device_train_batch_size);
+  compare("gradient_accumulation_steps", *accumulation, args.gradient_accumulation_steps);
+  compare("world size", *world, world_size);
+  if (changes.empty()) return {};
+  const int64_t was = *batch * *accumulation * *world;
+  const int64_t now = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size;
+  return "loom: warning: resuming at step " + std::to_string(global_step) + " with " + changes + ": a step takes " +
+         std::to_string(now) + " examples (was " + std::to_string(was) +
+         "), the position in the data is recomputed in the new steps, so the examples after the resume are not "
+         "those an uninterrupted run would read, and the learning-rate schedule follows this run's length";
 }
 
 namespace detail {
