@@ -17,10 +17,12 @@ using loom_test::Batch;
 // 8 features; the label is the argmax of the first three.
 loom::data::TensorDataset<Batch> make_data(int64_t n, uint64_t seed) { return loom_test::argmax_data(n, seed, 8); }
 
-loom::TrainingArguments args_for(const std::string& name) {
+loom::TrainingArguments args_for(const std::string& name, int64_t max_steps = -1, double logging_steps = 500) {
   auto a = loom_test::quiet_args(name);
   a.per_device_train_batch_size = 8;
   a.learning_rate = 0.01;
+  a.max_steps = max_steps;
+  a.logging_steps = logging_steps;
   return a;
 }
 
@@ -78,9 +80,7 @@ struct Watched : loom::Trainer<Watched<Precision>, torch::nn::Linear, Precision,
 }  // namespace
 
 TEST_CASE("BF16: forward under bfloat16 autocast, float32 master weights, loss falls") {
-  auto args = args_for("bf16");
-  args.max_steps = 40;
-  args.logging_steps = 10;
+  auto args = args_for("bf16", 40, 10);
   torch::manual_seed(0);
   Probe<loom::precision::BF16> t(args, torch::nn::Linear(8, 3), make_data(256, 1));
   CHECK(t.args().bf16);  // the type's policy is reflected in the arguments
@@ -125,9 +125,7 @@ TEST_CASE("FP16: an injected overflow skips exactly that step and halves the sca
 }
 
 TEST_CASE("FP16: a loss scale that collapses below 1 stops the run with a loom: error") {
-  auto args = args_for("fp16_collapse");
-  args.max_steps = 40;
-  args.logging_steps = 10;
+  auto args = args_for("fp16_collapse", 40, 10);
   torch::manual_seed(0);
   Probe<loom::precision::FP16> t(args, torch::nn::Linear(8, 3), make_data(256, 2));
   t.poison_all = true;  // every step overflows: the scale halves each time, 2^16 -> 2^-1 after 17
