@@ -24,6 +24,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -497,6 +498,110 @@ TEST_CASE("a preemption signal on one rank stops every rank after the same step,
     require_success(launch(2, resume, out / "logs2"));
     CHECK(weight_difference(out, straight) == 0.0);
     check_losses(logged_losses(out), logged_losses(straight), 0.0);
+  }
+}
+
+namespace {
+// Runs `f` with LOOM_FAULT_POINT set for the processes it launches.
+template <class F>
+auto with_fault(const std::string& spec, F&& f) {
+  ::setenv("LOOM_FAULT_POINT", spec.c_str(), 1);
+  auto result = f();
+  ::unsetenv("LOOM_FAULT_POINT");
+  return result;
+}
+
+// Dotted leftovers (.tmp-, .old-, .deleting-) in a run's output folder.
+std::vector<std::string> leftovers(const fs::path& out) {
+  std::vector<std::string> found;
+  for (const auto& e : fs::directory_iterator(out))
+    if (e.path().filename().string().rfind(".", 0) == 0) found.push_back(e.path().filename().string());
+  return found;
+}
+}  // namespace
+
+TEST_CASE("a save killed at each crash point resumes from a complete checkpoint, cleaned, bitwise") {
+  // One process: checkpoints at 3, 6, 9 keeping one; the save at step 6 is killed.
+  auto run_args = [](const fs::path& out) {
+    auto a = base_args("no", 16, out, 9);
+    for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+             {"--save_strategy", "steps"}, {"--save_steps", "3"}, {"--save_total_limit", "1"}})
+      set_flag(a, flag, value);
+    return a;
+  };
+  const auto straight = dist_dir("crash_straight");
+  require_success(launch(1, run_args(straight), straight / "logs", false));
+  const std::vector<std::string> after_rename{"renamed", "committed", "rotating"};
+  for (const auto point : loom::checkpoint::kFaultPoints) {
+    if (point == "old_moved") continue;  // only when a step is saved twice: below
+    CAPTURE(point);
+    const auto out = dist_dir("crash_" + std::string(point));
+    // The second save (step 6): model, optimizer and RNG files make 3 safetensors writes per
+    // save; the first rotation is the one at step 6.
+    const std::string n = point == "tensor_file_tmp" ? "4" : point == "rotating" ? "1" : "2";
+    const auto l = with_fault(std::string(point) + ":" + n, [&] { return launch(1, run_args(out), out / "logs", false); });
+    REQUIRE(l.status[0] == 128 + SIGKILL);
+    const bool done = std::find(after_rename.begin(), after_rename.end(), point) != after_rename.end();
+    CHECK(loom::checkpoint::latest_checkpoint(out) == out / (done ? "checkpoint-6" : "checkpoint-3"));
+    auto resume = run_args(out);
+    set_flag(resume, "--resume_from_checkpoint", "latest");
+    require_success(launch(1, resume, out / "logs2", false));
+    CHECK(leftovers(out).empty());
+    CHECK(weight_difference(out, straight) == 0.0);
+  }
+
+  // A step saved twice (a resume from an older checkpoint into the same folder): killed
+  // between moving the old checkpoint-6 aside and renaming the new one into place.
+  {
+    const auto out = dist_dir("crash_old_moved");
+    require_success(launch(1, run_args(out), out / "logs", false));  // checkpoint-9 only (limit 1)
+    auto again = run_args(out);
+    set_flag(again, "--save_total_limit", "3");
+    set_flag(again, "--resume_from_checkpoint", (out / "checkpoint-9").string());
+    set_flag(again, "--max_steps", "12");
+    require_success(launch(1, again, out / "logs1", false));  // checkpoint-9 and -12
+    set_flag(again, "--resume_from_checkpoint", (out / "checkpoint-9").string());
+    const auto l = with_fault("old_moved", [&] { return launch(1, again, out / "logs2", false); });
+    REQUIRE(l.status[0] == 128 + SIGKILL);
+    CHECK_FALSE(fs::exists(out / "checkpoint-12"));  // moved aside, the new one not yet in place
+    set_flag(again, "--resume_from_checkpoint", "latest");
+    require_success(launch(1, again, out / "logs3", false));
+    CHECK(leftovers(out).empty());
+    CHECK_NOTHROW(loom::checkpoint::validate_checkpoint(out / "checkpoint-12"));
+  }
+
+  // Two ranks under ZeRO-2: rank 1 lost after writing its optimizer shard, or rank 0 after the
+  // rename; the other rank fails with a loom: line, and the resume is bitwise.
+  auto zero2_args = [](const fs::path& out) {
+    auto a = base_args("zero2", 8, out, 9);
+    for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+             {"--save_strategy", "steps"}, {"--save_steps", "3"}, {"--ddp_timeout", "20"}})
+      set_flag(a, flag, value);
+    return a;
+  };
+  const auto straight2 = dist_dir("crash_straight_zero2");
+  require_success(launch(2, zero2_args(straight2), straight2 / "logs"));
+  struct Lost {
+    std::string spec;
+    int rank;
+    std::string latest;
+  };
+  for (const auto& [spec, rank, latest] :
+       {Lost{"optimizer_written:2@1", 1, "checkpoint-3"}, Lost{"renamed:2@0", 0, "checkpoint-6"}}) {
+    CAPTURE(spec);
+    const auto out = dist_dir("crash_zero2_" + std::to_string(rank));
+    const auto l = with_fault(spec, [&] { return launch(2, zero2_args(out), out / "logs", true, 90); });
+    CHECK(l.status[static_cast<std::size_t>(rank)] == 128 + SIGKILL);
+    const auto other = static_cast<std::size_t>(1 - rank);
+    INFO("surviving rank stderr:\n" << l.err[other]);
+    CHECK(l.status[other] == 2);
+    CHECK(l.err[other].find("loom: ") != std::string::npos);
+    CHECK(loom::checkpoint::latest_checkpoint(out) == out / latest);
+    auto resume = zero2_args(out);
+    set_flag(resume, "--resume_from_checkpoint", "latest");
+    require_success(launch(2, resume, out / "logs2"));
+    CHECK(leftovers(out).empty());
+    CHECK(weight_difference(out, straight2) == 0.0);
   }
 }
 

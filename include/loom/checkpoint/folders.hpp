@@ -13,6 +13,14 @@
 //      .old- folder back when its checkpoint-<step> is missing (the crash fell between the
 //      two renames). sorted_checkpoints() and latest_checkpoint() never list the dotted
 //      folders, whether or not the cleanup ran.
+//   4. rotate_checkpoints() renames a checkpoint it drops to .deleting-checkpoint-<step>-<pid>
+//      before deleting it, so a crash mid-delete leaves a dotted folder the next cleanup
+//      removes, never a half-deleted checkpoint-<step>.
+//
+// Crash points: with the environment variable LOOM_FAULT_POINT=<point>[:<n>][@<rank>], the
+// process kills itself (SIGKILL) the n-th time (default 1) it reaches <point>, on that rank
+// only (RANK, default every rank). The points, in the order a save passes them, are listed
+// in kFaultPoints; tests/dist runs a save killed at each one and resumes (docs/semantics.md).
 
 #include <loom/config/inline.hpp>
 #include <loom/core/error.hpp>
@@ -33,7 +41,25 @@ inline constexpr std::string_view kTrainerStateFile = "trainer_state.json";
 /// Prefix of a checkpoint folder name (HF's PREFIX_CHECKPOINT_DIR).
 inline constexpr std::string_view kCheckpointPrefix = "checkpoint";
 
+/// The crash points of a save, in order (see the header comment).
+inline constexpr std::string_view kFaultPoints[] = {
+    "begin",              // the temporary folder exists, empty
+    "tensor_file_tmp",    // a safetensors file is written under its .tmp name, not renamed yet
+    "weights_written",    // model.safetensors is in the temporary folder
+    "optimizer_written",  // this rank's optimizer state is written (a shard when sharded)
+    "state_written",      // every JSON part, RNG state, trainer_state.json and args are written
+    "before_commit",      // every rank has written (after the barrier); nothing renamed yet
+    "fsynced",            // commit: the files are fsynced, the folder not renamed
+    "old_moved",          // commit (re-saving a step): the old folder renamed to .old-
+    "renamed",            // commit: checkpoint-<step> is in place, the parent not fsynced
+    "committed",          // the save is complete, before rotation
+    "rotating",           // rotation: the first dropped checkpoint renamed, not yet deleted
+};
+
 namespace detail {
+
+/// Kills the process here when LOOM_FAULT_POINT names `point` (test-only crash injection).
+LOOM_INLINE void fault_point(std::string_view point);
 
 // Step of a folder named exactly "checkpoint-<digits>", or nullopt.
 LOOM_INLINE std::optional<int64_t> step_of(std::string_view name);

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
+#include <cstdlib>
 #include <charconv>
 #include <cstdint>
 #include <cstring>
@@ -67,6 +69,37 @@ LOOM_INLINE void rename_or_fail(const std::filesystem::path& from, const std::fi
   std::error_code ec;
   std::filesystem::rename(from, to, ec);
   check(!ec, "cannot rename {} to {}: {}", from.string(), to.string(), ec.message());
+}
+
+LOOM_INLINE void fault_point(std::string_view point) {
+  // Parsed once: "<point>[:<n>][@<rank>]". Counting is per point name, so "rotating:2" is the
+  // second rotation of the run.
+  struct Spec {
+    std::string point;
+    int64_t occurrence = 1, seen = 0;
+    bool armed = false;
+  };
+  static Spec spec = [] {
+    Spec s;
+    const char* env = std::getenv("LOOM_FAULT_POINT");
+    if (env == nullptr || *env == '\0') return s;
+    std::string text(env);
+    if (const auto at = text.find('@'); at != std::string::npos) {
+      const char* rank = std::getenv("RANK");
+      const bool mine = text.substr(at + 1) == (rank != nullptr ? std::string(rank) : std::string("0"));
+      text.resize(at);
+      if (!mine) return s;
+    }
+    if (const auto colon = text.find(':'); colon != std::string::npos) {
+      s.occurrence = std::max<int64_t>(1, std::atoll(text.c_str() + colon + 1));
+      text.resize(colon);
+    }
+    s.point = text;
+    s.armed = true;
+    return s;
+  }();
+  if (!spec.armed || point != spec.point || ++spec.seen != spec.occurrence) return;
+  ::kill(::getpid(), SIGKILL);
 }
 
 LOOM_INLINE std::string pid_string() { return std::to_string(static_cast<long long>(::getpid())); }
@@ -136,9 +169,11 @@ LOOM_INLINE void commit_checkpoint(const std::filesystem::path& tmp, const std::
   std::error_code ec;
   check(std::filesystem::is_directory(tmp, ec), "temporary checkpoint folder {} does not exist", tmp.string());
   detail::fsync_tree(tmp);
+  detail::fault_point("fsynced");
   const auto parent = final_dir.has_parent_path() ? final_dir.parent_path() : std::filesystem::path(".");
   if (!std::filesystem::exists(std::filesystem::symlink_status(final_dir, ec))) {
     detail::rename_or_fail(tmp, final_dir);
+    detail::fault_point("renamed");
     detail::fsync_path(parent, true);
     return;
   }
@@ -147,7 +182,9 @@ LOOM_INLINE void commit_checkpoint(const std::filesystem::path& tmp, const std::
   std::filesystem::remove_all(old, ec);
   check(!ec, "cannot remove {}: {}", old.string(), ec.message());
   detail::rename_or_fail(final_dir, old);
+  detail::fault_point("old_moved");
   detail::rename_or_fail(tmp, final_dir);
+  detail::fault_point("renamed");
   detail::fsync_path(parent, true);
   std::filesystem::remove_all(old, ec);
   check(!ec, "cannot remove {}: {}", old.string(), ec.message());
@@ -156,6 +193,7 @@ LOOM_INLINE void commit_checkpoint(const std::filesystem::path& tmp, const std::
 LOOM_INLINE std::vector<std::filesystem::path> remove_stale_temporaries(const std::filesystem::path& output_dir) {
   const std::string tmp_prefix = ".tmp-" + std::string(kCheckpointPrefix) + "-";
   const std::string old_prefix = ".old-" + std::string(kCheckpointPrefix) + "-";
+  const std::string deleting_prefix = ".deleting-" + std::string(kCheckpointPrefix) + "-";
   std::vector<std::filesystem::path> tmps, olds;
   std::error_code ec;
   std::filesystem::directory_iterator it(output_dir, ec), end;
@@ -163,7 +201,7 @@ LOOM_INLINE std::vector<std::filesystem::path> remove_stale_temporaries(const st
   for (; it != end; it.increment(ec)) {
     if (ec) break;
     const std::string name = it->path().filename().string();
-    if (name.rfind(tmp_prefix, 0) == 0) tmps.push_back(it->path());
+    if (name.rfind(tmp_prefix, 0) == 0 || name.rfind(deleting_prefix, 0) == 0) tmps.push_back(it->path());
     else if (name.rfind(old_prefix, 0) == 0) olds.push_back(it->path());
   }
   std::sort(olds.begin(), olds.end());
@@ -216,9 +254,16 @@ LOOM_INLINE std::vector<std::filesystem::path> rotate_checkpoints(const std::fil
   const auto n_delete = std::max<int64_t>(0, static_cast<int64_t>(sorted.size()) - limit);
   std::vector<std::filesystem::path> deleted;
   for (int64_t i = 0; i < n_delete; ++i) {
-    std::error_code ec;  // HF deletes with ignore_errors=True; loom reports only what it deleted
-    std::filesystem::remove_all(sorted[static_cast<std::size_t>(i)], ec);
-    if (!ec) deleted.push_back(sorted[static_cast<std::size_t>(i)]);
+    // Renamed first: a crash mid-delete leaves a dotted folder for the next cleanup, not a
+    // half-deleted checkpoint. HF deletes with ignore_errors=True; loom reports only what it deleted.
+    const auto& victim = sorted[static_cast<std::size_t>(i)];
+    const auto doomed = output_dir / (".deleting-" + victim.filename().string() + "-" + detail::pid_string());
+    std::error_code ec;
+    std::filesystem::rename(victim, doomed, ec);
+    if (ec) continue;
+    detail::fault_point("rotating");
+    std::filesystem::remove_all(doomed, ec);
+    deleted.push_back(victim);
   }
   return deleted;
 }

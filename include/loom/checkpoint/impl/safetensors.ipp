@@ -232,6 +232,7 @@ LOOM_INLINE void save_safetensors(const std::vector<std::pair<std::string, torch
     check(static_cast<bool>(out), "cannot write {} (disk full?)", tmp.string());
   }
   detail::fsync_path(tmp, false);
+  detail::fault_point("tensor_file_tmp");
   detail::rename_or_fail(tmp, path);
   cleanup.armed = false;
 }

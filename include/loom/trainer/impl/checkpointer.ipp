@@ -55,7 +55,9 @@ LOOM_INLINE void Checkpointer::save(const TrainerState& state, OptimizerStep& op
   const auto tmp = checkpoint::temporary_checkpoint_dir(out, state.global_step, tag);
   if (main) checkpoint::begin_checkpoint(out, state.global_step, tag);
   barrier("the checkpoint barrier");
+  checkpoint::detail::fault_point("begin");
   save_weights(tmp);
+  checkpoint::detail::fault_point("weights_written");
   auto& opt = optimizer.optimizer();
   if (!args.save_only_model && engine_->shards_optimizer()) {
     const auto stem = fmt::format("optimizer-{}-of-{}", world_.rank, world_.size);
@@ -70,8 +72,10 @@ LOOM_INLINE void Checkpointer::save(const TrainerState& state, OptimizerStep& op
     }
     detail::write_json_file(tmp / (stem + ".json"), {{"ranges", ranges}, {"shapes", shapes}}, 2);
   }
+  if (main && !args.save_only_model && !engine_->shards_optimizer())
+    checkpoint::save_safetensors(opt.state_tensors(), tmp / detail::kOptimizerState);
+  checkpoint::detail::fault_point("optimizer_written");
   if (main && !args.save_only_model) {
-    if (!engine_->shards_optimizer()) checkpoint::save_safetensors(opt.state_tensors(), tmp / detail::kOptimizerState);
     detail::write_json_file(tmp / detail::kOptimizerMeta, opt.state_meta(), 2);
     for (std::size_t i = 0; i < parts.size(); ++i) detail::write_json_file(tmp / parts[i].file, values[i], 2);
     std::vector<std::pair<std::string, torch::Tensor>> rng{{"cpu", at::detail::getDefaultCPUGenerator().get_state()}};
@@ -85,9 +89,12 @@ LOOM_INLINE void Checkpointer::save(const TrainerState& state, OptimizerStep& op
     detail::write_json_file(tmp / checkpoint::kTrainerStateFile, nlohmann::json(state.to_json()), 2);
     save_json(args, tmp / detail::kTrainingArgs);
   }
+  checkpoint::detail::fault_point("state_written");
   barrier("the checkpoint barrier");  // every shard is written
+  checkpoint::detail::fault_point("before_commit");
   if (main) {
     checkpoint::commit_checkpoint(tmp, checkpoint::checkpoint_dir(out, state.global_step));
+    checkpoint::detail::fault_point("committed");
     if (args.save_total_limit) {
       std::optional<std::filesystem::path> best;
       if (state.best_model_checkpoint) best = std::filesystem::path(*state.best_model_checkpoint);
