@@ -276,6 +276,11 @@ void set_flag(std::vector<std::string>& args, const std::string& flag, const std
   args.push_back(value);
 }
 
+// set_flag for each pair.
+void set_flags(std::vector<std::string>& args, const std::vector<std::pair<std::string, std::string>>& flags) {
+  for (const auto& [flag, value] : flags) set_flag(args, flag, value);
+}
+
 // The values of `key` in the run's log_history, in order ("loss": every logged training loss).
 std::vector<double> logged(const fs::path& out, const std::string& key) {
   std::ifstream in(out / "trainer_state.json");
@@ -445,10 +450,8 @@ TEST_CASE("a rank that dies makes the others fail with a loom: line naming it; t
     CAPTURE(die_rank);
     const auto out = dist_dir("fault_" + std::to_string(world) + "_" + std::to_string(die_rank));
     auto args = base_args("ddp", 4, out, 20);
-    for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
-             {"--save_strategy", "steps"}, {"--save_steps", "5"}, {"--die_rank", std::to_string(die_rank)},
-             {"--die_step", "7"}, {"--ddp_timeout", "20"}})
-      set_flag(args, flag, value);
+    set_flags(args, {{"--save_strategy", "steps"}, {"--save_steps", "5"}, {"--die_rank", std::to_string(die_rank)},
+                     {"--die_step", "7"}, {"--ddp_timeout", "20"}});
     const auto l = launch(world, args, out / "logs", true, 90);
     CHECK(l.status[static_cast<std::size_t>(die_rank)] == 128 + SIGKILL);
     for (int r = 0; r < world; ++r) {
@@ -477,9 +480,7 @@ TEST_CASE("a preemption signal on one rank stops every rank after the same step,
 
     const auto out = dist_dir("preempt_" + policy);
     auto args = base_args(policy, 8, out, 12);
-    for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
-             {"--die_rank", "1"}, {"--die_step", "4"}, {"--die_signal", "TERM"}})
-      set_flag(args, flag, value);
+    set_flags(args, {{"--die_rank", "1"}, {"--die_step", "4"}, {"--die_signal", "TERM"}});
     const auto l = launch(2, args, out / "logs");
     for (int r = 0; r < 2; ++r) {
       INFO("rank " << r << " stderr:\n" << l.err[static_cast<std::size_t>(r)]);
@@ -524,9 +525,7 @@ TEST_CASE("a save killed at each crash point resumes from a complete checkpoint,
   // One process: checkpoints at 3, 6, 9 keeping one; the save at step 6 is killed.
   auto run_args = [](const fs::path& out) {
     auto a = base_args("no", 16, out, 9);
-    for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
-             {"--save_strategy", "steps"}, {"--save_steps", "3"}, {"--save_total_limit", "1"}})
-      set_flag(a, flag, value);
+    set_flags(a, {{"--save_strategy", "steps"}, {"--save_steps", "3"}, {"--save_total_limit", "1"}});
     return a;
   };
   const auto straight = dist_dir("crash_straight");
@@ -574,9 +573,7 @@ TEST_CASE("a save killed at each crash point resumes from a complete checkpoint,
   // rename; the other rank fails with a loom: line, and the resume is bitwise.
   auto zero2_args = [](const fs::path& out) {
     auto a = base_args("zero2", 8, out, 9);
-    for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
-             {"--save_strategy", "steps"}, {"--save_steps", "3"}, {"--ddp_timeout", "20"}})
-      set_flag(a, flag, value);
+    set_flags(a, {{"--save_strategy", "steps"}, {"--save_steps", "3"}, {"--ddp_timeout", "20"}});
     return a;
   };
   const auto straight2 = dist_dir("crash_straight_zero2");
@@ -620,9 +617,7 @@ TEST_CASE("several processes under --sharding no stop at start-up with a loom: l
 TEST_CASE("a rank that stops answering makes the others fail once ddp_timeout has passed") {
   const auto out = dist_dir("hang_2_1");
   auto args = base_args("zero2", 4, out, 20);
-  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
-           {"--die_rank", "1"}, {"--die_step", "4"}, {"--hang", "true"}, {"--ddp_timeout", "5"}})
-    set_flag(args, flag, value);
+  set_flags(args, {{"--die_rank", "1"}, {"--die_step", "4"}, {"--hang", "true"}, {"--ddp_timeout", "5"}});
   const auto l = launch(2, args, out / "logs", true, 90, /*stopped_rank=*/1);
   INFO("rank 0 stderr:\n" << l.err[0]);
   CHECK(l.status[0] == 2);
