@@ -2,6 +2,8 @@
 #   make demo   set up what is missing, build, train the Fashion-MNIST example
 #   make test   set up what is missing, build, run the whole test suite
 #   make build  set up what is missing, build tests, examples and benchmarks into build/
+#   make fuzz   libFuzzer harnesses (tests/fuzz/) built with clang into build-fuzz/, each run FUZZ_SECONDS
+#   make sanitize  the unit tests built with ASan+UBSan into build-sanitize/, then ctest -L unit
 # Each step is skipped when already done (stamps in .deps/, CMake/Ninja/ccache for the build).
 
 SHELL := /bin/bash
@@ -20,24 +22,31 @@ APT_PACKAGES := build-essential cmake ninja-build ccache python3-venv zlib1g-dev
 # ccache's other settings travel with the build (build/loom-ccache, cmake/loomBuildHelpers.cmake).
 export CCACHE_MAXSIZE := 5G
 
-.PHONY: help deps build demo test bench clean
+.PHONY: help deps build demo test bench clean fuzz sanitize
 
 help:
 	@echo "make demo   - train the default example (Fashion-MNIST) after any missing set-up"
 	@echo "make test   - run the whole test suite after any missing set-up"
 	@echo "make build  - build tests, examples and benchmarks into build/"
 	@echo "make bench  - run the overhead and sharding benchmarks"
+	@echo "make fuzz   - build the libFuzzer harnesses (clang) and run each for FUZZ_SECONDS (default 60)"
+	@echo "make sanitize - build the unit tests with ASan+UBSan into build-sanitize/ and run them"
 
 deps: $(DEPS)/apt.stamp $(DEPS)/venv.stamp
 
-$(DEPS)/apt.stamp: Makefile
-	@mkdir -p $(DEPS)
-	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q "ok installed" || echo $$p; done); \
+# $(call apt_install,packages): installs those of `packages` that dpkg does not list as installed.
+define apt_install
+	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q "ok installed" || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "== installing Debian packages: $$missing"; \
 	  SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	else echo "== Debian packages present"; fi
+endef
+
+$(DEPS)/apt.stamp: Makefile
+	@mkdir -p $(DEPS)
+	$(call apt_install,$(APT_PACKAGES))
 	@touch $@
 
 $(DEPS)/venv.stamp: requirements.txt
@@ -63,6 +72,68 @@ test: build
 bench: build
 	$(BUILD)/benchmarks/overhead $(ARGS)
 	$(BUILD)/benchmarks/sharding
+
+# --- fuzzing (tests/fuzz/README.md) ------------------------------------------------------
+# One clang binary with four libFuzzer harnesses, picked by LOOM_FUZZ_TARGET. Each target
+# runs FUZZ_SECONDS on a working corpus in build-fuzz/corpus/<target> seeded from
+# tests/fuzz/corpus/<target>; a crash, sanitizer report or non-loom exception fails the run
+# and leaves the input in build-fuzz/artifacts/<target>/.
+FUZZ_BUILD := $(ROOT)/build-fuzz
+FUZZ_BIN := $(FUZZ_BUILD)/loom_fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= safetensors state_json parse_args scheduler_kwargs
+FUZZ_ARGS ?= -timeout=30
+FUZZ_APT_PACKAGES := clang libclang-rt-dev
+FUZZ_CXX ?= clang++
+# Evaluated when the recipe runs, after the venv exists.
+FUZZ_SITE = $(firstword $(wildcard $(VENV)/lib/python3*/site-packages))
+FUZZ_TORCH_LIB = $(FUZZ_SITE)/torch/lib
+FUZZ_INCLUDES = -I$(ROOT)/include -isystem $(FUZZ_SITE)/torch/include \
+  -isystem $(FUZZ_SITE)/torch/include/torch/csrc/api/include -isystem $(FUZZ_SITE)/boost_headers/include \
+  $(addprefix -isystem ,$(wildcard /usr/local/cuda/include $(FUZZ_SITE)/nvidia/nccl/include))
+# Header-only mode (no LOOM_SEPARATE_COMPILATION): loom's .ipp code is compiled here,
+# instrumented. The c10d definitions match the project's (cmake/loomDependencies.cmake).
+FUZZ_FLAGS := -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+  -DFMT_HEADER_ONLY=1 -DUSE_C10D_GLOO -DUSE_DISTRIBUTED
+FUZZ_NCCL = $(if $(wildcard $(FUZZ_SITE)/nvidia/nccl/include/nccl.h),-DUSE_C10D_NCCL -DLOOM_HAVE_NCCL)
+FUZZ_LIBS = -L$(FUZZ_TORCH_LIB) -Wl,-rpath,$(FUZZ_TORCH_LIB) -Wl,--push-state,--no-as-needed,-lstdc++,--pop-state \
+  -Wl,--no-as-needed -ltorch -ltorch_cpu -lc10 -Wl,--as-needed -lz
+
+$(DEPS)/apt-fuzz.stamp: Makefile
+	@mkdir -p $(DEPS)
+	$(call apt_install,$(FUZZ_APT_PACKAGES))
+	@touch $@
+
+$(FUZZ_BIN): tests/fuzz/fuzz.cpp $(shell find include/loom -type f) $(DEPS)/apt.stamp $(DEPS)/apt-fuzz.stamp $(DEPS)/venv.stamp
+	@mkdir -p $(FUZZ_BUILD)
+	@echo "== building $@ (clang, ASan+UBSan+libFuzzer; a few minutes)"
+	$(FUZZ_CXX) $(FUZZ_FLAGS) $(FUZZ_NCCL) $(FUZZ_INCLUDES) tests/fuzz/fuzz.cpp -o $@ $(FUZZ_LIBS)
+
+fuzz: $(FUZZ_BIN)
+	@failed=; for t in $(FUZZ_TARGETS); do \
+	  mkdir -p $(FUZZ_BUILD)/corpus/$$t $(FUZZ_BUILD)/artifacts/$$t; \
+	  cp -n tests/fuzz/corpus/$$t/* $(FUZZ_BUILD)/corpus/$$t/; \
+	  echo "== fuzzing $$t for $(FUZZ_SECONDS) s (log: $(FUZZ_BUILD)/$$t.log)"; \
+	  LOOM_FUZZ_TARGET=$$t $(FUZZ_BIN) -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    -artifact_prefix=$(FUZZ_BUILD)/artifacts/$$t/ $(FUZZ_ARGS) $(FUZZ_BUILD)/corpus/$$t > $(FUZZ_BUILD)/$$t.log 2>&1; \
+	  rc=$$?; grep -E "^#[0-9]+[[:space:]]+(INITED|DONE)|^stat::(number_of_executed_units|average_exec_per_sec|new_units_added)" $(FUZZ_BUILD)/$$t.log; \
+	  if [ $$rc -ne 0 ]; then echo "== $$t FAILED (exit $$rc); see $(FUZZ_BUILD)/$$t.log"; tail -n 40 $(FUZZ_BUILD)/$$t.log; failed="$$failed $$t"; fi; \
+	done; \
+	if [ -n "$$failed" ]; then echo "== fuzzing found crashes in:$$failed"; exit 1; fi; echo "== fuzzing: no crash"
+
+# --- sanitizers ---------------------------------------------------------------------------
+# The unit tests with ASan+UBSan (-DLOOM_SANITIZE=ON, cmake/loomBuildHelpers.cmake) in their
+# own build folder; examples and benchmarks are left out.
+SANITIZE_BUILD := $(ROOT)/build-sanitize
+SANITIZE_ENV := ASAN_OPTIONS=abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
+$(SANITIZE_BUILD)/build.ninja: $(DEPS)/apt.stamp $(DEPS)/venv.stamp CMakeLists.txt
+	cmake -S . -B $(SANITIZE_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_PYTHON=$(PY) \
+	  -DLOOM_SANITIZE=ON -DLOOM_BUILD_EXAMPLES=OFF -DLOOM_BUILD_BENCHMARKS=OFF -DLOOM_INSTALL=OFF
+
+sanitize: $(SANITIZE_BUILD)/build.ninja
+	cmake --build $(SANITIZE_BUILD) -j $(JOBS) --target loom_tests
+	cd $(SANITIZE_BUILD) && $(SANITIZE_ENV) ctest --output-on-failure -j $(JOBS) -L unit $(CTEST_ARGS)
 
 clean:
 	rm -rf $(BUILD)

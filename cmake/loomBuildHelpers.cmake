@@ -34,6 +34,16 @@ target_link_libraries(loom_build_options INTERFACE loom::loom)
 target_compile_options(loom_build_options INTERFACE -Wall -Wextra -Wno-unused-parameter)
 target_compile_definitions(loom_build_options INTERFACE LOOM_SEPARATE_COMPILATION)
 
+# -DLOOM_SANITIZE=ON (make sanitize): loom's own targets, loom::compiled and the shared PCH
+# with AddressSanitizer + UndefinedBehaviorSanitizer; a UB report aborts the test. libtorch
+# itself stays uninstrumented.
+option(LOOM_SANITIZE "Build loom's tests, examples and benchmarks with ASan+UBSan" OFF)
+if(LOOM_SANITIZE)
+  target_compile_options(loom_build_options INTERFACE -fsanitize=address,undefined -fno-omit-frame-pointer
+                                                      -fno-sanitize-recover=undefined)
+  target_link_options(loom_build_options INTERFACE -fsanitize=address,undefined)
+endif()
+
 add_library(loom_pch OBJECT "${CMAKE_CURRENT_LIST_DIR}/pch.cpp")
 target_link_libraries(loom_pch PUBLIC loom_build_options)
 target_precompile_headers(loom_pch PRIVATE "${CMAKE_CURRENT_LIST_DIR}/pch.hpp")
