@@ -32,6 +32,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -76,6 +77,8 @@ class Checkpointer {
 
  private:
   LOOM_INLINE void barrier(const char* what);
+  /// Every parameter's full shape, by name (the optimizer shards record and check them).
+  [[nodiscard]] LOOM_INLINE std::map<std::string, std::vector<int64_t>> parameter_shapes() const;
   LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> optimizer_state_for_this_rank(
       const std::filesystem::path& dir, OptimizerStep& optimizer);
 

@@ -73,6 +73,9 @@ class PreemptionWatch {
   LOOM_INLINE static void raise_flag(int signal);
 
  private:
+  /// This rank's flag (1: got a signal) as a device tensor, for the all-reduce.
+  [[nodiscard]] LOOM_INLINE torch::Tensor local_flag() const;
+
   dist::Comm* comm_;
   torch::Device device_;
   std::optional<dist::Work> in_flight_;   // the all-reduce launched last step

@@ -580,26 +580,23 @@ class Trainer {
       const bool new_best = best_.update(metrics, state_);
       if (args_.save_strategy == "best") control_.should_save = new_best;
     }
-    if (control_.should_save) {
-      steps_->settle_skip();
-      best_.before_save(state_);
-      record_callback_states();
-      checkpointer_->save(state_, *steps_, checkpoint_parts());
-      last_saved_step_ = state_.global_step;
-      callbacks_.template fire<event::on_save>(args_, state_, control_);
-    }
+    if (control_.should_save) save_checkpoint();
+  }
+
+  // checkpoint-<global_step>, then on_save.
+  void save_checkpoint() {
+    steps_->settle_skip();
+    best_.before_save(state_);
+    record_callback_states();
+    checkpointer_->save(state_, *steps_, checkpoint_parts());
+    last_saved_step_ = state_.global_step;
+    callbacks_.template fire<event::on_save>(args_, state_, control_);
   }
 
   // The end of a run stopped by a signal: a checkpoint of this step (unless one was just
   // saved), on_save, on_train_end, trainer_state.json, then loom::Preempted.
   [[noreturn]] void stop_for_preemption(int signal) {
-    if (last_saved_step_ != state_.global_step) {
-      best_.before_save(state_);
-      record_callback_states();
-      checkpointer_->save(state_, *steps_, checkpoint_parts());
-      last_saved_step_ = state_.global_step;
-      callbacks_.template fire<event::on_save>(args_, state_, control_);
-    }
+    if (last_saved_step_ != state_.global_step) save_checkpoint();
     in_train_ = false;
     callbacks_.template fire<event::on_train_end>(args_, state_, control_);
     save_state();

@@ -84,12 +84,19 @@ LOOM_INLINE TrainerState TrainerState::load(const std::filesystem::path& path) {
   return from_json(json::read_file(path), path.string());
 }
 
+namespace detail {
+// TrainerControl's flags under HF's names, in HF's order (TrainerControl.state()).
+inline constexpr std::pair<const char*, bool TrainerControl::*> kControlFlags[] = {
+    {"should_training_stop", &TrainerControl::should_training_stop},
+    {"should_epoch_stop", &TrainerControl::should_epoch_stop},
+    {"should_save", &TrainerControl::should_save},
+    {"should_evaluate", &TrainerControl::should_evaluate},
+    {"should_log", &TrainerControl::should_log}};
+}  // namespace detail
+
 LOOM_INLINE nlohmann::ordered_json TrainerControl::state() const {
-  nlohmann::ordered_json args = {{"should_training_stop", should_training_stop},
-                                 {"should_epoch_stop", should_epoch_stop},
-                                 {"should_save", should_save},
-                                 {"should_evaluate", should_evaluate},
-                                 {"should_log", should_log}};
+  nlohmann::ordered_json args = nlohmann::ordered_json::object();
+  for (const auto& [name, flag] : detail::kControlFlags) args[name] = this->*flag;
   return {{"args", args}, {"attributes", nlohmann::ordered_json::object()}};
 }
 
@@ -98,13 +105,11 @@ LOOM_INLINE TrainerControl TrainerControl::from_state(const nlohmann::json& j) {
   const nlohmann::json* args = j.is_object() && j.contains("args") ? &j["args"] : nullptr;
   if (!args || !args->is_object())
     throw Error("trainer_state.json: stateful_callbacks.TrainerControl has no \"args\" object");
-  for (auto [name, flag] : {std::pair{"should_training_stop", &c.should_training_stop},
-                            std::pair{"should_epoch_stop", &c.should_epoch_stop}, std::pair{"should_save", &c.should_save},
-                            std::pair{"should_evaluate", &c.should_evaluate}, std::pair{"should_log", &c.should_log}}) {
+  for (const auto& [name, flag] : detail::kControlFlags) {
     if (!args->contains(name) || !(*args)[name].is_boolean())
       throw Error(std::string("trainer_state.json: stateful_callbacks.TrainerControl.args.") + name +
                   " is missing or not a boolean");
-    *flag = (*args)[name].get<bool>();
+    c.*flag = (*args)[name].get<bool>();
   }
   return c;
 }

@@ -42,6 +42,12 @@ LOOM_INLINE void Checkpointer::load_pretrained(const std::string& name_or_path) 
   load_weights(name_or_path);
 }
 
+LOOM_INLINE std::map<std::string, std::vector<int64_t>> Checkpointer::parameter_shapes() const {
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& item : model_->named_parameters(true)) shapes[item.key()] = item.value().sizes().vec();
+  return shapes;
+}
+
 LOOM_INLINE void Checkpointer::save(const TrainerState& state, OptimizerStep& optimizer,
                                     const std::vector<JsonPart>& parts) {
   const auto& args = *args_;
@@ -64,8 +70,7 @@ LOOM_INLINE void Checkpointer::save(const TrainerState& state, OptimizerStep& op
     checkpoint::save_safetensors(opt.state_tensors(), tmp / (stem + ".safetensors"));
     // Each piece's flat range in its parameter, and the parameter's shape (checked on load).
     nlohmann::json ranges = nlohmann::json::object(), shapes = nlohmann::json::object();
-    std::map<std::string, std::vector<int64_t>> shape_of;
-    for (const auto& item : model_->named_parameters(true)) shape_of[item.key()] = item.value().sizes().vec();
+    const auto shape_of = parameter_shapes();
     for (const auto& p : optimizer.pieces()) {
       ranges[p.name] = {p.begin, p.end, p.numel};
       if (auto it = shape_of.find(p.name); it != shape_of.end()) shapes[p.name] = it->second;
@@ -247,8 +252,7 @@ LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> Checkpointer::opt
       check(covered[key] == n, "{}: the optimizer shards cover {} of the {} elements of {}", dir.string(), covered[key],
             n, key);
   }
-  std::map<std::string, std::vector<int64_t>> param_shape;
-  for (const auto& item : model_->named_parameters(true)) param_shape[item.key()] = item.value().sizes().vec();
+  const auto param_shape = parameter_shapes();
   for (const auto& [key, saved] : saved_shape) {
     const auto it = param_shape.find(key.substr(key.find('.') + 1));
     if (it == param_shape.end()) continue;  // Optimizer::load_state reports it as unexpected

@@ -4,10 +4,9 @@
 #include <loom/config/json.hpp>
 #include <loom/core/error.hpp>
 
-#include <limits>
-
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace loom {
 

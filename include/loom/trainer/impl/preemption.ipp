@@ -58,6 +58,10 @@ LOOM_INLINE int PreemptionWatch::signal() const { return detail::g_preemption_si
 
 LOOM_INLINE void PreemptionWatch::raise_flag(int signal) { detail::on_preemption_signal(signal); }
 
+LOOM_INLINE torch::Tensor PreemptionWatch::local_flag() const {
+  return torch::full({1}, signal() != 0 ? 1.0f : 0.0f, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+}
+
 LOOM_INLINE bool PreemptionWatch::should_stop() {
   if (agreed_signal_ != 0) return true;
   if (comm_ == nullptr) return (agreed_signal_ = signal()) != 0;
@@ -84,7 +88,7 @@ LOOM_INLINE bool PreemptionWatch::should_stop() {
     copy_pending_ = true;
   }
   // 3. This step's flags.
-  sum_ = torch::full({1}, signal() != 0 ? 1.0f : 0.0f, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+  sum_ = local_flag();
   in_flight_ = comm_->all_reduce({sum_}, "the preemption-flag all-reduce");
   return false;
 }
@@ -96,7 +100,7 @@ LOOM_INLINE bool PreemptionWatch::got_signal_at_end() {
     in_flight_->wait();
     in_flight_.reset();
   }
-  auto flag = torch::full({1}, signal() != 0 ? 1.0f : 0.0f, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+  auto flag = local_flag();
   comm_->all_reduce({flag}, "the preemption-flag all-reduce").wait();
   if (flag.cpu().item<float>() > 0) agreed_signal_ = signal() != 0 ? signal() : SIGTERM;
   return agreed_signal_ != 0;
