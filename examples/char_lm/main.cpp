@@ -529,8 +529,11 @@ int main(int argc, char** argv) {
       CharLMTrainer<Precision> trainer(args, model, train_set, eval_set);
       Outcome o;
       o.train = trainer.train();
+      trainer.save_model();  // output_dir/model.safetensors + training_args.json
+      trainer.log_metrics("train", o.train.metrics);
       o.eval = trainer.evaluate();
       if (auto loss = o.eval.get("eval_loss")) o.eval.set("eval_perplexity", std::exp(*loss));
+      trainer.log_metrics("eval", o.eval);
       trainer.save_metrics("eval", o.eval);
       if (example.sample_length > 0)
         o.sample = generate(trainer.model(), vocab, example.sample_prompt, example.sample_length, example.temperature,
@@ -538,10 +541,6 @@ int main(int argc, char** argv) {
       return o;
     });
 
-    fmt::print("\n***** train metrics *****\n");
-    for (const auto& [k, v] : outcome.train.metrics) fmt::print("  {:<28} = {}\n", k, v);
-    fmt::print("***** eval metrics *****\n");
-    for (const auto& [k, v] : outcome.eval) fmt::print("  {:<28} = {}\n", k, v);
     if (auto sps = outcome.train.metrics.get("train_samples_per_second"))
       fmt::print("training throughput: {:.0f} tokens/s\n", *sps * static_cast<double>(example.block_size));
     if (auto ppl = outcome.eval.get("eval_perplexity")) fmt::print("held-out perplexity: {:.3f}\n", *ppl);

@@ -111,20 +111,17 @@ int main(int argc, char** argv) {
       fmt::print("fashion_mnist: {} training and {} test images from {}\n", train_set.size(), test_set.size(),
                  dir.string());
 
-    auto [result, metrics] = loom::select_policies(args, [&]<class Sharding, class Precision>() {
+    // As HF's example scripts: train, save the model, report, evaluate, report.
+    loom::select_policies(args, [&]<class Sharding, class Precision>() {
       FashionTrainer<Sharding, Precision> trainer(args, Net{}, train_set, test_set);
       auto train_output = trainer.train();
+      trainer.save_model();  // output_dir/model.safetensors + training_args.json
+      trainer.log_metrics("train", train_output.metrics);
       auto eval_metrics = trainer.evaluate();
+      trainer.log_metrics("eval", eval_metrics);
       trainer.save_metrics("eval", eval_metrics);
-      return std::pair{train_output, eval_metrics};
     });
-    if (!main_process) return 0;
-
-    fmt::print("\n***** train metrics *****\n");
-    for (const auto& [k, v] : result.metrics) fmt::print("  {:<28} = {}\n", k, v);
-    fmt::print("***** eval metrics *****\n");
-    for (const auto& [k, v] : metrics) fmt::print("  {:<28} = {}\n", k, v);
-    fmt::print("outputs in {}\n", args.output_dir);
+    if (main_process) fmt::print("outputs in {}\n", args.output_dir);
     return 0;
   });
 }

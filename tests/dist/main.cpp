@@ -134,9 +134,8 @@ inline int run(int argc, char** argv) {
       std::ofstream(w.result + ".rank" + std::to_string(world.rank) + ".json")
           << nlohmann::json{{"params", bytes.params}, {"grads", bytes.grads}, {"optimizer", bytes.optimizer},
                             {"psi", psi}, {"world", world.size}}.dump();
-      trainer.sharding().with_full_params([&] {
-        if (world.is_main()) loom::checkpoint::save_module(*trainer.model(), w.result + ".safetensors");
-      });
+      // save_model gathers the parameters under every policy; rank 0 writes.
+      trainer.save_model(w.result + ".model");
     });
     return 0;
   });
@@ -295,7 +294,7 @@ std::vector<double> logged_losses(const fs::path& out) { return logged(out, "los
 
 std::map<std::string, torch::Tensor> weights(const fs::path& out) {
   std::map<std::string, torch::Tensor> m;
-  for (auto& [k, t] : loom::checkpoint::load_safetensors(out / "result.safetensors")) m[k] = t;
+  for (auto& [k, t] : loom::checkpoint::load_safetensors(out / "result.model" / "model.safetensors")) m[k] = t;
   return m;
 }
 

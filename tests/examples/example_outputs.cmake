@@ -1,6 +1,7 @@
 # Shared by the example smoke runs: run_example(<name> <args>...) runs ${EXE} with <args>
 # into ${OUT} and fails unless it exits 0; check_outputs(<steps> <keys>...) checks the files
-# HF users expect, that all_results.json holds <keys>, and trainer_state.json's global_step.
+# HF users expect (save_model's model.safetensors and training_args.json included), that
+# all_results.json holds <keys>, and trainer_state.json's global_step.
 function(run_example name)
   file(REMOVE_RECURSE "${OUT}")
   execute_process(COMMAND "${EXE}" ${ARGN} --output_dir "${OUT}" --disable_tqdm
@@ -13,7 +14,8 @@ function(run_example name)
 endfunction()
 
 function(check_outputs steps)
-  foreach(f trainer_state.json all_results.json train_results.json eval_results.json)
+  foreach(f trainer_state.json all_results.json train_results.json eval_results.json model.safetensors
+            training_args.json)
     if(NOT EXISTS "${OUT}/${f}")
       message(FATAL_ERROR "missing ${OUT}/${f}")
     endif()

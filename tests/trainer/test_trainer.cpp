@@ -187,7 +187,8 @@ TEST_CASE("bad arguments and data stop at start-up with one loom: line") {
   args = quiet_args("bad_sharding");
   args.sharding = "ddp";
   CHECK_THROWS_WITH_AS(Classifier<>(args, fresh_model(), linear_data(8, 1)),
-                       "loom: --sharding ddp is not available in this build; the Trainer's sharding policy is \"no\"",
+                       doctest::Contains("loom: --sharding ddp is not available in this build; the Trainer's sharding "
+                                         "policy is \"no\""),
                        loom::Error);
   args = quiet_args("bad2");
   args.per_device_train_batch_size = 16;
@@ -196,6 +197,6 @@ TEST_CASE("bad arguments and data stop at start-up with one loom: line") {
   CHECK_THROWS_WITH_AS(t.train(), doctest::Contains("loom: the training set yields no batch"), loom::Error);
   args = quiet_args("bad3");
   Classifier<> no_eval(args, fresh_model(), linear_data(8, 1));
-  CHECK_THROWS_WITH_AS(no_eval.evaluate(), doctest::Contains("loom: evaluation needs an evaluation dataset"),
+  CHECK_THROWS_WITH_AS(no_eval.evaluate(), doctest::Contains("loom: evaluate() needs an evaluation dataset"),
                        loom::Error);
 }

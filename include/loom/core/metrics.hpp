@@ -47,6 +47,16 @@ class Metrics {
   std::vector<value_type> items_;
 };
 
+/// `metrics` as HF's metrics_format shows them, in their order: `*_mem_*` as "<bytes >> 20>MB",
+/// `*_runtime*` as h:mm:ss.cc, total_flos as "<flos >> 30>GF", every other value rounded to 4
+/// digits and written as Python writes a float (loom's metrics are all floats, so an integer
+/// HF would print as 3 prints as 3.0).
+[[nodiscard]] LOOM_INLINE std::vector<std::pair<std::string, std::string>> metrics_format(const Metrics& metrics);
+
+/// HF's log_metrics text: "***** <split> metrics *****", then "  <name> = <value>" per
+/// metric, sorted by name, names padded to the longest and values right-aligned.
+[[nodiscard]] LOOM_INLINE std::string format_metrics_report(std::string_view split, const Metrics& metrics);
+
 }  // namespace loom
 
 #if defined(LOOM_HEADER_ONLY)

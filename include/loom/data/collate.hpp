@@ -20,21 +20,29 @@ concept TensorAggregate = std::is_aggregate_v<T> && std::is_default_constructibl
                             return (std::is_same_v<boost::pfr::tuple_element_t<I, T>, torch::Tensor> && ...);
                           }(std::make_index_sequence<boost::pfr::tuple_size_v<T>>{});
 
-/// Stacks a list of examples into one batch, field by field (torch::stack on dim 0).
+/// Stacks a list of examples into one batch, field by field (torch::stack on dim 0). A field
+/// left undefined in every example (an absent column, e.g. the labels of a test set) stays
+/// undefined; one undefined in some examples only is a loom::Error naming it.
 template <TensorAggregate Example>
 Example collate(const std::vector<Example>& examples) {
   check(!examples.empty(), "collate needs at least one example");
+  constexpr auto names = boost::pfr::names_as_array<Example>();
   Example batch{};
   std::vector<torch::Tensor> column;
   column.reserve(examples.size());
   boost::pfr::for_each_field(batch, [&](torch::Tensor& out, std::size_t i) {
     column.clear();
+    std::size_t undefined = 0;
     for (const auto& e : examples) {
       boost::pfr::for_each_field(e, [&](const torch::Tensor& t, std::size_t j) {
-        if (j == i) column.push_back(t);
+        if (j != i) return;
+        if (t.defined()) column.push_back(t);
+        else ++undefined;
       });
     }
-    out = torch::stack(column);
+    check(undefined == 0 || column.empty(), "field '{}' is undefined in {} of {} examples of a batch; a field must "
+          "be set in every example or in none", names[i], undefined, examples.size());
+    if (!column.empty()) out = torch::stack(column);
   });
   return batch;
 }
@@ -47,13 +55,13 @@ void to_device(Batch& batch, const torch::Device& device, bool non_blocking = tr
   });
 }
 
-/// Rows `index` (a 1-D int64 tensor) of every field, as one batch.
+/// Rows `index` (a 1-D int64 tensor) of every field, as one batch (undefined fields stay so).
 template <TensorAggregate Batch>
 Batch index_rows(const Batch& full, const torch::Tensor& index) {
   Batch out{};
   boost::pfr::for_each_field(out, [&](torch::Tensor& dst, std::size_t i) {
     boost::pfr::for_each_field(full, [&](const torch::Tensor& src, std::size_t j) {
-      if (j == i) dst = src.index_select(0, index);
+      if (j == i && src.defined()) dst = src.index_select(0, index);
     });
   });
   return out;

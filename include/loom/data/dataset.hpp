@@ -94,14 +94,20 @@ class AnyDataset {
 template <TensorAggregate Batch>
 class TensorDataset {
  public:
-  /// Wraps `tensors`; every field must have the same first dimension.
+  /// Wraps `tensors`; every field must have the same first dimension. A field other than
+  /// the first may be left undefined (a column the data does not have, e.g. the labels of a
+  /// test set for predict()); its batches then leave it undefined too.
   explicit TensorDataset(Batch tensors) : tensors_(std::move(tensors)) {
     size_ = batch_rows(tensors_);
     constexpr auto names = boost::pfr::names_as_array<Batch>();
     boost::pfr::for_each_field(tensors_, [&](const torch::Tensor& t, std::size_t i) {
-      check(t.defined() && t.dim() > 0 && t.size(0) == size_,
+      check(i > 0 || (t.defined() && t.dim() > 0),
+            "TensorDataset's first field '{}' must be a tensor of at least one dimension: its rows are the examples",
+            names[i]);
+      if (!t.defined()) return;
+      check(t.dim() > 0 && t.size(0) == size_,
             "TensorDataset field '{}' has {} rows but the first field has {}", names[i],
-            t.defined() && t.dim() > 0 ? t.size(0) : 0, size_);
+            t.dim() > 0 ? t.size(0) : 0, size_);
     });
   }
   /// Number of rows.

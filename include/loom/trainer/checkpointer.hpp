@@ -74,6 +74,9 @@ class Checkpointer {
   LOOM_INLINE void load_pretrained(const std::string& name_or_path);
   /// Writes the (gathered) weights to `dir`/model.safetensors on rank 0.
   LOOM_INLINE void save_weights(const std::filesystem::path& dir);
+  /// Trainer::save_model: `dir`/model.safetensors (gathered), training_args.json and, when
+  /// `config` is not null, config.json; every rank calls it, rank 0 writes.
+  LOOM_INLINE void save_model(const std::filesystem::path& dir, const nlohmann::json& config);
 
  private:
   LOOM_INLINE void barrier(const char* what);

@@ -77,7 +77,8 @@ LOOM_DEFINE_HOOK(num_items, "num_items(const Batch&) -> int64_t")
 LOOM_DEFINE_HOOK(create_optimizer, "create_optimizer() -> loom::optim::Optimizer")
 LOOM_DEFINE_HOOK(create_scheduler, "create_scheduler(int64_t num_training_steps) -> scheduler_type")
 LOOM_DEFINE_HOOK(get_train_dataloader, "get_train_dataloader() -> loom::data::DataLoader<Batch>")
-LOOM_DEFINE_HOOK(get_eval_dataloader, "get_eval_dataloader() -> loom::data::DataLoader<Batch>")
+LOOM_DEFINE_HOOK(get_eval_dataloader,
+                 "get_eval_dataloader(const loom::data::AnyDataset<Batch>&) -> loom::data::DataLoader<Batch>")
 LOOM_DEFINE_HOOK(get_test_dataloader,
                  "get_test_dataloader(const loom::data::AnyDataset<Batch>&) -> loom::data::DataLoader<Batch>")
 LOOM_DEFINE_HOOK(floating_point_ops, "floating_point_ops(const Batch&) -> double")

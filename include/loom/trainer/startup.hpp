@@ -24,6 +24,7 @@ struct CompiledPolicies {
   std::string_view sharding;        ///< the sharding tag's --sharding name
   std::string_view precision;       ///< the precision tag's flag name (fp32, bf16, fp16)
   std::string_view precision_type;  ///< its type name (FP32, BF16, FP16)
+  std::string_view schedule;        ///< the schedule tag's --lr_scheduler_type name ("": chosen by that flag)
   bool uses_comm = false;           ///< the sharding policy needs a process group
 };
 
@@ -34,8 +35,10 @@ struct Startup {
   std::shared_ptr<dist::Comm> comm;   ///< the process group (null when the policy needs none)
 };
 
-/// Checks and finalizes `args` for `policies` (the flags follow the compiled precision) and
-/// joins the job. `has_eval_dataset`: the Trainer was given an evaluation dataset.
+/// Checks and finalizes `args` for `policies` and joins the job. The flags follow the compiled
+/// policies: --bf16/--fp16, --sharding and --lr_scheduler_type left at their defaults take the
+/// compiled value (so training_args.json tells what ran); a flag set to another value is a
+/// loom::Error. `has_eval_dataset`: the Trainer was given an evaluation dataset.
 LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& policies, bool has_eval_dataset);
 
 }  // namespace loom

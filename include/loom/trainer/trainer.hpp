@@ -25,6 +25,7 @@
 #include <loom/checkpoint/folders.hpp>
 #include <loom/callbacks/progress.hpp>
 #include <loom/config/json.hpp>
+#include <loom/config/reflect.hpp>
 #include <loom/config/training_arguments.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/metrics.hpp>
@@ -72,6 +73,16 @@ namespace loom {
 /// Seeds torch's CPU and CUDA generators (HF's set_seed).
 inline void set_seed(int64_t seed) { torch::manual_seed(static_cast<uint64_t>(seed)); }
 
+/// Given instead of a training dataset: a Trainer for evaluate() and predict() only (HF's
+/// Trainer without train_dataset). train() then fails with a loom::Error.
+struct NoTrainDataset {};
+inline constexpr NoTrainDataset no_train_dataset{};
+
+/// Several named evaluation datasets (HF's dict of eval datasets): each is evaluated in turn
+/// and its metrics are named `eval_<name>_<metric>` (eval_<name>_loss, ...).
+template <data::Dataset D>
+using EvalDatasets = std::vector<std::pair<std::string, D>>;
+
 /// What train() returns (HF's TrainOutput).
 struct TrainOutput {
   int64_t global_step = 0;     ///< optimizer steps taken
@@ -95,12 +106,17 @@ torch::nn::Module& module_of(Model& model) {
 }
 
 // The datasets of a Trainer, typed by its batch type. Named (not instantiated) in the class
-// body, where Derived is still incomplete; instantiated in the member functions.
+// body, where Derived is still incomplete; instantiated in the member functions. `eval`: the
+// evaluation sets in order, by name ("" for a single unnamed set).
 template <class Self, class Model>
 struct Datasets {
   using Batch = typename batch_type_of<Self, Model>::type;
-  std::optional<data::AnyDataset<Batch>> train, eval;
+  std::optional<data::AnyDataset<Batch>> train;
+  std::vector<std::pair<std::string, data::AnyDataset<Batch>>> eval;
 };
+
+template <class T>
+concept TrainSource = data::Dataset<T> || std::is_same_v<T, NoTrainDataset>;
 
 }  // namespace detail
 
@@ -119,21 +135,32 @@ class Trainer {
   using precision_type = precision::PrecisionImpl<precision_policy>;
   using sharding_type = dist::ShardingImpl<sharding_policy>;
 
-  /// A trainer with a training dataset and, optionally, an evaluation dataset.
-  template <data::Dataset Train>
+  /// A trainer without datasets: evaluate(dataset) and predict(dataset) only.
+  Trainer(TrainingArguments args, Model model) : args_(std::move(args)), model_(std::move(model)) {
+    init(no_train_dataset);
+  }
+  /// A trainer with a training dataset (or loom::no_train_dataset).
+  template <detail::TrainSource Train>
   Trainer(TrainingArguments args, Model model, Train train_dataset)
       : args_(std::move(args)), model_(std::move(model)) {
     init(std::move(train_dataset));
   }
-  /// A trainer with training and evaluation datasets.
-  template <data::Dataset Train, data::Dataset Eval>
+  /// A trainer with a training dataset (or loom::no_train_dataset) and an evaluation dataset.
+  template <detail::TrainSource Train, data::Dataset Eval>
   Trainer(TrainingArguments args, Model model, Train train_dataset, Eval eval_dataset)
       : args_(std::move(args)), model_(std::move(model)) {
-    using Batch = batch_type<Eval>;
-    static_assert(std::is_same_v<data::batch_t<Eval>, Batch>,
-                  "loom: the evaluation dataset yields another batch type than compute_loss takes");
-    data_ = std::make_unique<datasets_type>();
-    data_->eval.emplace(std::move(eval_dataset));
+    add_eval_dataset("", std::move(eval_dataset));
+    init(std::move(train_dataset));
+  }
+  /// A trainer with a training dataset (or loom::no_train_dataset) and several named
+  /// evaluation datasets, evaluated in their order.
+  template <detail::TrainSource Train, data::Dataset Eval>
+  Trainer(TrainingArguments args, Model model, Train train_dataset, EvalDatasets<Eval> eval_datasets)
+      : args_(std::move(args)), model_(std::move(model)) {
+    for (auto& [name, dataset] : eval_datasets) {
+      check(!name.empty(), "the names of the evaluation datasets must not be empty");
+      add_eval_dataset(std::move(name), std::move(dataset));
+    }
     init(std::move(train_dataset));
   }
 
@@ -195,15 +222,17 @@ class Trainer {
   }
 
   /// Loss, logits and labels of one evaluation batch (labels: the batch's `labels` field).
+  /// On a batch without labels (no such field, or left undefined, as in a test set given to
+  /// predict()) compute_loss may return a ModelOutput without a loss: there is then no loss.
   template <class Batch>
   PredictionOutput prediction_step(Model& model, Batch& batch) {
     torch::NoGradGuard no_grad;
     auto autocast = precision_->autocast();
     auto out = call_hook<hook::compute_loss>(self(), model, batch);
     PredictionOutput p;
-    p.loss = loss_of(out).detach();
+    if (torch::Tensor loss = loss_of(out); loss.defined()) p.loss = loss.detach();
     p.logits = logits_of(out);
-    if (const torch::Tensor* labels = data::field_named(batch, "labels")) p.labels = *labels;
+    if (const torch::Tensor* labels = data::field_named(batch, "labels"); labels && labels->defined()) p.labels = *labels;
     return p;
   }
 
@@ -230,19 +259,18 @@ class Trainer {
   template <class Batch = void>
   auto get_train_dataloader() {
     using B = batch_type<Batch>;
+    check(data_->train.has_value(),
+          "training needs a training dataset; this Trainer was built without one (loom::no_train_dataset)");
     const int64_t seed = args_.data_seed.value_or(args_.seed);
     return data::DataLoader<B>(*data_->train,
                                args_.per_device_train_batch_size, args_.dataloader_drop_last,
                                data::RandomSampler{seed}, data::Shard{world_.rank, world_.size});
   }
 
-  /// Evaluation batches: in order, per_device_eval_batch_size, nothing dropped.
-  template <class Batch = void>
-  auto get_eval_dataloader() {
-    using B = batch_type<Batch>;
-    check(data_->eval.has_value(), "evaluation needs an evaluation dataset; pass one to the Trainer");
-    return data::DataLoader<B>(*data_->eval,
-                               args_.per_device_eval_batch_size, false, data::SequentialSampler{});
+  /// Batches of an evaluation dataset: in order, per_device_eval_batch_size, nothing dropped.
+  template <class Batch>
+  data::DataLoader<Batch> get_eval_dataloader(const data::AnyDataset<Batch>& dataset) {
+    return data::DataLoader<Batch>(dataset, args_.per_device_eval_batch_size, false, data::SequentialSampler{});
   }
 
   /// Batches of a dataset given to predict(): in order, per_device_eval_batch_size.
@@ -267,21 +295,47 @@ class Trainer {
   /// Runs the training loop; writes trainer_state.json and *_results.json to output_dir.
   TrainOutput train() { return train_impl<batch_type<>>(); }
 
-  /// Evaluates on the evaluation dataset; metrics are prefixed with `eval_`.
-  Metrics evaluate() { return evaluate_impl<batch_type<>>("eval"); }
+  /// Evaluates on the Trainer's evaluation dataset; metrics are named `<metric_key_prefix>_<name>`.
+  /// With several named sets (EvalDatasets), each in turn, as `<metric_key_prefix>_<set>_<name>`.
+  Metrics evaluate(const std::string& metric_key_prefix = "eval") {
+    using Batch = batch_type<>;
+    check(!data_->eval.empty(), "evaluate() needs an evaluation dataset; pass one to the Trainer or to evaluate()");
+    Metrics metrics;
+    for (const auto& [name, dataset] : data_->eval)
+      metrics.merge(evaluate_impl<Batch>(dataset, name.empty() ? metric_key_prefix : metric_key_prefix + "_" + name));
+    return metrics;
+  }
+
+  /// Evaluates on `dataset` instead of the Trainer's (HF's evaluate(eval_dataset=...)).
+  template <data::Dataset D>
+  Metrics evaluate(D dataset, const std::string& metric_key_prefix = "eval") {
+    using Batch = batch_type<D>;
+    static_assert(std::is_same_v<data::batch_t<D>, Batch>,
+                  "loom: the evaluation dataset yields another batch type than compute_loss takes");
+    return evaluate_impl<Batch>(data::AnyDataset<Batch>(std::move(dataset)), metric_key_prefix);
+  }
+
+  /// Evaluates on each of `datasets` in turn, as `<metric_key_prefix>_<set>_<name>`.
+  template <data::Dataset D>
+  Metrics evaluate(EvalDatasets<D> datasets, const std::string& metric_key_prefix = "eval") {
+    Metrics metrics;
+    for (auto& [name, dataset] : datasets) metrics.merge(evaluate(std::move(dataset), metric_key_prefix + "_" + name));
+    return metrics;
+  }
 
   /// Predictions, label ids and `test_`-prefixed metrics on `test_dataset` (HF's predict);
   /// fires on_predict, logs nothing.
+  /// A dataset without labels (a `labels` field left undefined) gives predictions only.
   template <data::Dataset D>
-  PredictResult predict(D test_dataset) {
+  PredictResult predict(D test_dataset, const std::string& metric_key_prefix = "test") {
     using Batch = batch_type<D>;
     static_assert(std::is_same_v<data::batch_t<D>, Batch>,
                   "loom: the test dataset yields another batch type than compute_loss takes");
     const data::AnyDataset<Batch> dataset(std::move(test_dataset));
     auto loader = call_hook<hook::get_test_dataloader>(self(), dataset);
-    const MemoryTracker memory("test", !args_.skip_memory_metrics && !in_train_, device_);
+    const MemoryTracker memory(metric_key_prefix, !args_.skip_memory_metrics && !in_train_, device_);
     engine_->begin_forward_only();
-    auto result = evaluation_loop<Batch>(loader, "test");
+    auto result = evaluation_loop<Batch>(loader, metric_key_prefix);
     engine_->end_forward_only();
     memory.stop(result.metrics);
     callbacks_.template fire<event::on_predict>(args_, state_, control_, result.metrics);
@@ -298,6 +352,31 @@ class Trainer {
     if (state_.is_world_process_zero) detail::save_trainer_state(args_.output_dir, state_);
   }
 
+  /// Writes the model to `output_dir` (default: --output_dir): model.safetensors (every
+  /// parameter and buffer, gathered from every rank under a sharding policy) and
+  /// training_args.json, plus config.json when the model has a reflectable `config` member.
+  /// Every rank must call it (the gather is a collective); rank 0 writes (HF's save_model).
+  void save_model(std::optional<std::string> output_dir = std::nullopt) {
+    const std::filesystem::path dir(output_dir.value_or(args_.output_dir));
+    nlohmann::json config;
+    if constexpr (requires { model_->config; }) {
+      using Config = std::decay_t<decltype(model_->config)>;
+      if constexpr (std::is_aggregate_v<Config>) config = loom::to_json(model_->config);
+    }
+    checkpointer_->save_model(dir, config);
+  }
+
+  /// Prints `metrics` as HF's log_metrics does ("***** <split> metrics *****", then one
+  /// aligned line per metric, sorted, formatted by metrics_format), on world process zero.
+  void log_metrics(const std::string& split, const Metrics& metrics) const {
+    if (state_.is_world_process_zero) std::fputs(format_metrics_report(split, metrics).c_str(), stdout);
+  }
+  /// The metrics as HF's metrics_format shows them: memory in MB, runtimes as h:mm:ss.cc,
+  /// total_flos in GF, other values rounded to 4 digits.
+  [[nodiscard]] static std::vector<std::pair<std::string, std::string>> metrics_format(const Metrics& metrics) {
+    return loom::metrics_format(metrics);
+  }
+
   // ---- access ---------------------------------------------------------------------------
 
   /// The arguments (validated and finalized).
@@ -310,6 +389,15 @@ class Trainer {
   [[nodiscard]] TrainerControl& control() { return control_; }
   /// The device the model lives on.
   [[nodiscard]] const torch::Device& device() const { return device_; }
+  /// True on the process of global rank 0 (the one that writes shared files).
+  [[nodiscard]] bool is_world_process_zero() const { return state_.is_world_process_zero; }
+  /// True on the process of local rank 0 of each node.
+  [[nodiscard]] bool is_local_process_zero() const { return state_.is_local_process_zero; }
+  /// Examples in a data loader's dataset (HF's num_examples).
+  template <class Batch>
+  [[nodiscard]] int64_t num_examples(const data::DataLoader<Batch>& loader) const {
+    return loader.num_examples();
+  }
   /// The callback of type `Cb` (from the Callbacks<...> pack or a built-in).
   template <class Cb>
   Cb& callback() {
@@ -350,20 +438,35 @@ class Trainer {
                 "loom: the sharding policy's ShardingImpl lacks kind, uses_comm, owns_grads or forward_is_collective");
   static_assert(precision::PrecisionPolicy<precision_type>,
                 "loom: the precision policy's PrecisionImpl does not provide the PrecisionPolicy interface");
+  static_assert(requires { std::string_view(schedule_policy::name); },
+                "loom: a schedule tag needs `static constexpr std::string_view name` (what --lr_scheduler_type "
+                "and training_args.json call it)");
+
+  template <class Eval>
+  void add_eval_dataset(std::string name, Eval dataset) {
+    using Batch = batch_type<Eval>;
+    static_assert(std::is_same_v<data::batch_t<Eval>, Batch>,
+                  "loom: the evaluation dataset yields another batch type than compute_loss takes");
+    if (!data_) data_ = std::make_unique<datasets_type>();
+    for (const auto& [known, unused] : data_->eval)
+      check(known != name, "two evaluation datasets are named \"{}\"", name);
+    data_->eval.emplace_back(std::move(name), data::AnyDataset<Batch>(std::move(dataset)));
+  }
 
   template <class Train>
   void init(Train train_dataset) {
     using Batch = batch_type<Train>;
     static_assert(data::TensorAggregate<Batch>,
                   "loom: the batch type must be an aggregate whose fields are torch::Tensor");
-    static_assert(std::is_same_v<data::batch_t<Train>, Batch>,
-                  "loom: the training dataset yields another batch type than compute_loss takes");
+    if constexpr (!std::is_same_v<Train, NoTrainDataset>)
+      static_assert(std::is_same_v<data::batch_t<Train>, Batch>,
+                    "loom: the training dataset yields another batch type than compute_loss takes");
     static_assert(schedule::Schedule<scheduler_type>,
                   "loom: the scheduler does not provide the Schedule interface (schedule/schedule_decl.hpp)");
     if (!data_) data_ = std::make_unique<datasets_type>();
     auto up = start_up(args_, {sharding_policy::name, precision_policy::name, precision_policy::type_name,
-                               sharding_type::uses_comm}, data_->eval.has_value());
-    data_->train.emplace(std::move(train_dataset));
+                               schedule_policy::name, sharding_type::uses_comm}, !data_->eval.empty());
+    if constexpr (!std::is_same_v<Train, NoTrainDataset>) data_->train.emplace(std::move(train_dataset));
     world_ = up.world;
     device_ = up.device;
     state_.is_world_process_zero = world_.is_main();
@@ -438,7 +541,7 @@ class Trainer {
     PreemptionWatch preemption(engine_->comm(), device_);
     bool preempted = false;
     callbacks_.template fire<event::on_train_begin>(args_, state_, control_);
-    if (args_.eval_on_start) evaluate_impl<Batch>("eval");
+    if (args_.eval_on_start) (void)evaluate();  // HF: without stepping ReduceLROnPlateau
 
     torch::Tensor grad_norm;
     double last_lr = 0.0;
@@ -576,7 +679,8 @@ class Trainer {
       call_hook<hook::log>(self(), std::as_const(logs));
     }
     if (control_.should_evaluate) {
-      const Metrics metrics = evaluate_impl<Batch>("eval");
+      const Metrics metrics = evaluate();
+      step_plateau(metrics);
       const bool new_best = best_.update(metrics, state_);
       if (args_.save_strategy == "best") control_.should_save = new_best;
     }
@@ -604,22 +708,28 @@ class Trainer {
                     checkpoint::checkpoint_dir(args_.output_dir, state_.global_step).string());
   }
 
+  // HF's _evaluate: after an evaluation in training, ReduceLROnPlateau steps with
+  // metric_for_best_model (prefixed eval_) from the metrics of every evaluation set.
+  void step_plateau(const Metrics& metrics) {
+    if (!scheduler_ || !scheduler_->wants_metric()) return;
+    std::string key = args_.metric_for_best_model.value_or("loss");
+    if (key.rfind("eval_", 0) != 0) key = "eval_" + key;
+    const auto value = metrics.get(key);
+    check(value.has_value(), "reduce_lr_on_plateau needs the metric {} but evaluation produced no such metric{}", key,
+          data_->eval.size() > 1 ? "; with several evaluation sets name one in --metric_for_best_model, "
+                                   "e.g. eval_<set>_loss" : "");
+    scheduler_->step_metric(*value);
+  }
+
+  // One evaluation of one dataset (HF's evaluate on a single set).
   template <class Batch>
-  Metrics evaluate_impl(const std::string& prefix) {
-    auto loader = call_hook<hook::get_eval_dataloader>(self());
+  Metrics evaluate_impl(const data::AnyDataset<Batch>& dataset, const std::string& prefix) {
+    auto loader = call_hook<hook::get_eval_dataloader>(self(), dataset);
     const MemoryTracker memory(prefix, !args_.skip_memory_metrics && !in_train_, device_);
     engine_->begin_forward_only();
     Metrics metrics = evaluation_loop<Batch>(loader, prefix).metrics;
     engine_->end_forward_only();
     memory.stop(metrics);
-    if (in_train_ && scheduler_ && scheduler_->wants_metric()) {
-      // HF steps ReduceLROnPlateau with metric_for_best_model after each evaluation in training.
-      std::string key = args_.metric_for_best_model.value_or("loss");
-      if (key.rfind(prefix + "_", 0) != 0) key = prefix + "_" + key;
-      const auto value = metrics.get(key);
-      check(value.has_value(), "reduce_lr_on_plateau needs the metric {} but evaluation produced no such metric", key);
-      scheduler_->step_metric(*value);
-    }
     call_hook<hook::log>(self(), std::as_const(metrics));
     metrics.set("epoch", state_.epoch);  // HF's log() adds it to the caller's metrics
     callbacks_.template fire<event::on_evaluate>(args_, state_, control_, metrics);

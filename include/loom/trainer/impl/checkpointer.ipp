@@ -32,6 +32,14 @@ LOOM_INLINE void Checkpointer::save_weights(const std::filesystem::path& dir) {
   });
 }
 
+LOOM_INLINE void Checkpointer::save_model(const std::filesystem::path& dir, const nlohmann::json& config) {
+  if (world_.is_main()) std::filesystem::create_directories(dir);
+  save_weights(dir);
+  if (!world_.is_main()) return;
+  save_json(*args_, dir / detail::kTrainingArgs);
+  if (!config.is_null()) detail::write_json_file(dir / "config.json", config, 2);
+}
+
 LOOM_INLINE void Checkpointer::load_weights(const std::filesystem::path& dir) {
   engine_->with_full_params([&] { checkpoint::load_module(*model_, dir / checkpoint::kModelFile); });
 }

@@ -4,6 +4,7 @@
 #include <loom/distributed/comm.hpp>
 #include <loom/trainer/startup.hpp>
 
+#include <algorithm>
 #include <chrono>
 
 namespace loom {
@@ -18,11 +19,27 @@ LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& po
         "or build it through loom::select_policies", flag, policies.precision_type, args.bf16 ? "BF16" : "FP16");
   args.bf16 = policies.precision == "bf16";
   args.fp16 = policies.precision == "fp16";
+  // --sharding and --lr_scheduler_type: a flag at its default takes the compiled policy; a
+  // flag set to something else was meant for another Trainer type.
+  const TrainingArguments defaults;
+  if (args.sharding == defaults.sharding) args.sharding = std::string(policies.sharding);
   check(args.sharding == policies.sharding,
-        "--sharding {} is not available in this build; the Trainer's sharding policy is \"{}\"", args.sharding,
-        policies.sharding);
+        "--sharding {} is not available in this build; the Trainer's sharding policy is \"{}\" (name it in the "
+        "Trainer's type, or build it through loom::select_policies)", args.sharding, policies.sharding);
+  // A schedule tag outside HF's names (a user's own) is written back after validation, which
+  // checks --lr_scheduler_type against HF's names.
+  bool custom_schedule = false;
+  if (!policies.schedule.empty()) {
+    check(args.lr_scheduler_type == defaults.lr_scheduler_type || args.lr_scheduler_type == policies.schedule,
+          "--lr_scheduler_type {} disagrees with the Trainer's compiled schedule \"{}\"; drop the flag, or name "
+          "loom::schedule::FromArgs (the default) in the Trainer's type to choose the schedule by flag",
+          args.lr_scheduler_type, policies.schedule);
+    custom_schedule = std::ranges::find(detail::kLrSchedulerTypes, policies.schedule) == detail::kLrSchedulerTypes.end();
+    if (!custom_schedule) args.lr_scheduler_type = std::string(policies.schedule);
+  }
   validate(args);
   finalize(args);
+  if (custom_schedule) args.lr_scheduler_type = std::string(policies.schedule);
   check(args.eval_strategy == "no" || has_eval_dataset,
         "--eval_strategy {} needs an evaluation dataset; pass one to the Trainer or use --eval_strategy no",
         args.eval_strategy);
