@@ -20,6 +20,39 @@ concept TensorAggregate = std::is_aggregate_v<T> && std::is_default_constructibl
                             return (std::is_same_v<boost::pfr::tuple_element_t<I, T>, torch::Tensor> && ...);
                           }(std::make_index_sequence<boost::pfr::tuple_size_v<T>>{});
 
+namespace detail {
+
+// A field name as a template argument, so that a compiler error shows it.
+template <std::size_t N>
+struct FieldName {
+  char text[N]{};
+  constexpr explicit FieldName(std::string_view s) {
+    for (std::size_t i = 0; i + 1 < N; ++i) text[i] = s[i];
+  }
+};
+
+// Instantiated for each field of a batch type; the compiler's "in instantiation of
+// batch_field<FieldName<N>{"name"}, Type>" line above the error names the field and its type.
+template <FieldName Name, class T>
+struct batch_field {
+  static_assert(std::is_same_v<T, torch::Tensor>,
+                "loom: every field of the batch type must be a torch::Tensor; the field's name and type are in "
+                "`batch_field<FieldName<N>{\"name\"}, Type>` above");
+  static constexpr bool ok = std::is_same_v<T, torch::Tensor>;
+};
+
+}  // namespace detail
+
+/// Checks each field of the aggregate `B` with a compile error naming the first field that is
+/// not a torch::Tensor; true when all are.
+template <class B>
+constexpr bool batch_fields_are_tensors() {
+  return []<std::size_t... I>(std::index_sequence<I...>) {
+    return (detail::batch_field<detail::FieldName<boost::pfr::get_name<I, B>().size() + 1>(boost::pfr::get_name<I, B>()),
+                                boost::pfr::tuple_element_t<I, B>>::ok && ...);
+  }(std::make_index_sequence<boost::pfr::tuple_size_v<B>>{});
+}
+
 /// Stacks a list of examples into one batch, field by field (torch::stack on dim 0). A field
 /// left undefined in every example (an absent column, e.g. the labels of a test set) stays
 /// undefined; one undefined in some examples only is a loom::Error naming it.

@@ -6,6 +6,7 @@
 
 #include <loom/config/meta.hpp>
 #include <loom/core/metrics.hpp>
+#include <loom/data/collate.hpp>
 
 #include <boost/pfr.hpp>
 #include <torch/torch.h>
@@ -53,21 +54,34 @@ torch::Tensor logits_of(const R& r) {
   else return {};
 }
 
+namespace detail {
+/// Stands in for a batch type that could not be told, after the loom: error that says why:
+/// the rest of the Trainer then compiles quietly instead of piling up errors.
+struct UnknownBatch {
+  torch::Tensor unknown;
+};
+}  // namespace detail
+
 namespace hook {
 
 // Each hook tag calls `self.NAME(args...)`. The Trainer base defines every hook, so the call
-// only fails when the subclass declared NAME with other parameters.
-#define LOOM_DEFINE_HOOK(NAME, EXPECTED)                                                     \
-  struct NAME {                                                                              \
-    template <class Self, class... A>                                                        \
-    static decltype(auto) call(Self& self, A&&... a) {                                       \
-      if constexpr (requires { self.NAME(std::forward<A>(a)...); }) {                        \
-        return self.NAME(std::forward<A>(a)...);                                             \
-      } else {                                                                               \
-        static_assert(dependent_false_v<Self>, "loom: the override of " #NAME                \
-                                             " has the wrong signature; expected " EXPECTED); \
-      }                                                                                      \
-    }                                                                                        \
+// only fails when the subclass declared NAME with other parameters: then the static_assert
+// says so and the base's NAME is called, so no second error follows. With an UnknownBatch
+// (the batch type could not be told, already an error) the base's NAME is called quietly.
+#define LOOM_DEFINE_HOOK(NAME, EXPECTED)                                                           \
+  struct NAME {                                                                                    \
+    template <class Self, class... A>                                                              \
+    static decltype(auto) call(Self& self, A&&... a) {                                             \
+      if constexpr ((std::is_same_v<std::decay_t<A>, detail::UnknownBatch> || ...)) {              \
+        return self.loom_trainer::NAME(std::forward<A>(a)...);                                     \
+      } else if constexpr (requires { self.NAME(std::forward<A>(a)...); }) {                       \
+        return self.NAME(std::forward<A>(a)...);                                                   \
+      } else {                                                                                     \
+        static_assert(dependent_false_v<Self>, "loom: the override of " #NAME                      \
+                                             " has the wrong signature; expected " EXPECTED);       \
+        return self.loom_trainer::NAME(std::forward<A>(a)...);                                     \
+      }                                                                                            \
+    }                                                                                              \
   };
 
 LOOM_DEFINE_HOOK(compute_loss, "compute_loss(Model&, Batch&) -> torch::Tensor or loom::ModelOutput")
@@ -107,6 +121,16 @@ struct member_fn_args<R (C::*)(M, B) const> : member_fn_args<R (C::*)(M, B)> {};
 template <class R, class C, class M, class B>
 struct member_fn_args<R (C::*)(M, B) noexcept> : member_fn_args<R (C::*)(M, B)> {};
 
+// The parameter count of a member function (-1: not a plain member function pointer).
+template <class F>
+inline constexpr int member_fn_arity = -1;
+template <class R, class C, class... A>
+inline constexpr int member_fn_arity<R (C::*)(A...)> = sizeof...(A);
+template <class R, class C, class... A>
+inline constexpr int member_fn_arity<R (C::*)(A...) const> = sizeof...(A);
+template <class R, class C, class... A>
+inline constexpr int member_fn_arity<R (C::*)(A...) noexcept> = sizeof...(A);
+
 template <class T>
 struct forward_arg {};
 template <class R, class C, class B>
@@ -115,24 +139,51 @@ struct forward_arg<R (C::*)(B)> {
 };
 
 // The batch type of a trainer: Self::batch_type if declared; else the second parameter of
-// Self's own (non-template) compute_loss; else the parameter of the model's forward.
+// Self's own (non-template) compute_loss; else the parameter of the model's forward when it
+// is a batch aggregate. Each failure is one loom: error, and the type is then UnknownBatch.
 template <class Self, class Model>
 struct batch_type_of {
+  using Impl = std::decay_t<decltype(*std::declval<Model&>())>;
+
+  template <class B>
+  static constexpr auto checked() {
+    if constexpr (!std::is_aggregate_v<B> || !std::is_default_constructible_v<B>) {
+      static_assert(dependent_false_v<B>, "loom: the batch type must be an aggregate (a struct) whose fields are "
+                                          "torch::Tensor; see the type deduced above (`using batch_type = ...;` or "
+                                          "compute_loss's second parameter)");
+      return std::type_identity<UnknownBatch>{};
+    } else if constexpr (!data::batch_fields_are_tensors<B>()) {
+      return std::type_identity<UnknownBatch>{};  // batch_fields_are_tensors named the field
+    } else {
+      return std::type_identity<B>{};
+    }
+  }
+
   static constexpr auto pick() {
     if constexpr (requires { typename Self::batch_type; }) {
-      return std::type_identity<typename Self::batch_type>{};
+      return checked<typename Self::batch_type>();
     } else if constexpr (requires { typename member_fn_args<decltype(&Self::compute_loss)>::batch; }) {
-      return std::type_identity<typename member_fn_args<decltype(&Self::compute_loss)>::batch>{};
-    } else if constexpr (requires {
-                           typename forward_arg<decltype(&std::decay_t<decltype(*std::declval<Model&>())>::forward)>::batch;
-                         }) {
-      return std::type_identity<typename forward_arg<
-          decltype(&std::decay_t<decltype(*std::declval<Model&>())>::forward)>::batch>{};
+      return checked<typename member_fn_args<decltype(&Self::compute_loss)>::batch>();
+    } else if constexpr (requires { &Self::compute_loss; }) {
+      if constexpr (member_fn_arity<decltype(&Self::compute_loss)> == 3)
+        static_assert(dependent_false_v<Self>,
+                      "loom: the override of compute_loss has the wrong signature; expected compute_loss(Model&, "
+                      "Batch&) -> torch::Tensor or loom::ModelOutput (HF's return_outputs parameter has no place "
+                      "here: return a loom::ModelOutput holding the logits)");
+      else
+        static_assert(dependent_false_v<Self>,
+                      "loom: the override of compute_loss has the wrong signature; expected compute_loss(Model&, "
+                      "Batch&) -> torch::Tensor or loom::ModelOutput");
+      return std::type_identity<UnknownBatch>{};
+    } else if constexpr (requires { typename forward_arg<decltype(&Impl::forward)>::batch; } &&
+                         data::TensorAggregate<typename forward_arg<decltype(&Impl::forward)>::batch>) {
+      return std::type_identity<typename forward_arg<decltype(&Impl::forward)>::batch>{};
     } else {
       static_assert(dependent_false_v<Self>,
-                    "loom: cannot tell the batch type; declare compute_loss(Model&, Batch&) in your "
-                    "Trainer subclass, or `using batch_type = Batch;`");
-      return std::type_identity<void>{};
+                    "loom: cannot tell the batch type: the Trainer subclass has no compute_loss(Model&, Batch&) "
+                    "and the model's forward does not take a batch aggregate; declare compute_loss in the "
+                    "subclass, or `using batch_type = Batch;` there");
+      return std::type_identity<UnknownBatch>{};
     }
   }
   using type = typename decltype(pick())::type;

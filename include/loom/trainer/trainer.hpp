@@ -134,6 +134,8 @@ class Trainer {
 
   using precision_type = precision::PrecisionImpl<precision_policy>;
   using sharding_type = dist::ShardingImpl<sharding_policy>;
+  /// This base class, as the hooks' dispatch calls the defaults (`self.loom_trainer::name`).
+  using loom_trainer = Trainer;
 
   /// A trainer without datasets: evaluate(dataset) and predict(dataset) only.
   Trainer(TrainingArguments args, Model model) : args_(std::move(args)), model_(std::move(model)) {
@@ -172,7 +174,9 @@ class Trainer {
   /// Loss of one batch: the model's forward(batch), a tensor or an aggregate with `loss`.
   template <class Batch>
   auto compute_loss(Model& model, Batch& batch) {
-    if constexpr (requires { model->forward(batch); }) {
+    if constexpr (std::is_same_v<Batch, detail::UnknownBatch> || requires { &Self::compute_loss; }) {
+      return torch::Tensor{};  // reached only after a loom: error about the batch type or the override
+    } else if constexpr (requires { model->forward(batch); }) {
       using R = decltype(model->forward(batch));
       static_assert(LossResult<R>, "loom: the default compute_loss needs model->forward(batch) to return "
                                    "a loss tensor or an aggregate with a `loss` member; override compute_loss");
@@ -284,7 +288,7 @@ class Trainer {
     Metrics entry = logs;
     entry.set("epoch", state_.epoch);
     state_.append_log(entry);
-    callbacks_.template fire<event::on_log>(args_, state_, control_, entry);
+    fire<event::on_log>(entry);
   }
 
   /// Metrics from the concatenated predictions (default: none).
@@ -338,7 +342,7 @@ class Trainer {
     auto result = evaluation_loop<Batch>(loader, metric_key_prefix);
     engine_->end_forward_only();
     memory.stop(result.metrics);
-    callbacks_.template fire<event::on_predict>(args_, state_, control_, result.metrics);
+    fire<event::on_predict>(result.metrics);
     return result;
   }
 
@@ -403,6 +407,51 @@ class Trainer {
   Cb& callback() {
     return callbacks_.template get<Cb>();
   }
+
+  // ---- run-time callbacks (HF's add_callback / pop_callback / remove_callback) -----------
+
+  /// Adds a run-time callback, called after the compiled ones, in the order added.
+  void add_callback(std::shared_ptr<TrainerCallback> cb) { callbacks_.add(std::move(cb)); }
+  /// Adds a default-constructed `Cb` (a TrainerCallback subclass); for a compiled callback
+  /// type, switches it back on.
+  template <class Cb>
+  void add_callback() {
+    if constexpr (callbacks_type::template compiled<Cb>) {
+      callbacks_.template enable<Cb>(true);
+    } else {
+      static_assert(std::is_base_of_v<TrainerCallback, Cb>,
+                    "loom: add_callback<Cb>: Cb must derive from loom::TrainerCallback (or be a compiled callback)");
+      callbacks_.add(std::make_shared<Cb>());
+    }
+  }
+  /// Removes and returns the first run-time callback of type `Cb` (null when there is none).
+  template <class Cb>
+  std::shared_ptr<Cb> pop_callback() {
+    static_assert(std::is_base_of_v<TrainerCallback, Cb>,
+                  "loom: pop_callback<Cb>: only run-time callbacks (loom::TrainerCallback) can be popped; "
+                  "remove_callback<Cb>() switches a compiled one off");
+    return std::static_pointer_cast<Cb>(
+        callbacks_.pop_if([](const std::shared_ptr<TrainerCallback>& c) { return dynamic_cast<Cb*>(c.get()) != nullptr; }));
+  }
+  /// Removes `cb` and returns it (null when it is not there).
+  std::shared_ptr<TrainerCallback> pop_callback(const std::shared_ptr<TrainerCallback>& cb) {
+    return callbacks_.pop_if([&](const std::shared_ptr<TrainerCallback>& c) { return c == cb; });
+  }
+  /// Removes the first run-time callback of type `Cb`; for a compiled callback type (e.g.
+  /// ProgressCallback, the printer) switches it off.
+  template <class Cb>
+  void remove_callback() {
+    if constexpr (callbacks_type::template compiled<Cb>) callbacks_.template enable<Cb>(false);
+    else (void)pop_callback<Cb>();
+  }
+  /// Removes `cb`.
+  void remove_callback(const std::shared_ptr<TrainerCallback>& cb) { (void)pop_callback(cb); }
+  /// The run-time callbacks, in call order.
+  [[nodiscard]] const std::vector<std::shared_ptr<TrainerCallback>>& runtime_callbacks() const {
+    return callbacks_.dynamic();
+  }
+  /// What callbacks receive as HF's keyword arguments, as of now.
+  [[nodiscard]] const CallbackArgs& callback_args() const { return kwargs_; }
   /// The precision policy's state (fp16: the loss scaler).
   [[nodiscard]] precision_type& precision() { return *precision_; }
   /// Optimizer steps the fp16 scaler skipped in the last train().
@@ -445,28 +494,28 @@ class Trainer {
   template <class Eval>
   void add_eval_dataset(std::string name, Eval dataset) {
     using Batch = batch_type<Eval>;
-    static_assert(std::is_same_v<data::batch_t<Eval>, Batch>,
+    static_assert(std::is_same_v<data::batch_t<Eval>, Batch> || std::is_same_v<Batch, detail::UnknownBatch>,
                   "loom: the evaluation dataset yields another batch type than compute_loss takes");
     if (!data_) data_ = std::make_unique<datasets_type>();
     for (const auto& [known, unused] : data_->eval)
       check(known != name, "two evaluation datasets are named \"{}\"", name);
-    data_->eval.emplace_back(std::move(name), data::AnyDataset<Batch>(std::move(dataset)));
+    if constexpr (std::is_same_v<data::batch_t<Eval>, Batch>)
+      data_->eval.emplace_back(std::move(name), data::AnyDataset<Batch>(std::move(dataset)));
   }
 
   template <class Train>
   void init(Train train_dataset) {
     using Batch = batch_type<Train>;
-    static_assert(data::TensorAggregate<Batch>,
-                  "loom: the batch type must be an aggregate whose fields are torch::Tensor");
+    constexpr bool known = !std::is_same_v<Batch, detail::UnknownBatch>;  // else already an error
     if constexpr (!std::is_same_v<Train, NoTrainDataset>)
-      static_assert(std::is_same_v<data::batch_t<Train>, Batch>,
+      static_assert(std::is_same_v<data::batch_t<Train>, Batch> || !known,
                     "loom: the training dataset yields another batch type than compute_loss takes");
     static_assert(schedule::Schedule<scheduler_type>,
                   "loom: the scheduler does not provide the Schedule interface (schedule/schedule_decl.hpp)");
     if (!data_) data_ = std::make_unique<datasets_type>();
     auto up = start_up(args_, {sharding_policy::name, precision_policy::name, precision_policy::type_name,
                                schedule_policy::name, sharding_type::uses_comm}, !data_->eval.empty());
-    if constexpr (!std::is_same_v<Train, NoTrainDataset>) data_->train.emplace(std::move(train_dataset));
+    if constexpr (!std::is_same_v<Train, NoTrainDataset> && known) data_->train.emplace(std::move(train_dataset));
     world_ = up.world;
     device_ = up.device;
     state_.is_world_process_zero = world_.is_main();
@@ -480,7 +529,8 @@ class Trainer {
     detail::module_of(model_).to(device_);
     engine_->setup(detail::module_of(model_));
     steps_.emplace(*engine_, device_, sharding_type::owns_grads);
-    callbacks_.template fire<event::on_init_end>(args_, state_, control_);
+    kwargs_.model = &detail::module_of(model_);
+    fire<event::on_init_end>();
   }
 
   // The parts of a checkpoint that the policies and the loop own.
@@ -516,6 +566,10 @@ class Trainer {
     auto& module = detail::module_of(model_);
     steps_->reset(std::move(optimizer), *scheduler_, module.parameters());
     module.train();
+    kwargs_.optimizer = &steps_->optimizer();
+    kwargs_.lr_scheduler = &*scheduler_;
+    train_loader_info_ = {loader.size(), loader.num_examples(), loader.batch_size()};
+    kwargs_.train_dataloader = &train_loader_info_;
 
     loop_ = LoopState{};
     last_saved_step_ = -1;
@@ -540,7 +594,7 @@ class Trainer {
     in_train_ = true;
     PreemptionWatch preemption(engine_->comm(), device_);
     bool preempted = false;
-    callbacks_.template fire<event::on_train_begin>(args_, state_, control_);
+    fire<event::on_train_begin>();
     if (args_.eval_on_start) (void)evaluate();  // HF: without stepping ReduceLROnPlateau
 
     torch::Tensor grad_norm;
@@ -549,7 +603,7 @@ class Trainer {
     std::vector<int64_t> items;
     for (int64_t epoch = epochs_trained; epoch < plan.num_epochs; ++epoch) {
       loader.set_epoch(epoch);
-      callbacks_.template fire<event::on_epoch_begin>(args_, state_, control_);
+      fire<event::on_epoch_begin>();
       // Resuming mid-epoch starts at the first batch not yet trained; nothing before it is read.
       const int64_t first_update = epoch == epochs_trained ? batches_to_skip / ga : 0;
       int64_t step = first_update * ga - 1;
@@ -573,7 +627,7 @@ class Trainer {
         engine_->begin_group(group_items, device_);
         for (int64_t i = 0; i < count; ++i) {
           ++step;
-          if (step % ga == 0) callbacks_.template fire<event::on_step_begin>(args_, state_, control_);
+          if (step % ga == 0) fire<event::on_step_begin>();
           const double divisor = group_items > 0 ? static_cast<double>(group_items) / static_cast<double>(items[i])
                                                  : static_cast<double>(count);
           engine_->begin_micro_step(i + 1 == count);
@@ -585,27 +639,27 @@ class Trainer {
             const auto& params = steps_->params();
             precision_->unscale(params);
             grad_norm = steps_->clip(params, precision_->found_inf(), args_.max_grad_norm);
-            callbacks_.template fire<event::on_pre_optimizer_step>(args_, state_, control_);
+            fire<event::on_pre_optimizer_step>();
             settle_skip();
             last_lr = scheduler_->current_lr();
             steps_->step(last_lr, precision_->found_inf());
-            callbacks_.template fire<event::on_optimizer_step>(args_, state_, control_);
+            fire<event::on_optimizer_step>();
             precision_->update();
             steps_->after_update(precision_->found_inf());
             steps_->finish();
             state_.global_step += 1;
             state_.epoch = static_cast<double>(epoch) + static_cast<double>(step + 1) / static_cast<double>(len);
-            callbacks_.template fire<event::on_step_end>(args_, state_, control_);
+            fire<event::on_step_end>();
             maybe_log_save_evaluate<Batch>(grad_norm, last_lr);
             if (preemption.should_stop()) preempted = control_.should_training_stop = true;
           } else {
-            callbacks_.template fire<event::on_substep_end>(args_, state_, control_);
+            fire<event::on_substep_end>();
           }
           if (control_.should_epoch_stop || control_.should_training_stop) break;
         }
         if (control_.should_epoch_stop || control_.should_training_stop) break;
       }
-      callbacks_.template fire<event::on_epoch_end>(args_, state_, control_);
+      fire<event::on_epoch_end>();
       maybe_log_save_evaluate<Batch>(grad_norm, last_lr);
       if (control_.should_training_stop) break;
     }
@@ -632,7 +686,7 @@ class Trainer {
     memory.stop(out.metrics);
     call_hook<hook::log>(self(), std::as_const(out.metrics));
     out.metrics.set("epoch", state_.epoch);
-    callbacks_.template fire<event::on_train_end>(args_, state_, control_);
+    fire<event::on_train_end>();
     save_state();
     save_metrics("train", out.metrics);
     return out;
@@ -645,6 +699,12 @@ class Trainer {
     steps_->settle_skip();
     if constexpr (precision::ScalesLoss<precision_type>)
       if (steps_->skipped_steps() != before) precision_->check_scale_floor(steps_->skipped_steps(), state_.global_step);
+  }
+
+  // Fires `Event` on every callback with HF's keyword arguments (and the event's extra).
+  template <class Event, class... X>
+  void fire(const X&... x) {
+    callbacks_.template fire<Event>(args_, state_, control_, kwargs_, x...);
   }
 
   // The stateful callbacks' states and the TrainerControl flags, as trainer_state.json keeps them.
@@ -694,7 +754,7 @@ class Trainer {
     record_callback_states();
     checkpointer_->save(state_, *steps_, checkpoint_parts());
     last_saved_step_ = state_.global_step;
-    callbacks_.template fire<event::on_save>(args_, state_, control_);
+    fire<event::on_save>();
   }
 
   // The end of a run stopped by a signal: a checkpoint of this step (unless one was just
@@ -702,7 +762,7 @@ class Trainer {
   [[noreturn]] void stop_for_preemption(int signal) {
     if (last_saved_step_ != state_.global_step) save_checkpoint();
     in_train_ = false;
-    callbacks_.template fire<event::on_train_end>(args_, state_, control_);
+    fire<event::on_train_end>();
     save_state();
     throw Preempted(signal, state_.global_step,
                     checkpoint::checkpoint_dir(args_.output_dir, state_.global_step).string());
@@ -732,7 +792,7 @@ class Trainer {
     memory.stop(metrics);
     call_hook<hook::log>(self(), std::as_const(metrics));
     metrics.set("epoch", state_.epoch);  // HF's log() adds it to the caller's metrics
-    callbacks_.template fire<event::on_evaluate>(args_, state_, control_, metrics);
+    fire<event::on_evaluate>(metrics);
     return metrics;
   }
 
@@ -748,6 +808,8 @@ class Trainer {
     const auto start = std::chrono::steady_clock::now();
     torch::NoGradGuard no_grad;
     EvalAccumulator acc(args_, world_, *engine_, device_, loader.size());
+    eval_loader_info_ = {loader.size(), loader.num_examples(), loader.batch_size()};
+    kwargs_.eval_dataloader = &eval_loader_info_;
     for (int64_t k = 0; k < acc.rounds(); ++k) {
       const auto b = acc.batch_of(k);
       if (!b) {
@@ -763,7 +825,7 @@ class Trainer {
       const int64_t n = data::batch_rows(batch);
       acc.add(call_hook<hook::prediction_step>(self(), model_, batch), n);
       acc.end_round(k);
-      callbacks_.template fire<event::on_prediction_step>(args_, state_, control_);
+      fire<event::on_prediction_step>();
     }
     PredictResult result = acc.finish();
     Metrics raw;
@@ -794,6 +856,8 @@ class Trainer {
   bool in_train_ = false;
   int64_t last_saved_step_ = -1;  // global_step of the last checkpoint this run saved
   nlohmann::json resumed_loop_state_;  // the checkpoint's loop_state.json, for the resume warning
+  CallbackArgs kwargs_;                 // what callbacks get as HF's keyword arguments
+  LoaderInfo train_loader_info_, eval_loader_info_;
 };
 
 /// A Trainer with no overrides.
