@@ -1,50 +1,84 @@
 # Finds what loom::loom needs and defines one imported target per dependency, so the
 # build tree and an installed loomConfig.cmake resolve the same names.
 #
-#   Torch        find_package(Torch): from -DTorch_DIR, CMAKE_PREFIX_PATH, or the
-#                project venv (torch.utils.cmake_prefix_path), in that order.
+#   Torch        find_package(Torch): from -DTorch_DIR, CMAKE_PREFIX_PATH, or a Python with
+#                torch (torch.utils.cmake_prefix_path): LOOM_PYTHON, else the project venv
+#                (a source checkout), else python3 on the PATH, in that order.
 #   Boost.PFR    header-only, from the PyPI boost-headers package (>= 1.84 for names).
 #   nlohmann     Debian nlohmann-json3-dev.
 #   {fmt}        torch's bundled copy, header-only (docs/dependencies.md says why).
 
 include_guard(GLOBAL)
 
+# --- a Python that may know where torch and boost-headers are ------------------------------
+# Nothing here is a path of the machine loom was built on: an installed loomConfig.cmake
+# includes this file and must work on the consumer's machine, from wherever the prefix lies.
+set(_loom_python "${LOOM_PYTHON}")
+if(NOT _loom_python AND DEFINED ENV{LOOM_PYTHON})
+  set(_loom_python "$ENV{LOOM_PYTHON}")
+endif()
+if(NOT _loom_python AND EXISTS "${CMAKE_CURRENT_LIST_DIR}/../.venv/bin/python")
+  set(_loom_python "${CMAKE_CURRENT_LIST_DIR}/../.venv/bin/python")
+endif()
+if(NOT _loom_python)
+  find_program(_loom_python NAMES python3 python NO_CACHE)
+endif()
+
+# Runs `import <module>; print(<expression>)` with that Python; <out> is empty on failure.
+function(_loom_python_print out module expression)
+  set(${out} "" PARENT_SCOPE)
+  if(_loom_python)
+    execute_process(COMMAND "${_loom_python}" -c "import ${module}; print(${expression})"
+                    OUTPUT_VARIABLE _value OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _rc ERROR_QUIET)
+    if(_rc EQUAL 0)
+      set(${out} "${_value}" PARENT_SCOPE)
+    endif()
+  endif()
+endfunction()
+
 # --- Torch -------------------------------------------------------------------------------
 if(NOT Torch_DIR AND NOT TARGET torch)
-  set(_loom_python "${LOOM_PYTHON}")
-  if(NOT _loom_python AND EXISTS "${CMAKE_CURRENT_LIST_DIR}/../.venv/bin/python")
-    set(_loom_python "${CMAKE_CURRENT_LIST_DIR}/../.venv/bin/python")
-  endif()
-  if(_loom_python)
-    execute_process(
-      COMMAND "${_loom_python}" -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
-      OUTPUT_VARIABLE _loom_torch_prefix OUTPUT_STRIP_TRAILING_WHITESPACE
-      RESULT_VARIABLE _loom_rc ERROR_QUIET)
-    if(_loom_rc EQUAL 0 AND _loom_torch_prefix)
-      list(APPEND CMAKE_PREFIX_PATH "${_loom_torch_prefix}")
-    endif()
+  _loom_python_print(_loom_torch_prefix torch.utils "torch.utils.cmake_prefix_path")
+  if(_loom_torch_prefix)
+    list(APPEND CMAKE_PREFIX_PATH "${_loom_torch_prefix}")
   endif()
 endif()
 if(NOT TARGET torch)
-  find_package(Torch REQUIRED)
+  # torch's cuda.cmake (run by TorchConfig when torch was built with CUDA and a CUDA toolkit
+  # is found) copies CMAKE_CXX_STANDARD into an unset CMAKE_CUDA_STANDARD, enables CUDA and
+  # compiles a probe. A consumer with set(CMAKE_CXX_STANDARD 20) thus asks nvcc for the
+  # dialect CUDA20, for which CMake before 3.25.2 has no flag ("requires the language dialect
+  # CUDA20 ... CMake does not know the flags to enable it"), and nvcc before 12 none at all.
+  # loom compiles no CUDA code and torch's CUDA headers are C++17, so the probe runs as C++17;
+  # the caller's CMAKE_CUDA_STANDARD is then unset again, as it was, so its own CUDA targets
+  # follow its own settings. A CMAKE_CUDA_STANDARD the caller set is left alone.
+  set(_loom_pinned_cuda_standard OFF)
+  if(NOT DEFINED CMAKE_CUDA_STANDARD)
+    set(CMAKE_CUDA_STANDARD 17)
+    set(_loom_pinned_cuda_standard ON)
+  endif()
+  find_package(Torch QUIET)
+  if(_loom_pinned_cuda_standard)
+    unset(CMAKE_CUDA_STANDARD)
+  endif()
+  if(NOT Torch_FOUND)
+    message(FATAL_ERROR "loom: libtorch not found. Pass -DTorch_DIR=<libtorch>/share/cmake/Torch, add it to "
+                        "CMAKE_PREFIX_PATH, or pass -DLOOM_PYTHON=<a python with torch installed>")
+  endif()
 endif()
 
 # --- Boost.PFR -----------------------------------------------------------------------------
 if(NOT TARGET loom::boost_pfr)
   set(_loom_pfr_hints "${LOOM_PFR_INCLUDE_DIR}")
-  if(_loom_python)
-    execute_process(
-      COMMAND "${_loom_python}" -c "import boost_headers; print(boost_headers.get_include())"
-      OUTPUT_VARIABLE _loom_pfr_py OUTPUT_STRIP_TRAILING_WHITESPACE
-      RESULT_VARIABLE _loom_rc ERROR_QUIET)
-    if(_loom_rc EQUAL 0)
-      list(APPEND _loom_pfr_hints "${_loom_pfr_py}")
-    endif()
+  if(NOT LOOM_PFR_INCLUDE_DIR)
+    _loom_python_print(_loom_pfr_py boost_headers "boost_headers.get_include()")
+    list(APPEND _loom_pfr_hints "${_loom_pfr_py}")
   endif()
   find_path(LOOM_PFR_INCLUDE_DIR boost/pfr/core_name.hpp HINTS ${_loom_pfr_hints}
             DOC "folder holding boost/pfr.hpp (Boost >= 1.84)")
   if(NOT LOOM_PFR_INCLUDE_DIR)
-    message(FATAL_ERROR "loom: Boost.PFR >= 1.84 not found; pip install boost-headers or set LOOM_PFR_INCLUDE_DIR")
+    message(FATAL_ERROR "loom: Boost.PFR >= 1.84 not found; pip install boost-headers (into the Python "
+                        "LOOM_PYTHON names) or set LOOM_PFR_INCLUDE_DIR")
   endif()
   add_library(loom::boost_pfr INTERFACE IMPORTED GLOBAL)
   set_target_properties(loom::boost_pfr PROPERTIES

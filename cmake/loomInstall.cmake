@@ -7,9 +7,9 @@ install(TARGETS loom EXPORT loomTargets FILE_SET HEADERS DESTINATION ${CMAKE_INS
 install(TARGETS loom_compiled EXPORT loomTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(EXPORT loomTargets NAMESPACE loom:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/loom)
 
-# Hints recorded at build time; a consumer can override any of them.
-set(LOOM_CONFIG_PFR_INCLUDE_DIR "${LOOM_PFR_INCLUDE_DIR}")
-set(LOOM_CONFIG_TORCH_DIR "${Torch_DIR}")
+# No path of this machine goes into the installed files (the consumer test checks it): the
+# config finds the dependencies where the consumer is. Only torch's version is recorded.
+set(LOOM_CONFIG_TORCH_VERSION "${Torch_VERSION}")
 configure_package_config_file(cmake/loomConfig.cmake.in
   "${CMAKE_CURRENT_BINARY_DIR}/loomConfig.cmake"
   INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/loom)

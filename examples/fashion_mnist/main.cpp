@@ -3,7 +3,8 @@
 //
 //   build/examples/fashion_mnist                      # the defaults below
 //   build/examples/fashion_mnist --max_steps 50 --learning_rate 3e-4 --output_dir /tmp/run
-//   build/examples/fashion_mnist --help               # every flag
+//   build/examples/fashion_mnist --help               # every flag, with its description
+//   build/examples/fashion_mnist args.json --seed 1   # settings from a JSON file, then flags
 //   .venv/bin/torchrun --nproc_per_node=2 --no-python build/examples/fashion_mnist --sharding zero2
 //
 // The model has no batch-dependent layer (no BatchNorm) and no dropout, so runs whose
@@ -17,11 +18,19 @@
 #include <filesystem>
 #include <string>
 
-/// Flags of this example, beside every TrainingArguments flag.
+/// Flags of this example, beside every TrainingArguments flag; --help shows them under
+/// "example", with these descriptions.
 struct ExampleArguments {
-  std::string data_dir = "/usr/share/datasets/fashion-mnist";  ///< folder with the four IDX .gz files
-  std::optional<int64_t> max_train_samples;  ///< use only the first N training images
-  std::optional<int64_t> max_eval_samples;   ///< use only the first N test images
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::optional<int64_t> max_train_samples;
+  std::optional<int64_t> max_eval_samples;
+
+  static constexpr loom::FieldHelp field_help[] = {
+      {"data_dir", "folder with the four IDX .gz files"},
+      {"max_train_samples", "use only the first N training images"},
+      {"max_eval_samples", "use only the first N test images"},
+  };
+  static constexpr std::string_view help_heading = "example";
 };
 
 /// One batch (and, row by row, one example).

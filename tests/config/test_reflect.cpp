@@ -9,7 +9,10 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <map>
 #include <optional>
+#include <regex>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -42,6 +45,32 @@ struct ModelArgs {
 // Shares the field name `seed` with TrainingArguments.
 struct Clashing {
   int64_t seed = 0;
+};
+
+// Descriptions and a heading as static members (config/field_help.hpp, way 1); `vocab` has none.
+struct DescribedArgs {
+  std::string tokenizer = "bpe";
+  int64_t vocab = 100;
+  std::optional<double> dropout;
+  static constexpr loom::FieldHelp field_help[] = {
+      {"dropout", "dropout probability (none: the model's own)"},
+      {"tokenizer", "which tokenizer to load"},
+  };
+  static constexpr std::string_view help_heading = "model arguments";
+};
+
+// Descriptions through a function found by ADL (way 2); the heading is the struct's name.
+struct DataArgs {
+  std::string data_dir = "data";
+  bool streaming = false;
+};
+inline constexpr loom::FieldHelp data_args_help[] = {{"data_dir", "folder of the training files"},
+                                                      {"streaming", "read the files lazily"}};
+constexpr std::span<const loom::FieldHelp> field_help(loom::HelpFor<DataArgs>) { return data_args_help; }
+
+template <class T>
+struct Wrapped {
+  T inner{};
 };
 
 std::vector<std::string> argv_of(std::initializer_list<const char*> tokens) {
@@ -78,6 +107,8 @@ struct TempDir {
 }  // namespace reflect_test
 
 using reflect_test::AllTypes;
+using reflect_test::DataArgs;
+using reflect_test::DescribedArgs;
 using reflect_test::ModelArgs;
 using reflect_test::parse;
 using reflect_test::parse_one;
@@ -241,6 +272,76 @@ TEST_CASE("help_text: several structs list all their fields") {
   CHECK(help.find("\n  --seed <int>  (default: 42)\n") != std::string::npos);
 }
 
+TEST_CASE("help_text: each struct under its heading, descriptions under their flags") {
+  const std::string help = loom::help_text<loom::TrainingArguments, DescribedArgs, DataArgs, ModelArgs>("run");
+  CHECK(help.starts_with("usage: run [--help] [settings.json] [--name value ...]\n"));
+
+  // Headings in the order of the structs, each followed by its own fields only.
+  const auto training = help.find("\nTrainingArguments:\n  --output_dir <string>");
+  const auto described = help.find("\nmodel arguments:\n  --tokenizer <string>  (default: bpe)\n");
+  const auto data = help.find("\nDataArgs:\n  --data_dir <string>  (default: data)\n");
+  const auto model = help.find("\nModelArgs:\n  --model_name <string>  (default: gpt2)\n");
+  REQUIRE(training != std::string::npos);
+  REQUIRE(described != std::string::npos);
+  REQUIRE(data != std::string::npos);
+  REQUIRE(model != std::string::npos);
+  CHECK(training < described);
+  CHECK(described < data);
+  CHECK(data < model);
+  const auto seed = help.find("\n  --seed <int>");
+  CHECK((training < seed && seed < described));
+  const auto streaming = help.find("\n  --streaming <bool>");
+  CHECK((data < streaming && streaming < model));
+
+  // Member table, in any order; a field without an entry gets no description line.
+  CHECK(help.find("  --tokenizer <string>  (default: bpe)\n      which tokenizer to load\n") != std::string::npos);
+  CHECK(help.find("  --vocab <int>  (default: 100)\n  --dropout <float>  (default: none)\n"
+                  "      dropout probability (none: the model's own)\n") != std::string::npos);
+  // ADL table.
+  CHECK(help.find("  --data_dir <string>  (default: data)\n      folder of the training files\n"
+                  "  --streaming <bool>  (default: false)\n      read the files lazily\n") != std::string::npos);
+  // No table at all.
+  CHECK(help.find("  --model_name <string>  (default: gpt2)\n  --hidden_size <int>") != std::string::npos);
+  // TrainingArguments' own.
+  CHECK(help.find("\n  --learning_rate <float>  (default: 5e-05)\n      peak learning rate\n") != std::string::npos);
+  CHECK(help.find("\n  --sharding <string>  (default: no)\n      no | ddp | zero1 | zero2 | full_shard\n") !=
+        std::string::npos);
+}
+
+TEST_CASE("help headings: help_heading, else the struct's name without namespaces") {
+  static_assert(loom::detail::help_heading<loom::TrainingArguments>() == "TrainingArguments");
+  static_assert(loom::detail::help_heading<ModelArgs>() == "ModelArgs");
+  static_assert(loom::detail::help_heading<DescribedArgs>() == "model arguments");
+  static_assert(loom::detail::help_heading<reflect_test::Wrapped<reflect_test::DataArgs>>() ==
+                "Wrapped<reflect_test::DataArgs>");
+  struct Local {
+    int x = 0;
+  };
+  CHECK(loom::detail::help_heading<Local>().ends_with("Local"));
+}
+
+TEST_CASE("TrainingArguments: every field has a description, the same as its ///< comment") {
+  // The header is the one place a reader looks; --help must say the same.
+  std::ifstream in(std::filesystem::path(LOOM_SOURCE_DIR) / "include/loom/config/training_arguments.hpp");
+  REQUIRE(in);
+  std::map<std::string, std::string> comments;
+  const std::regex field_line(R"(^\s*[\w:<>]+\s+(\w+)(\s*=[^;]*)?;\s*///<\s*(.*\S)\s*$)");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (std::regex_match(line, m, field_line)) comments[m[1]] = m[3];
+  }
+  constexpr auto names = boost::pfr::names_as_array<loom::TrainingArguments>();
+  constexpr auto descriptions = loom::detail::field_descriptions<loom::TrainingArguments>();
+  CHECK(comments.size() == names.size());
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    INFO("field " << names[i]);
+    CHECK_FALSE(descriptions[i].empty());
+    CHECK(comments[std::string(names[i])] == descriptions[i]);
+  }
+  CHECK(loom::field_help(loom::HelpFor<loom::TrainingArguments>{}).size() == names.size());
+}
+
 // ---- command line: errors -------------------------------------------------------------------
 
 TEST_CASE("parse_args errors: unknown flag") {
@@ -347,6 +448,27 @@ TEST_CASE("parse_args: a field name shared by two structs is rejected at compile
   static_assert(loom::detail::field_names_unique<ModelArgs, loom::TrainingArguments>());
   static_assert(!loom::detail::field_names_unique<reflect_test::Clashing, loom::TrainingArguments>());
   CHECK(loom::detail::field_names_unique<ModelArgs, AllTypes>());
+  // The clash found names the field and both structs (tests/compile_fail/args_flag_twice.cpp
+  // shows the message): `seed` is field 0 of Clashing (type 1) and a field of TrainingArguments (type 2).
+  constexpr auto clash = loom::detail::find_name_clash<ModelArgs, reflect_test::Clashing, loom::TrainingArguments>();
+  static_assert(clash.found && clash.first_type == 1 && clash.first_field == 0 && clash.second_type == 2);
+  static_assert(!loom::detail::find_name_clash<ModelArgs, DataArgs, DescribedArgs, loom::TrainingArguments>().found);
+  // The name as the compiler shows it.
+  static_assert(std::is_same_v<loom::detail::spelled<loom::detail::FieldNameOf<reflect_test::Clashing, 0>>,
+                               loom::detail::Name<'s', 'e', 'e', 'd'>>);
+}
+
+TEST_CASE("parse_args: four structs at once, each flag to its own struct") {
+  const auto r = parse<loom::TrainingArguments, ModelArgs, DescribedArgs, DataArgs>(
+      {"--seed", "3", "--hidden_size", "7", "--dropout", "0.1", "--streaming", "--data_dir=/d"});
+  REQUIRE_FALSE(r.help);
+  const auto& [training, model, described, data] = r.values;
+  CHECK(training.seed == 3);
+  CHECK(model.hidden_size == 7);
+  CHECK(described.dropout == std::optional<double>(0.1));
+  CHECK(described.tokenizer == "bpe");
+  CHECK(data.streaming);
+  CHECK(data.data_dir == "/d");
 }
 
 TEST_CASE("parse_args(argc, argv): one type gives T, several give a tuple") {
@@ -515,6 +637,127 @@ TEST_CASE("load_json errors name the path") {
   CHECK_THROWS_WITH_AS(loom::load_json<loom::TrainingArguments>(unknown),
                        ("loom: " + unknown.string() + ": unknown JSON key 'sead'; did you mean 'seed'?").c_str(),
                        loom::Error);
+}
+
+// ---- JSON settings for several structs: parse_json_file and `program args.json` --------
+
+namespace {
+std::filesystem::path write_text(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  return path;
+}
+}  // namespace
+
+TEST_CASE("parse_json_file: one object of settings for several structs") {
+  reflect_test::TempDir dir;
+  const auto path = write_text(dir.path / "args.json",
+                               R"({"learning_rate": 0.001, "model_name": "llama", "streaming": true,
+                                   "eval_steps": null, "hidden_size": 256})");
+  const auto [training, model, data] = loom::parse_json_file<loom::TrainingArguments, ModelArgs, DataArgs>(path);
+  CHECK(training.learning_rate == 0.001);
+  CHECK_FALSE(training.eval_steps.has_value());
+  CHECK(training.seed == 42);  // not in the file: the default
+  CHECK(model.model_name == "llama");
+  CHECK(model.hidden_size == 256);
+  CHECK(data.streaming);
+  CHECK(data.data_dir == "data");
+
+  // One type gives the struct itself, as parse_args does.
+  const auto one = loom::parse_json_file<DataArgs>(write_text(dir.path / "data.json", R"({"data_dir": "x"})"));
+  static_assert(std::is_same_v<std::remove_cv_t<decltype(one)>, DataArgs>);
+  CHECK(one.data_dir == "x");
+}
+
+TEST_CASE("parse_json_file errors name the file, with the nearest key of any struct") {
+  reflect_test::TempDir dir;
+  using TA = loom::TrainingArguments;
+  const auto typo = write_text(dir.path / "typo.json", R"({"learning_rate": 0.1, "hiden_size": 3})");
+  CHECK_THROWS_WITH_AS((loom::parse_json_file<TA, ModelArgs>(typo)),
+                       ("loom: " + typo.string() + ": unknown JSON key 'hiden_size'; did you mean 'hidden_size'?").c_str(),
+                       loom::Error);
+  // The key exists, but not in the structs parsed.
+  const auto other = write_text(dir.path / "other.json", R"({"hidden_size": 3, "learning_rate": 0.1})");
+  CHECK_THROWS_WITH_AS((loom::parse_json_file<ModelArgs>(other)),
+                       ("loom: " + other.string() + ": unknown JSON key 'learning_rate'").c_str(), loom::Error);
+  const auto wrong = write_text(dir.path / "wrong.json", R"({"tie_weights": "yes"})");
+  CHECK_THROWS_WITH_AS((loom::parse_json_file<TA, ModelArgs>(wrong)),
+                       ("loom: " + wrong.string() + ": JSON key 'tie_weights' expects true/false, got \"yes\"").c_str(),
+                       loom::Error);
+  const auto twice = write_text(dir.path / "twice.json", R"({"seed": 1, "seed": 2})");
+  try {
+    (void)loom::parse_json_file<TA, ModelArgs>(twice);
+    FAIL("no error for a key given twice");
+  } catch (const loom::Error& e) {
+    CHECK(std::string(e.what()).starts_with("loom: " + twice.string() + ": key 'seed' appears twice"));
+  }
+  const auto list = write_text(dir.path / "list.json", "[1]");
+  CHECK_THROWS_WITH_AS((loom::parse_json_file<TA, ModelArgs>(list)),
+                       ("loom: " + list.string() + ": expected a JSON object of settings, got an array").c_str(),
+                       loom::Error);
+  const auto missing = dir.path / "missing.json";
+  CHECK_THROWS_WITH_AS((loom::parse_json_file<TA, ModelArgs>(missing)),
+                       ("loom: cannot open " + missing.string() + " (missing or unreadable)").c_str(), loom::Error);
+}
+
+TEST_CASE("parse_args: a first argument ending in .json is read before the flags") {
+  reflect_test::TempDir dir;
+  const std::string path =
+      write_text(dir.path / "args.json", R"({"learning_rate": 0.5, "seed": 9, "model_name": "from_file"})").string();
+
+  SUBCASE("the file alone (HF's `python train.py args.json`)") {
+    const std::vector<std::string> args = {path};
+    const auto r = loom::try_parse_args<loom::TrainingArguments, ModelArgs>(args);
+    const auto& [training, model] = r.values;
+    CHECK(training.learning_rate == 0.5);
+    CHECK(training.seed == 9);
+    CHECK(model.model_name == "from_file");
+    CHECK(model.hidden_size == 64);
+  }
+  SUBCASE("flags after the file override it") {
+    const std::vector<std::string> args = {path, "--seed", "1", "--hidden_size=8"};
+    const auto r = loom::try_parse_args<loom::TrainingArguments, ModelArgs>(args);
+    const auto& [training, model] = r.values;
+    CHECK(training.learning_rate == 0.5);
+    CHECK(training.seed == 1);
+    CHECK(model.model_name == "from_file");
+    CHECK(model.hidden_size == 8);
+  }
+  SUBCASE("over given defaults, through argc/argv") {
+    loom::TrainingArguments defaults;
+    defaults.output_dir = "mine";
+    const std::string program = "train";
+    const char* argv[] = {program.c_str(), path.c_str(), "--max_steps", "3"};
+    const auto [training, model] = loom::parse_args(4, argv, defaults, ModelArgs{});
+    CHECK(training.output_dir == "mine");
+    CHECK(training.seed == 9);
+    CHECK(training.max_steps == 3);
+    CHECK(model.model_name == "from_file");
+  }
+  SUBCASE("errors") {
+    const std::string typo = write_text(dir.path / "typo.json", R"({"sead": 1})").string();
+    CHECK_THROWS_WITH_AS((loom::try_parse_args<loom::TrainingArguments, ModelArgs>(std::vector<std::string>{typo})),
+                         ("loom: " + typo + ": unknown JSON key 'sead'; did you mean 'seed'?").c_str(), loom::Error);
+    // Only first: after a flag it is a stray argument.
+    CHECK_THROWS_WITH_AS(
+        (loom::try_parse_args<loom::TrainingArguments>(std::vector<std::string>{"--seed", "1", path})),
+        ("loom: unexpected argument '" + path + "'; a JSON settings file must be the first argument, before the flags")
+            .c_str(),
+        loom::Error);
+    CHECK_THROWS_WITH_AS((loom::try_parse_args<loom::TrainingArguments, ModelArgs>(std::vector<std::string>{path, path})),
+                         ("loom: unexpected argument '" + path +
+                          "'; a JSON settings file must be the first argument, before the flags")
+                             .c_str(),
+                         loom::Error);
+    // --help wins, and reads no file.
+    CHECK(loom::try_parse_args<loom::TrainingArguments>(std::vector<std::string>{"missing.json", "-h"}).help);
+    // Not a settings file: a flag's value, or a name that only contains .json.
+    CHECK(std::get<0>(loom::try_parse_args<loom::TrainingArguments>(std::vector<std::string>{"--output_dir", "x.json"})
+                          .values)
+              .output_dir == "x.json");
+    CHECK_THROWS_WITH_AS(loom::try_parse_args<loom::TrainingArguments>(std::vector<std::string>{"a.json.bak"}),
+                         "loom: unexpected argument 'a.json.bak'; flags look like --name value", loom::Error);
+  }
 }
 
 // ---- nearest name -------------------------------------------------------------------------

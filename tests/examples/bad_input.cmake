@@ -306,6 +306,11 @@ bad_case(max_steps_twice EXPECT "--max_steps given twice$"
          ARGS --max_steps 5 --max_steps 6)
 bad_case(bool_bad_value EXPECT "--fp16 expects true/false, got 'maybe'$"
          ARGS --fp16 maybe)
+# A JSON settings file first (HF's `python train.py args.json`), with a typo in a key.
+file(WRITE "${OUT}/typo_settings.json" "{\"max_steps\": 2, \"learnng_rate\": 0.001}\n")
+bad_case(settings_file_typo NO_OUTPUT_DIR
+         EXPECT "typo_settings.json: unknown JSON key 'learnng_rate'. did you mean 'learning_rate'\\?$"
+         ARGS "${OUT}/typo_settings.json" --output_dir RUN)
 
 # Files: data, weights, checkpoints.
 bad_case(data_dir_missing EXPECT "dataset file /nonexistent/train-images-idx3-ubyte.gz does not exist$"

@@ -8,15 +8,21 @@
 // non-aggregate is a compile error whose message starts with "loom:".
 //
 // Command line (one or several structs at once, as HfArgumentParser((A, B))):
+//   auto [args, model_args] = loom::parse_args<loom::TrainingArguments, ModelArgs>(argc, argv);
 //   --name value   --name=value   --name-with-dashes value (dashes read as underscores)
 //   bool fields may be bare: `--fp16` means true; `--fp16 false` (or true/1/0/yes/no/on/off/
 //   t/f/y/n, any case) sets the value; a bare bool followed by another --flag is true.
 //   optional fields: a value sets them, `none` or `None` resets them to nullopt.
-//   --help or -h anywhere asks for help. No positional arguments.
-//   A field name present in two of the structs parsed together is a compile error, and so is
-//   a field named `help`.
+//   A first argument ending in .json is a JSON object of settings for all the structs (HF's
+//   `python train.py args.json`), read before the flags, which override it. No other
+//   positional arguments.
+//   --help or -h anywhere asks for help: each struct's flags under its own heading, with the
+//   descriptions of config/field_help.hpp.
+//   A field name present in two of the structs parsed together is a compile error naming the
+//   field and both structs, and so is a field named `help`.
 
 #include <loom/config/error.hpp>
+#include <loom/config/field_help.hpp>
 #include <loom/config/meta.hpp>
 #include <loom/config/inline.hpp>
 #include <loom/config/json.hpp>
@@ -27,9 +33,11 @@
 
 #include <array>
 #include <charconv>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <iterator>
 #include <optional>
 #include <span>
 #include <string>
@@ -112,30 +120,212 @@ constexpr void check_reflectable() {
                 "number, std::string, or std::optional of one of those (and not const)");
 }
 
+// A name spelled as a type, so that the compiler's message shows it: a template argument
+// Name<'s', 'e', 'e', 'd'> reads the same in g++ and clang++.
+template <char... C>
+struct Name {};
+
+template <class Source, std::size_t... I>
+Name<Source::value[I]...> spell(std::index_sequence<I...>);
+/// Name<...> for the string_view Source::value.
+template <class Source>
+using spelled = decltype(spell<Source>(std::make_index_sequence<Source::value.size()>{}));
+
+template <class T, std::size_t Field>
+struct FieldNameOf {
+  static constexpr std::string_view value = boost::pfr::get_name<Field, T>();
+};
+
+// Instantiated only for a clash; the template arguments are what the message is about.
+template <class Flag, class First, class Second>
+struct flag_defined_by_two_structs {
+  static_assert(dependent_false_v<First>,
+                "loom: a flag is defined by two structs parsed together (the flag and the two structs are "
+                "the template arguments of flag_defined_by_two_structs above); rename one of the fields");
+};
+
+// Where a field name first appears in two structs of the pack.
+struct NameClash {
+  bool found = false;
+  std::size_t first_type = 0, first_field = 0, second_type = 0;
+};
+
 template <class... Ts>
-consteval bool field_names_unique() {
+consteval NameClash find_name_clash() {
   constexpr std::size_t total = (boost::pfr::tuple_size_v<Ts> + ... + 0);
-  std::array<std::string_view, total> all{};
-  std::size_t k = 0;
+  std::array<std::string_view, total> names{};
+  std::array<std::size_t, total> type_of{}, field_of{};
+  std::size_t k = 0, t = 0;
   (
       [&] {
-        for (std::string_view name : boost::pfr::names_as_array<Ts>()) all[k++] = name;
+        std::size_t f = 0;
+        for (std::string_view name : boost::pfr::names_as_array<Ts>()) {
+          names[k] = name;
+          type_of[k] = t;
+          field_of[k++] = f++;
+        }
+        ++t;
       }(),
       ...);
   for (std::size_t i = 0; i < total; ++i)
     for (std::size_t j = i + 1; j < total; ++j)
-      if (all[i] == all[j]) return false;
-  return true;
+      if (names[i] == names[j]) return {true, type_of[i], field_of[i], type_of[j]};
+  return {};
+}
+
+/// True when no field name appears in two of Ts.
+template <class... Ts>
+consteval bool field_names_unique() {
+  return !find_name_clash<Ts...>().found;
+}
+
+template <class... Ts>
+constexpr void check_no_flag_twice() {
+  constexpr NameClash clash = find_name_clash<Ts...>();
+  if constexpr (clash.found) {
+    using First = std::tuple_element_t<clash.first_type, std::tuple<Ts...>>;
+    using Second = std::tuple_element_t<clash.second_type, std::tuple<Ts...>>;
+    (void)sizeof(flag_defined_by_two_structs<spelled<FieldNameOf<First, clash.first_field>>, First, Second>);
+  }
+}
+
+// ---- descriptions and headings for --help (config/field_help.hpp) ---------------------------
+
+void field_help() = delete;  // field_help(HelpFor<T>) is found by ADL only
+
+template <class T>
+concept has_member_field_help = requires { std::size(T::field_help); };
+template <class T>
+concept has_adl_field_help = requires { std::size(field_help(HelpFor<T>{})); };
+template <class T>
+concept has_help_heading = requires {
+  { T::help_heading } -> std::convertible_to<std::string_view>;
+};
+
+// T's table as T gives it (a member array, or what field_help(HelpFor<T>) returns).
+template <class T>
+constexpr decltype(auto) field_help_source() {
+  if constexpr (has_member_field_help<T>) return (T::field_help);
+  else return field_help(HelpFor<T>{});
+}
+
+template <class T>
+consteval std::size_t field_help_count() {
+  if constexpr (has_member_field_help<T> || has_adl_field_help<T>) return std::size(field_help_source<T>());
+  else return 0;
+}
+
+/// T's FieldHelp entries, copied out of whatever T gives (empty when it gives none).
+template <class T>
+consteval std::array<FieldHelp, field_help_count<T>()> field_help_entries() {
+  std::array<FieldHelp, field_help_count<T>()> out{};
+  if constexpr (field_help_count<T>() > 0) {
+    std::size_t i = 0;
+    for (const FieldHelp& entry : field_help_source<T>()) out[i++] = entry;
+  }
+  return out;
+}
+
+template <class Entry, class T>
+struct field_help_names_no_field {
+  static_assert(dependent_false_v<T>,
+                "loom: a field_help entry names no field of its struct (the entry and the struct are the "
+                "template arguments of field_help_names_no_field above)");
+};
+template <class Entry, class T>
+struct field_help_names_a_field_twice {
+  static_assert(dependent_false_v<T>,
+                "loom: field_help describes a field twice (the field and the struct are the template "
+                "arguments of field_help_names_a_field_twice above)");
+};
+
+inline constexpr std::size_t no_index = static_cast<std::size_t>(-1);
+
+// The first entry that names no field of T, or names one an earlier entry named; no_index if none.
+template <class T>
+consteval std::size_t bad_field_help_entry(bool duplicates) {
+  constexpr auto entries = field_help_entries<T>();
+  constexpr auto names = boost::pfr::names_as_array<T>();
+  for (std::size_t e = 0; e < entries.size(); ++e) {
+    bool known = false;
+    for (std::string_view name : names) known = known || name == entries[e].name;
+    bool repeated = false;
+    for (std::size_t earlier = 0; earlier < e; ++earlier) repeated = repeated || entries[earlier].name == entries[e].name;
+    if (duplicates ? repeated : !known) return e;
+  }
+  return no_index;
+}
+
+template <class T, std::size_t Entry>
+struct HelpEntryNameOf {
+  static constexpr std::string_view value = field_help_entries<T>()[Entry].name;
+};
+
+template <class T>
+constexpr void check_field_help() {
+  constexpr std::size_t unknown = bad_field_help_entry<T>(false);
+  if constexpr (unknown != no_index)
+    (void)sizeof(field_help_names_no_field<spelled<HelpEntryNameOf<T, unknown>>, T>);
+  constexpr std::size_t repeated = bad_field_help_entry<T>(true);
+  if constexpr (repeated != no_index)
+    (void)sizeof(field_help_names_a_field_twice<spelled<HelpEntryNameOf<T, repeated>>, T>);
+}
+
+/// The description of each field of T, by field index ("" where T gives none).
+template <class T>
+consteval std::array<std::string_view, boost::pfr::tuple_size_v<T>> field_descriptions() {
+  constexpr auto names = boost::pfr::names_as_array<T>();
+  std::array<std::string_view, names.size()> out{};
+  for (const FieldHelp& entry : field_help_entries<T>())
+    for (std::size_t i = 0; i < names.size(); ++i)
+      if (names[i] == entry.name) out[i] = entry.help;
+  return out;
+}
+
+// The compiler's spelling of T, e.g. "reflect_test::ModelArgs" (g++ and clang++).
+template <class T>
+constexpr std::string_view qualified_type_name() {
+  constexpr std::string_view signature = __PRETTY_FUNCTION__;
+  // g++: "... qualified_type_name() [with T = ns::X; std::string_view = ...]"; clang: "... [T = ns::X]"
+  constexpr std::size_t start = signature.find("T = ") + 4;
+  std::size_t end = start;
+  int depth = 0;
+  while (end < signature.size()) {
+    const char c = signature[end];
+    if (c == '<' || c == '(') ++depth;
+    if (c == '>' || c == ')') --depth;
+    if (depth == 0 && (c == ';' || c == ']')) break;
+    ++end;
+  }
+  return signature.substr(start, end - start);
+}
+
+/// The --help heading of T: T::help_heading, else T's name without its namespaces.
+template <class T>
+constexpr std::string_view help_heading() {
+  if constexpr (has_help_heading<T>) {
+    return T::help_heading;
+  } else {
+    const std::string_view name = qualified_type_name<T>();
+    std::size_t cut = 0;
+    int depth = 0;
+    for (std::size_t i = 0; i + 1 < name.size(); ++i) {
+      if (name[i] == '<') ++depth;
+      if (name[i] == '>') --depth;
+      if (depth == 0 && name[i] == ':' && name[i + 1] == ':') cut = i + 2;
+    }
+    return name.substr(cut);
+  }
 }
 
 template <class... Ts>
 constexpr void check_parseable() {
   (check_reflectable<Ts>(), ...);
   static_assert(sizeof...(Ts) > 0, "loom: parse_args needs at least one struct type");
-  static_assert(field_names_unique<Ts...>(),
-                "loom: two structs parsed together have a field with the same name; rename one");
+  check_no_flag_twice<Ts...>();
   static_assert(!(has_field_named_help<Ts>() || ...),
                 "loom: a field named `help` would clash with --help; rename it");
+  (check_field_help<Ts>(), ...);
 }
 
 // ---- kinds: how a field type is named in messages and --help ---------------------------
@@ -303,15 +493,19 @@ std::vector<FieldInfo> field_table() {
   return table;
 }
 
-template <std::size_t TI = 0, class Tuple>
-void assign_field(Tuple& values, const FieldInfo& info, std::string_view text) {
+/// Calls f(field) with the field of `values` (a tuple of structs) that `info` names.
+template <std::size_t TI = 0, class Tuple, class F>
+void visit_field(Tuple& values, const FieldInfo& info, F&& f) {
   if constexpr (TI < std::tuple_size_v<Tuple>) {
-    if (info.type_index != TI) return assign_field<TI + 1>(values, info, text);
+    if (info.type_index != TI) return visit_field<TI + 1>(values, info, std::forward<F>(f));
     boost::pfr::for_each_field(std::get<TI>(values), [&](auto& field, std::size_t index) {
-      if (index == info.field_index) set_from_text(field, text, info.name);
+      if (index == info.field_index) f(field);
     });
   }
 }
+
+/// The entry of `table` named `name`, or nullptr.
+LOOM_INLINE const FieldInfo* find_field(const std::vector<FieldInfo>& table, std::string_view name);
 
 /// "loom: unknown argument --<given>", with the nearest flag of `table` when one is close.
 LOOM_INLINE std::string unknown_flag_message(std::string_view given, const std::vector<FieldInfo>& table);
@@ -326,6 +520,9 @@ struct FieldAssigner {
   void (*assign)(void* context, const FieldInfo& info, std::string_view text);
 };
 
+/// True for a first argument that names a JSON settings file: ends in .json, no leading '-'.
+LOOM_INLINE bool is_json_file_argument(std::string_view arg);
+
 /// The flag loop of try_parse_args over `table`: splits --name=value, reads dashes as
 /// underscores, finds the field, rejects unknown, repeated and value-less flags, and hands
 /// each value to `assigner` in order.
@@ -337,9 +534,10 @@ LOOM_INLINE void parse_flags(std::span<const std::string> args, const std::vecto
 /// The usage line and the fixed part of --help, up to and including the --help line.
 LOOM_INLINE std::string help_usage(std::string_view program);
 
-/// Appends `  --<name> <<kind>>  (default: <default_text>)` and a newline.
+/// Appends `  --<name> <<kind>>  (default: <default_text>)`, a newline, and the description
+/// (when there is one) on a line of its own, indented.
 LOOM_INLINE void append_help_line(std::string& out, std::string_view name, std::string_view kind,
-                                  const std::string& default_text);
+                                  const std::string& default_text, std::string_view description);
 
 /// argv[0]'s file name ("program" when argv[0] is missing; argv[0] itself when it has no name).
 LOOM_INLINE std::string program_name(int argc, const char* const* argv);
@@ -375,8 +573,8 @@ LOOM_INLINE Error json_type_error(std::string_view key, std::string_view kind, s
 /// "loom: JSON key '<key>' is null, but the field is not optional (expects <kind>)".
 LOOM_INLINE Error json_null_error(std::string_view key, std::string_view kind);
 
-/// "loom: unknown JSON key '<key>'", with the nearest of `names` when one is close.
-LOOM_INLINE Error unknown_key_error(const std::string& key, std::span<const std::string_view> names);
+/// "loom: unknown JSON key '<key>'", with the nearest field of `table` when one is close.
+LOOM_INLINE Error unknown_key_error(const std::string& key, const std::vector<FieldInfo>& table);
 
 template <class F, class Json>
 void set_from_json(F& field, const Json& value, std::string_view key) {
@@ -436,11 +634,36 @@ LOOM_INLINE void save_json_value(const nlohmann::ordered_json& json, const std::
 /// Re-says `e` with the file in front: "loom: <path>: unknown JSON key ...".
 [[noreturn]] LOOM_INLINE void rethrow_with_path(const std::filesystem::path& path, const Error& e);
 
+/// Sets the fields that the keys of `json` (an object) name, in `values` (a tuple of structs
+/// over `table`); an unknown key, a wrong type or a bad null throws loom::Error.
+template <class Json, class Tuple>
+void apply_json_object(Tuple& values, const Json& json, const std::vector<FieldInfo>& table) {
+  if (!json.is_object()) throw Error("loom: expected a JSON object of settings, got " + describe_json(json));
+  for (auto it = json.begin(); it != json.end(); ++it) {
+    const FieldInfo* info = find_field(table, it.key());
+    if (info == nullptr) throw unknown_key_error(it.key(), table);
+    visit_field(values, *info, [&](auto& field) { set_from_json(field, it.value(), info->name); });
+  }
+}
+
+/// apply_json_object over the file at `path` (read strictly: a key given twice is an error);
+/// every message names the file.
+template <class Tuple>
+void apply_json_file(Tuple& values, const std::filesystem::path& path, const std::vector<FieldInfo>& table) {
+  const nlohmann::json json = loom::json::read_file(path);
+  try {
+    apply_json_object(values, json, table);
+  } catch (const Error& e) {
+    rethrow_with_path(path, e);
+  }
+}
+
 }  // namespace detail
 
 // ---- command line -----------------------------------------------------------------------
 
-/// Parses flags (argv without the program name) over `initial`; throws loom::Error.
+/// Parses argv without the program name over `initial`: a first argument ending in .json is
+/// read as a JSON object of settings, then the flags are applied. Throws loom::Error.
 template <class... Ts>
 ParseResult<Ts...> try_parse_args(std::span<const std::string> args, std::tuple<Ts...> initial) {
   detail::check_parseable<Ts...>();
@@ -451,29 +674,39 @@ ParseResult<Ts...> try_parse_args(std::span<const std::string> args, std::tuple<
   }
 
   const std::vector<detail::FieldInfo> table = detail::field_table<Ts...>();
+  if (!args.empty() && detail::is_json_file_argument(args.front())) {
+    detail::apply_json_file(result.values, args.front(), table);
+    args = args.subspan(1);
+  }
   detail::parse_flags(args, table,
                       {&result.values, [](void* values, const detail::FieldInfo& info, std::string_view text) {
-                         detail::assign_field(*static_cast<std::tuple<Ts...>*>(values), info, text);
+                         detail::visit_field(*static_cast<std::tuple<Ts...>*>(values), info,
+                                             [&](auto& field) { detail::set_from_text(field, text, info.name); });
                        }});
   return result;
 }
 
-/// Parses flags (argv without the program name) into default-constructed Ts; throws loom::Error.
+/// try_parse_args into default-constructed Ts.
 template <class... Ts>
 ParseResult<Ts...> try_parse_args(std::span<const std::string> args) {
   return try_parse_args(args, std::tuple<Ts...>{});
 }
 
-/// Usage line plus one line per field: `  --name <kind>  (default: value)`.
+/// The --help text: the usage, then each struct under its heading (config/field_help.hpp),
+/// one flag a line: `  --name <kind>  (default: value)`, its description on the next line.
 template <class... Ts>
 std::string help_text(std::string_view program, const std::tuple<Ts...>& defaults) {
   detail::check_parseable<Ts...>();
   std::string out = detail::help_usage(program);
   auto list = [&]<class T>(const T& defaults) {
     constexpr auto names = boost::pfr::names_as_array<T>();
+    constexpr auto descriptions = detail::field_descriptions<T>();
+    out += '\n';
+    out += detail::help_heading<T>();
+    out += ":\n";
     boost::pfr::for_each_field(defaults, [&]<class F>(const F& field, std::size_t index) {
       detail::append_help_line(out, names[index], detail::kind_short<typename detail::field_traits<F>::scalar>(),
-                               detail::field_to_text(field));
+                               detail::field_to_text(field), descriptions[index]);
     });
   };
   std::apply([&](const auto&... d) { (list(d), ...); }, defaults);
@@ -486,8 +719,12 @@ std::string help_text(std::string_view program) {
   return help_text(program, std::tuple<Ts...>{});
 }
 
-/// CLI entry over `defaults`: returns T (one type) or std::tuple<Ts...>; --help prints help
-/// (showing these defaults) and exits 0, an error prints it and exits 2.
+/// The command-line entry, as HfArgumentParser(...).parse_args_into_dataclasses():
+///   auto args = loom::parse_args<loom::TrainingArguments>(argc, argv);
+///   auto [args, model] = loom::parse_args<loom::TrainingArguments, ModelArgs>(argc, argv);
+///   auto [args, model] = loom::parse_args(argc, argv, my_defaults, ModelArgs{});
+/// Returns T (one type) or std::tuple<Ts...>, starting from `defaults`; --help prints
+/// help_text (showing these defaults) and exits 0; an error prints its `loom:` line and exits 2.
 template <class... Ts>
   requires(sizeof...(Ts) > 0)
 auto parse_args(int argc, const char* const* argv, Ts... defaults) {
@@ -510,11 +747,28 @@ auto parse_args(int argc, const char* const* argv, Ts... defaults) {
   }
 }
 
-/// CLI entry for default-constructed Ts: returns T (one type) or std::tuple<Ts...>.
+/// parse_args for default-constructed Ts: returns T (one type) or std::tuple<Ts...>.
 template <class... Ts>
   requires(sizeof...(Ts) > 0)
 auto parse_args(int argc, const char* const* argv) {
   return parse_args(argc, argv, Ts{}...);
+}
+
+/// Reads a JSON object of settings for all of Ts at once (HF's parse_json_file): each key
+/// sets the field of that name in whichever struct has it. Returns T (one type) or
+/// std::tuple<Ts...>; an unknown key (with the nearest name), a wrong type or a key given
+/// twice throws loom::Error naming the file.
+template <class... Ts>
+  requires(sizeof...(Ts) > 0)
+auto parse_json_file(const std::filesystem::path& path) {
+  detail::check_parseable<Ts...>();
+  std::tuple<Ts...> values{};
+  detail::apply_json_file(values, path, detail::field_table<Ts...>());
+  if constexpr (sizeof...(Ts) == 1) {
+    return std::get<0>(std::move(values));
+  } else {
+    return values;
+  }
 }
 
 // ---- JSON ---------------------------------------------------------------------------------
@@ -540,20 +794,9 @@ nlohmann::ordered_json to_json(const T& value) {
 template <class T, class Json = nlohmann::json>
 T from_json(const Json& json) {
   detail::check_reflectable<T>();
-  if (!json.is_object())
-    throw Error("loom: expected a JSON object of settings, got " + detail::describe_json(json));
-  constexpr auto names = boost::pfr::names_as_array<T>();
-  T value{};
-  for (auto it = json.begin(); it != json.end(); ++it) {
-    const std::string& key = it.key();
-    std::size_t index = 0;
-    while (index < names.size() && names[index] != key) ++index;
-    if (index == names.size()) throw detail::unknown_key_error(key, names);
-    boost::pfr::for_each_field(value, [&](auto& field, std::size_t i) {
-      if (i == index) detail::set_from_json(field, it.value(), names[index]);
-    });
-  }
-  return value;
+  std::tuple<T> value{};
+  detail::apply_json_object(value, json, detail::field_table<T>());
+  return std::get<0>(std::move(value));
 }
 
 /// Writes to_json(value) with indent 2 to `path` atomically (path.tmp, then rename); creates parent folders.
@@ -565,12 +808,10 @@ void save_json(const T& value, const std::filesystem::path& path) {
 /// Reads a JSON object written by save_json (or by hand) into T; errors name the path.
 template <class T>
 T load_json(const std::filesystem::path& path) {
-  const nlohmann::json json = loom::json::read_file(path);
-  try {
-    return from_json<T>(json);
-  } catch (const Error& e) {
-    detail::rethrow_with_path(path, e);
-  }
+  detail::check_reflectable<T>();
+  std::tuple<T> value{};
+  detail::apply_json_file(value, path, detail::field_table<T>());
+  return std::get<0>(std::move(value));
 }
 
 }  // namespace loom

@@ -1,10 +1,14 @@
 #pragma once
 // TrainingArguments: a plain aggregate with Hugging Face's field names and defaults.
 // Reflection (CLI, JSON, help) lives in config/reflect.hpp; run-time validation in
-// config/validate.hpp. No torch include here, on purpose.
+// config/validate.hpp. No torch include here, on purpose. The `///<` comments are also the
+// --help descriptions: field_help() below repeats them as data.
+
+#include <loom/config/field_help.hpp>
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 
 namespace loom {
@@ -51,7 +55,7 @@ struct TrainingArguments {
   bool logging_first_step = false;         ///< also log after the first step
   bool logging_nan_inf_filter = true;      ///< skip nan/inf losses when averaging for logs
   std::optional<std::string> logging_dir;  ///< TensorBoard folder (default output_dir/runs)
-  bool disable_tqdm = false;               ///< no progress bar
+  bool disable_tqdm = false;               ///< hide the progress bar
   bool log_on_each_node = true;            ///< log on the local main process of every node
   std::optional<std::string> run_name;     ///< a name for loggers
 
@@ -92,5 +96,72 @@ struct TrainingArguments {
   int64_t ddp_timeout = 1800;                 ///< collective timeout in seconds
   std::optional<int64_t> ddp_bucket_cap_mb;   ///< DDP bucket size (default 25)
 };
+
+namespace detail {
+// The --help text of each field: the `///<` comment above, word for word
+// (tests/config/test_reflect.cpp compares the two, and checks that every field is here).
+inline constexpr FieldHelp training_arguments_help[] = {
+    {"output_dir", "where checkpoints and results go"},
+    {"overwrite_output_dir", "allow writing into a non-empty output_dir"},
+    {"do_train", "informational, as in HF (the program decides what runs)"},
+    {"do_eval", "informational, as in HF"},
+    {"do_predict", "informational, as in HF"},
+    {"per_device_train_batch_size", "training batch per device (process)"},
+    {"per_device_eval_batch_size", "evaluation batch per device (process)"},
+    {"gradient_accumulation_steps", "micro-batches per optimizer step"},
+    {"eval_accumulation_steps", "move predictions to CPU every N eval steps"},
+    {"dataloader_drop_last", "drop the last incomplete training batch"},
+    {"dataloader_num_workers", "background batch producers (0: in the loop)"},
+    {"optim", "adamw_torch_fused | adamw_torch | sgd"},
+    {"learning_rate", "peak learning rate"},
+    {"weight_decay", "AdamW decoupled weight decay (decay group only)"},
+    {"adam_beta1", "AdamW beta1"},
+    {"adam_beta2", "AdamW beta2"},
+    {"adam_epsilon", "AdamW epsilon"},
+    {"max_grad_norm", "clip the global gradient norm (0: off)"},
+    {"num_train_epochs", "epochs, when max_steps <= 0"},
+    {"max_steps", "optimizer steps; overrides num_train_epochs when > 0"},
+    {"lr_scheduler_type", "HF scheduler name"},
+    {"lr_scheduler_kwargs", "extra scheduler arguments as a JSON object"},
+    {"warmup_ratio", "warmup as a fraction of max_steps"},
+    {"warmup_steps", "warmup steps (a value below 1 is a fraction)"},
+    {"logging_strategy", "no | steps | epoch"},
+    {"logging_steps", "log every N steps (below 1: fraction of max_steps)"},
+    {"logging_first_step", "also log after the first step"},
+    {"logging_nan_inf_filter", "skip nan/inf losses when averaging for logs"},
+    {"logging_dir", "TensorBoard folder (default output_dir/runs)"},
+    {"disable_tqdm", "hide the progress bar"},
+    {"log_on_each_node", "log on the local main process of every node"},
+    {"run_name", "a name for loggers"},
+    {"eval_strategy", "no | steps | epoch"},
+    {"eval_steps", "evaluate every N steps (default: logging_steps)"},
+    {"eval_delay", "epochs or steps to wait before the first evaluation"},
+    {"eval_on_start", "evaluate once before training"},
+    {"prediction_loss_only", "evaluation returns the loss only"},
+    {"save_strategy", "no | steps | epoch | best"},
+    {"save_steps", "save every N steps (below 1: fraction)"},
+    {"save_total_limit", "keep at most N checkpoints"},
+    {"save_only_model", "skip optimizer/scheduler/RNG state"},
+    {"load_best_model_at_end", "reload the best checkpoint after training"},
+    {"metric_for_best_model", "metric that decides \"best\""},
+    {"greater_is_better", "direction of metric_for_best_model"},
+    {"resume_from_checkpoint", "a checkpoint folder, or \"latest\""},
+    {"restore_callback_states_from_checkpoint", "on resume, restore stateful callbacks and TrainerControl"},
+    {"model_name_or_path", "start from DIR/model.safetensors (strict match)"},
+    {"seed", "seed for initialization and shuffling"},
+    {"data_seed", "seed for shuffling only"},
+    {"bf16", "bfloat16 autocast (precision::BF16)"},
+    {"fp16", "float16 autocast with loss scaling (precision::FP16)"},
+    {"use_cpu", "train on the CPU even when CUDA is available"},
+    {"skip_memory_metrics", "skip memory reports"},
+    {"include_tokens_per_second", "add train_tokens_per_second (items counted by num_items)"},
+    {"sharding", "no | ddp | zero1 | zero2 | full_shard"},
+    {"ddp_timeout", "collective timeout in seconds"},
+    {"ddp_bucket_cap_mb", "DDP bucket size (default 25)"},
+};
+}  // namespace detail
+
+/// The descriptions --help shows for TrainingArguments (found by ADL, config/field_help.hpp).
+constexpr std::span<const FieldHelp> field_help(HelpFor<TrainingArguments>) { return detail::training_arguments_help; }
 
 }  // namespace loom

@@ -90,11 +90,22 @@ LOOM_INLINE std::string floating_to_text(long double value) { return floating_te
 
 // ---- the command line ---------------------------------------------------------------------
 
-LOOM_INLINE std::string unknown_flag_message(std::string_view given, const std::vector<FieldInfo>& table) {
+// The nearest field name of `table` to `given`, or "".
+LOOM_INLINE std::string nearest_field(std::string_view given, const std::vector<FieldInfo>& table) {
   std::vector<std::string_view> names;
   names.reserve(table.size());
   for (const FieldInfo& info : table) names.push_back(info.name);
-  const std::string suggestion = nearest_name(given, names);
+  return nearest_name(given, names);
+}
+
+LOOM_INLINE const FieldInfo* find_field(const std::vector<FieldInfo>& table, std::string_view name) {
+  for (const FieldInfo& info : table)
+    if (info.name == name) return &info;
+  return nullptr;
+}
+
+LOOM_INLINE std::string unknown_flag_message(std::string_view given, const std::vector<FieldInfo>& table) {
+  const std::string suggestion = nearest_field(given, table);
   std::string message = "loom: unknown argument --" + std::string(given);
   if (suggestion.empty()) return message + "; see --help";
   return message + "; did you mean --" + suggestion + "?";
@@ -106,6 +117,10 @@ LOOM_INLINE bool asks_for_help(std::span<const std::string> args) {
   return false;
 }
 
+LOOM_INLINE bool is_json_file_argument(std::string_view arg) {
+  return arg.size() > 5 && arg.ends_with(".json") && !arg.starts_with("-");
+}
+
 LOOM_INLINE void parse_flags(std::span<const std::string> args, const std::vector<FieldInfo>& table,
                              FieldAssigner assigner) {
   std::vector<bool> seen(table.size(), false);
@@ -113,6 +128,9 @@ LOOM_INLINE void parse_flags(std::span<const std::string> args, const std::vecto
 
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string_view token = args[i];
+    if (is_json_file_argument(token))
+      throw Error("loom: unexpected argument '" + std::string(token) +
+                  "'; a JSON settings file must be the first argument, before the flags");
     if (!is_flag(token) || token.size() == 2)
       throw Error("loom: unexpected argument '" + std::string(token) + "'; flags look like --name value");
 
@@ -126,10 +144,10 @@ LOOM_INLINE void parse_flags(std::span<const std::string> args, const std::vecto
     for (char& c : name)
       if (c == '-') c = '_';  // HfArgumentParser also accepts --learning-rate
 
-    std::size_t index = 0;
-    while (index < table.size() && table[index].name != name) ++index;
-    if (index == table.size()) throw Error(unknown_flag_message(name, table));
-    const FieldInfo& info = table[index];
+    const FieldInfo* found = find_field(table, name);
+    if (found == nullptr) throw Error(unknown_flag_message(name, table));
+    const FieldInfo& info = *found;
+    const auto index = static_cast<std::size_t>(found - table.data());
     if (seen[index]) throw Error("loom: --" + std::string(info.name) + " given twice");
     seen[index] = true;
 
@@ -150,10 +168,12 @@ LOOM_INLINE void parse_flags(std::span<const std::string> args, const std::vecto
 }
 
 LOOM_INLINE std::string help_usage(std::string_view program) {
-  std::string out = "usage: " + std::string(program) + " [--help] [--name value ...]\n";
+  std::string out = "usage: " + std::string(program) + " [--help] [settings.json] [--name value ...]\n";
   out += "\n"
          "Flags also take the form --name=value. A bool flag given bare means true\n"
-         "(--fp16 is --fp16 true); an optional setting is reset with none.\n"
+         "(--fp16 is --fp16 true); an optional setting is reset with none. A first\n"
+         "argument ending in .json is a JSON object of settings (any flag below as a key),\n"
+         "read before the flags, which override it.\n"
          "\n"
          "options:\n"
          "  --help, -h  show this message and exit\n";
@@ -161,7 +181,7 @@ LOOM_INLINE std::string help_usage(std::string_view program) {
 }
 
 LOOM_INLINE void append_help_line(std::string& out, std::string_view name, std::string_view kind,
-                                  const std::string& default_text) {
+                                  const std::string& default_text, std::string_view description) {
   out += "  --";
   out += name;
   out += " <";
@@ -169,6 +189,11 @@ LOOM_INLINE void append_help_line(std::string& out, std::string_view name, std::
   out += ">  (default: ";
   out += default_text;
   out += ")\n";
+  if (!description.empty()) {
+    out += "      ";
+    out += description;
+    out += '\n';
+  }
 }
 
 LOOM_INLINE std::string program_name(int argc, const char* const* argv) {
@@ -215,8 +240,8 @@ LOOM_INLINE Error json_null_error(std::string_view key, std::string_view kind) {
                std::string(kind) + ")");
 }
 
-LOOM_INLINE Error unknown_key_error(const std::string& key, std::span<const std::string_view> names) {
-  const std::string suggestion = nearest_name(key, names);
+LOOM_INLINE Error unknown_key_error(const std::string& key, const std::vector<FieldInfo>& table) {
+  const std::string suggestion = nearest_field(key, table);
   return Error("loom: unknown JSON key '" + key + "'" +
                (suggestion.empty() ? std::string() : "; did you mean '" + suggestion + "'?"));
 }
