@@ -1,13 +1,15 @@
 """Reference steps for tests/optim/test_optimizers.cpp, in Python's torch.optim (and HF's
 Adafactor, and a Lion written out from its paper, since torch has none).
 
-usage: reference.py INPUT.safetensors OUTPUT.safetensors CONFIG_JSON
+usage: reference.py INPUT.safetensors OUTPUT_PREFIX CONFIGS_JSON
 
 INPUT holds p<i> (initial parameters) and g<i>.<s> (the gradient of parameter i at step s).
-CONFIG: {"optim": name, "base_lr": B, "kwargs": {...}, "factors": [f0, f1, ...],
+CONFIGS is a list (one Python start for every case) of
+        {"optim": name, "base_lr": B, "kwargs": {...}, "factors": [f0, f1, ...],
          "groups": [{"params": [i, ...], "weight_decay": wd, "lr": lr or null}, ...]}
 At step s every group steps at its lr (B when null) times factors[s], as a LambdaLR would
-scale it. OUTPUT holds p<i>.<s>: parameter i after step s.
+scale it. OUTPUT_PREFIX<k>.safetensors holds, for configs[k], p<i>.<s>: parameter i after
+step s.
 """
 import json
 import sys
@@ -62,9 +64,7 @@ def make(optim, groups, base_lr, kwargs):
     raise SystemExit(f"unknown optim {optim}")
 
 
-def main():
-    tensors = load_file(sys.argv[1])
-    config = json.loads(sys.argv[3])
+def run(tensors, config, output):
     n = sum(1 for k in tensors if k.startswith("p"))
     params = [torch.nn.Parameter(tensors[f"p{i}"].clone()) for i in range(n)]
     groups = []
@@ -84,7 +84,13 @@ def main():
         opt.step()
         for i, p in enumerate(params):
             out[f"p{i}.{s}"] = p.detach().clone().contiguous()
-    save_file(out, sys.argv[2])
+    save_file(out, output)
+
+
+def main():
+    tensors = load_file(sys.argv[1])
+    for k, config in enumerate(json.loads(sys.argv[3])):
+        run(tensors, config, f"{sys.argv[2]}{k}.safetensors")
 
 
 if __name__ == "__main__":

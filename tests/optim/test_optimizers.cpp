@@ -41,8 +41,8 @@ std::map<std::string, torch::Tensor> make_inputs() {
   std::map<std::string, torch::Tensor> t;
   const std::vector<std::vector<int64_t>> shapes = {{5, 3}, {3}, {2, 3, 4}};
   for (std::size_t i = 0; i < shapes.size(); ++i) {
-    t["p" + std::to_string(i)] = torch::randn(shapes[i]);
-    for (int s = 0; s < kSteps; ++s) t["g" + std::to_string(i) + "." + std::to_string(s)] = torch::randn(shapes[i]);
+    t[fmt::format("p{}", i)] = torch::randn(shapes[i]);
+    for (int s = 0; s < kSteps; ++s) t[fmt::format("g{}.{}", i, s)] = torch::randn(shapes[i]);
   }
   return t;
 }
@@ -72,7 +72,7 @@ Optimizer make_loom(const Case& c, const std::vector<torch::Tensor>& params) {
 
 std::vector<torch::Tensor> leaf_copies(const std::map<std::string, torch::Tensor>& in) {
   std::vector<torch::Tensor> out;
-  for (int i = 0; i < 3; ++i) out.push_back(in.at("p" + std::to_string(i)).clone().requires_grad_(true));
+  for (int i = 0; i < 3; ++i) out.push_back(in.at(fmt::format("p{}", i)).clone().requires_grad_(true));
   return out;
 }
 
@@ -81,11 +81,11 @@ void run_steps(Optimizer& opt, std::vector<torch::Tensor>& params, const std::ma
                int from, int to, std::map<std::string, torch::Tensor>* record) {
   for (int s = from; s < to; ++s) {
     for (int i = 0; i < 3; ++i)
-      params[i].mutable_grad() = in.at("g" + std::to_string(i) + "." + std::to_string(s)).clone();
+      params[i].mutable_grad() = in.at(fmt::format("g{}.{}", i, s)).clone();
     opt.step(kBaseLr * kFactors[s]);
     opt.zero_grad();
     if (record)
-      for (int i = 0; i < 3; ++i) (*record)["p" + std::to_string(i) + "." + std::to_string(s)] = params[i].detach().clone();
+      for (int i = 0; i < 3; ++i) (*record)[fmt::format("p{}.{}", i, s)] = params[i].detach().clone();
   }
 }
 
@@ -119,16 +119,19 @@ TEST_CASE("every --optim rule matches Python's torch.optim / HF step by step (1e
   const auto dir = loom_test::fresh_dir("optim/reference");
   const auto inputs = make_inputs();
   loom::checkpoint::save_safetensors({inputs.begin(), inputs.end()}, dir / "in.safetensors");
-  for (const auto& c : cases()) {
+  nlohmann::json configs = nlohmann::json::array();
+  for (const auto& c : cases())
+    configs.push_back({{"optim", c.optim}, {"base_lr", kBaseLr}, {"kwargs", c.kwargs}, {"factors", kFactors},
+                       {"groups", groups_json()}});
+  const std::string cmd = std::string(py) + " " + LOOM_SOURCE_DIR + "/tests/optim/reference.py " +
+                          (dir / "in.safetensors").string() + " " + (dir / "out").string() + " '" + configs.dump() +
+                          "' 2>&1";
+  const auto log = loom_test::run_capture(cmd);
+  INFO(log);
+  for (std::size_t k = 0; k < cases().size(); ++k) {
+    const auto& c = cases()[k];
     INFO(c.optim << " --optim_args '" << c.optim_args << "'");
-    const nlohmann::json config = {{"optim", c.optim}, {"base_lr", kBaseLr}, {"kwargs", c.kwargs},
-                                   {"factors", kFactors}, {"groups", groups_json()}};
-    const auto out = dir / "out.safetensors";
-    std::filesystem::remove(out);
-    const std::string cmd = std::string(py) + " " + LOOM_SOURCE_DIR + "/tests/optim/reference.py " +
-                            (dir / "in.safetensors").string() + " " + out.string() + " '" + config.dump() + "' 2>&1";
-    const auto log = loom_test::run_capture(cmd);
-    INFO(log);
+    const auto out = dir / (fmt::format("out{}.safetensors", k));
     REQUIRE(std::filesystem::exists(out));
     std::map<std::string, torch::Tensor> expected;
     for (auto& [k, t] : loom::checkpoint::load_safetensors(out)) expected[k] = t;
@@ -210,7 +213,7 @@ TEST_CASE("the elementwise rules over flat pieces of the parameters (as ZeRO ste
 
     // Each parameter cut in two flat pieces at an odd place, one group per original group.
     std::vector<torch::Tensor> storage;
-    for (int i = 0; i < 3; ++i) storage.push_back(inputs.at("p" + std::to_string(i)).clone().reshape({-1}));
+    for (int i = 0; i < 3; ++i) storage.push_back(inputs.at(fmt::format("p{}", i)).clone().reshape({-1}));
     std::vector<torch::Tensor> pieces;
     std::vector<std::pair<int, std::pair<int64_t, int64_t>>> where;
     loom::TrainingArguments args;
@@ -224,7 +227,7 @@ TEST_CASE("the elementwise rules over flat pieces of the parameters (as ZeRO ste
       for (auto [b, e] : {std::pair<int64_t, int64_t>{0, cut}, {cut, n}}) {
         auto& g = groups[i == 1 ? 1 : 0];
         g.params.push_back(storage[i].narrow(0, b, e - b));
-        g.names.push_back("p" + std::to_string(i) + "[" + std::to_string(b) + "]");
+        g.names.push_back(fmt::format("p{}[{}]", i, b));
         where.push_back({i, {b, e}});
       }
     }
@@ -235,7 +238,7 @@ TEST_CASE("the elementwise rules over flat pieces of the parameters (as ZeRO ste
       for (auto& g : groups)
         for (auto& p : g.params) {
           const auto [i, range] = where[k++];
-          p.mutable_grad() = inputs.at("g" + std::to_string(i) + "." + std::to_string(s)).reshape({-1}).narrow(
+          p.mutable_grad() = inputs.at(fmt::format("g{}.{}", i, s)).reshape({-1}).narrow(
               0, range.first, range.second - range.first).clone();
         }
       opt.step(kBaseLr * kFactors[s]);
@@ -257,10 +260,10 @@ TEST_CASE("a wrapped torch::optim optimizer steps each group at its lr times the
   CHECK(opt.parameters().size() == 3);
   // The same steps by hand: plain SGD at 0.02 * f and 0.05 * f.
   std::vector<torch::Tensor> expected;
-  for (int i = 0; i < 3; ++i) expected.push_back(inputs.at("p" + std::to_string(i)).clone());
+  for (int i = 0; i < 3; ++i) expected.push_back(inputs.at(fmt::format("p{}", i)).clone());
   for (int s = 0; s < kSteps; ++s)
     for (int i = 0; i < 3; ++i)
-      expected[i] -= (i == 1 ? kBaseLr : 0.02) * kFactors[s] * inputs.at("g" + std::to_string(i) + "." + std::to_string(s));
+      expected[i] -= (i == 1 ? kBaseLr : 0.02) * kFactors[s] * inputs.at(fmt::format("g{}.{}", i, s));
   run_steps(opt, params, inputs, 0, kSteps, nullptr);
   for (int i = 0; i < 3; ++i) CHECK((params[i].detach() - expected[i]).abs().max().item<double>() <= 1e-6);
   CHECK_FALSE(params[0].grad().defined());  // zero_grad went through torch's

@@ -88,7 +88,10 @@ void straight_vs_resumed(const std::string& name, const loom::TrainingArguments&
     REQUIRE(first.state().global_step == 4);
   }
   const auto ckpt = fs::path(b.output_dir) / "checkpoint-4";
-  CHECK(fs::exists(ckpt / (make == Make::torch_adam ? "optimizer.pt" : "optimizer.safetensors")));
+  const bool sharded = b.sharding != "no" && b.sharding != "ddp";
+  CHECK(fs::exists(ckpt / (make == Make::torch_adam ? "optimizer.pt"
+                           : sharded              ? "optimizer-0-of-1.safetensors"
+                                                  : "optimizer.safetensors")));
   b.resume_from_checkpoint = "latest";
   torch::manual_seed(999);
   Tr resumed(b, Mlp{}, data(40, 1));
@@ -158,6 +161,18 @@ TEST_CASE("loom's rules with state resume bitwise through the checkpoint (RMSpro
     if (!optim_args.empty()) a.optim_args = optim_args;
     a.weight_decay = 0.01;
     straight_vs_resumed<T<>>(optim, a, Make::args);
+  }
+}
+
+TEST_CASE("under ZeRO-1 the sharded optimizer files carry the new state kinds and resume bitwise") {
+  for (auto [optim, optim_args] : std::vector<std::pair<std::string, std::string>>{
+           {"rmsprop", "momentum=0.9,centered=True"}, {"sgd", "momentum=0.9,dampening=0.1"}}) {
+    auto a = base_args("unused");
+    a.sharding = "zero1";
+    a.optim = optim;
+    a.optim_args = optim_args;
+    a.weight_decay = 0.01;
+    straight_vs_resumed<T<loom::sharding::ZeRO1>>("zero1_" + optim, a, Make::args);
   }
 }
 
