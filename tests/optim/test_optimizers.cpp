@@ -310,3 +310,30 @@ TEST_CASE("--optim_args: HF's keys per optimizer; anything else is a loom: error
         "--weight_decay");
   CHECK(err("sgd", "momentum=0.9,nesterov=True") == "<no loom::Error>");
 }
+
+TEST_CASE("an fp16 overflow flag skips the step of every rule: parameters, state and step count unchanged") {
+  const auto inputs = make_inputs();
+  for (const auto& c : cases()) {
+    INFO(c.optim << " --optim_args '" << c.optim_args << "'");
+    auto params = leaf_copies(inputs);
+    auto opt = make_loom(c, params);
+    run_steps(opt, params, inputs, 0, 1, nullptr);
+    std::vector<torch::Tensor> before_params, before_state;
+    for (auto& p : params) before_params.push_back(p.detach().clone());
+    for (const auto& [k, t] : opt.state_tensors()) before_state.push_back(t.clone());
+    for (int i = 0; i < 3; ++i) params[i].mutable_grad() = inputs.at(fmt::format("g{}.1", i)).clone();
+    opt.step(kBaseLr, torch::ones({1}));
+    // The fused kernel skips on the device, so the host's count includes the call (its step
+    // tensors, compared below, do not).
+    const bool on_device = c.optim == "adamw_torch_fused";
+    CHECK(opt.steps() == (on_device ? 2 : 1));
+    for (int i = 0; i < 3; ++i) CHECK(torch::equal(params[i].detach(), before_params[i]));
+    const auto after = opt.state_tensors();
+    REQUIRE(after.size() == before_state.size());
+    for (std::size_t k = 0; k < after.size(); ++k) CHECK(torch::equal(after[k].second, before_state[k]));
+    // A zero flag steps.
+    opt.step(kBaseLr, torch::zeros({1}));
+    CHECK(opt.steps() == (on_device ? 3 : 2));
+    CHECK_FALSE(torch::equal(params[0].detach(), before_params[0]));
+  }
+}

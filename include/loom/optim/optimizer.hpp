@@ -102,7 +102,8 @@ class Optimizer {
 
   /// The parameter groups (a wrapped optimizer's, with its lrs and no names).
   [[nodiscard]] const std::vector<ParamGroup>& groups() const { return groups_; }
-  /// Steps taken.
+  /// Steps taken (with the fused kernel, calls: its fp16 skip is decided on the device, and
+  /// only its per-parameter step tensors leave a skipped step out).
   [[nodiscard]] int64_t steps() const { return steps_; }
   /// The options.
   [[nodiscard]] const OptimizerOptions& options() const { return options_; }
