@@ -81,6 +81,22 @@ inline loom::Metrics accuracy(const loom::EvalPrediction& p) {
   return {{"accuracy", p.predictions.argmax(1).eq(p.label_ids).to(torch::kDouble).mean().item<double>()}};
 }
 
+/// Stops training at the end of optimizer step `step` (-1: never): an interrupted run.
+struct StopAt {
+  int64_t step = -1;
+  void on_step_end(const loom::TrainingArguments&, loom::TrainerState& s, loom::TrainerControl& c) const {
+    if (s.global_step == step) c.should_training_stop = true;
+  }
+};
+
+/// Linear(6, 16) -> tanh -> Linear(16, 3), for argmax_data(n, seed, 6).
+struct Mlp6Impl : torch::nn::Module {
+  Mlp6Impl() : a(register_module("a", torch::nn::Linear(6, 16))), b(register_module("b", torch::nn::Linear(16, 3))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return b->forward(torch::tanh(a->forward(x))); }
+  torch::nn::Linear a, b;
+};
+TORCH_MODULE(Mlp6);
+
 /// A linear classifier Trainer on Batch with `Policies`, reporting accuracy.
 template <class... Policies>
 struct Classifier : loom::Trainer<Classifier<Policies...>, torch::nn::Linear, Policies...> {

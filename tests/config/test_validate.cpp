@@ -121,7 +121,8 @@ TEST_CASE("validate: names with suggestions") {
   CHECK(error_after([](auto& a) { a.save_strategy = "bestt"; }) ==
         "loom: --save_strategy must be one of no|steps|epoch|best, got 'bestt'; did you mean 'best'?");
   CHECK(error_after([](auto& a) { a.optim = "adamw"; }) ==
-        "loom: --optim must be one of adamw_torch_fused|adamw_torch|sgd, got 'adamw'; did you mean 'adamw_torch'?");
+        "loom: --optim must be one of adamw_torch_fused|adamw_torch|adafactor|sgd|adagrad|rmsprop|lion, got 'adamw'; "
+        "did you mean 'adamw_torch'?");
   CHECK(error_after([](auto& a) { a.sharding = "zero3"; }) ==
         "loom: --sharding must be one of no|ddp|zero1|zero2|full_shard, got 'zero3'; did you mean 'zero1'?");
   const auto sched = error_after([](auto& a) { a.lr_scheduler_type = "cosine_with_restart"; });

@@ -232,8 +232,10 @@ bad_case(train_batch_float EXPECT "--per_device_train_batch_size expects an inte
          ARGS --per_device_train_batch_size 3.5)
 
 # Optimizer.
-bad_case(optim_adam EXPECT "--optim must be one of adamw_torch_fused.adamw_torch.sgd, got 'adam'. did you mean 'adamw_torch'"
+bad_case(optim_adam EXPECT "--optim must be one of adamw_torch_fused.adamw_torch.adafactor.sgd.adagrad.rmsprop.lion, got 'adam'. did you mean 'adamw_torch'"
          ARGS --optim adam)
+bad_case(optim_args_key EXPECT "--optim_args key 'momentom' is not read by --optim sgd. it reads momentum, dampening, nesterov$"
+         ARGS --optim sgd --optim_args momentom=0.9)
 bad_case(max_grad_norm_negative EXPECT "--max_grad_norm must be >= 0, got -1$"
          ARGS --max_grad_norm -1)
 bad_case(adam_beta1_too_big EXPECT "--adam_beta1 must be in \\[0, 1\\), got 1.5$"

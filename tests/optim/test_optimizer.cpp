@@ -34,7 +34,9 @@ bool contains(const std::vector<std::string>& v, const std::string& s) {
 // Trains a copy of `init` for `steps` AdamW steps with the given algorithm; returns final params.
 std::vector<torch::Tensor> run_loom(Tiny init, loom::optim::Algorithm algo, int steps) {
   auto groups = loom::optim::decay_groups(*init, 0.1);
-  loom::optim::Optimizer opt(groups, {algo, 0.9, 0.999, 1e-8});
+  loom::optim::OptimizerOptions options;
+  options.algorithm = algo;
+  loom::optim::Optimizer opt(groups, options);
   torch::manual_seed(3);
   for (int s = 0; s < steps; ++s) {
     auto loss = init->forward(torch::randn({16, 4})).pow(2).mean();

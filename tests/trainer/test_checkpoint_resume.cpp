@@ -23,19 +23,9 @@ using loom_test::Batch;
 // 6 features; the label is the argmax of the first three.
 loom::data::TensorDataset<Batch> data(int64_t n, uint64_t seed) { return loom_test::argmax_data(n, seed, 6); }
 
-struct StopAt {
-  int64_t step = -1;
-  void on_step_end(const loom::TrainingArguments&, loom::TrainerState& s, loom::TrainerControl& c) const {
-    if (s.global_step == step) c.should_training_stop = true;
-  }
-};
+using loom_test::StopAt;
 
-struct MlpImpl : torch::nn::Module {
-  MlpImpl() : a(register_module("a", torch::nn::Linear(6, 16))), b(register_module("b", torch::nn::Linear(16, 3))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return b->forward(torch::tanh(a->forward(x))); }
-  torch::nn::Linear a, b;
-};
-TORCH_MODULE(Mlp);
+using Mlp = loom_test::Mlp6;
 
 template <class Precision>
 struct T : loom::Trainer<T<Precision>, Mlp, Precision, loom::Callbacks<StopAt>> {

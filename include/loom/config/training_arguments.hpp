@@ -33,9 +33,10 @@ struct TrainingArguments {
   int64_t dataloader_num_workers = 0;  ///< background batch producers (0: in the loop)
 
   // --- optimizer -----------------------------------------------------------------------
-  std::string optim = "adamw_torch_fused";  ///< adamw_torch_fused | adamw_torch | sgd
+  std::string optim = "adamw_torch_fused";  ///< adamw_torch_fused | adamw_torch | adafactor | sgd | adagrad | rmsprop | lion
+  std::optional<std::string> optim_args;    ///< HF's extra optimizer arguments, "momentum=0.9,nesterov=True"
   double learning_rate = 5e-5;              ///< peak learning rate
-  double weight_decay = 0.0;                ///< AdamW decoupled weight decay (decay group only)
+  double weight_decay = 0.0;                ///< weight decay of the decay group (decoupled for AdamW, Adafactor, Lion; L2 for SGD, Adagrad, RMSprop)
   double adam_beta1 = 0.9;                  ///< AdamW beta1
   double adam_beta2 = 0.999;                ///< AdamW beta2
   double adam_epsilon = 1e-8;               ///< AdamW epsilon
@@ -112,9 +113,10 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"eval_accumulation_steps", "move predictions to CPU every N eval steps"},
     {"dataloader_drop_last", "drop the last incomplete training batch"},
     {"dataloader_num_workers", "background batch producers (0: in the loop)"},
-    {"optim", "adamw_torch_fused | adamw_torch | sgd"},
+    {"optim", "adamw_torch_fused | adamw_torch | adafactor | sgd | adagrad | rmsprop | lion"},
+    {"optim_args", "HF's extra optimizer arguments, \"momentum=0.9,nesterov=True\""},
     {"learning_rate", "peak learning rate"},
-    {"weight_decay", "AdamW decoupled weight decay (decay group only)"},
+    {"weight_decay", "weight decay of the decay group (decoupled for AdamW, Adafactor, Lion; L2 for SGD, Adagrad, RMSprop)"},
     {"adam_beta1", "AdamW beta1"},
     {"adam_beta2", "AdamW beta2"},
     {"adam_epsilon", "AdamW epsilon"},

@@ -20,7 +20,8 @@ namespace detail {
 // names than loom implements for optim; the scheduler list is HF's SchedulerType.
 inline constexpr std::array<std::string_view, 3> kIntervalStrategies = {"no", "steps", "epoch"};
 inline constexpr std::array<std::string_view, 4> kSaveStrategies = {"no", "steps", "epoch", "best"};
-inline constexpr std::array<std::string_view, 3> kOptimizers = {"adamw_torch_fused", "adamw_torch", "sgd"};
+inline constexpr std::array<std::string_view, 7> kOptimizers = {"adamw_torch_fused", "adamw_torch", "adafactor", "sgd",
+                                                                 "adagrad",           "rmsprop",     "lion"};
 inline constexpr std::array<std::string_view, 5> kShardings = {"no", "ddp", "zero1", "zero2", "full_shard"};
 inline constexpr std::array<std::string_view, 11> kLrSchedulerTypes = {
     "linear",           "cosine",                 "cosine_with_restarts",      "polynomial",

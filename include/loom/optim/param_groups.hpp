@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,7 +18,10 @@ namespace loom::optim {
 struct ParamGroup {
   std::vector<torch::Tensor> params;  ///< the tensors (leaf, requires_grad)
   std::vector<std::string> names;     ///< their names in the model
-  double weight_decay = 0.0;          ///< decoupled weight decay of this group
+  double weight_decay = 0.0;          ///< weight decay of this group (decoupled or L2, per the rule)
+  /// This group's own peak learning rate (torch's group "lr"): the scheduler scales it by the
+  /// same factor as --learning_rate. Unset: the group steps at the scheduler's lr.
+  std::optional<double> lr;
 };
 
 namespace detail {

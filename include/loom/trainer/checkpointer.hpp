@@ -3,7 +3,10 @@
 // named, written and read back here; the components hand over their state and get it back.
 //
 //   checkpoint-N/model.safetensors        weights (named parameters and buffers), gathered
-//   checkpoint-N/optimizer.safetensors    AdamW moments and step counts, by parameter name
+//   checkpoint-N/optimizer.safetensors    the optimizer's state tensors ("<kind>.<param>": moments,
+//                                         buffers, step counts), by parameter name
+//   checkpoint-N/optimizer.pt             instead, for a wrapped torch::optim::Optimizer: torch's
+//                                         own serialization of it
 //   checkpoint-N/optimizer-R-of-W.safetensors / .json
 //                                         instead, when the optimizer is sharded: rank R's
 //                                         pieces, and each piece's flat range in its parameter

@@ -240,15 +240,10 @@ class Trainer {
     return p;
   }
 
-  /// AdamW (or SGD, per --optim) with HF's decay / no-decay parameter groups.
-  optim::Optimizer create_optimizer() {
-    optim::OptimizerOptions opts;
-    opts.algorithm = optim::algorithm_from_name(args_.optim);
-    opts.beta1 = args_.adam_beta1;
-    opts.beta2 = args_.adam_beta2;
-    opts.eps = args_.adam_epsilon;
-    return optim::Optimizer(optim::decay_groups(detail::module_of(model_), args_.weight_decay), opts);
-  }
+  /// The --optim rule (with --optim_args) over HF's decay / no-decay parameter groups. An
+  /// override may return its own groups (each with its own lr and weight decay) or any
+  /// torch::optim::Optimizer through optim::Optimizer::wrap.
+  optim::Optimizer create_optimizer() { return optim::make_optimizer(args_, detail::module_of(model_)); }
 
   /// The schedule policy's scheduler over `num_training_steps` optimizer steps.
   scheduler_type create_scheduler(int64_t num_training_steps) {

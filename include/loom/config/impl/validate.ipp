@@ -4,6 +4,7 @@
 #include <loom/config/error.hpp>
 #include <loom/config/json.hpp>
 #include <loom/config/nearest.hpp>
+#include <loom/config/optim_args.hpp>
 #include <loom/config/reflect.hpp>
 #include <loom/config/training_arguments.hpp>
 #include <loom/config/validate.hpp>
@@ -89,6 +90,7 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
   check_choice("logging_strategy", args.logging_strategy, kIntervalStrategies);
   check_choice("save_strategy", args.save_strategy, kSaveStrategies);
   check_choice("optim", args.optim, kOptimizers);
+  (void)parse_optim_args(args.optim, args.optim_args.value_or(""));
   check_choice("sharding", args.sharding, kShardings);
   check_choice("lr_scheduler_type", args.lr_scheduler_type, kLrSchedulerTypes);
   {

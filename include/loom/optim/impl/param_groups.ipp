@@ -44,7 +44,7 @@ LOOM_INLINE std::vector<std::string> decay_parameter_names(const torch::nn::Modu
 
 LOOM_INLINE std::vector<ParamGroup> decay_groups(const torch::nn::Module& model, double weight_decay) {
   const auto decay = decay_parameter_names(model);
-  ParamGroup with{{}, {}, weight_decay}, without{{}, {}, 0.0};
+  ParamGroup with{{}, {}, weight_decay, std::nullopt}, without{{}, {}, 0.0, std::nullopt};
   for (const auto& item : model.named_parameters(true)) {
     if (!item.value().requires_grad()) continue;
     const bool d = std::find(decay.begin(), decay.end(), item.key()) != decay.end();

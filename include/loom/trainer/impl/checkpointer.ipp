@@ -18,6 +18,7 @@ namespace loom {
 namespace detail {
 inline constexpr const char* kOptimizerMeta = "optimizer.json";
 inline constexpr const char* kOptimizerState = "optimizer.safetensors";
+inline constexpr const char* kTorchOptimizerState = "optimizer.pt";  // a wrapped torch::optim::Optimizer
 inline constexpr const char* kRngState = "rng_state.safetensors";
 inline constexpr const char* kTrainingArgs = "training_args.json";
 }  // namespace detail
@@ -85,8 +86,15 @@ LOOM_INLINE void Checkpointer::save(const TrainerState& state, OptimizerStep& op
     }
     detail::write_json_file(tmp / (stem + ".json"), {{"ranges", ranges}, {"shapes", shapes}}, 2);
   }
-  if (main && !args.save_only_model && !engine_->shards_optimizer())
-    checkpoint::save_safetensors(opt.state_tensors(), tmp / detail::kOptimizerState);
+  if (main && !args.save_only_model && !engine_->shards_optimizer()) {
+    if (opt.wrapped() != nullptr) {  // torch's own serialization of its optimizer
+      torch::serialize::OutputArchive archive;
+      opt.wrapped()->save(archive);
+      archive.save_to((tmp / detail::kTorchOptimizerState).string());
+    } else {
+      checkpoint::save_safetensors(opt.state_tensors(), tmp / detail::kOptimizerState);
+    }
+  }
   checkpoint::detail::fault_point("optimizer_written");
   if (main && !args.save_only_model) {
     detail::write_json_file(tmp / detail::kOptimizerMeta, opt.state_meta(), 2);
@@ -146,7 +154,21 @@ LOOM_INLINE void Checkpointer::load(const std::filesystem::path& dir, TrainerSta
           "weights with --model_name_or_path {})", dir.string(), f, dir.string());
   const auto meta = json::read_file(dir / detail::kOptimizerMeta);
   json::Fields(meta, (dir / detail::kOptimizerMeta).string()).integer("steps", 0);
-  optimizer.optimizer().load_state(optimizer_state_for_this_rank(dir, optimizer), meta);
+  if (auto* wrapped = optimizer.optimizer().wrapped()) {
+    const auto file = dir / detail::kTorchOptimizerState;
+    optimizer.optimizer().load_state({}, meta);  // the step count; the algorithm must be the same
+    check(std::filesystem::exists(file), "{} cannot resume a torch::optim::Optimizer: it has no {}", dir.string(),
+          detail::kTorchOptimizerState);
+    try {
+      torch::serialize::InputArchive archive;
+      archive.load_from(file.string());
+      wrapped->load(archive);
+    } catch (const c10::Error& e) {
+      fail("{}: torch could not load the optimizer state: {}", file.string(), e.what_without_backtrace());
+    }
+  } else {
+    optimizer.optimizer().load_state(optimizer_state_for_this_rank(dir, optimizer), meta);
+  }
   for (const auto& part : parts) {
     const auto file = dir / part.file;
     const auto j = json::read_file(file);
@@ -195,8 +217,9 @@ LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> Checkpointer::opt
   std::map<std::string, std::pair<std::vector<int64_t>, std::string>> saved_shape;  // key -> (shape, file)
   if (std::filesystem::exists(dir / detail::kOptimizerState)) {
     for (auto& [k, t] : checkpoint::load_safetensors(dir / detail::kOptimizerState)) {
-      if (k.rfind("step.", 0) != 0) saved_shape[k] = {t.sizes().vec(), (dir / detail::kOptimizerState).string()};
-      full[k] = k.rfind("step.", 0) == 0 ? t : t.reshape({-1});
+      const bool shaped = optim::is_param_shaped(k.substr(0, k.find('.')));
+      if (shaped) saved_shape[k] = {t.sizes().vec(), (dir / detail::kOptimizerState).string()};
+      full[k] = shaped ? t.reshape({-1}) : t;
     }
   } else {
     int64_t world = 0;
@@ -227,7 +250,7 @@ LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> Checkpointer::opt
       for (auto& [key, t] : checkpoint::load_safetensors(stem.string() + ".safetensors")) {
         const auto dot = key.find('.');
         const std::string kind = key.substr(0, dot), param = key.substr(dot + 1);
-        if (kind == "step") {
+        if (!optim::is_param_shaped(kind)) {
           full[key] = t;
           continue;
         }
@@ -269,10 +292,12 @@ LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> Checkpointer::opt
           checkpoint::detail::shape_string(it->second));
   }
   std::vector<std::pair<std::string, torch::Tensor>> out;
+  // The state keys ("<kind>.<param>") of each parameter; what is missing Optimizer::load_state reports.
+  std::map<std::string, std::vector<std::string>> keys_of;
+  for (const auto& [key, t] : full) keys_of[key.substr(key.find('.') + 1)].push_back(key);
   auto take = [&](const std::string& key, int64_t begin, int64_t end, c10::IntArrayRef shape) {
     auto it = full.find(key);
-    if (it == full.end()) return;  // Optimizer::load_state reports what is missing
-    if (key.rfind("step.", 0) == 0) out.emplace_back(key, it->second);
+    if (!optim::is_param_shaped(key.substr(0, key.find('.')))) out.emplace_back(key, it->second);
     else if (it->second.numel() < end) out.emplace_back(key, it->second);  // a shape mismatch, reported there
     else out.emplace_back(key, it->second.narrow(0, begin, end - begin).reshape(shape));
   };
@@ -284,9 +309,10 @@ LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> Checkpointer::opt
       const auto& name = g.names.at(i);
       const int64_t begin = pieces ? optimizer.pieces().at(k).begin : 0;
       const int64_t end = pieces ? optimizer.pieces().at(k).end : g.params[i].numel();
-      for (const char* kind : {"exp_avg.", "exp_avg_sq.", "step."}) take(kind + name, begin, end, g.params[i].sizes());
+      if (auto keys = keys_of.find(name); keys != keys_of.end())
+        for (const auto& key : keys->second) take(key, begin, end, g.params[i].sizes());
     }
-  if (opt.options().algorithm == optim::Algorithm::sgd || full.empty()) out.clear();
+  if (full.empty()) out.clear();
   return out;
 }
 

@@ -1,8 +1,10 @@
 #pragma once
+#include <loom/core/error.hpp>
 #include <loom/trainer/optimizer_step.hpp>
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <algorithm>
 #include <unordered_set>
 
 namespace loom {
@@ -16,6 +18,12 @@ LOOM_INLINE void OptimizerStep::reset(optim::Optimizer full, schedule::LRSchedul
   pieces_.clear();
   params_.clear();
   optimizer_.reset();
+  // Groups with their own lr follow the schedule's factor, lr / base_lr (torch's LambdaLR).
+  full.set_base_lr(scheduler.base_lr());
+  const bool own_lr = std::any_of(full.groups().begin(), full.groups().end(), [](const auto& g) { return g.lr; });
+  check(!own_lr || scheduler.base_lr() > 0,
+        "a parameter group has its own lr but --learning_rate is {}: the schedule scales each group's lr by "
+        "lr / --learning_rate, so --learning_rate must be positive", scheduler.base_lr());
   if (!engine_->shards_optimizer()) {
     optimizer_.emplace(std::move(full));
     auto stepped = optimizer_->parameters();
@@ -27,9 +35,17 @@ LOOM_INLINE void OptimizerStep::reset(optim::Optimizer full, schedule::LRSchedul
       if (in_optimizer.count(p.unsafeGetTensorImpl()) > 0) params_.push_back(p);
     return;
   }
+  check(full.wrapped() == nullptr,
+        "create_optimizer returned a wrapped torch::optim::Optimizer, but this sharding policy (ZeRO-1, ZeRO-2 or "
+        "FullShard) steps each rank's flat pieces of the parameters and a torch optimizer keeps its state by whole "
+        "parameter; return a loom optimizer (--optim) or use --sharding ddp");
+  check(full.steps_pieces(),
+        "--optim {} cannot run under this sharding policy (ZeRO-1, ZeRO-2 or FullShard): its factored second moments "
+        "need each matrix whole and the policy steps flat pieces of the parameters; use --sharding ddp or another "
+        "--optim", optim::algorithm_name(full.options().algorithm));
   std::vector<optim::ParamGroup> groups;
   for (const auto& g : full.groups()) {
-    optim::ParamGroup sharded{{}, {}, g.weight_decay};
+    optim::ParamGroup sharded{{}, {}, g.weight_decay, g.lr};
     for (std::size_t i = 0; i < g.params.size(); ++i) {
       auto piece = engine_->piece_of(g.params[i], g.names.at(i));
       if (!piece) continue;
@@ -42,6 +58,7 @@ LOOM_INLINE void OptimizerStep::reset(optim::Optimizer full, schedule::LRSchedul
     groups.push_back(std::move(sharded));
   }
   optimizer_.emplace(std::move(groups), full.options());
+  optimizer_->set_base_lr(scheduler.base_lr());
   params_ = optimizer_->parameters();
 }
 
