@@ -147,6 +147,7 @@ TEST_CASE("every --optim rule matches Python's torch.optim / HF step by step (1e
     }
     CHECK(expected.size() == static_cast<std::size_t>(3 * kSteps));
     CHECK(worst <= 1e-6);
+    MESSAGE(c.optim << " --optim_args '" << c.optim_args << "': largest difference from Python " << worst);
     // The parameters moved, and the two groups differently from one plain lr.
     CHECK_FALSE(torch::allclose(got.at("p0.4"), inputs.at("p0")));
     CHECK_FALSE(torch::allclose(got.at("p1.4"), inputs.at("p1")));

@@ -52,6 +52,8 @@ TEST_CASE("warmup resolution: integer steps, fraction below 1, warmup_ratio") {
   CHECK(resolve_warmup_steps(0.1, 0.0, 95) == 10);  // ceil(9.5)
   CHECK(resolve_warmup_steps(0, 0.25, 10) == 3);    // ceil(2.5)
   CHECK(resolve_warmup_steps(0, 0.0, 10) == 0);
+  CHECK_THROWS_WITH_AS(resolve_warmup_steps(1e24, 0.0, 10), "loom: --warmup_steps 1e+24 is not a step count below 1e15",
+                       loom::Error);
 }
 
 TEST_CASE("every lr_scheduler_type equals transformers.get_scheduler step by step") {
@@ -166,6 +168,18 @@ TEST_CASE("schedule kwargs are checked at start-up with loom: errors") {
                        doctest::Contains("loom: polynomial schedule: lr_end"), loom::Error);
   CHECK_THROWS_WITH_AS(LRScheduler<Cosine>(params(0, 10, 1.0, {{"num_cycles", "two"}})),
                        doctest::Contains("num_cycles of cosine must be a number"), loom::Error);
+  // Counts far beyond int64 (found by the scheduler_kwargs fuzzer: 1e24 was cast to int64,
+  // which is undefined behaviour) are refused before the cast.
+  CHECK_THROWS_WITH_AS(
+      LRScheduler<WarmupStableDecay>(params(0, 10, 1.0, {{"num_stable_steps", -0.0}, {"num_decay_steps", 1e24}})),
+      "loom: lr_scheduler_kwargs: num_decay_steps of warmup_stable_decay must be a count below 1e15, got 1e+24",
+      loom::Error);
+  CHECK_THROWS_WITH_AS(LRScheduler<ReduceLROnPlateau>(params(0, 10, 1.0, {{"patience", -1e300}})),
+                       doctest::Contains("patience of reduce_lr_on_plateau must be a count below 1e15"), loom::Error);
+  CHECK_THROWS_WITH_AS(LRScheduler<ReduceLROnPlateau>(params(0, 10, 1.0, {{"cooldown", 1e20}})),
+                       doctest::Contains("cooldown of reduce_lr_on_plateau must be a count below 1e15"), loom::Error);
+  // Ordinary counts are truncated toward zero, as before.
+  CHECK(LRScheduler<WarmupStableDecay>(params(0, 10, 1.0, {{"num_decay_steps", 4.7}})).lr_at(6) == 1.0);
 }
 
 TEST_CASE("scheduler state round-trips, plateau state included") {

@@ -47,6 +47,10 @@ class Kwargs {
   /// The number at `key`, or `fallback` when absent; null is an error (HF's argument has a
   /// number default, and None fails there too).
   [[nodiscard]] LOOM_INLINE double number(std::string_view key, double fallback) const;
+  /// The number at `key` as a count (steps, evaluations), or `fallback` when absent: truncated
+  /// toward zero as HF's int() use of it; not finite or beyond +-1e15 is an error (a cast of
+  /// such a double to int64 is undefined).
+  [[nodiscard]] LOOM_INLINE int64_t count(std::string_view key, int64_t fallback) const;
   /// The number at `key`, if given (null counts as not given: HF's default is None).
   [[nodiscard]] std::optional<double> optional_number(std::string_view key) const;
   /// The string at `key` (one of `allowed`), or `fallback` when absent; null is an error.

@@ -20,10 +20,10 @@ LOOM_INLINE PlateauState PlateauState::configure(const ScheduleParams& p) {
   PlateauState s;
   s.maximize = k.choice("mode", "min", {"min", "max"}) == "max";
   s.factor = k.number("factor", 0.1);
-  s.patience = static_cast<int64_t>(k.number("patience", 10));
+  s.patience = k.count("patience", 10);
   s.threshold = k.number("threshold", 1e-4);
   s.relative = k.choice("threshold_mode", "rel", {"rel", "abs"}) == "rel";
-  s.cooldown = static_cast<int64_t>(k.number("cooldown", 0));
+  s.cooldown = k.count("cooldown", 0);
   s.min_lr = k.number("min_lr", 0.0);
   s.eps = k.number("eps", 1e-8);
   check(s.factor < 1.0 && s.factor >= 0.0, "reduce_lr_on_plateau: factor must be in [0, 1), got {}", s.factor);

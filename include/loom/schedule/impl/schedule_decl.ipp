@@ -41,6 +41,13 @@ LOOM_INLINE double Kwargs::number(std::string_view key, double fallback) const {
   return it->get<double>();
 }
 
+LOOM_INLINE int64_t Kwargs::count(std::string_view key, int64_t fallback) const {
+  const double v = number(key, static_cast<double>(fallback));
+  check(std::isfinite(v) && std::abs(v) < 1e15, "lr_scheduler_kwargs: {} of {} must be a count below 1e15, got {}", key,
+        schedule_, v);
+  return static_cast<int64_t>(v);
+}
+
 LOOM_INLINE std::optional<double> Kwargs::optional_number(std::string_view key) const {
   const auto it = kwargs_.find(std::string(key));
   if (it == kwargs_.end() || it->is_null()) return std::nullopt;
@@ -64,6 +71,8 @@ LOOM_INLINE std::string Kwargs::choice(std::string_view key, std::string fallbac
 }
 
 LOOM_INLINE int64_t resolve_warmup_steps(double warmup_steps, double warmup_ratio, int64_t num_training_steps) {
+  // Bounded before the cast (a double beyond int64's range cast to it is undefined).
+  check(warmup_steps < 1e15, "--warmup_steps {} is not a step count below 1e15", warmup_steps);
   if (warmup_steps >= 1) return static_cast<int64_t>(warmup_steps);
   if (warmup_steps > 0)
     return static_cast<int64_t>(std::ceil(warmup_steps * static_cast<double>(num_training_steps)));

@@ -16,13 +16,11 @@ LOOM_INLINE auto ScheduleImpl<WarmupStableDecay>::shape(const std::string& s) ->
 LOOM_INLINE auto ScheduleImpl<WarmupStableDecay>::configure(const ScheduleParams& p) -> Config {
   Kwargs k(p.kwargs, WarmupStableDecay::name,
            {"num_decay_steps", "num_stable_steps", "warmup_type", "decay_type", "min_lr_ratio", "num_cycles"});
-  const auto decay = k.optional_number("num_decay_steps");
-  check(decay.has_value(),
+  check(k.optional_number("num_decay_steps").has_value(),
         "warmup_stable_decay needs num_decay_steps in lr_scheduler_kwargs, e.g. '{{\"num_decay_steps\": 100}}'");
   Config c;
-  c.num_decay_steps = static_cast<int64_t>(*decay);
-  c.num_stable_steps = static_cast<int64_t>(k.number(
-      "num_stable_steps", static_cast<double>(p.num_training_steps - p.num_warmup_steps - c.num_decay_steps)));
+  c.num_decay_steps = k.count("num_decay_steps", 0);
+  c.num_stable_steps = k.count("num_stable_steps", p.num_training_steps - p.num_warmup_steps - c.num_decay_steps);
   c.warmup = shape(k.choice("warmup_type", "linear", {"linear", "cosine", "1-sqrt"}));
   c.decay = shape(k.choice("decay_type", "cosine", {"linear", "cosine", "1-sqrt"}));
   c.min_lr_ratio = k.number("min_lr_ratio", 0.0);
