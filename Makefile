@@ -71,7 +71,7 @@ test: build
 
 bench: build
 	$(BUILD)/benchmarks/overhead $(ARGS)
-	$(BUILD)/benchmarks/sharding
+	$(BUILD)/benchmarks/sharding --torchrun $(VENV)/bin/torchrun
 
 # --- fuzzing (tests/fuzz/README.md) ------------------------------------------------------
 # One clang binary with four libFuzzer harnesses, picked by LOOM_FUZZ_TARGET. Each target

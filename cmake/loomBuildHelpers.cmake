@@ -44,9 +44,13 @@ if(LOOM_SANITIZE)
   target_link_options(loom_build_options INTERFACE -fsanitize=address,undefined)
 endif()
 
+# The precompiled header is named by an include path (<loom_pch.hpp>), not by its absolute
+# file name: CMake writes the name into the generated header every unit force-includes, and an
+# absolute one would make every unit's hash depend on where the checkout lies.
+target_include_directories(loom_build_options INTERFACE "${CMAKE_CURRENT_LIST_DIR}/pch")
 add_library(loom_pch OBJECT "${CMAKE_CURRENT_LIST_DIR}/pch.cpp")
 target_link_libraries(loom_pch PUBLIC loom_build_options)
-target_precompile_headers(loom_pch PRIVATE "${CMAKE_CURRENT_LIST_DIR}/pch.hpp")
+target_precompile_headers(loom_pch PRIVATE <loom_pch.hpp>)
 
 # loom_add_executable(name sources...): an executable that reuses the shared PCH and links
 # loom::compiled (cmake/loomCompiled.cmake).

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -38,9 +39,46 @@ inline const char* python(std::string_view check) {
   return nullptr;
 }
 
-/// <LOOM_TEST_TMP>/<name> ("area/case" nests), removed if it exists, not created.
+/// Where the tests find the source tree and their scratch root. Read at run time, not
+/// compiled in, so that the test objects do not depend on the checkout's path and ccache
+/// serves them to a clone elsewhere: $LOOM_SOURCE_DIR / $LOOM_TEST_TMP when set, else the
+/// `loom_test_paths.txt` that CMake writes beside the test executables.
+struct TestPaths {
+  std::filesystem::path source_dir;  ///< the checkout (holds include/, tests/)
+  std::filesystem::path tmp_root;    ///< scratch folders live below it
+};
+
+inline const TestPaths& test_paths() {
+  static const TestPaths paths = [] {
+    TestPaths p;
+    const auto exe = std::filesystem::read_symlink("/proc/self/exe");
+    std::ifstream in(exe.parent_path() / "loom_test_paths.txt");
+    for (std::string line; std::getline(in, line);) {
+      const auto eq = line.find('=');
+      if (eq == std::string::npos) continue;
+      const std::string key = line.substr(0, eq), value = line.substr(eq + 1);
+      if (key == "source_dir") p.source_dir = value;
+      if (key == "tmp_dir") p.tmp_root = value;
+    }
+    if (const char* s = std::getenv("LOOM_SOURCE_DIR"); s != nullptr && *s != '\0') p.source_dir = s;
+    if (const char* t = std::getenv("LOOM_TEST_TMP"); t != nullptr && *t != '\0') p.tmp_root = t;
+    if (p.source_dir.empty() || p.tmp_root.empty())
+      throw std::runtime_error("loom tests: no " + (exe.parent_path() / "loom_test_paths.txt").string() +
+                               " and LOOM_SOURCE_DIR / LOOM_TEST_TMP unset: run the tests from the build folder");
+    return p;
+  }();
+  return paths;
+}
+
+/// The checkout's root.
+inline const std::filesystem::path& source_dir() { return test_paths().source_dir; }
+
+/// The root of the tests' scratch folders.
+inline const std::filesystem::path& tmp_root() { return test_paths().tmp_root; }
+
+/// <tmp_root()>/<name> ("area/case" nests), removed if it exists, not created.
 inline std::filesystem::path tmp_dir(const std::string& name) {
-  auto p = std::filesystem::path(LOOM_TEST_TMP) / name;
+  auto p = tmp_root() / name;
   std::filesystem::remove_all(p);
   return p;
 }

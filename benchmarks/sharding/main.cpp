@@ -5,7 +5,7 @@
 //
 // The policy is a type: the worker is instantiated once per tag of the type list below and
 // picks its instantiation by name. For each (policy, world size) the driver starts the
-// workers with torchrun from the project's venv and prints, from rank 0:
+// workers with torchrun (--torchrun; `make bench` passes the project venv's) and prints, from rank 0:
 //   * step time (median over the measured steps, after 3 warm-up steps),
 //   * model-state bytes held by the rank (parameters + gradients + optimizer state) next to
 //     the ZeRO paper's formula for the stage (fp32 master weights and AdamW: 16 bytes per
@@ -40,7 +40,7 @@ struct BenchArguments {
   int64_t hidden = 1024;           ///< width of the MLP
   int64_t layers = 4;              ///< hidden layers, one FullShard unit each
   int64_t batch = 32;              ///< per-device batch
-  std::string torchrun = LOOM_TORCHRUN;  ///< the launcher
+  std::string torchrun = "torchrun";  ///< the launcher (`make bench` passes the project venv's)
   std::string worlds = "1,2,4";    ///< world sizes to run
 };
 
@@ -155,7 +155,20 @@ int main(int argc, char** argv) {
       loom::check(known, "unknown --worker_policy {}", b.worker_policy);
       return 0;
     }
-    loom::check(fs::exists(b.torchrun), "--torchrun {} does not exist (make deps installs it in .venv)", b.torchrun);
+    if (b.torchrun.find('/') == std::string::npos) {  // a bare name: the first on PATH
+      const char* path = std::getenv("PATH");
+      std::string dirs = path != nullptr ? path : "";
+      for (std::size_t at = 0; at <= dirs.size();) {
+        const std::size_t end = std::min(dirs.find(':', at), dirs.size());
+        if (const fs::path p = fs::path(dirs.substr(at, end - at)) / b.torchrun; end > at && fs::exists(p)) {
+          b.torchrun = p.string();
+          break;
+        }
+        at = end + 1;
+      }
+    }
+    loom::check(fs::exists(b.torchrun), "--torchrun {} does not exist (make deps installs it in .venv; make bench passes it)",
+                b.torchrun);
     const fs::path self = fs::read_symlink("/proc/self/exe");
     const fs::path tmp = fs::temp_directory_path() / fmt::format("loom_bench_sharding_{}", ::getpid());
     fs::create_directories(tmp);

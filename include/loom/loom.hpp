@@ -31,6 +31,7 @@
 #include <loom/precision/fp16.hpp>
 #include <loom/precision/fp32.hpp>
 #include <loom/schedule/from_args.hpp>
+#include <loom/trainer/hyperparameter_search.hpp>
 #include <loom/trainer/run_main.hpp>
 #include <loom/trainer/selector.hpp>
 #include <loom/trainer/trainer.hpp>

@@ -155,7 +155,7 @@ std::map<std::string, std::vector<std::pair<int64_t, float>>> expected_scalars(
 std::optional<nlohmann::json> read_with_tensorboard(const std::filesystem::path& event_file) {
   const char* python = loom_test::python("the read-back by Python's tensorboard package");
   if (python == nullptr) return std::nullopt;
-  const auto script = std::filesystem::path(LOOM_TEST_TMP) / "callbacks" / "read_events.py";
+  const auto script = loom_test::tmp_root() / "callbacks" / "read_events.py";
   {
     std::ofstream py(script);
     py << "import json, sys\n"

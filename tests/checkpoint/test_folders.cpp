@@ -259,7 +259,7 @@ TEST_CASE("rotate_checkpoints: numeric order, path spelling of the best, other f
   CHECK(deleted == S{"checkpoint-10"});
   CHECK(listing(out) == S{".tmp-checkpoint-2000-1", "checkpoint-100", "checkpoint-1000", "checkpoint-9", "runs"});
   // A best outside output_dir with limit 1: HF still keeps two.
-  const auto r = names(ck::rotate_checkpoints(out, 1, fs::path(LOOM_TEST_TMP) / "elsewhere" / "checkpoint-3"));
+  const auto r = names(ck::rotate_checkpoints(out, 1, loom_test::tmp_root() / "elsewhere" / "checkpoint-3"));
   CHECK(r == S{"checkpoint-9"});
   CHECK(names(ck::sorted_checkpoints(out)) == S{"checkpoint-100", "checkpoint-1000"});
   CHECK(names(ck::rotate_checkpoints(out, 1, std::nullopt)) == S{"checkpoint-100"});

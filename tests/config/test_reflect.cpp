@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include "../support.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -322,7 +324,7 @@ TEST_CASE("help headings: help_heading, else the struct's name without namespace
 
 TEST_CASE("TrainingArguments: every field has a description, the same as its ///< comment") {
   // The header is the one place a reader looks; --help must say the same.
-  std::ifstream in(std::filesystem::path(LOOM_SOURCE_DIR) / "include/loom/config/training_arguments.hpp");
+  std::ifstream in(loom_test::source_dir() / "include/loom/config/training_arguments.hpp");
   REQUIRE(in);
   std::map<std::string, std::string> comments;
   const std::regex field_line(R"(^\s*[\w:<>]+\s+(\w+)(\s*=[^;]*)?;\s*///<\s*(.*\S)\s*$)");

@@ -5,6 +5,8 @@
 // braced folders never include each other.
 #include <doctest/doctest.h>
 
+#include "../support.hpp"
+
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -23,7 +25,7 @@ int rank_of(const std::string& folder) {
 }  // namespace
 
 TEST_CASE("headers include only their own layer and the layers below") {
-  const std::filesystem::path root = std::filesystem::path(LOOM_SOURCE_DIR) / "include" / "loom";
+  const std::filesystem::path root = loom_test::source_dir() / "include" / "loom";
   const std::regex include_re(R"(^\s*#\s*include\s*<loom/([A-Za-z_.]+)(/[^>]*)?>)");
   int headers = 0, includes = 0;
   for (const auto& entry : std::filesystem::recursive_directory_iterator(root)) {

@@ -131,8 +131,8 @@ TEST_CASE("read_idx reads Debian's Fashion-MNIST and rejects broken files") {
   // Ten classes of 1000 test images each.
   CHECK(torch::bincount(labels.to(torch::kLong)).eq(1000).all().item<bool>());
 
-  std::filesystem::create_directories(LOOM_TEST_TMP);
-  const auto bad = std::filesystem::path(LOOM_TEST_TMP) / "truncated.idx";
+  std::filesystem::create_directories(loom_test::tmp_root());
+  const auto bad = loom_test::tmp_root() / "truncated.idx";
   {
     std::ofstream out(bad, std::ios::binary);
     const unsigned char head[] = {0, 0, 8, 1, 0, 0, 0, 100, 1, 2, 3};

@@ -147,7 +147,7 @@ inline int run(int argc, char** argv) {
 
 namespace {
 
-// <LOOM_TEST_TMP>/dist/<name>, emptied.
+// <tmp_root>/dist/<name>, emptied.
 fs::path dist_dir(const std::string& name) { return loom_test::tmp_dir("dist/" + name); }
 
 int free_port() {

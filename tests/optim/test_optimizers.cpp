@@ -123,7 +123,7 @@ TEST_CASE("every --optim rule matches Python's torch.optim / HF step by step (1e
   for (const auto& c : cases())
     configs.push_back({{"optim", c.optim}, {"base_lr", kBaseLr}, {"kwargs", c.kwargs}, {"factors", kFactors},
                        {"groups", groups_json()}});
-  const std::string cmd = std::string(py) + " " + LOOM_SOURCE_DIR + "/tests/optim/reference.py " +
+  const std::string cmd = std::string(py) + " " + (loom_test::source_dir() / "tests/optim/reference.py").string() + " " +
                           (dir / "in.safetensors").string() + " " + (dir / "out").string() + " '" + configs.dump() +
                           "' 2>&1";
   const auto log = loom_test::run_capture(cmd);
