@@ -17,7 +17,10 @@
 #include <loom/data/dataloader.hpp>
 #include <loom/data/dataset.hpp>
 #include <loom/data/idx.hpp>
+#include <loom/data/padding.hpp>
 #include <loom/data/sampler.hpp>
+#include <loom/data/text.hpp>
+#include <loom/data/token_file.hpp>
 #include <loom/distributed/comm.hpp>
 #include <loom/distributed/env.hpp>
 #include <loom/distributed/sharding.hpp>

@@ -2,7 +2,14 @@
 # `namespace api_doc`, after #include <loom/loom.hpp>, with an empty main(): the test
 # docs.api_snippets then builds it, so every snippet of docs/api.md compiles and links.
 #   cmake -DIN=docs/api.md -DOUT=build/tests/api_snippets.cpp -P extract_snippets.cmake
-file(STRINGS "${IN}" lines ENCODING UTF-8)
+file(READ "${IN}" raw)
+# One list element per line: CMake lists split on ';' and not inside an unbalanced '[' or
+# ']' (a Markdown line such as "ids `[a, b)`" would swallow the rest of the page), so those
+# three characters travel encoded and are restored in the output.
+string(REPLACE ";" "<loom-semicolon>" raw "${raw}")
+string(REPLACE "[" "<loom-open>" raw "${raw}")
+string(REPLACE "]" "<loom-close>" raw "${raw}")
+string(REPLACE "\n" ";" lines "${raw}")
 set(body "")
 set(inside FALSE)
 set(count 0)
@@ -29,6 +36,9 @@ endif()
 if(count EQUAL 0)
   message(FATAL_ERROR "${IN}: no ```cpp block found")
 endif()
+string(REPLACE "<loom-semicolon>" ";" body "${body}")
+string(REPLACE "<loom-open>" "[" body "${body}")
+string(REPLACE "<loom-close>" "]" body "${body}")
 set(text "// Generated from ${IN} by tests/docs/extract_snippets.cmake; do not edit.\n")
 string(APPEND text "#include <loom/loom.hpp>\n\n#include <cmath>\n#include <cstdio>\n#include <span>\n#include <string>\n#include <vector>\n\n")
 string(APPEND text "namespace api_doc {\n${body}}  // namespace api_doc\n\nint main() { return 0; }\n")

@@ -3,7 +3,10 @@
 //
 // A dataset is any type with `size()` and either `get_batch(std::span<const int64_t>)`
 // returning a batch aggregate (the fast path: one gather per field) or `get(int64_t)`
-// returning one example aggregate (stacked field by field by collate()).
+// returning one example aggregate. Examples are batched by the dataset's own
+// `collate(const std::vector<Example>&)` when it has one (e.g. padding variable-length
+// sequences, data/padding.hpp), else stacked field by field by loom::data::collate();
+// with_collator() gives any example dataset a collator of the caller's choice.
 
 #include <loom/core/error.hpp>
 #include <loom/data/collate.hpp>
@@ -12,6 +15,8 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace loom::data {
@@ -34,10 +39,31 @@ concept ExampleDataset = requires(const D& d, int64_t i) {
 template <class D>
 concept Dataset = BatchDataset<D> || ExampleDataset<D>;
 
+/// The example aggregate an example dataset returns.
+template <ExampleDataset D>
+using example_t = std::decay_t<decltype(std::declval<const D&>().get(int64_t{}))>;
+
+/// A function object that makes one batch of a list of examples (a collator).
+template <class C, class Example>
+concept Collator = requires(const C& c, const std::vector<Example>& examples) {
+  { c(examples) } -> TensorAggregate;
+};
+
+/// An example dataset that batches its examples itself: `collate(examples)`.
+template <class D>
+concept CollatingDataset = ExampleDataset<D> && requires(const D& d, const std::vector<example_t<D>>& examples) {
+  { d.collate(examples) } -> TensorAggregate;
+};
+
 namespace detail {
 template <class D>
 struct batch_of {
-  using type = std::decay_t<decltype(std::declval<const D&>().get(int64_t{}))>;
+  using type = example_t<D>;
+};
+template <CollatingDataset D>
+  requires(!BatchDataset<D>)
+struct batch_of<D> {
+  using type = std::decay_t<decltype(std::declval<const D&>().collate(std::declval<const std::vector<example_t<D>>&>()))>;
 };
 template <BatchDataset D>
 struct batch_of<D> {
@@ -45,21 +71,53 @@ struct batch_of<D> {
 };
 }  // namespace detail
 
-/// The batch aggregate a dataset produces.
+/// The batch aggregate a dataset produces: get_batch's result, else collate's, else the example type.
 template <Dataset D>
 using batch_t = typename detail::batch_of<D>::type;
 
-/// The batch of rows `indices` of `dataset`.
+/// The batch of rows `indices` of `dataset`: get_batch(indices) when the dataset has it, else
+/// its examples get(i) batched by its collate() or, without one, stacked by collate().
 template <Dataset D>
 batch_t<D> fetch(const D& dataset, std::span<const int64_t> indices) {
   if constexpr (BatchDataset<D>) {
     return dataset.get_batch(indices);
   } else {
-    std::vector<batch_t<D>> examples;
+    std::vector<example_t<D>> examples;
     examples.reserve(indices.size());
     for (int64_t i : indices) examples.push_back(dataset.get(i));
-    return collate(examples);
+    if constexpr (CollatingDataset<D>) return dataset.collate(examples);
+    else return collate(examples);
   }
+}
+
+/// An example dataset whose batches a collator makes (what with_collator() returns).
+template <ExampleDataset D, Collator<example_t<D>> C>
+class Collated {
+ public:
+  /// `dataset`'s examples, batched by `collator`.
+  Collated(D dataset, C collator) : dataset_(std::move(dataset)), collator_(std::move(collator)) {}
+  /// Number of examples.
+  [[nodiscard]] int64_t size() const { return static_cast<int64_t>(dataset_.size()); }
+  /// Example `i` of the wrapped dataset.
+  [[nodiscard]] example_t<D> get(int64_t i) const { return dataset_.get(i); }
+  /// One batch of `examples`, made by the collator.
+  [[nodiscard]] auto collate(const std::vector<example_t<D>>& examples) const { return collator_(examples); }
+  /// The wrapped dataset.
+  [[nodiscard]] const D& dataset() const { return dataset_; }
+  /// The collator.
+  [[nodiscard]] const C& collator() const { return collator_; }
+
+ private:
+  D dataset_;
+  C collator_;
+};
+
+/// `dataset` with its examples batched by `collator` (HF's `data_collator`): the result is a
+/// dataset whose batches are `collator(examples)`, usable wherever a dataset is (the
+/// Trainer, DataLoader, AnyDataset). The collator replaces the dataset's own collate().
+template <ExampleDataset D, Collator<example_t<D>> C>
+Collated<D, C> with_collator(D dataset, C collator) {
+  return Collated<D, C>(std::move(dataset), std::move(collator));
 }
 
 /// A type-erased, shared, read-only dataset yielding `Batch`.
