@@ -6,7 +6,7 @@
 //   build/tests/hf_peer --data_file data.safetensors --model_name_or_path init/
 //       --weights_out final.safetensors --output_dir out/ [HF flags...]   (one line)
 //
-// --sharding ddp (under torchrun) runs the DDP engine; anything else one process.
+// --sharding ddp / full_shard (under torchrun) runs that engine; anything else one process.
 // --model gpt2 / bert trains loom's GPT2LMHeadModel / BertForSequenceClassification
 // (loom/models/) from the HF folder --model_name_or_path instead of the small classifier,
 // on the batches data/text.hpp defines, through the Trainer's default compute_loss.
@@ -16,6 +16,7 @@
 #include <loom/models/gpt2.hpp>
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <utility>
 
@@ -88,8 +89,11 @@ int train_evaluate_save(T& trainer, const PeerArguments& peer) {
   trainer.train();
   const auto metrics = trainer.evaluate();
   trainer.save_metrics("eval", metrics);
-  if (trainer.state().is_world_process_zero && !peer.weights_out.empty())
-    loom::checkpoint::save_module(*trainer.model(), peer.weights_out);
+  if (peer.weights_out.empty()) return 0;
+  // save_model gathers what a sharding policy (FullShard) keeps sharded; every rank calls it.
+  const std::filesystem::path dir = peer.weights_out + ".model";
+  trainer.save_model(dir.string());
+  if (trainer.state().is_world_process_zero) std::filesystem::rename(dir / "model.safetensors", peer.weights_out);
   return 0;
 }
 
@@ -135,7 +139,8 @@ int main(int argc, char** argv) {
     auto [peer, args] = loom::parse_args(argc, argv, PeerArguments{}, loom::TrainingArguments{});
     loom::check(!peer.data_file.empty(), "hf_peer needs --data_file");
     if (args.sharding == "ddp") return run<loom::sharding::DDP>(peer, args);
-    loom::check(args.sharding == "no", "hf_peer runs --sharding no or ddp, got {}", args.sharding);
+    if (args.sharding == "full_shard") return run<loom::sharding::FullShard>(peer, args);
+    loom::check(args.sharding == "no", "hf_peer runs --sharding no, ddp or full_shard, got {}", args.sharding);
     return run<loom::sharding::NoShard>(peer, args);
   });
 }
