@@ -9,12 +9,12 @@
       inputs (GPT-2 labels with ignored tokens, BERT batches with padding) and transformers'
       logits and loss for them.
 
-  hf_models.py check KIND FOLDER INPUTS KEY_PREFIX
-      Opens FOLDER (written by loom) with transformers' from_pretrained, which must report
-      no missing, unexpected or mismatched weights, runs it on the inputs of INPUTS and
-      prints the largest absolute difference from INPUTS' <KEY_PREFIX>_logits (and loss).
-      Exit status 0 when the logits are equal to within 1e-5 relative, and with --exact
-      when they are identical.
+  hf_models.py check KIND,FOLDER,INPUTS,KEY_PREFIX[,exact] ...
+      For each group: opens FOLDER (written by loom) with transformers' from_pretrained,
+      which must report no missing, unexpected or mismatched weights, runs it on the inputs
+      of INPUTS and prints the largest difference from INPUTS' <KEY_PREFIX>_logits (and
+      loss). Exit status 0 when every group's logits are equal to within 1e-5 relative (with
+      `exact`: identical). One process for all groups: importing transformers takes seconds.
 """
 import os
 import sys
@@ -112,8 +112,14 @@ def main():
     if len(sys.argv) == 3 and sys.argv[1] == "make":
         make(sys.argv[2])
         return 0
-    if len(sys.argv) in (6, 7) and sys.argv[1] == "check":
-        return check(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], len(sys.argv) == 7 and sys.argv[6] == "--exact")
+    if len(sys.argv) > 2 and sys.argv[1] == "check":
+        failed = 0
+        for group in sys.argv[2:]:
+            kind, folder, inputs, prefix, *exact = group.split(",")
+            if check(kind, folder, inputs, prefix, exact == ["exact"]) != 0:
+                print(f"FAILED {prefix} ({folder})")
+                failed += 1
+        return 1 if failed else 0
     sys.exit(__doc__)
 
 
