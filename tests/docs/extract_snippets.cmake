@@ -1,6 +1,8 @@
 # Writes every ```cpp block of a Markdown file, in order, into one C++ file inside
 # `namespace api_doc`, after #include <loom/loom.hpp>, with an empty main(): the test
-# docs.api_snippets then builds it, so every snippet of docs/api.md compiles and links.
+# docs.api_snippets then builds it, so every snippet of docs/api.md compiles and links. An
+# `#include <...>` line in a block (a header loom.hpp does not bring, e.g. loom/models/) is
+# moved to the top of the file, outside the namespace.
 #   cmake -DIN=docs/api.md -DOUT=build/tests/api_snippets.cpp -P extract_snippets.cmake
 file(READ "${IN}" raw)
 # One list element per line: CMake lists split on ';' and not inside an unbalanced '[' or
@@ -11,6 +13,7 @@ string(REPLACE "[" "<loom-open>" raw "${raw}")
 string(REPLACE "]" "<loom-close>" raw "${raw}")
 string(REPLACE "\n" ";" lines "${raw}")
 set(body "")
+set(includes "")
 set(inside FALSE)
 set(count 0)
 set(number 0)
@@ -26,7 +29,9 @@ foreach(line IN LISTS lines)
     set(inside FALSE)
     continue()
   endif()
-  if(inside)
+  if(inside AND line MATCHES "^#include <")
+    string(APPEND includes "${line}\n")
+  elseif(inside)
     string(APPEND body "${line}\n")
   endif()
 endforeach()
@@ -40,7 +45,7 @@ string(REPLACE "<loom-semicolon>" ";" body "${body}")
 string(REPLACE "<loom-open>" "[" body "${body}")
 string(REPLACE "<loom-close>" "]" body "${body}")
 set(text "// Generated from ${IN} by tests/docs/extract_snippets.cmake; do not edit.\n")
-string(APPEND text "#include <loom/loom.hpp>\n\n#include <cmath>\n#include <cstdio>\n#include <span>\n#include <string>\n#include <vector>\n\n")
+string(APPEND text "#include <loom/loom.hpp>\n${includes}\n#include <cmath>\n#include <cstdio>\n#include <span>\n#include <string>\n#include <vector>\n\n")
 string(APPEND text "namespace api_doc {\n${body}}  // namespace api_doc\n\nint main() { return 0; }\n")
 # Rewrite only when changed, so an unchanged page rebuilds nothing.
 if(EXISTS "${OUT}")

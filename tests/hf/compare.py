@@ -12,9 +12,12 @@ weights, on the CPU in fp32 with one thread. Then it compares:
     (timings excepted, eval_loss as above);
   - the final weights: every tensor bit for bit.
 
-  compare.py --peer build/tests/hf_peer --work /tmp/hf [--only NAME] [--ranks 2]
+  compare.py --peer build/tests/hf_peer --work /tmp/hf [--only NAME] [--ranks 2] [--models]
 
 --ranks 2 runs the DDP configurations under torchrun (gloo) on both sides instead.
+--models runs the transformer configurations instead (MODEL_CONFIGS): tiny random
+GPT2LMHeadModel and BertForSequenceClassification folders saved by transformers, trained
+by transformers.Trainer and by loom's models (loom/models/) with the same command line.
 """
 import argparse
 import contextlib
@@ -70,6 +73,38 @@ CONFIGS = {
         "--eval_strategy", "epoch", "--save_strategy", "steps", "--save_steps", "10",
         "--restore_callback_states_from_checkpoint", "true"]),
 }
+# The transformer configurations (--models): name -> (model, training sequences, flags).
+# Dropout is 0 in the saved configs (transformers and loom draw different masks). One
+# micro-batch per step: with accumulation transformers divides a model's own mean loss by
+# nothing when the model's forward takes **kwargs (BERT's does), which loom does not copy.
+MODEL_CONFIGS = {
+    "gpt2_adamw_cosine_clip": ("gpt2", 40, [
+        "--optim", "adamw_torch", "--learning_rate", "3e-3", "--lr_scheduler_type", "cosine", "--warmup_steps", "2",
+        "--weight_decay", "0.01", "--max_grad_norm", "1.0", "--per_device_train_batch_size", "4",
+        "--num_train_epochs", "1", "--eval_strategy", "epoch"]),
+    "gpt2_accumulation_2": ("gpt2", 40, [
+        "--optim", "adamw_torch_fused", "--learning_rate", "2e-3", "--lr_scheduler_type", "linear",
+        "--gradient_accumulation_steps", "2", "--max_grad_norm", "0.5", "--per_device_train_batch_size", "4",
+        "--num_train_epochs", "2", "--eval_strategy", "epoch"]),
+    "bert_adamw_linear_padding": ("bert", 40, [
+        "--optim", "adamw_torch_fused", "--learning_rate", "2e-3", "--lr_scheduler_type", "linear",
+        "--weight_decay", "0.01", "--max_grad_norm", "1.0", "--per_device_train_batch_size", "4",
+        "--num_train_epochs", "1", "--eval_strategy", "epoch"]),
+}
+GPT2 = dict(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
+            attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+BERT = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3)
+SEQ = 16
+# The transformer configurations run with --ranks 2 (transformers.Trainer under DDP; loom
+# under --loom_sharding). Not BERT: under DDP transformers.Trainer multiplies the loss by the
+# number of processes for a model whose forward takes **kwargs (it assumes the model divided
+# by num_items_in_batch, which BertForSequenceClassification ignores), so its gradients are
+# twice the true ones. Not total_flos: transformers sums it over the ranks, loom's Trainer
+# reports one rank's (a difference of the Trainer, left to it).
+DDP_MODEL_CONFIGS = ["gpt2_adamw_cosine_clip", "gpt2_accumulation_2"]
+DDP_MODEL_SKIP = {"total_flos"}
+
 # Configurations whose run is repeated from one of its checkpoints on both sides (HF's
 # train(resume_from_checkpoint=...), loom's --resume_from_checkpoint), then compared again.
 RESUME = {"resume_from_checkpoint_10": "checkpoint-10"}
@@ -95,14 +130,16 @@ class Net(nn.Module):
 
 
 class Rows(torch.utils.data.Dataset):
-    def __init__(self, x, labels):
-        self.x, self.labels = x, labels
+    """The rows of `split`_* tensors of a data file, as {name: row} (x/labels, input_ids/...)."""
+
+    def __init__(self, data, split):
+        self.columns = {k[len(split) + 1:]: v for k, v in data.items() if k.startswith(split + "_")}
 
     def __len__(self):
-        return len(self.x)
+        return len(next(iter(self.columns.values())))
 
     def __getitem__(self, i):
-        return {"x": self.x[i], "labels": self.labels[i]}
+        return {k: v[i] for k, v in self.columns.items()}
 
 
 def accuracy(p):
@@ -114,6 +151,55 @@ def merge(common, flags):
     pairs = dict(zip(common[::2], common[1::2]))
     pairs.update(zip(flags[::2], flags[1::2]))
     return [x for pair in pairs.items() for x in pair]
+
+
+def make_model_inputs(work, model, n_train):
+    """A tiny random HF folder saved by transformers, and token data, from fixed seeds: GPT-2
+    sequences (labels = inputs), or padded BERT sequences with 3 classes."""
+    from transformers import BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel
+    folder = os.path.join(work, f"inputs-{model}-{n_train}")
+    gen = torch.Generator().manual_seed(1234)
+    n = n_train + 16
+    data = {}
+    if model == "gpt2":
+        # A learnable pattern: each sequence counts up from a random start, modulo the vocabulary.
+        start = torch.randint(0, GPT2["vocab_size"], (n, 1), generator=gen)
+        ids = (start + torch.arange(SEQ)) % GPT2["vocab_size"]
+        # Position 0 is never a target (the loss shifts by one), but transformers.Trainer
+        # 5.23 counts it in num_items_in_batch for GPT2LMHeadModel (its loss_type is None, so
+        # Trainer._loss_shifts_labels is False) and so divides the summed loss by 16 labels a
+        # row instead of 15. Marking it -100 makes the count right, as for *ForCausalLM models.
+        labels = ids.clone()
+        labels[:, 0] = -100
+        cols = {"input_ids": ids, "labels": labels}
+    else:
+        ids = torch.randint(1, BERT["vocab_size"], (n, SEQ), generator=gen)
+        lengths = torch.randint(4, SEQ + 1, (n,), generator=gen)
+        mask = (torch.arange(SEQ) < lengths[:, None]).long()
+        ids = ids * mask  # pad_token_id 0
+        cols = {"input_ids": ids, "attention_mask": mask, "labels": ids[:, 0] % BERT["num_labels"]}
+    for k, v in cols.items():
+        data[f"train_{k}"], data[f"eval_{k}"] = v[:n_train].contiguous(), v[n_train:].contiguous()
+    os.makedirs(folder, exist_ok=True)
+    save_file(data, os.path.join(folder, "data.safetensors"))
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(**GPT2)) if model == "gpt2" else BertForSequenceClassification(BertConfig(**BERT))
+    hf.save_pretrained(os.path.join(folder, "init"))
+    return folder
+
+
+def hf_model(model, inputs):
+    """The model compare.py trains: Net, or the HF folder's model."""
+    init = os.path.join(inputs, "init")
+    if model == "gpt2":
+        from transformers import GPT2LMHeadModel
+        return GPT2LMHeadModel.from_pretrained(init)
+    if model == "bert":
+        from transformers import BertForSequenceClassification
+        return BertForSequenceClassification.from_pretrained(init)
+    net = Net()
+    net.load_state_dict(load_file(os.path.join(init, "model.safetensors")))
+    return net
 
 
 def make_inputs(work, n_train):
@@ -132,17 +218,16 @@ def make_inputs(work, n_train):
     return folder
 
 
-def run_hf(flags, inputs, out):
+def run_hf(flags, inputs, out, model_kind="net"):
     """transformers.Trainer on `flags`, writing what loom's peer writes."""
     from transformers import HfArgumentParser, Trainer, TrainingArguments
 
     (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(
         flags + ["--output_dir", out, "--report_to", "none"])
     data = load_file(os.path.join(inputs, "data.safetensors"))
-    model = Net()
-    model.load_state_dict(load_file(os.path.join(inputs, "init", "model.safetensors")))
-    trainer = Trainer(model=model, args=args, train_dataset=Rows(data["train_x"], data["train_labels"]),
-                      eval_dataset=Rows(data["eval_x"], data["eval_labels"]), compute_metrics=accuracy)
+    model = hf_model(model_kind, inputs)
+    trainer = Trainer(model=model, args=args, train_dataset=Rows(data, "train"), eval_dataset=Rows(data, "eval"),
+                      compute_metrics=None if model_kind == "gpt2" else accuracy)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "hf.log"), "w") as log, contextlib.redirect_stdout(log), \
             contextlib.redirect_stderr(log):
@@ -152,26 +237,28 @@ def run_hf(flags, inputs, out):
         trainer.save_state()
         trainer.save_metrics("eval", trainer.evaluate())
     if trainer.is_world_process_zero():
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, os.path.join(out, "final.safetensors"))
+        # named_parameters: a tied weight (GPT-2's lm_head) once, under its first name.
+        save_file({k: v.detach().contiguous() for k, v in model.named_parameters()},
+                  os.path.join(out, "final.safetensors"))
 
 
-def run_loom(peer, flags, inputs, out, ranks):
+def run_loom(peer, flags, inputs, out, ranks, model_kind="net", sharding="ddp"):
     cmd = [peer] + flags + ["--data_file", os.path.join(inputs, "data.safetensors"), "--model_name_or_path",
                             os.path.join(inputs, "init"), "--weights_out", os.path.join(out, "final.safetensors"),
-                            "--output_dir", out]
+                            "--output_dir", out, "--model", model_kind]
     if ranks > 1:
         cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone",
-               f"--nproc_per_node={ranks}", "--no-python"] + cmd + ["--sharding", "ddp"]
+               f"--nproc_per_node={ranks}", "--no-python"] + cmd + ["--sharding", sharding]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"hf_peer failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
 
 
-def run_hf_ranks(flags, inputs, out, ranks):
+def run_hf_ranks(flags, inputs, out, ranks, model_kind="net"):
     """HF under torchrun: this script re-entered with --hf-worker."""
     cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", f"--nproc_per_node={ranks}",
-           os.path.abspath(__file__), "--hf-worker", inputs, out, "--"] + flags
+           os.path.abspath(__file__), "--hf-worker", inputs, out, model_kind, "--"] + flags
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
@@ -266,8 +353,8 @@ def compare(hf_out, loom_out, tolerance, skip=()):
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--hf-worker":
         torch.set_num_threads(1)
-        inputs, out = sys.argv[2], sys.argv[3]
-        run_hf(sys.argv[5:], inputs, out)
+        inputs, out, model_kind = sys.argv[2], sys.argv[3], sys.argv[4]
+        run_hf(sys.argv[6:], inputs, out, model_kind)
         # HF leaves the process group to the interpreter's exit, where gloo's threads can
         # abort the process ("terminate called without an active exception").
         if torch.distributed.is_initialized():
@@ -279,26 +366,38 @@ def main():
     parser.add_argument("--work", required=True, help="a scratch folder (emptied)")
     parser.add_argument("--only", help="run one configuration")
     parser.add_argument("--ranks", type=int, default=1, help="2: the DDP configurations under torchrun")
+    parser.add_argument("--models", action="store_true", help="the transformer configurations (MODEL_CONFIGS)")
+    parser.add_argument("--loom_sharding", default="ddp",
+                        help="with --ranks 2: loom's policy (ddp, or full_shard against transformers' DDP)")
     parser.add_argument("--tolerance", type=float, default=0.0,
                         help="relative tolerance of values and weights (0: bit for bit)")
     opts = parser.parse_args()
     torch.set_num_threads(1)
     shutil.rmtree(opts.work, ignore_errors=True)
-    names = DDP_CONFIGS if opts.ranks > 1 else list(CONFIGS)
+    if opts.models:
+        names = DDP_MODEL_CONFIGS if opts.ranks > 1 else list(MODEL_CONFIGS)
+    else:
+        names = DDP_CONFIGS if opts.ranks > 1 else list(CONFIGS)
     if opts.only:
         names = [opts.only]
     failed = 0
     for name in names:
-        n_train, flags = CONFIGS[name]
-        flags = merge(COMMON, flags + (DDP_FLAGS if opts.ranks > 1 else []))
-        inputs = make_inputs(opts.work, n_train)
+        if name in MODEL_CONFIGS:
+            model_kind, n_train, flags = MODEL_CONFIGS[name]
+            inputs = make_model_inputs(opts.work, model_kind, n_train)
+        else:
+            model_kind, (n_train, flags) = "net", CONFIGS[name]
+            inputs = make_inputs(opts.work, n_train)
+        # (The transformer configurations' 16 evaluation rows split evenly as they are.)
+        flags = merge(COMMON, flags + (DDP_FLAGS if opts.ranks > 1 and model_kind == "net" else []))
         hf_out, loom_out = (os.path.join(opts.work, name, side) for side in ("hf", "loom"))
         if opts.ranks > 1:
-            run_hf_ranks(flags, inputs, hf_out, opts.ranks)
+            run_hf_ranks(flags, inputs, hf_out, opts.ranks, model_kind)
         else:
-            run_hf(flags, inputs, hf_out)
-        run_loom(opts.peer, flags, inputs, loom_out, opts.ranks)
-        report = compare(hf_out, loom_out, opts.tolerance)
+            run_hf(flags, inputs, hf_out, model_kind)
+        run_loom(opts.peer, flags, inputs, loom_out, opts.ranks, model_kind, opts.loom_sharding)
+        report = compare(hf_out, loom_out, opts.tolerance,
+                         skip=DDP_MODEL_SKIP if opts.ranks > 1 and model_kind != "net" else ())
         if name in RESUME and opts.ranks == 1 and not report.problems:
             # HF restarts train_loss from 0 on resume (it averages this session's steps only);
             # loom's equals the uninterrupted run's (docs/semantics.md): checked against that.

@@ -6,11 +6,17 @@
 //   build/tests/hf_peer --data_file data.safetensors --model_name_or_path init/
 //       --weights_out final.safetensors --output_dir out/ [HF flags...]   (one line)
 //
-// --sharding ddp (under torchrun) runs the DDP engine; anything else one process.
+// --sharding ddp / full_shard (under torchrun) runs that engine; anything else one process.
+// --model gpt2 / bert trains loom's GPT2LMHeadModel / BertForSequenceClassification
+// (loom/models/) from the HF folder --model_name_or_path instead of the small classifier,
+// on the batches data/text.hpp defines, through the Trainer's default compute_loss.
 
 #include <loom/loom.hpp>
+#include <loom/models/bert.hpp>
+#include <loom/models/gpt2.hpp>
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <utility>
 
@@ -21,6 +27,7 @@ struct PeerArguments {
   std::string data_file;    ///< safetensors with train_x, train_labels, eval_x, eval_labels
   std::string weights_out;  ///< where rank 0 writes the final weights (safetensors)
   int64_t hidden = 16;      ///< width of the hidden layer
+  std::string model = "net";  ///< net (the classifier below), gpt2 or bert (an HF folder)
 };
 
 struct Batch {
@@ -42,6 +49,13 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
+loom::Metrics accuracy(const loom::EvalPrediction& p) {
+  const auto correct = p.predictions.argmax(-1).eq(p.label_ids).sum().item<int64_t>();
+  loom::Metrics m;
+  m.set("accuracy", static_cast<double>(correct) / static_cast<double>(p.label_ids.size(0)));
+  return m;
+}
+
 template <class Sharding>
 struct PeerTrainer : loom::Trainer<PeerTrainer<Sharding>, Net, Sharding> {
   using PeerTrainer::Trainer::Trainer;
@@ -49,11 +63,17 @@ struct PeerTrainer : loom::Trainer<PeerTrainer<Sharding>, Net, Sharding> {
     auto logits = model->forward(batch.x);
     return {torch::nn::functional::cross_entropy(logits, batch.labels), logits};
   }
+  loom::Metrics compute_metrics(const loom::EvalPrediction& p) { return accuracy(p); }
+};
+
+// An HF model on the default compute_loss (the model's forward(batch) returns loss and
+// logits); the classifier reports accuracy as compare.py's HF side does.
+template <class Model, class Sharding>
+struct ModelTrainer : loom::Trainer<ModelTrainer<Model, Sharding>, Model, Sharding> {
+  using ModelTrainer::Trainer::Trainer;
   loom::Metrics compute_metrics(const loom::EvalPrediction& p) {
-    const auto correct = p.predictions.argmax(-1).eq(p.label_ids).sum().item<int64_t>();
-    loom::Metrics m;
-    m.set("accuracy", static_cast<double>(correct) / static_cast<double>(p.label_ids.size(0)));
-    return m;
+    if constexpr (std::is_same_v<Model, loom::models::BertForSequenceClassification>) return accuracy(p);
+    else return {};
   }
 };
 
@@ -63,20 +83,53 @@ torch::Tensor tensor_named(const std::vector<std::pair<std::string, torch::Tenso
   throw loom::Error("loom: hf_peer: the data file has no tensor " + name);
 }
 
+// train(), evaluate() into eval_results.json, and the final weights for compare.py.
+template <class T>
+int train_evaluate_save(T& trainer, const PeerArguments& peer) {
+  trainer.train();
+  const auto metrics = trainer.evaluate();
+  trainer.save_metrics("eval", metrics);
+  if (peer.weights_out.empty()) return 0;
+  // save_model gathers what a sharding policy (FullShard) keeps sharded; every rank calls it.
+  const std::filesystem::path dir = peer.weights_out + ".model";
+  trainer.save_model(dir.string());
+  if (trainer.state().is_world_process_zero) std::filesystem::rename(dir / "model.safetensors", peer.weights_out);
+  return 0;
+}
+
+// Trains `model` on the data file's train_* / eval_* tensors (the fields of Batch, by name).
+template <class Model, class Batch, class Sharding>
+int run_model(const PeerArguments& peer, const loom::TrainingArguments& args, Model model) {
+  const auto data = loom::checkpoint::load_safetensors(peer.data_file);
+  auto split = [&](const std::string& prefix) {
+    Batch b;
+    boost::pfr::for_each_field(b, [&](torch::Tensor& field, std::size_t i) {
+      field = tensor_named(data, prefix + std::string(boost::pfr::names_as_array<Batch>()[i]));
+    });
+    return loom::data::TensorDataset<Batch>(b);
+  };
+  ModelTrainer<Model, Sharding> trainer(args, std::move(model), split("train_"), split("eval_"));
+  return train_evaluate_save(trainer, peer);
+}
+
 template <class Sharding>
 int run(const PeerArguments& peer, const loom::TrainingArguments& args) {
+  if (peer.model != "net") {
+    loom::check(args.model_name_or_path.has_value(), "hf_peer --model {} needs --model_name_or_path", peer.model);
+    if (peer.model == "gpt2")
+      return run_model<loom::models::GPT2LMHeadModel, loom::data::CausalLMBatch, Sharding>(
+          peer, args, loom::models::GPT2LMHeadModel::from_pretrained(*args.model_name_or_path));
+    loom::check(peer.model == "bert", "hf_peer --model is net, gpt2 or bert, got {}", peer.model);
+    return run_model<loom::models::BertForSequenceClassification, loom::data::SequenceBatch, Sharding>(
+        peer, args, loom::models::BertForSequenceClassification::from_pretrained(*args.model_name_or_path));
+  }
   const auto data = loom::checkpoint::load_safetensors(peer.data_file);
   loom::data::TensorDataset<Batch> train({tensor_named(data, "train_x"), tensor_named(data, "train_labels")});
   loom::data::TensorDataset<Batch> eval({tensor_named(data, "eval_x"), tensor_named(data, "eval_labels")});
   const int64_t features = tensor_named(data, "train_x").size(1);
   const int64_t classes = tensor_named(data, "train_labels").max().item<int64_t>() + 1;
   PeerTrainer<Sharding> trainer(args, Net(features, peer.hidden, classes), train, eval);
-  trainer.train();
-  const auto metrics = trainer.evaluate();
-  trainer.save_metrics("eval", metrics);
-  if (trainer.state().is_world_process_zero && !peer.weights_out.empty())
-    loom::checkpoint::save_module(*trainer.model(), peer.weights_out);
-  return 0;
+  return train_evaluate_save(trainer, peer);
 }
 
 }  // namespace
@@ -86,7 +139,8 @@ int main(int argc, char** argv) {
     auto [peer, args] = loom::parse_args(argc, argv, PeerArguments{}, loom::TrainingArguments{});
     loom::check(!peer.data_file.empty(), "hf_peer needs --data_file");
     if (args.sharding == "ddp") return run<loom::sharding::DDP>(peer, args);
-    loom::check(args.sharding == "no", "hf_peer runs --sharding no or ddp, got {}", args.sharding);
+    if (args.sharding == "full_shard") return run<loom::sharding::FullShard>(peer, args);
+    loom::check(args.sharding == "no", "hf_peer runs --sharding no, ddp or full_shard, got {}", args.sharding);
     return run<loom::sharding::NoShard>(peer, args);
   });
 }

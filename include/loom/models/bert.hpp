@@ -1,0 +1,223 @@
+#pragma once
+// BERT with a sequence-classification head (transformers' BertForSequenceClassification) as
+// a loom module: HF's architecture, parameter names and config.json.
+//
+//   auto model = loom::models::BertForSequenceClassification::from_pretrained("bert-folder");
+//   auto model = loom::models::BertForSequenceClassification(loom::models::BertConfig{.num_labels = 3});
+//   model->save_pretrained("out");
+//
+// Names: bert.embeddings.{word,position,token_type}_embeddings and .LayerNorm,
+// bert.encoder.layer.{i}.attention.self.{query,key,value}, .attention.output.{dense,LayerNorm},
+// .intermediate.dense, .output.{dense,LayerNorm}, bert.pooler.dense, classifier. Each layer
+// bert.encoder.layer.{i} is a loom::FullShardUnit (name-transparent).
+//
+// Arithmetic follows transformers' default (sdpa) path: the padding mask from attention_mask
+// becomes SDPA's boolean attn_mask (none when nothing is padded, as HF skips it), the
+// activation is hidden_act (gelu: the exact erf form), the pooler is tanh(dense(h[:, 0])).
+// Loss as HF's: problem_type, or when unset regression (MSE) for num_labels == 1, single-label
+// cross-entropy for integer labels, multi-label BCE-with-logits for float labels.
+
+#include <loom/config/inline.hpp>
+#include <loom/data/text.hpp>
+#include <loom/distributed/full_shard_unit.hpp>
+#include <loom/models/activations.hpp>
+#include <loom/models/hf_folder.hpp>
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom::models {
+
+/// transformers' BertConfig (plus the classification fields of PretrainedConfig): HF's
+/// field names and defaults.
+struct BertConfig {
+  int64_t vocab_size = 30522;                    ///< tokens in the vocabulary
+  int64_t hidden_size = 768;                     ///< hidden size
+  int64_t num_hidden_layers = 12;                ///< encoder layers
+  int64_t num_attention_heads = 12;              ///< attention heads (hidden_size must be a multiple)
+  int64_t intermediate_size = 3072;              ///< feed-forward width
+  std::string hidden_act = "gelu";               ///< see models/activations.hpp
+  double hidden_dropout_prob = 0.1;              ///< dropout after embeddings and sublayers
+  double attention_probs_dropout_prob = 0.1;     ///< dropout on the attention weights
+  int64_t max_position_embeddings = 512;         ///< longest sequence
+  int64_t type_vocab_size = 2;                   ///< token types (segments)
+  double initializer_range = 0.02;               ///< std of the random initialization
+  double layer_norm_eps = 1e-12;                 ///< LayerNorm eps
+  std::optional<int64_t> pad_token_id = 0;       ///< padding token (its embedding row gets no gradient)
+  bool use_cache = true;                         ///< (decoder use; kept for the round trip)
+  std::optional<double> classifier_dropout;      ///< dropout before the classifier (none: hidden_dropout_prob)
+  bool is_decoder = false;                       ///< must be false: an encoder here
+  bool add_cross_attention = false;              ///< must be false
+  std::optional<int64_t> bos_token_id;           ///< (kept for the round trip)
+  std::optional<int64_t> eos_token_id;           ///< (kept for the round trip)
+  bool tie_word_embeddings = true;               ///< (no LM head here; kept for the round trip)
+  std::optional<std::string> problem_type;       ///< regression, single_label_classification, multi_label_classification
+  int64_t num_labels = 2;                        ///< classifier outputs (id2label's size when that is given)
+  std::map<int64_t, std::string> id2label;       ///< label names (empty: LABEL_0 ...)
+  std::map<std::string, int64_t> label2id;       ///< the inverse (empty: from id2label)
+
+  static constexpr std::string_view model_type = "bert";  ///< config.json's model_type
+};
+
+/// HF's label rule: a given id2label sets num_labels; an empty one becomes LABEL_0 ...
+/// LABEL_{num_labels-1}, and an empty label2id its inverse.
+LOOM_INLINE void complete_labels(BertConfig& config);
+
+/// Checks `config`; errors name `where` (the config file, or "BertConfig").
+LOOM_INLINE void validate(const BertConfig& config, std::string_view where);
+
+/// What BertForSequenceClassification's forward(batch) returns.
+struct SequenceClassifierOutput {
+  torch::Tensor loss;    ///< HF's loss for problem_type (undefined when the batch has no labels)
+  torch::Tensor logits;  ///< [batch, num_labels]
+};
+
+/// word + token_type + position embeddings, LayerNorm, dropout.
+class BertEmbeddingsImpl : public torch::nn::Module {
+ public:
+  LOOM_INLINE explicit BertEmbeddingsImpl(const BertConfig& config);
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& token_type_ids);
+  torch::nn::Embedding word_embeddings{nullptr}, position_embeddings{nullptr}, token_type_embeddings{nullptr};
+  torch::nn::LayerNorm LayerNorm{nullptr};  // NOLINT: HF's name
+  torch::nn::Dropout dropout{nullptr};
+};
+TORCH_MODULE(BertEmbeddings);
+
+/// query, key, value and SDPA (HF's BertSelfAttention).
+class BertSelfAttentionImpl : public torch::nn::Module {
+ public:
+  LOOM_INLINE explicit BertSelfAttentionImpl(const BertConfig& config);
+  /// `mask`: boolean [batch, 1, seq, seq] (true: attend) or undefined.
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask);
+  torch::nn::Linear query{nullptr}, key{nullptr}, value{nullptr};
+
+ private:
+  int64_t heads_, head_dim_;
+  double dropout_;
+};
+TORCH_MODULE(BertSelfAttention);
+
+/// dense, dropout, LayerNorm(. + residual): HF's BertSelfOutput and BertOutput.
+class BertResidualOutputImpl : public torch::nn::Module {
+ public:
+  LOOM_INLINE BertResidualOutputImpl(const BertConfig& config, int64_t in_features);
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& residual);
+  torch::nn::Linear dense{nullptr};
+  torch::nn::LayerNorm LayerNorm{nullptr};  // NOLINT: HF's name
+  torch::nn::Dropout dropout{nullptr};
+};
+TORCH_MODULE(BertResidualOutput);
+
+/// self-attention and its output (HF's BertAttention: "self", "output").
+class BertAttentionImpl : public torch::nn::Module {
+ public:
+  LOOM_INLINE explicit BertAttentionImpl(const BertConfig& config);
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask);
+  BertSelfAttention self{nullptr};
+  BertResidualOutput output{nullptr};
+};
+TORCH_MODULE(BertAttention);
+
+/// dense + activation (HF's BertIntermediate).
+class BertIntermediateImpl : public torch::nn::Module {
+ public:
+  LOOM_INLINE explicit BertIntermediateImpl(const BertConfig& config);
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::Linear dense{nullptr};
+
+ private:
+  std::string activation_;
+};
+TORCH_MODULE(BertIntermediate);
+
+/// One encoder layer: attention, intermediate, output.
+class BertLayerImpl : public torch::nn::Module {
+ public:
+  LOOM_INLINE explicit BertLayerImpl(const BertConfig& config);
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask);
+  BertAttention attention{nullptr};
+  BertIntermediate intermediate{nullptr};
+  BertResidualOutput output{nullptr};
+};
+TORCH_MODULE(BertLayer);
+
+/// The layers, registered as "layer" (HF's BertEncoder).
+class BertEncoderImpl : public torch::nn::Module {
+ public:
+  LOOM_INLINE explicit BertEncoderImpl(const BertConfig& config);
+  LOOM_INLINE torch::Tensor forward(torch::Tensor x, const torch::Tensor& mask);
+  torch::nn::ModuleList layer{nullptr};
+  std::vector<FullShardUnit<BertLayer>> layers;  ///< the same layers, typed
+};
+TORCH_MODULE(BertEncoder);
+
+/// The BERT body (HF's BertModel with its pooler).
+class BertModelImpl : public torch::nn::Module {
+ public:
+  LOOM_INLINE explicit BertModelImpl(const BertConfig& config);
+  /// The pooled output tanh(pooler.dense(h[:, 0])) [batch, hidden_size]; attention_mask and
+  /// token_type_ids may be undefined (no padding, segment 0).
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                    const torch::Tensor& token_type_ids);
+  BertEmbeddings embeddings{nullptr};
+  BertEncoder encoder{nullptr};
+  torch::nn::Sequential pooler{nullptr};  ///< "dense" then tanh
+};
+TORCH_MODULE(BertModel);
+
+/// BERT with a classification (or regression) head on the pooled output.
+class BertForSequenceClassificationImpl : public torch::nn::Module {
+ public:
+  /// A model with HF's random initialization (Linear and Embedding weights normal(0,
+  /// initializer_range), the padding row 0, biases 0, LayerNorms 1 and 0), drawn from torch's
+  /// default generator.
+  LOOM_INLINE explicit BertForSequenceClassificationImpl(BertConfig config = {});
+
+  /// Loss (when batch.labels is defined) and logits: the Trainer's default compute_loss.
+  LOOM_INLINE SequenceClassifierOutput forward(const data::SequenceBatch& batch);
+  /// Logits [batch, num_labels]; attention_mask (1 token, 0 padding) and token_type_ids may be undefined.
+  LOOM_INLINE torch::Tensor logits(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {},
+                                   const torch::Tensor& token_type_ids = {});
+  /// HF's loss for `logits` and `labels` under the config's problem_type.
+  LOOM_INLINE torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& labels) const;
+  /// transformers.Trainer's FLOPs estimate (total_flos): 6 x tokens x non-embedding parameters.
+  LOOM_INLINE double floating_point_ops(const data::SequenceBatch& batch) const;
+  /// Parameters; exclude_embeddings leaves out the three embedding tables.
+  LOOM_INLINE int64_t num_parameters(bool exclude_embeddings = false) const;
+
+  /// Writes config.json and the weights (model.safetensors, or shards with an index).
+  LOOM_INLINE void save_pretrained(const std::filesystem::path& dir, const SaveOptions& options = {}) const;
+  /// Reads the weights of an HF folder into this model (same config), strictly.
+  LOOM_INLINE void load_weights(const std::filesystem::path& dir);
+
+  [[nodiscard]] const BertConfig& config() const { return config_; }
+
+  BertModel bert{nullptr};
+  torch::nn::Dropout dropout{nullptr};
+  torch::nn::Linear classifier{nullptr};
+
+ private:
+  LOOM_INLINE void init_weights();
+  BertConfig config_;
+};
+
+/// Module holder of BertForSequenceClassificationImpl, with HF's from_pretrained.
+class BertForSequenceClassification : public torch::nn::ModuleHolder<BertForSequenceClassificationImpl> {
+ public:
+  using torch::nn::ModuleHolder<BertForSequenceClassificationImpl>::ModuleHolder;
+  /// Reads an HF folder: config.json, then the weights, checked strictly.
+  LOOM_INLINE static BertForSequenceClassification from_pretrained(const std::filesystem::path& dir);
+};
+
+}  // namespace loom::models
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/models/impl/bert.ipp>
+#endif

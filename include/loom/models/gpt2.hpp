@@ -1,0 +1,194 @@
+#pragma once
+// GPT-2 (transformers' GPT2LMHeadModel) as a loom module: HF's architecture, parameter names
+// and config.json, so an HF folder loads into it and what it saves opens in transformers.
+//
+//   auto model = loom::models::GPT2LMHeadModel::from_pretrained("gpt2-folder");
+//   auto model = loom::models::GPT2LMHeadModel(loom::models::GPT2Config{.n_layer = 4});
+//   model->save_pretrained("out");                      // config.json + model.safetensors
+//
+// Names: transformer.wte / wpe / h.{i}.ln_1 / attn.c_attn / attn.c_proj / ln_2 / mlp.c_fc /
+// mlp.c_proj / ln_f, and lm_head.weight only when tie_word_embeddings is false (tied, the
+// head is wte's weight and files may or may not carry the copy). The Conv1D layers keep
+// HF's [in, out] weights. Each block h.{i} is a loom::FullShardUnit, which is
+// name-transparent, so the names are the same under every sharding policy.
+//
+// Arithmetic follows transformers' default (sdpa) path: attention through
+// at::scaled_dot_product_attention with is_causal, the activation named by
+// activation_function (gelu_new: the tanh approximation written as HF writes it), dropout
+// from the config's *_pdrop in training mode, and the causal LM loss of HF's
+// ForCausalLMLoss (labels shifted by one, -100 ignored, mean over the counted tokens).
+
+#include <loom/config/inline.hpp>
+#include <loom/data/text.hpp>
+#include <loom/distributed/full_shard_unit.hpp>
+#include <loom/models/activations.hpp>
+#include <loom/models/hf_folder.hpp>
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom::models {
+
+/// transformers' GPT2Config: HF's field names and defaults (config.json reads into it).
+struct GPT2Config {
+  int64_t vocab_size = 50257;                        ///< tokens in the vocabulary
+  int64_t n_positions = 1024;                        ///< longest sequence (position embeddings)
+  int64_t n_embd = 768;                              ///< hidden size
+  int64_t n_layer = 12;                              ///< transformer blocks
+  int64_t n_head = 12;                               ///< attention heads (n_embd must be a multiple)
+  std::optional<int64_t> n_inner;                    ///< MLP width (none: 4 * n_embd)
+  std::string activation_function = "gelu_new";      ///< see models/activations.hpp
+  double resid_pdrop = 0.1;                          ///< dropout after attention and MLP
+  double embd_pdrop = 0.1;                           ///< dropout after the embeddings
+  double attn_pdrop = 0.1;                           ///< dropout on the attention weights
+  double layer_norm_epsilon = 1e-5;                  ///< LayerNorm eps
+  double initializer_range = 0.02;                   ///< std of the random initialization
+  std::string summary_type = "cls_index";            ///< (GPT2DoubleHeadsModel; kept for the round trip)
+  bool summary_use_proj = true;                      ///< (idem)
+  std::optional<std::string> summary_activation;     ///< (idem)
+  bool summary_proj_to_labels = true;                ///< (idem)
+  double summary_first_dropout = 0.1;                ///< (idem)
+  bool scale_attn_weights = true;                    ///< scale attention scores by 1/sqrt(head size)
+  bool use_cache = true;                             ///< (generation; kept for the round trip)
+  std::optional<int64_t> bos_token_id = 50256;       ///< beginning-of-text token
+  std::optional<int64_t> eos_token_id = 50256;       ///< end-of-text token
+  std::optional<int64_t> pad_token_id;               ///< padding token
+  bool scale_attn_by_inverse_layer_idx = false;      ///< also scale layer i's scores by 1/(i+1)
+  bool reorder_and_upcast_attn = false;              ///< (HF's eager path only; sdpa ignores it)
+  bool add_cross_attention = false;                  ///< must be false: no encoder-decoder use here
+  bool tie_word_embeddings = true;                   ///< lm_head shares wte's weight
+
+  static constexpr std::string_view model_type = "gpt2";  ///< config.json's model_type
+};
+
+/// Checks `config` (positive sizes, n_embd a multiple of n_head, a known activation, the
+/// features this implementation has); errors name `where` (the config file, or "GPT2Config").
+LOOM_INLINE void validate(const GPT2Config& config, std::string_view where);
+
+/// What GPT2LMHeadModel's forward(batch) returns (loom's default compute_loss and
+/// prediction_step read `loss` and `logits`).
+struct CausalLMOutput {
+  torch::Tensor loss;    ///< HF's causal LM loss (undefined when the batch has no labels)
+  torch::Tensor logits;  ///< [batch, seq, vocab_size]
+};
+
+/// HF's causal LM loss: logits at position t predict labels[t + 1]; -100 is ignored; the mean
+/// over the counted tokens, in float32.
+LOOM_INLINE torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels);
+
+/// HF's Conv1D: a linear layer whose weight is stored [in, out]; out = bias + x @ weight.
+class Conv1DImpl : public torch::nn::Module {
+ public:
+  LOOM_INLINE Conv1DImpl(int64_t in_features, int64_t out_features);
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;  ///< [in, out]
+  torch::Tensor bias;    ///< [out]
+};
+TORCH_MODULE(Conv1D);
+
+/// Causal self-attention: c_attn (q, k, v in one Conv1D), SDPA, c_proj.
+class GPT2AttentionImpl : public torch::nn::Module {
+ public:
+  LOOM_INLINE GPT2AttentionImpl(const GPT2Config& config, int64_t layer_idx);
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
+  Conv1D c_attn{nullptr}, c_proj{nullptr};
+  torch::nn::Dropout resid_dropout{nullptr};
+
+ private:
+  int64_t n_embd_, n_head_;
+  double attn_pdrop_, scaling_;
+};
+TORCH_MODULE(GPT2Attention);
+
+/// The feed-forward part: c_fc, activation, c_proj, dropout.
+class GPT2MLPImpl : public torch::nn::Module {
+ public:
+  LOOM_INLINE GPT2MLPImpl(const GPT2Config& config);
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
+  Conv1D c_fc{nullptr}, c_proj{nullptr};
+  torch::nn::Dropout dropout{nullptr};
+
+ private:
+  std::string activation_;
+};
+TORCH_MODULE(GPT2MLP);
+
+/// One pre-LayerNorm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)).
+class GPT2BlockImpl : public torch::nn::Module {
+ public:
+  LOOM_INLINE GPT2BlockImpl(const GPT2Config& config, int64_t layer_idx);
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  GPT2Attention attn{nullptr};
+  GPT2MLP mlp{nullptr};
+};
+TORCH_MODULE(GPT2Block);
+
+/// The GPT-2 body (HF's GPT2Model, "transformer"): embeddings, blocks, final LayerNorm.
+class GPT2ModelImpl : public torch::nn::Module {
+ public:
+  LOOM_INLINE explicit GPT2ModelImpl(const GPT2Config& config);
+  /// Hidden states [batch, seq, n_embd] of int64 token ids [batch, seq].
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& input_ids);
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::Dropout drop{nullptr};
+  torch::nn::ModuleList h{nullptr};                ///< the blocks, registered as "h"
+  std::vector<FullShardUnit<GPT2Block>> blocks;    ///< the same blocks, typed
+  torch::nn::LayerNorm ln_f{nullptr};
+};
+TORCH_MODULE(GPT2Model);
+
+/// GPT-2 with its language-modeling head (transformers' GPT2LMHeadModel).
+class GPT2LMHeadModelImpl : public torch::nn::Module {
+ public:
+  /// A model with HF's random initialization (normal(0, initializer_range), the residual
+  /// projections c_proj scaled by 1/sqrt(2 n_layer), LayerNorms 1 and 0, biases 0), drawn
+  /// from torch's default generator (seed it with torch::manual_seed).
+  LOOM_INLINE explicit GPT2LMHeadModelImpl(GPT2Config config = {});
+
+  /// Loss (when batch.labels is defined) and logits: the Trainer's default compute_loss.
+  LOOM_INLINE CausalLMOutput forward(const data::CausalLMBatch& batch);
+  /// Logits [batch, seq, vocab_size] of int64 token ids [batch, seq].
+  LOOM_INLINE torch::Tensor logits(const torch::Tensor& input_ids);
+  /// transformers.Trainer's FLOPs estimate (total_flos): 6 x tokens x non-embedding parameters.
+  LOOM_INLINE double floating_point_ops(const data::CausalLMBatch& batch) const;
+  /// Parameters, counted once (tied ones once); exclude_embeddings leaves out wte and wpe.
+  LOOM_INLINE int64_t num_parameters(bool exclude_embeddings = false) const;
+
+  /// Writes config.json and the weights (model.safetensors, or shards with an index).
+  LOOM_INLINE void save_pretrained(const std::filesystem::path& dir, const SaveOptions& options = {}) const;
+  /// Reads the weights of an HF folder into this model (same config), strictly.
+  LOOM_INLINE void load_weights(const std::filesystem::path& dir);
+  /// The names beyond the parameters that an HF GPT-2 file may hold.
+  LOOM_INLINE HfNameRules name_rules() const;
+
+  [[nodiscard]] const GPT2Config& config() const { return config_; }
+
+  GPT2Model transformer{nullptr};
+  torch::nn::Linear lm_head{nullptr};  ///< only when tie_word_embeddings is false
+
+ private:
+  LOOM_INLINE void init_weights();
+  GPT2Config config_;
+};
+
+/// Module holder of GPT2LMHeadModelImpl, with HF's from_pretrained.
+class GPT2LMHeadModel : public torch::nn::ModuleHolder<GPT2LMHeadModelImpl> {
+ public:
+  using torch::nn::ModuleHolder<GPT2LMHeadModelImpl>::ModuleHolder;
+  /// Reads an HF folder: config.json, then the weights (model.safetensors or sharded),
+  /// checked strictly against the model built from that config.
+  LOOM_INLINE static GPT2LMHeadModel from_pretrained(const std::filesystem::path& dir);
+};
+
+}  // namespace loom::models
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/models/impl/gpt2.ipp>
+#endif

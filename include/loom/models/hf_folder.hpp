@@ -1,0 +1,177 @@
+#pragma once
+// Hugging Face model folders: `config.json` read into (and written from) a model's config
+// struct, and the weights in `model.safetensors` or in the shards that
+// `model.safetensors.index.json` lists, checked strictly against the module's names and
+// shapes. The model families (gpt2.hpp, bert.hpp) build their from_pretrained /
+// save_pretrained on these.
+//
+// config.json: each field of the config struct is read from the key of its name (HF's names
+// and defaults live in the struct); keys the struct does not know (architectures,
+// transformers_version, dtype, ...) are left alone, as HF's own files carry many. A known key
+// with the wrong type, and a `model_type` other than the family's, are `loom:` errors naming
+// the file and the field. Supported field types: what config/reflect.hpp reads (bool,
+// integers, floating point, std::string, std::optional of those) plus HF's label maps,
+// std::map<int64_t, std::string> (id2label) and std::map<std::string, int64_t> (label2id).
+//
+// Weights: every parameter and buffer of the module must be in the file with its shape, and
+// the file may hold nothing else except the names the family declares in HfNameRules (tied
+// copies such as GPT-2's lm_head.weight, legacy buffers such as attn.bias). Stored float
+// tensors of another precision (bf16, fp16) are converted to the module's dtype.
+//
+// Saving writes what transformers' save_pretrained writes: config.json (sorted keys, with
+// model_type and architectures) and model.safetensors with metadata {"format": "pt"}, or,
+// over max_shard_size bytes, model-0000i-of-0000n.safetensors shards filled greedily in
+// parameter order plus model.safetensors.index.json ({"metadata": {total_parameters,
+// total_size}, "weight_map"}).
+
+#include <loom/checkpoint/safetensors.hpp>
+#include <loom/config/inline.hpp>
+#include <loom/config/json.hpp>
+#include <loom/config/meta.hpp>
+#include <loom/config/reflect.hpp>
+#include <loom/core/error.hpp>
+
+#include <boost/pfr.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace loom::models {
+
+/// HF's file names inside a model folder.
+inline constexpr std::string_view config_file = "config.json";
+inline constexpr std::string_view weights_file = "model.safetensors";
+inline constexpr std::string_view weights_index_file = "model.safetensors.index.json";
+
+/// What a model family allows beyond its own parameter names when it reads weights.
+struct HfNameRules {
+  /// HF's base_model_prefix ("transformer", "bert"): a file of the bare base model (every
+  /// name without the prefix, as the original GPT-2 checkpoint) is read with it added.
+  std::string base_prefix;
+  /// Names a file may hold that are not parameters here (a tied copy: lm_head.weight); when
+  /// present their shape must equal `derived_from`'s.
+  std::vector<std::pair<std::string, std::string>> derived;  ///< {name, derived_from}
+  /// Name suffixes of legacy buffers that are skipped when present (GPT-2's ".attn.bias").
+  std::vector<std::string> ignored_suffixes;
+};
+
+/// How save_pretrained writes the weights.
+struct SaveOptions {
+  /// Largest shard in bytes before the weights are split (HF's default "50GB"); a tensor
+  /// larger than this gets a shard of its own.
+  int64_t max_shard_size = 50'000'000'000;
+};
+
+/// The tensors of an HF folder's weights: model.safetensors if present, else the shards
+/// named by model.safetensors.index.json (each shard must hold exactly the names the
+/// index maps to it). CPU tensors, in file order.
+LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> read_hf_weights(const std::filesystem::path& dir);
+
+/// Copies read_hf_weights(dir) into `module`'s parameters and buffers under `rules`: every
+/// name and shape must match, else one loom::Error lists every difference and the module is
+/// left untouched.
+LOOM_INLINE void load_hf_weights(torch::nn::Module& module, const std::filesystem::path& dir,
+                                 const HfNameRules& rules);
+
+/// Writes `module`'s parameters and buffers as HF's save_pretrained does (see the top of
+/// this file); `dir` is created when missing, and weight files of an earlier save that
+/// this one does not rewrite are removed.
+LOOM_INLINE void save_hf_weights(const torch::nn::Module& module, const std::filesystem::path& dir,
+                                 const SaveOptions& options = {});
+
+/// The total size (bytes) of HF's "50GB"-style sizes: an integer with an optional unit
+/// B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB (powers of 1024).
+LOOM_INLINE int64_t parse_shard_size(std::string_view text);
+
+namespace detail {
+
+template <class F>
+inline constexpr bool is_id2label_v = std::is_same_v<F, std::map<int64_t, std::string>>;
+template <class F>
+inline constexpr bool is_label2id_v = std::is_same_v<F, std::map<std::string, int64_t>>;
+
+/// id2label from a JSON object {"0": "neg", ...}; a key that is not an integer, or a value
+/// that is not a string, throws "loom: JSON key 'id2label' ...".
+LOOM_INLINE std::map<int64_t, std::string> read_id2label(const nlohmann::json& value);
+/// label2id from a JSON object {"neg": 0, ...}.
+LOOM_INLINE std::map<std::string, int64_t> read_label2id(const nlohmann::json& value);
+
+/// Reads config.json (strict JSON) and checks model_type; the object comes back.
+LOOM_INLINE nlohmann::json read_config_json(const std::filesystem::path& path, std::string_view model_type);
+
+/// Writes `fields` plus model_type and architectures as config.json, keys sorted as HF does.
+LOOM_INLINE void write_config_json(nlohmann::json fields, const std::filesystem::path& path,
+                                   std::string_view model_type, std::string_view architecture,
+                                   torch::ScalarType dtype);
+
+}  // namespace detail
+
+/// Reads `dir`/config.json into Config: each field from the key of its name, other keys
+/// ignored; a wrong type or a model_type other than Config::model_type is a loom::Error
+/// naming the file and the field.
+template <class Config>
+Config read_hf_config(const std::filesystem::path& dir) {
+  const auto path = dir / config_file;
+  const nlohmann::json j = detail::read_config_json(path, Config::model_type);
+  Config config{};
+  constexpr auto names = boost::pfr::names_as_array<Config>();
+  try {
+    boost::pfr::for_each_field(config, [&]<class F>(F& field, std::size_t index) {
+      const std::string key(names[index]);
+      const auto it = j.find(key);
+      if (it == j.end()) return;
+      if constexpr (detail::is_id2label_v<F>) {
+        field = detail::read_id2label(*it);
+      } else if constexpr (detail::is_label2id_v<F>) {
+        field = detail::read_label2id(*it);
+      } else if constexpr (loom::detail::is_supported_field_v<F>) {
+        loom::detail::set_from_json(field, *it, key);
+      } else {
+        static_assert(dependent_false_v<F>, "loom: a config field must be a scalar, an optional scalar, or a label map");
+      }
+    });
+  } catch (const Error& e) {
+    loom::detail::rethrow_with_path(path, e);
+  }
+  return config;
+}
+
+/// Writes `config` as `dir`/config.json: every field (an empty optional as null), plus
+/// model_type, architectures = [architecture] and dtype (the weights' dtype, as HF writes it).
+template <class Config>
+void write_hf_config(const Config& config, const std::filesystem::path& dir, std::string_view architecture,
+                     torch::ScalarType dtype = torch::kFloat32) {
+  nlohmann::json fields = nlohmann::json::object();
+  constexpr auto names = boost::pfr::names_as_array<Config>();
+  boost::pfr::for_each_field(config, [&]<class F>(const F& field, std::size_t index) {
+    const std::string key(names[index]);
+    if constexpr (detail::is_id2label_v<F>) {
+      nlohmann::json m = nlohmann::json::object();
+      for (const auto& [id, label] : field) m[std::to_string(id)] = label;
+      fields[key] = std::move(m);
+    } else if constexpr (detail::is_label2id_v<F>) {
+      nlohmann::json m = nlohmann::json::object();
+      for (const auto& [label, id] : field) m[label] = id;
+      fields[key] = std::move(m);
+    } else if constexpr (loom::detail::field_traits<F>::is_optional) {
+      fields[key] = field ? nlohmann::json(loom::detail::scalar_to_json(*field)) : nlohmann::json(nullptr);
+    } else {
+      fields[key] = nlohmann::json(loom::detail::scalar_to_json(field));
+    }
+  });
+  detail::write_config_json(std::move(fields), dir / config_file, Config::model_type, architecture, dtype);
+}
+
+}  // namespace loom::models
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/models/impl/hf_folder.ipp>
+#endif

@@ -1,0 +1,294 @@
+#pragma once
+// Definitions of models/bert.hpp (compiled once with LOOM_SEPARATE_COMPILATION).
+
+#include <loom/core/error.hpp>
+#include <loom/models/activations.hpp>
+#include <loom/models/bert.hpp>
+#include <loom/models/hf_folder.hpp>
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <string>
+
+namespace loom::models {
+
+LOOM_INLINE void complete_labels(BertConfig& c) {
+  if (!c.id2label.empty()) {
+    c.num_labels = static_cast<int64_t>(c.id2label.size());
+  } else {
+    for (int64_t i = 0; i < c.num_labels; ++i) c.id2label[i] = "LABEL_" + std::to_string(i);
+  }
+  if (c.label2id.empty())
+    for (const auto& [id, label] : c.id2label) c.label2id[label] = id;
+}
+
+LOOM_INLINE void validate(const BertConfig& c, std::string_view where) {
+  const auto positive = [&](int64_t v, const char* field) {
+    check(v > 0, "{}: field '{}' must be a positive integer, got {}", where, field, v);
+  };
+  positive(c.vocab_size, "vocab_size");
+  positive(c.hidden_size, "hidden_size");
+  positive(c.num_hidden_layers, "num_hidden_layers");
+  positive(c.num_attention_heads, "num_attention_heads");
+  positive(c.intermediate_size, "intermediate_size");
+  positive(c.max_position_embeddings, "max_position_embeddings");
+  positive(c.type_vocab_size, "type_vocab_size");
+  positive(c.num_labels, "num_labels");
+  check(c.hidden_size % c.num_attention_heads == 0, "{}: hidden_size ({}) must be a multiple of num_attention_heads ({})",
+        where, c.hidden_size, c.num_attention_heads);
+  check(is_known_activation(c.hidden_act), "{}: field 'hidden_act' is \"{}\"; loom knows {}", where, c.hidden_act,
+        known_activations);
+  for (const auto& [p, field] : {std::pair{c.hidden_dropout_prob, "hidden_dropout_prob"},
+                                 std::pair{c.attention_probs_dropout_prob, "attention_probs_dropout_prob"},
+                                 std::pair{c.classifier_dropout.value_or(0.0), "classifier_dropout"}})
+    check(p >= 0.0 && p < 1.0, "{}: field '{}' must be in [0, 1), got {}", where, field, p);
+  check(c.layer_norm_eps > 0.0, "{}: field 'layer_norm_eps' must be positive, got {}", where, c.layer_norm_eps);
+  check(!c.is_decoder && !c.add_cross_attention, "{}: is_decoder / add_cross_attention are set; loom's BERT is an "
+                                                 "encoder",
+        where);
+  if (c.pad_token_id)
+    check(*c.pad_token_id >= 0 && *c.pad_token_id < c.vocab_size, "{}: field 'pad_token_id' ({}) is outside the "
+                                                                   "vocabulary (vocab_size {})",
+          where, *c.pad_token_id, c.vocab_size);
+  if (c.problem_type) {
+    const auto& p = *c.problem_type;
+    check(p == "regression" || p == "single_label_classification" || p == "multi_label_classification",
+          "{}: field 'problem_type' is \"{}\"; HF's are regression, single_label_classification, "
+          "multi_label_classification",
+          where, p);
+    check(!(p == "single_label_classification" && c.num_labels == 1),
+          "{}: problem_type single_label_classification needs num_labels > 1 (for one output use regression)", where);
+  }
+}
+
+namespace detail {
+LOOM_INLINE torch::nn::LayerNorm bert_layer_norm(const BertConfig& c) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps));
+}
+}  // namespace detail
+
+// ---- embeddings ---------------------------------------------------------------------------
+
+LOOM_INLINE BertEmbeddingsImpl::BertEmbeddingsImpl(const BertConfig& c) {
+  auto words = torch::nn::EmbeddingOptions(c.vocab_size, c.hidden_size);
+  if (c.pad_token_id) words.padding_idx(*c.pad_token_id);
+  word_embeddings = register_module("word_embeddings", torch::nn::Embedding(words));
+  position_embeddings = register_module("position_embeddings", torch::nn::Embedding(c.max_position_embeddings,
+                                                                                    c.hidden_size));
+  token_type_embeddings = register_module("token_type_embeddings", torch::nn::Embedding(c.type_vocab_size,
+                                                                                        c.hidden_size));
+  LayerNorm = register_module("LayerNorm", detail::bert_layer_norm(c));
+  dropout = register_module("dropout", torch::nn::Dropout(c.hidden_dropout_prob));
+}
+
+LOOM_INLINE torch::Tensor BertEmbeddingsImpl::forward(const torch::Tensor& input_ids,
+                                                      const torch::Tensor& token_type_ids) {
+  const int64_t seq = input_ids.size(1);
+  check(seq <= position_embeddings->weight.size(0), "BERT got a sequence of {} tokens; max_position_embeddings is {}",
+        seq, position_embeddings->weight.size(0));
+  const auto positions = torch::arange(seq, input_ids.options().dtype(torch::kLong)).unsqueeze(0);
+  const auto types = token_type_ids.defined() ? token_type_ids : torch::zeros_like(input_ids);
+  // One statement per lookup, in transformers' order (autograd sums in node order).
+  const auto words = word_embeddings(input_ids);
+  auto x = words + token_type_embeddings(types);
+  x = x + position_embeddings(positions);
+  return dropout(LayerNorm(x));
+}
+
+// ---- one layer ----------------------------------------------------------------------------
+
+LOOM_INLINE BertSelfAttentionImpl::BertSelfAttentionImpl(const BertConfig& c)
+    : heads_(c.num_attention_heads), head_dim_(c.hidden_size / c.num_attention_heads),
+      dropout_(c.attention_probs_dropout_prob) {
+  query = register_module("query", torch::nn::Linear(c.hidden_size, c.hidden_size));
+  key = register_module("key", torch::nn::Linear(c.hidden_size, c.hidden_size));
+  value = register_module("value", torch::nn::Linear(c.hidden_size, c.hidden_size));
+}
+
+LOOM_INLINE torch::Tensor BertSelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& mask) {
+  const int64_t batch = x.size(0), seq = x.size(1);
+  const auto heads = [&](const torch::Tensor& t) { return t.view({batch, seq, -1, head_dim_}).transpose(1, 2); };
+  std::optional<torch::Tensor> attn_mask;
+  if (mask.defined()) attn_mask = mask;
+  // query, key, value in that order, one statement each: x feeds all three (and the
+  // residual), and autograd sums its gradients in the reverse order of the nodes.
+  const auto q = heads(query(x));
+  const auto k = heads(key(x));
+  const auto v = heads(value(x));
+  auto y = at::scaled_dot_product_attention(q, k, v, attn_mask,
+                                            is_training() ? dropout_ : 0.0, /*is_causal=*/false,
+                                            std::pow(static_cast<double>(head_dim_), -0.5));
+  return y.transpose(1, 2).contiguous().reshape({batch, seq, -1});
+}
+
+LOOM_INLINE BertResidualOutputImpl::BertResidualOutputImpl(const BertConfig& c, int64_t in_features) {
+  dense = register_module("dense", torch::nn::Linear(in_features, c.hidden_size));
+  LayerNorm = register_module("LayerNorm", detail::bert_layer_norm(c));
+  dropout = register_module("dropout", torch::nn::Dropout(c.hidden_dropout_prob));
+}
+
+LOOM_INLINE torch::Tensor BertResidualOutputImpl::forward(const torch::Tensor& x, const torch::Tensor& residual) {
+  return LayerNorm(dropout(dense(x)) + residual);
+}
+
+LOOM_INLINE BertAttentionImpl::BertAttentionImpl(const BertConfig& c) {
+  self = register_module("self", BertSelfAttention(c));
+  output = register_module("output", BertResidualOutput(c, c.hidden_size));
+}
+
+LOOM_INLINE torch::Tensor BertAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& mask) {
+  return output(self(x, mask), x);
+}
+
+LOOM_INLINE BertIntermediateImpl::BertIntermediateImpl(const BertConfig& c) : activation_(c.hidden_act) {
+  dense = register_module("dense", torch::nn::Linear(c.hidden_size, c.intermediate_size));
+}
+
+LOOM_INLINE torch::Tensor BertIntermediateImpl::forward(const torch::Tensor& x) {
+  return activation(activation_, dense(x));
+}
+
+LOOM_INLINE BertLayerImpl::BertLayerImpl(const BertConfig& c) {
+  attention = register_module("attention", BertAttention(c));
+  intermediate = register_module("intermediate", BertIntermediate(c));
+  output = register_module("output", BertResidualOutput(c, c.intermediate_size));
+}
+
+LOOM_INLINE torch::Tensor BertLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& mask) {
+  const auto a = attention(x, mask);
+  return output(intermediate(a), a);
+}
+
+LOOM_INLINE BertEncoderImpl::BertEncoderImpl(const BertConfig& c) {
+  layer = register_module("layer", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    layers.push_back(full_shard_unit(BertLayer(c)));
+    layer->push_back(layers.back());
+  }
+}
+
+LOOM_INLINE torch::Tensor BertEncoderImpl::forward(torch::Tensor x, const torch::Tensor& mask) {
+  for (auto& l : layers) x = l->forward(x, mask);
+  return x;
+}
+
+// ---- the body and the classifier ------------------------------------------------------------
+
+LOOM_INLINE BertModelImpl::BertModelImpl(const BertConfig& c) {
+  embeddings = register_module("embeddings", BertEmbeddings(c));
+  encoder = register_module("encoder", BertEncoder(c));
+  pooler = register_module("pooler", torch::nn::Sequential({{"dense", torch::nn::Linear(c.hidden_size, c.hidden_size)},
+                                                            {"activation", torch::nn::Tanh()}}));
+}
+
+LOOM_INLINE torch::Tensor BertModelImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                                 const torch::Tensor& token_type_ids) {
+  check(input_ids.dim() == 2, "BERT takes input_ids of shape [batch, seq], got {}", c10::str(input_ids.sizes()));
+  const int64_t batch = input_ids.size(0), seq = input_ids.size(1);
+  torch::Tensor mask;
+  // As transformers' sdpa path: no mask when nothing is padded (the check reads one value
+  // back from the device, as HF's does), else a boolean [batch, 1, seq, seq] (true: attend).
+  if (attention_mask.defined()) {
+    check(attention_mask.sizes() == input_ids.sizes(), "BERT: attention_mask has shape {} but input_ids {}",
+          c10::str(attention_mask.sizes()), c10::str(input_ids.sizes()));
+    const auto keep = attention_mask.to(torch::kBool);
+    if (!keep.all().item<bool>()) mask = keep.view({batch, 1, 1, seq}).expand({batch, 1, seq, seq});
+  }
+  const auto hidden = encoder(embeddings(input_ids, token_type_ids), mask);
+  return pooler->forward(hidden.select(1, 0));
+}
+
+LOOM_INLINE BertForSequenceClassificationImpl::BertForSequenceClassificationImpl(BertConfig config)
+    : config_(std::move(config)) {
+  complete_labels(config_);
+  validate(config_, "BertConfig");
+  bert = register_module("bert", BertModel(config_));
+  dropout = register_module("dropout", torch::nn::Dropout(config_.classifier_dropout.value_or(config_.hidden_dropout_prob)));
+  classifier = register_module("classifier", torch::nn::Linear(config_.hidden_size, config_.num_labels));
+  init_weights();
+}
+
+LOOM_INLINE void BertForSequenceClassificationImpl::init_weights() {
+  // PreTrainedModel._init_weights over every module.
+  torch::NoGradGuard no_grad;
+  const double std = config_.initializer_range;
+  for (const auto& item : named_modules("", /*include_self=*/false)) {
+    auto* m = item.value().get();
+    if (auto* linear = dynamic_cast<torch::nn::LinearImpl*>(m)) {
+      linear->weight.normal_(0.0, std);
+      if (linear->bias.defined()) linear->bias.zero_();
+    } else if (auto* embedding = dynamic_cast<torch::nn::EmbeddingImpl*>(m)) {
+      embedding->weight.normal_(0.0, std);
+      if (const auto pad = embedding->options.padding_idx()) embedding->weight[*pad].zero_();
+    } else if (auto* norm = dynamic_cast<torch::nn::LayerNormImpl*>(m)) {
+      norm->weight.fill_(1.0);
+      norm->bias.zero_();
+    }
+  }
+}
+
+LOOM_INLINE torch::Tensor BertForSequenceClassificationImpl::logits(const torch::Tensor& input_ids,
+                                                                    const torch::Tensor& attention_mask,
+                                                                    const torch::Tensor& token_type_ids) {
+  return classifier(dropout(bert(input_ids, attention_mask, token_type_ids)));
+}
+
+LOOM_INLINE torch::Tensor BertForSequenceClassificationImpl::loss(const torch::Tensor& logits,
+                                                                  const torch::Tensor& labels) const {
+  const int64_t n = config_.num_labels;
+  std::string problem = config_.problem_type.value_or("");
+  if (problem.empty()) {
+    const bool integer = labels.scalar_type() == torch::kLong || labels.scalar_type() == torch::kInt;
+    problem = n == 1 ? "regression" : integer ? "single_label_classification" : "multi_label_classification";
+  }
+  namespace F = torch::nn::functional;
+  if (problem == "regression") {
+    const auto target = labels.to(logits.scalar_type());
+    return n == 1 ? F::mse_loss(logits.squeeze(), target.squeeze()) : F::mse_loss(logits, target);
+  }
+  if (problem == "single_label_classification") return F::cross_entropy(logits.view({-1, n}), labels.view({-1}));
+  return F::binary_cross_entropy_with_logits(logits, labels.to(logits.scalar_type()));
+}
+
+LOOM_INLINE SequenceClassifierOutput BertForSequenceClassificationImpl::forward(const data::SequenceBatch& batch) {
+  SequenceClassifierOutput out;
+  out.logits = logits(batch.input_ids, batch.attention_mask);
+  if (batch.labels.defined()) out.loss = loss(out.logits, batch.labels);
+  return out;
+}
+
+LOOM_INLINE int64_t BertForSequenceClassificationImpl::num_parameters(bool exclude_embeddings) const {
+  int64_t n = 0;
+  for (const auto& p : named_parameters(true)) {
+    if (exclude_embeddings && p.key().starts_with("bert.embeddings.") && p.key().ends_with("_embeddings.weight")) continue;
+    n += p.value().numel();
+  }
+  return n;
+}
+
+LOOM_INLINE double BertForSequenceClassificationImpl::floating_point_ops(const data::SequenceBatch& batch) const {
+  return 6.0 * static_cast<double>(batch.input_ids.numel()) * static_cast<double>(num_parameters(true));
+}
+
+LOOM_INLINE void BertForSequenceClassificationImpl::save_pretrained(const std::filesystem::path& dir,
+                                                                    const SaveOptions& options) const {
+  save_hf_weights(*this, dir, options);
+  write_hf_config(config_, dir, "BertForSequenceClassification", classifier->weight.scalar_type());
+}
+
+LOOM_INLINE void BertForSequenceClassificationImpl::load_weights(const std::filesystem::path& dir) {
+  load_hf_weights(*this, dir, HfNameRules{.base_prefix = "bert", .derived = {}, .ignored_suffixes = {}});
+}
+
+LOOM_INLINE BertForSequenceClassification BertForSequenceClassification::from_pretrained(
+    const std::filesystem::path& dir) {
+  auto config = read_hf_config<BertConfig>(dir);
+  complete_labels(config);
+  validate(config, (dir / config_file).string());
+  BertForSequenceClassification model(std::move(config));
+  model->load_weights(dir);
+  return model;
+}
+
+}  // namespace loom::models

@@ -1,0 +1,224 @@
+#pragma once
+// Definitions of models/gpt2.hpp (compiled once with LOOM_SEPARATE_COMPILATION).
+
+#include <loom/core/error.hpp>
+#include <loom/models/activations.hpp>
+#include <loom/models/gpt2.hpp>
+#include <loom/models/hf_folder.hpp>
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <string>
+
+namespace loom::models {
+
+LOOM_INLINE void validate(const GPT2Config& c, std::string_view where) {
+  const auto positive = [&](int64_t v, const char* field) {
+    check(v > 0, "{}: field '{}' must be a positive integer, got {}", where, field, v);
+  };
+  positive(c.vocab_size, "vocab_size");
+  positive(c.n_positions, "n_positions");
+  positive(c.n_embd, "n_embd");
+  positive(c.n_layer, "n_layer");
+  positive(c.n_head, "n_head");
+  if (c.n_inner) positive(*c.n_inner, "n_inner");
+  check(c.n_embd % c.n_head == 0, "{}: n_embd ({}) must be a multiple of n_head ({})", where, c.n_embd, c.n_head);
+  check(is_known_activation(c.activation_function), "{}: field 'activation_function' is \"{}\"; loom knows {}", where,
+        c.activation_function, known_activations);
+  for (const auto& [p, field] : {std::pair{c.resid_pdrop, "resid_pdrop"}, std::pair{c.embd_pdrop, "embd_pdrop"},
+                                 std::pair{c.attn_pdrop, "attn_pdrop"}})
+    check(p >= 0.0 && p < 1.0, "{}: field '{}' must be in [0, 1), got {}", where, field, p);
+  check(c.layer_norm_epsilon > 0.0, "{}: field 'layer_norm_epsilon' must be positive, got {}", where,
+        c.layer_norm_epsilon);
+  check(!c.add_cross_attention, "{}: field 'add_cross_attention' is true; loom's GPT-2 has no cross-attention", where);
+}
+
+LOOM_INLINE torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels) {
+  // ForCausalLMLoss: pad the labels with -100 on the right and drop the first, so position t
+  // is scored against token t + 1 and the last position against nothing.
+  const int64_t vocab = logits.size(-1);
+  auto shifted = torch::constant_pad_nd(labels, {0, 1}, static_cast<double>(data::ignore_index))
+                     .narrow(-1, 1, labels.size(-1))
+                     .contiguous();
+  return torch::nn::functional::cross_entropy(
+      logits.to(torch::kFloat).view({-1, vocab}), shifted.view({-1}).to(logits.device()),
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(data::ignore_index));
+}
+
+// ---- Conv1D ------------------------------------------------------------------------------
+
+LOOM_INLINE Conv1DImpl::Conv1DImpl(int64_t in_features, int64_t out_features) {
+  weight = register_parameter("weight", torch::empty({in_features, out_features}));
+  bias = register_parameter("bias", torch::zeros({out_features}));
+}
+
+LOOM_INLINE torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = weight.size(1);
+  return torch::addmm(bias, x.view({-1, x.size(-1)}), weight).view(sizes);
+}
+
+// ---- attention, MLP, block ---------------------------------------------------------------
+
+LOOM_INLINE GPT2AttentionImpl::GPT2AttentionImpl(const GPT2Config& c, int64_t layer_idx)
+    : n_embd_(c.n_embd), n_head_(c.n_head), attn_pdrop_(c.attn_pdrop) {
+  c_attn = register_module("c_attn", Conv1D(c.n_embd, 3 * c.n_embd));
+  c_proj = register_module("c_proj", Conv1D(c.n_embd, c.n_embd));
+  resid_dropout = register_module("resid_dropout", torch::nn::Dropout(c.resid_pdrop));
+  scaling_ = c.scale_attn_weights ? std::pow(static_cast<double>(c.n_embd / c.n_head), -0.5) : 1.0;
+  if (c.scale_attn_by_inverse_layer_idx) scaling_ /= static_cast<double>(layer_idx + 1);
+}
+
+LOOM_INLINE torch::Tensor GPT2AttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t batch = x.size(0), seq = x.size(1), head_dim = n_embd_ / n_head_;
+  const auto qkv = c_attn(x).split(n_embd_, 2);
+  // One statement per operation, in transformers' order (key and value, then query): the
+  // order of autograd's nodes decides the order in which gradients are summed.
+  const auto heads = [&](const torch::Tensor& t) { return t.view({batch, seq, -1, head_dim}).transpose(1, 2); };
+  const auto k = heads(qkv[1]);
+  const auto v = heads(qkv[2]);
+  const auto q = heads(qkv[0]);
+  auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, is_training() ? attn_pdrop_ : 0.0,
+                                            /*is_causal=*/seq > 1, scaling_);
+  y = y.transpose(1, 2).contiguous().reshape({batch, seq, n_embd_});
+  return resid_dropout(c_proj(y));
+}
+
+LOOM_INLINE GPT2MLPImpl::GPT2MLPImpl(const GPT2Config& c) : activation_(c.activation_function) {
+  const int64_t inner = c.n_inner.value_or(4 * c.n_embd);
+  c_fc = register_module("c_fc", Conv1D(c.n_embd, inner));
+  c_proj = register_module("c_proj", Conv1D(inner, c.n_embd));
+  dropout = register_module("dropout", torch::nn::Dropout(c.resid_pdrop));
+}
+
+LOOM_INLINE torch::Tensor GPT2MLPImpl::forward(const torch::Tensor& x) {
+  return dropout(c_proj(activation(activation_, c_fc(x))));
+}
+
+LOOM_INLINE GPT2BlockImpl::GPT2BlockImpl(const GPT2Config& c, int64_t layer_idx) {
+  const auto ln = [&] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd}).eps(c.layer_norm_epsilon)); };
+  ln_1 = register_module("ln_1", ln());
+  attn = register_module("attn", GPT2Attention(c, layer_idx));
+  ln_2 = register_module("ln_2", ln());
+  mlp = register_module("mlp", GPT2MLP(c));
+}
+
+LOOM_INLINE torch::Tensor GPT2BlockImpl::forward(const torch::Tensor& x) {
+  auto h = attn(ln_1(x)) + x;
+  return h + mlp(ln_2(h));
+}
+
+// ---- the body and the LM head -------------------------------------------------------------
+
+LOOM_INLINE GPT2ModelImpl::GPT2ModelImpl(const GPT2Config& c) {
+  wte = register_module("wte", torch::nn::Embedding(c.vocab_size, c.n_embd));
+  wpe = register_module("wpe", torch::nn::Embedding(c.n_positions, c.n_embd));
+  drop = register_module("drop", torch::nn::Dropout(c.embd_pdrop));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    blocks.push_back(full_shard_unit(GPT2Block(c, i)));
+    h->push_back(blocks.back());
+  }
+  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd}).eps(c.layer_norm_epsilon)));
+}
+
+LOOM_INLINE torch::Tensor GPT2ModelImpl::forward(const torch::Tensor& input_ids) {
+  check(input_ids.dim() == 2, "GPT-2 takes input_ids of shape [batch, seq], got {}", c10::str(input_ids.sizes()));
+  const int64_t seq = input_ids.size(1);
+  check(seq <= wpe->weight.size(0), "GPT-2 got a sequence of {} tokens; n_positions is {}", seq, wpe->weight.size(0));
+  const auto positions = torch::arange(seq, input_ids.options().dtype(torch::kLong)).unsqueeze(0);
+  const auto tokens = wte(input_ids);
+  auto x = drop(tokens + wpe(positions));
+  for (auto& block : blocks) x = block->forward(x);
+  return ln_f(x);
+}
+
+LOOM_INLINE GPT2LMHeadModelImpl::GPT2LMHeadModelImpl(GPT2Config config) : config_(std::move(config)) {
+  validate(config_, "GPT2Config");
+  transformer = register_module("transformer", GPT2Model(config_));
+  if (!config_.tie_word_embeddings)
+    lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(config_.n_embd, config_.vocab_size)
+                                                               .bias(false)));
+  init_weights();
+}
+
+LOOM_INLINE void GPT2LMHeadModelImpl::init_weights() {
+  // GPT2PreTrainedModel._init_weights over every module.
+  torch::NoGradGuard no_grad;
+  const double std = config_.initializer_range;
+  const double residual_std = std / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
+  transformer->wte->weight.normal_(0.0, std);
+  transformer->wpe->weight.normal_(0.0, std);
+  const auto layer_norm = [](torch::nn::LayerNorm& ln) {
+    ln->weight.fill_(1.0);
+    ln->bias.zero_();
+  };
+  for (auto& unit : transformer->blocks) {
+    auto& b = unit->inner();
+    layer_norm(b->ln_1);
+    layer_norm(b->ln_2);
+    for (Conv1D* conv : {&b->attn->c_attn, &b->attn->c_proj, &b->mlp->c_fc, &b->mlp->c_proj}) {
+      (*conv)->weight.normal_(0.0, std);
+      (*conv)->bias.zero_();
+    }
+    b->attn->c_proj->weight.normal_(0.0, residual_std);
+    b->mlp->c_proj->weight.normal_(0.0, residual_std);
+  }
+  layer_norm(transformer->ln_f);
+  if (lm_head) lm_head->weight.normal_(0.0, std);
+}
+
+LOOM_INLINE torch::Tensor GPT2LMHeadModelImpl::logits(const torch::Tensor& input_ids) {
+  const auto hidden = transformer(input_ids);
+  return lm_head ? lm_head(hidden) : torch::nn::functional::linear(hidden, transformer->wte->weight);
+}
+
+LOOM_INLINE CausalLMOutput GPT2LMHeadModelImpl::forward(const data::CausalLMBatch& batch) {
+  CausalLMOutput out;
+  out.logits = logits(batch.input_ids);
+  if (batch.labels.defined()) out.loss = causal_lm_loss(out.logits, batch.labels);
+  return out;
+}
+
+LOOM_INLINE int64_t GPT2LMHeadModelImpl::num_parameters(bool exclude_embeddings) const {
+  int64_t n = 0;
+  for (const auto& p : named_parameters(true)) {
+    if (exclude_embeddings && (p.key() == "transformer.wte.weight" || p.key() == "transformer.wpe.weight")) continue;
+    n += p.value().numel();
+  }
+  return n;
+}
+
+LOOM_INLINE double GPT2LMHeadModelImpl::floating_point_ops(const data::CausalLMBatch& batch) const {
+  return 6.0 * static_cast<double>(batch.input_ids.numel()) * static_cast<double>(num_parameters(true));
+}
+
+LOOM_INLINE HfNameRules GPT2LMHeadModelImpl::name_rules() const {
+  HfNameRules rules;
+  rules.base_prefix = "transformer";
+  if (config_.tie_word_embeddings) rules.derived.emplace_back("lm_head.weight", "transformer.wte.weight");
+  // The causal-mask buffers older transformers versions saved (HF ignores them on load).
+  rules.ignored_suffixes = {".attn.bias", ".attn.masked_bias"};
+  return rules;
+}
+
+LOOM_INLINE void GPT2LMHeadModelImpl::save_pretrained(const std::filesystem::path& dir,
+                                                      const SaveOptions& options) const {
+  save_hf_weights(*this, dir, options);
+  write_hf_config(config_, dir, "GPT2LMHeadModel", transformer->wte->weight.scalar_type());
+}
+
+LOOM_INLINE void GPT2LMHeadModelImpl::load_weights(const std::filesystem::path& dir) {
+  load_hf_weights(*this, dir, name_rules());
+}
+
+LOOM_INLINE GPT2LMHeadModel GPT2LMHeadModel::from_pretrained(const std::filesystem::path& dir) {
+  auto config = read_hf_config<GPT2Config>(dir);
+  validate(config, (dir / config_file).string());
+  GPT2LMHeadModel model(std::move(config));
+  model->load_weights(dir);
+  return model;
+}
+
+}  // namespace loom::models

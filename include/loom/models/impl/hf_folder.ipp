@@ -1,0 +1,313 @@
+#pragma once
+// Definitions of models/hf_folder.hpp (compiled once with LOOM_SEPARATE_COMPILATION).
+
+#include <loom/checkpoint/safetensors.hpp>
+#include <loom/config/json.hpp>
+#include <loom/config/reflect.hpp>
+#include <loom/core/error.hpp>
+#include <loom/models/hf_folder.hpp>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <set>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace loom::models {
+
+namespace detail {
+
+// "a, b, c" (at most `limit` items, then "... (N in all)").
+LOOM_INLINE std::string join_names(const std::vector<std::string>& names, std::size_t limit = 12) {
+  std::string s;
+  for (std::size_t i = 0; i < names.size() && i < limit; ++i) s += (i ? ", " : "") + names[i];
+  if (names.size() > limit) s += ", ... (" + std::to_string(names.size()) + " in all)";
+  return s;
+}
+
+// A file name inside the folder: no separator, not "." or "..".
+LOOM_INLINE bool plain_file_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\\') == std::string::npos;
+}
+
+LOOM_INLINE std::string dtype_name(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat32: return "float32";
+    case torch::kBFloat16: return "bfloat16";
+    case torch::kFloat16: return "float16";
+    case torch::kFloat64: return "float64";
+    default: return std::string(c10::toString(t));
+  }
+}
+
+// Writes `j` with indent 2 and its keys in sorted order (nlohmann::json keeps them sorted),
+// atomically.
+LOOM_INLINE void write_sorted_json(const nlohmann::json& j, const std::filesystem::path& path) {
+  loom::detail::save_json_value(nlohmann::ordered_json::parse(j.dump()), path);
+}
+
+LOOM_INLINE std::map<int64_t, std::string> read_id2label(const nlohmann::json& value) {
+  const auto bad = [&](const std::string& why) {
+    return Error("loom: JSON key 'id2label' expects an object of \"<integer>\": \"<label>\" pairs; " + why);
+  };
+  if (!value.is_object()) throw bad("got " + loom::detail::describe_json(value));
+  std::map<int64_t, std::string> out;
+  for (auto it = value.begin(); it != value.end(); ++it) {
+    const std::string& key = it.key();
+    int64_t id = 0;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (ec != std::errc() || end != key.data() + key.size()) throw bad("the key \"" + key + "\" is not an integer");
+    if (!it->is_string()) throw bad("the value of \"" + key + "\" is " + loom::detail::describe_json(*it));
+    out[id] = it->get<std::string>();
+  }
+  return out;
+}
+
+LOOM_INLINE std::map<std::string, int64_t> read_label2id(const nlohmann::json& value) {
+  const auto bad = [&](const std::string& why) {
+    return Error("loom: JSON key 'label2id' expects an object of \"<label>\": <integer> pairs; " + why);
+  };
+  if (!value.is_object()) throw bad("got " + loom::detail::describe_json(value));
+  std::map<std::string, int64_t> out;
+  for (auto it = value.begin(); it != value.end(); ++it) {
+    if (!it->is_number_integer()) throw bad("the value of \"" + it.key() + "\" is " + loom::detail::describe_json(*it));
+    out[it.key()] = it->get<int64_t>();
+  }
+  return out;
+}
+
+LOOM_INLINE nlohmann::json read_config_json(const std::filesystem::path& path, std::string_view model_type) {
+  check(std::filesystem::is_regular_file(path), "{} does not exist (an HF model folder holds config.json and "
+                                                "model.safetensors)",
+        path.string());
+  nlohmann::json j = json::read_file(path);
+  const json::Fields f(j, path.string());
+  if (f.has("model_type")) {
+    const std::string found = f.string("model_type");
+    if (found != model_type)
+      f.fail("model_type", "is \"" + found + "\", but this model reads \"" + std::string(model_type) + "\"");
+  }
+  return j;
+}
+
+LOOM_INLINE void write_config_json(nlohmann::json fields, const std::filesystem::path& path,
+                                   std::string_view model_type, std::string_view architecture,
+                                   torch::ScalarType dtype) {
+  fields["model_type"] = std::string(model_type);
+  fields["architectures"] = nlohmann::json::array({std::string(architecture)});
+  fields["dtype"] = dtype_name(dtype);
+  write_sorted_json(fields, path);
+}
+
+}  // namespace detail
+
+LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> read_hf_weights(const std::filesystem::path& dir) {
+  check(std::filesystem::is_directory(dir), "{} is not a folder (an HF model folder holds config.json and "
+                                            "model.safetensors)",
+        dir.string());
+  const auto single = dir / weights_file;
+  if (std::filesystem::exists(single)) return checkpoint::load_safetensors(single);
+  const auto index = dir / weights_index_file;
+  if (!std::filesystem::exists(index)) {
+    const bool bin = std::filesystem::exists(dir / "pytorch_model.bin");
+    fail("{} holds neither {} nor {}{}", dir.string(), weights_file, weights_index_file,
+         bin ? " (its pytorch_model.bin is a pickle, which loom does not read: save the model with "
+               "safe_serialization, as transformers does by default)"
+             : "");
+  }
+  const nlohmann::json j = json::read_file(index);
+  const json::Fields f(j, index.string());
+  const nlohmann::json& map = f.object("weight_map");
+  if (map.empty()) f.fail("weight_map", "is empty");
+  std::map<std::string, std::set<std::string>> by_file;  // shard file -> the names it must hold
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    if (!it->is_string())
+      f.fail("weight_map", "must map each tensor name to a file name; '" + it.key() + "' maps to " + it->dump());
+    const auto file = it->get<std::string>();
+    if (!detail::plain_file_name(file))
+      f.fail("weight_map", "maps '" + it.key() + "' to \"" + file + "\", which is not a file name in the folder");
+    by_file[file].insert(it.key());
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (auto& [file, names] : by_file) {
+    const auto path = dir / file;
+    check(std::filesystem::is_regular_file(path), "{}: weight_map names {} (for {}), which does not exist",
+          index.string(), file, *names.begin());
+    for (auto& [name, t] : checkpoint::load_safetensors(path)) {
+      check(names.erase(name) == 1, "{} holds {}, which {} does not map to it", path.string(), name,
+            weights_index_file);
+      out.emplace_back(std::move(name), std::move(t));
+    }
+    check(names.empty(), "{}: weight_map puts {} in {}, which does not hold it", index.string(), *names.begin(), file);
+  }
+  return out;
+}
+
+LOOM_INLINE void load_hf_weights(torch::nn::Module& module, const std::filesystem::path& dir,
+                                 const HfNameRules& rules) {
+  auto file = read_hf_weights(dir);
+  const auto where = std::filesystem::exists(dir / weights_file) ? dir / weights_file : dir / weights_index_file;
+
+  std::unordered_map<std::string, torch::Tensor> targets;  // the module's parameters and buffers
+  std::vector<std::string> order;
+  for (const auto& p : module.named_parameters(true)) order.push_back(p.key()), targets[p.key()] = p.value();
+  for (const auto& b : module.named_buffers(true))
+    if (b.value().defined()) order.push_back(b.key()), targets[b.key()] = b.value();
+
+  // A file of the bare base model: HF adds base_model_prefix to every name.
+  if (!rules.base_prefix.empty()) {
+    const std::string prefix = rules.base_prefix + ".";
+    const auto has_prefix = [&](const std::string& n) { return n.rfind(prefix, 0) == 0; };
+    const bool file_prefixed = std::any_of(file.begin(), file.end(), [&](const auto& e) { return has_prefix(e.first); });
+    if (!file_prefixed && std::any_of(order.begin(), order.end(), has_prefix))
+      for (auto& e : file) e.first = prefix + e.first;
+  }
+
+  std::vector<std::pair<torch::Tensor, const torch::Tensor*>> copies;
+  std::set<std::string> found;
+  std::vector<std::string> missing, unexpected, problems;
+  for (const auto& [name, stored] : file) {
+    const auto derived = std::find_if(rules.derived.begin(), rules.derived.end(),
+                                      [&](const auto& d) { return d.first == name; });
+    if (derived != rules.derived.end() && !targets.contains(name)) {
+      const auto source = targets.find(derived->second);
+      if (source != targets.end() && stored.sizes() != source->second.sizes())
+        problems.push_back("shape of " + name + " is " + checkpoint::detail::shape_string(stored.sizes()) +
+                           " in the file but " + checkpoint::detail::shape_string(source->second.sizes()) +
+                           " in the model (it is tied to " + derived->second + ")");
+      continue;
+    }
+    const auto it = targets.find(name);
+    if (it == targets.end()) {
+      const bool legacy = std::any_of(rules.ignored_suffixes.begin(), rules.ignored_suffixes.end(),
+                                      [&](const std::string& s) {
+                                        return name.size() >= s.size() && name.ends_with(s);
+                                      });
+      if (!legacy) unexpected.push_back(name);
+      continue;
+    }
+    found.insert(name);
+    const auto& target = it->second;
+    if (stored.sizes() != target.sizes()) {
+      problems.push_back("shape of " + name + " is " + checkpoint::detail::shape_string(stored.sizes()) +
+                         " in the file but " + checkpoint::detail::shape_string(target.sizes()) + " in the model");
+    } else if (stored.is_floating_point() != target.is_floating_point()) {
+      problems.push_back("dtype of " + name + " is " + std::string(c10::toString(stored.scalar_type())) +
+                         " in the file but " + std::string(c10::toString(target.scalar_type())) + " in the model");
+    } else {
+      copies.emplace_back(target, &stored);
+    }
+  }
+  for (const auto& name : order)
+    if (!found.contains(name)) missing.push_back(name);
+  if (!missing.empty() || !unexpected.empty() || !problems.empty()) {
+    std::vector<std::string> parts;
+    if (!missing.empty()) parts.push_back("missing " + detail::join_names(missing));
+    if (!unexpected.empty()) parts.push_back("unexpected " + detail::join_names(unexpected));
+    parts.insert(parts.end(), problems.begin(), problems.end());
+    std::string all;
+    for (const auto& p : parts) all += (all.empty() ? "" : "; ") + p;
+    fail("{} does not match the model: {}", where.string(), all);
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& [target, source] : copies) target.copy_(*source);
+}
+
+LOOM_INLINE void save_hf_weights(const torch::nn::Module& module, const std::filesystem::path& dir,
+                                 const SaveOptions& options) {
+  check(options.max_shard_size > 0, "max_shard_size must be positive, got {}", options.max_shard_size);
+  std::filesystem::create_directories(dir);
+  using Named = std::pair<std::string, torch::Tensor>;
+  std::vector<Named> all;
+  int64_t parameters = 0;
+  for (const auto& p : module.named_parameters(true)) {
+    all.emplace_back(p.key(), p.value().detach());
+    parameters += p.value().numel();
+  }
+  for (const auto& b : module.named_buffers(true))
+    if (b.value().defined()) all.emplace_back(b.key(), b.value().detach());
+
+  // huggingface_hub's split_torch_state_dict_into_shards: greedy, in order; a tensor over the
+  // limit gets a shard of its own.
+  std::vector<std::vector<Named>> shards;
+  std::vector<Named> current;
+  int64_t current_size = 0, total_size = 0;
+  for (auto& item : all) {
+    const int64_t size = item.second.numel() * static_cast<int64_t>(item.second.element_size());
+    total_size += size;
+    if (size > options.max_shard_size) {
+      shards.push_back({std::move(item)});
+      continue;
+    }
+    if (current_size + size > options.max_shard_size) {
+      shards.push_back(std::move(current));
+      current.clear();
+      current_size = 0;
+    }
+    current.push_back(std::move(item));
+    current_size += size;
+  }
+  if (!current.empty()) shards.push_back(std::move(current));
+
+  const std::map<std::string, std::string> metadata{{"format", "pt"}};
+  // Files of an earlier save that this one does not rewrite would be read instead of (or
+  // beside) the new ones: remove them.
+  std::set<std::string> written;
+  if (shards.size() <= 1) {
+    checkpoint::save_safetensors(shards.empty() ? std::vector<Named>{} : shards.front(), dir / weights_file, metadata);
+    written.insert(std::string(weights_file));
+  } else {
+    nlohmann::json weight_map = nlohmann::json::object();
+    const auto n = shards.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::string name = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, n);
+      checkpoint::save_safetensors(shards[i], dir / name, metadata);
+      for (const auto& [tensor, t] : shards[i]) weight_map[tensor] = name;
+      written.insert(name);
+    }
+    nlohmann::json index = {{"metadata", {{"total_parameters", parameters}, {"total_size", total_size}}},
+                            {"weight_map", std::move(weight_map)}};
+    detail::write_sorted_json(index, dir / weights_index_file);
+    written.insert(std::string(weights_index_file));
+  }
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    const bool shard = name.starts_with("model-") && name.ends_with(".safetensors");
+    if ((name == weights_file || name == weights_index_file || shard) && !written.contains(name))
+      std::filesystem::remove(entry.path());
+  }
+}
+
+LOOM_INLINE int64_t parse_shard_size(std::string_view text) {
+  const char* begin = text.data();
+  const char* end = text.data() + text.size();
+  int64_t value = 0;
+  const auto [unit_begin, ec] = std::from_chars(begin, end, value);
+  check(ec == std::errc() && value > 0, "max_shard_size must be a positive integer with an optional unit (\"50GB\", "
+                                        "\"200MB\", \"1000\"), got \"{}\"",
+        text);
+  std::string unit(unit_begin, end);
+  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  static const std::map<std::string, int64_t> units{{"", 1},         {"B", 1},          {"KB", 1000},
+                                                    {"MB", 1000000}, {"GB", 1000000000}, {"TB", 1000000000000},
+                                                    {"KIB", 1024},   {"MIB", 1 << 20},   {"GIB", 1 << 30}};
+  const auto it = units.find(unit);
+  check(it != units.end(), "max_shard_size \"{}\" has an unknown unit (B, KB, MB, GB, TB, KiB, MiB, GiB)", text);
+  check(value <= std::numeric_limits<int64_t>::max() / it->second, "max_shard_size \"{}\" is too large", text);
+  return value * it->second;
+}
+
+}  // namespace loom::models
