@@ -130,12 +130,25 @@ struct CountingTrainer : loom::Trainer<CountingTrainer, Counting, loom::sharding
   loom::ModelOutput compute_loss(Counting& model, Batch& batch) { return loom_test::cross_entropy(model, batch); }
 };
 
+// The tagger's Trainer, recording the tokens of each training batch it reads (num_items is
+// called on every batch, on the host).
+template <class Sharding>
+struct TokenRecorder : loom::Trainer<TokenRecorder<Sharding>, loom_test::TokenTagger, Sharding> {
+  using loom::Trainer<TokenRecorder<Sharding>, loom_test::TokenTagger, Sharding>::Trainer;
+  std::vector<int64_t> batch_tokens;
+  int64_t num_items(const loom_test::TokenBatch& b) {
+    batch_tokens.push_back(b.attention_mask.sum().template item<int64_t>());
+    return b.input_ids.size(0);
+  }
+};
+
 // The tokens task: predictions on ragged token batches before training (rank 0 writes them),
-// then training with the input tokens counted; every rank writes its count.
+// then training with the input tokens counted; every rank writes its count and the tokens of
+// each batch it trained on.
 template <class Sharding>
 void run_tokens(const loom::TrainingArguments& args, const WorkerArguments& w) {
   const loom_test::RaggedTokens train(w.rows, 1234), eval(41, 99);  // 11 eval batches of 4: 6 on rank 0, 5 on rank 1
-  loom::DefaultTrainer<loom_test::TokenTagger, Sharding> trainer(args, loom_test::fresh_tagger(), train);
+  TokenRecorder<Sharding> trainer(args, loom_test::fresh_tagger(), train);
   const auto r = trainer.predict(eval);
   const auto& world = trainer.world();
   if (world.rank == 0)
@@ -144,7 +157,8 @@ void run_tokens(const loom::TrainingArguments& args, const WorkerArguments& w) {
                                        w.result + ".predict.safetensors");
   trainer.train();
   std::ofstream(w.result + ".rank" + std::to_string(world.rank) + ".json")
-      << nlohmann::json{{"tokens", trainer.state().num_input_tokens_seen}, {"world", world.size}}.dump();
+      << nlohmann::json{{"tokens", trainer.state().num_input_tokens_seen}, {"world", world.size},
+                        {"batch_tokens", trainer.batch_tokens}}.dump();
 }
 
 inline int run(int argc, char** argv) {
@@ -691,6 +705,29 @@ TEST_CASE("ragged token-level predictions and token counts at 2 ranks equal one 
       std::ifstream in((dir / ("result.rank" + std::to_string(r) + ".json")).string());
       CHECK(nlohmann::json::parse(in).at("tokens").get<int64_t>() == tokens);
     }
+}
+
+TEST_CASE("group_by_length at 2 ranks: each rank reads its batches of the one length-grouped order") {
+  const auto out = dist_dir("group_by_length_2");
+  require_success(launch(2, {"--task", "tokens", "--sharding", "ddp", "--rows", "64", "--per_device_train_batch_size",
+                             "4", "--num_train_epochs", "1", "--train_sampling_strategy", "group_by_length",
+                             "--include_for_metrics", "inputs,loss", "--seed", "7", "--save_strategy", "no", "--ddp_timeout", "30",
+                             "--output_dir", out.string(), "--result", (out / "result").string()},
+                         out / "logs"));
+  // HF's order for the per-device batch (4 x 1 accumulation step), seeded 7 for epoch 0,
+  // cut into batches of 4: rank r reads batches r, r + 2, ...
+  const auto lengths = loom_test::RaggedTokens(64, 1234).lengths();
+  const auto order = loom::data::length_grouped_order(lengths, 4, loom::data::seeded_permutation(64, 7, 0));
+  for (int r = 0; r < 2; ++r) {
+    std::vector<int64_t> want;
+    for (int64_t k = r; k < 16; k += 2) {
+      int64_t sum = 0;
+      for (int64_t i = 4 * k; i < 4 * k + 4; ++i) sum += lengths[static_cast<std::size_t>(order[i].item<int64_t>())];
+      want.push_back(sum);
+    }
+    std::ifstream in((out / ("result.rank" + std::to_string(r) + ".json")).string());
+    CHECK(nlohmann::json::parse(in).at("batch_tokens").get<std::vector<int64_t>>() == want);
+  }
 }
 
 TEST_CASE("ddp_broadcast_buffers: each training forward starts from rank 0's buffers") {
