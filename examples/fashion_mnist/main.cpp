@@ -110,6 +110,21 @@ int main(int argc, char** argv) {
     defaults.save_strategy = "no";
     auto [example, args] = loom::parse_args(argc, argv, ExampleArguments{}, defaults);
     loom::validate(args);  // report bad flags before reading any data
+    // HF's scripts run what --do_train / --do_eval / --do_predict ask for; given none, this
+    // example trains and evaluates. HF's __post_init__: evaluating during training means do_eval.
+    const bool hf_mode = args.do_train || args.do_eval || args.do_predict;
+    if (!hf_mode) args.do_train = args.do_eval = true;
+    loom::finalize(args);
+    // HF's scripts: an output folder with checkpoints resumes from the last one (unless
+    // --overwrite_output_dir); one with other files only is an error.
+    if (hf_mode) {
+      if (auto last = loom::detect_last_checkpoint(args)) {
+        args.resume_from_checkpoint = last->string();
+        if (loom::dist::world_from_env().is_main())
+          fmt::print("fashion_mnist: checkpoint detected, resuming training at {}; --overwrite_output_dir "
+                     "trains from scratch\n", last->string());
+      }
+    }
 
     const bool main_process = loom::dist::world_from_env().is_main();
     loom::set_seed(args.seed);
@@ -120,15 +135,36 @@ int main(int argc, char** argv) {
       fmt::print("fashion_mnist: {} training and {} test images from {}\n", train_set.size(), test_set.size(),
                  dir.string());
 
-    // As HF's example scripts: train, save the model, report, evaluate, report.
+    // As HF's example scripts: train, save the model, report, evaluate, report, predict.
     loom::select_policies(args, [&]<class Sharding, class Precision>() {
       FashionTrainer<Sharding, Precision> trainer(args, Net{}, train_set, test_set);
-      auto train_output = trainer.train();
-      trainer.save_model();  // output_dir/model.safetensors + training_args.json
-      trainer.log_metrics("train", train_output.metrics);
-      auto eval_metrics = trainer.evaluate();
-      trainer.log_metrics("eval", eval_metrics);
-      trainer.save_metrics("eval", eval_metrics);
+      if (args.do_train) {
+        auto train_output = trainer.train();
+        trainer.save_model();  // output_dir/model.safetensors + training_args.json
+        trainer.log_metrics("train", train_output.metrics);
+      }
+      if (args.do_eval) {
+        auto eval_metrics = trainer.evaluate();
+        trainer.log_metrics("eval", eval_metrics);
+        trainer.save_metrics("eval", eval_metrics);
+      }
+      if (args.do_predict) {
+        // The test images (Fashion-MNIST has no separate validation split): predict_results.txt
+        // holds one predicted class a line, as HF's run_glue writes.
+        auto result = trainer.predict(test_set, "predict");
+        trainer.log_metrics("predict", result.metrics);
+        trainer.save_metrics("predict", result.metrics);
+        if (trainer.is_world_process_zero()) {
+          const auto classes = result.predictions.argmax(1);
+          std::filesystem::create_directories(args.output_dir);
+          std::FILE* f = std::fopen((std::filesystem::path(args.output_dir) / "predict_results.txt").c_str(), "w");
+          loom::check(f != nullptr, "cannot write {}/predict_results.txt", args.output_dir);
+          std::fputs("index\tprediction\n", f);
+          for (int64_t i = 0; i < classes.size(0); ++i) std::fprintf(f, "%ld\t%ld\n", static_cast<long>(i),
+                                                                      static_cast<long>(classes[i].template item<int64_t>()));
+          std::fclose(f);
+        }
+      }
     });
     if (main_process) fmt::print("outputs in {}\n", args.output_dir);
     return 0;

@@ -16,6 +16,7 @@
 #include <loom/loom.hpp>
 
 #include "../trainer_support.hpp"
+#include "../trainer/token_support.hpp"
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -50,6 +51,7 @@ struct WorkerArguments {
   int64_t die_step = -1;     ///< ... at the end of this optimizer step
   bool hang = false;         ///< stop (SIGSTOP) instead of dying: a rank that no longer answers
   std::string die_signal = "KILL";  ///< KILL, or TERM/USR1/INT: a preemption signal the Trainer handles
+  std::string task = "mlp";  ///< mlp (the MLP above), tokens (ragged token batches, tests/trainer/token_support.hpp), buffers
 };
 
 using loom_test::Batch;  // x: float [N, 16]; labels: int64 [N]
@@ -106,6 +108,59 @@ inline loom::data::TensorDataset<Batch> make_data(int64_t rows, uint64_t seed = 
   return loom::data::TensorDataset<Batch>({x, labels});
 }
 
+// A linear model with a buffer each rank moves differently in a training forward (by RANK +
+// 1), as BatchNorm's running statistics move with each rank's own batch: the buffers task
+// shows whose values the next forward starts from.
+struct CountingImpl : torch::nn::Module {
+  CountingImpl() : lin(register_module("lin", torch::nn::Linear(16, 4))) {
+    count = register_buffer("count", torch::zeros({1}, torch::kDouble));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    if (is_training()) count.add_(rank + 1.0);
+    return lin->forward(x);
+  }
+  torch::nn::Linear lin;
+  torch::Tensor count;
+  double rank = std::getenv("RANK") ? std::atof(std::getenv("RANK")) : 0.0;
+};
+TORCH_MODULE(Counting);
+
+struct CountingTrainer : loom::Trainer<CountingTrainer, Counting, loom::sharding::DDP> {
+  using Trainer::Trainer;
+  loom::ModelOutput compute_loss(Counting& model, Batch& batch) { return loom_test::cross_entropy(model, batch); }
+};
+
+// The tagger's Trainer, recording the tokens of each training batch it reads (num_items is
+// called on every batch, on the host).
+template <class Sharding>
+struct TokenRecorder : loom::Trainer<TokenRecorder<Sharding>, loom_test::TokenTagger, Sharding> {
+  using loom::Trainer<TokenRecorder<Sharding>, loom_test::TokenTagger, Sharding>::Trainer;
+  std::vector<int64_t> batch_tokens;
+  int64_t num_items(const loom_test::TokenBatch& b) {
+    batch_tokens.push_back(b.attention_mask.sum().template item<int64_t>());
+    return b.input_ids.size(0);
+  }
+};
+
+// The tokens task: predictions on ragged token batches before training (rank 0 writes them),
+// then training with the input tokens counted; every rank writes its count and the tokens of
+// each batch it trained on.
+template <class Sharding>
+void run_tokens(const loom::TrainingArguments& args, const WorkerArguments& w) {
+  const loom_test::RaggedTokens train(w.rows, 1234), eval(41, 99);  // 11 eval batches of 4: 6 on rank 0, 5 on rank 1
+  TokenRecorder<Sharding> trainer(args, loom_test::fresh_tagger(), train);
+  const auto r = trainer.predict(eval);
+  const auto& world = trainer.world();
+  if (world.rank == 0)
+    loom::checkpoint::save_safetensors({{"predictions", r.predictions}, {"label_ids", r.label_ids},
+                                        {"inputs", r.inputs}, {"losses", r.losses}},
+                                       w.result + ".predict.safetensors");
+  trainer.train();
+  std::ofstream(w.result + ".rank" + std::to_string(world.rank) + ".json")
+      << nlohmann::json{{"tokens", trainer.state().num_input_tokens_seen}, {"world", world.size},
+                        {"batch_tokens", trainer.batch_tokens}}.dump();
+}
+
 inline int run(int argc, char** argv) {
   return loom::run_main([&] {
     loom::TrainingArguments defaults;
@@ -113,6 +168,18 @@ inline int run(int argc, char** argv) {
     defaults.disable_tqdm = true;
     auto [w, args] = loom::parse_args(argc, argv, WorkerArguments{}, defaults);
     loom::validate(args);
+    if (w.task == "buffers") {
+      CountingTrainer trainer(args, Counting(), make_data(w.rows));
+      trainer.train();
+      std::ofstream(w.result + ".rank" + std::to_string(trainer.world().rank) + ".json")
+          << nlohmann::json{{"count", trainer.model()->count.item<double>()}}.dump();
+      return 0;
+    }
+    if (w.task == "tokens") {
+      if (args.sharding == "ddp") run_tokens<loom::sharding::DDP>(args, w);
+      else run_tokens<loom::sharding::NoShard>(args, w);
+      return 0;
+    }
     auto data = make_data(w.rows);
     auto eval_data = make_data(100, 99);  // 13 batches of 8 (the last of 4): uneven across ranks
     loom::select_policies(args, [&]<class Sharding, class Precision>() {
@@ -598,6 +665,87 @@ TEST_CASE("a save killed at each crash point resumes from a complete checkpoint,
     require_success(launch(2, resume, out / "logs2"));
     CHECK(leftovers(out).empty());
     CHECK(weight_difference(out, straight2) == 0.0);
+  }
+}
+
+TEST_CASE("ragged token-level predictions and token counts at 2 ranks equal one process") {
+  // Eval batches padded to their own longest sequence: the gather pads dim 1 across ranks
+  // with -100 and puts the batches back in order; the tokens are summed over the ranks.
+  auto args = [](const std::string& sharding, int64_t batch, const fs::path& out) {
+    return std::vector<std::string>{"--task", "tokens", "--sharding", sharding, "--rows", "64",
+                                    "--per_device_train_batch_size", std::to_string(batch),
+                                    "--per_device_eval_batch_size", "4", "--num_train_epochs", "1",
+                                    "--include_num_input_tokens_seen", "non_padding", "--include_for_metrics",
+                                    "inputs,loss", "--logging_steps", "2", "--save_strategy", "no",
+                                    "--ddp_timeout", "30", "--output_dir", out.string(),
+                                    "--result", (out / "result").string()};
+  };
+  const auto ref = dist_dir("tokens_ref");
+  require_success(launch(1, args("no", 8, ref), ref / "logs", false));
+  const auto out = dist_dir("tokens_ddp");
+  require_success(launch(2, args("ddp", 4, out), out / "logs"));
+  std::map<std::string, torch::Tensor> want, got;
+  for (auto& [k, t] : loom::checkpoint::load_safetensors(ref / "result.predict.safetensors")) want[k] = t;
+  for (auto& [k, t] : loom::checkpoint::load_safetensors(out / "result.predict.safetensors")) got[k] = t;
+  REQUIRE(want.size() == 4);
+  const loom_test::RaggedTokens eval(41, 99);
+  int64_t widest = 0;
+  for (auto len : eval.lengths()) widest = std::max(widest, len);
+  CHECK(want.at("predictions").sizes() == std::vector<int64_t>{41, widest, 11});
+  CHECK(want.at("predictions").eq(-100).any().item<bool>());  // some batches are narrower
+  for (const auto& [k, t] : want) {
+    CAPTURE(k);
+    REQUIRE(got.contains(k));
+    CHECK(torch::equal(got.at(k), t));
+  }
+  int64_t tokens = 0;
+  for (auto len : loom_test::RaggedTokens(64, 1234).lengths()) tokens += len;
+  for (const auto& [dir, world] : {std::pair{ref, 1}, std::pair{out, 2}})
+    for (int r = 0; r < world; ++r) {
+      std::ifstream in((dir / ("result.rank" + std::to_string(r) + ".json")).string());
+      CHECK(nlohmann::json::parse(in).at("tokens").get<int64_t>() == tokens);
+    }
+}
+
+TEST_CASE("group_by_length at 2 ranks: each rank reads its batches of the one length-grouped order") {
+  const auto out = dist_dir("group_by_length_2");
+  require_success(launch(2, {"--task", "tokens", "--sharding", "ddp", "--rows", "64", "--per_device_train_batch_size",
+                             "4", "--num_train_epochs", "1", "--train_sampling_strategy", "group_by_length",
+                             "--include_for_metrics", "inputs,loss", "--seed", "7", "--save_strategy", "no", "--ddp_timeout", "30",
+                             "--output_dir", out.string(), "--result", (out / "result").string()},
+                         out / "logs"));
+  // HF's order for the per-device batch (4 x 1 accumulation step), seeded 7 for epoch 0,
+  // cut into batches of 4: rank r reads batches r, r + 2, ...
+  const auto lengths = loom_test::RaggedTokens(64, 1234).lengths();
+  const auto order = loom::data::length_grouped_order(lengths, 4, loom::data::seeded_permutation(64, 7, 0));
+  for (int r = 0; r < 2; ++r) {
+    std::vector<int64_t> want;
+    for (int64_t k = r; k < 16; k += 2) {
+      int64_t sum = 0;
+      for (int64_t i = 4 * k; i < 4 * k + 4; ++i) sum += lengths[static_cast<std::size_t>(order[i].item<int64_t>())];
+      want.push_back(sum);
+    }
+    std::ifstream in((out / ("result.rank" + std::to_string(r) + ".json")).string());
+    CHECK(nlohmann::json::parse(in).at("batch_tokens").get<std::vector<int64_t>>() == want);
+  }
+}
+
+TEST_CASE("ddp_broadcast_buffers: each training forward starts from rank 0's buffers") {
+  // 4 steps of 2 micro-batches: 8 training forwards; rank r adds r + 1 to the buffer in each.
+  for (const std::string broadcast : {"true", "false"}) {
+    CAPTURE(broadcast);
+    const auto out = dist_dir("buffers_" + broadcast);
+    auto args = base_args("ddp", 4, out, 4);
+    set_flags(args, {{"--task", "buffers"}, {"--eval_strategy", "no"}, {"--ddp_broadcast_buffers", broadcast}});
+    require_success(launch(2, args, out / "logs"));
+    std::vector<double> count;
+    for (int r = 0; r < 2; ++r) {
+      std::ifstream in((out / ("result.rank" + std::to_string(r) + ".json")).string());
+      count.push_back(nlohmann::json::parse(in).at("count").get<double>());
+    }
+    CHECK(count[0] == 8.0);
+    // Broadcast: rank 1 starts each forward from rank 0's value (7 of them), then adds 2.
+    CHECK(count[1] == (broadcast == "true" ? 9.0 : 16.0));
   }
 }
 

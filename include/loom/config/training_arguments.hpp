@@ -17,12 +17,12 @@ namespace loom {
 struct TrainingArguments {
   // --- output --------------------------------------------------------------------------
   std::string output_dir = "trainer_output";  ///< where checkpoints and results go
-  bool overwrite_output_dir = false;          ///< allow writing into a non-empty output_dir
+  bool overwrite_output_dir = false;          ///< start afresh in an output_dir that holds files or checkpoints (loom::last_checkpoint, HF's example rule)
 
   // --- what to run ---------------------------------------------------------------------
-  bool do_train = false;    ///< informational, as in HF (the program decides what runs)
-  bool do_eval = false;     ///< informational, as in HF
-  bool do_predict = false;  ///< informational, as in HF
+  bool do_train = false;    ///< run training (the program decides, as in HF; loom's examples honour it)
+  bool do_eval = false;     ///< run evaluation on the validation set (as do_train)
+  bool do_predict = false;  ///< run predictions on the test set (as do_train)
 
   // --- batches -------------------------------------------------------------------------
   int64_t per_device_train_batch_size = 8;  ///< training batch per device (process)
@@ -31,6 +31,9 @@ struct TrainingArguments {
   std::optional<int64_t> eval_accumulation_steps;  ///< move predictions to CPU every N eval steps
   bool dataloader_drop_last = false;  ///< drop the last incomplete training batch
   int64_t dataloader_num_workers = 0;  ///< background batch producers (0: in the loop)
+  std::string train_sampling_strategy = "random";  ///< random | sequential | group_by_length
+  bool group_by_length = false;  ///< HF 4's name for --train_sampling_strategy group_by_length
+  std::string length_column_name = "length";  ///< the dataset field holding each example's length (group_by_length)
 
   // --- optimizer -----------------------------------------------------------------------
   std::string optim = "adamw_torch_fused";  ///< adamw_torch_fused | adamw_torch | adafactor | sgd | adagrad | rmsprop | lion
@@ -41,6 +44,7 @@ struct TrainingArguments {
   double adam_beta2 = 0.999;                ///< AdamW beta2
   double adam_epsilon = 1e-8;               ///< AdamW epsilon
   double max_grad_norm = 1.0;               ///< clip the global gradient norm (0: off)
+  double label_smoothing_factor = 0.0;      ///< label smoothing epsilon on the model's logits (0: off)
 
   // --- length and schedule -------------------------------------------------------------
   double num_train_epochs = 3.0;              ///< epochs, when max_steps <= 0
@@ -59,13 +63,20 @@ struct TrainingArguments {
   bool disable_tqdm = false;               ///< hide the progress bar
   bool log_on_each_node = true;            ///< log on the local main process of every node
   std::optional<std::string> run_name;     ///< a name for loggers
+  std::string report_to = "none";          ///< built-in loggers added at run time, comma-separated: tensorboard, jsonl, all, none
+  std::string log_level = "passive";       ///< debug | info | warning | error | critical | passive: HF's main-process log level (accepted; loom's messages do not depend on it yet)
+  std::string log_level_replica = "warning";  ///< the same for the other ranks (accepted, as log_level)
+  std::string include_num_input_tokens_seen = "no";  ///< no | all | non_padding (true: all, false: no): count input tokens
 
   // --- evaluation ----------------------------------------------------------------------
   std::string eval_strategy = "no";      ///< no | steps | epoch
+  std::optional<std::string> evaluation_strategy;  ///< HF 4's name for --eval_strategy
   std::optional<double> eval_steps;      ///< evaluate every N steps (default: logging_steps)
   int64_t eval_delay = 0;                ///< epochs or steps to wait before the first evaluation
   bool eval_on_start = false;            ///< evaluate once before training
   bool prediction_loss_only = false;     ///< evaluation returns the loss only
+  std::optional<std::string> label_names;  ///< the batch fields holding the labels, comma-separated (default: labels)
+  std::string include_for_metrics = "";   ///< what compute_metrics also gets, comma-separated: inputs, loss
 
   // --- saving --------------------------------------------------------------------------
   std::string save_strategy = "steps";        ///< no | steps | epoch | best
@@ -75,7 +86,7 @@ struct TrainingArguments {
   bool load_best_model_at_end = false;        ///< reload the best checkpoint after training
   std::optional<std::string> metric_for_best_model;  ///< metric that decides "best"
   std::optional<bool> greater_is_better;      ///< direction of metric_for_best_model
-  std::optional<std::string> resume_from_checkpoint;  ///< a checkpoint folder, or "latest"
+  std::optional<std::string> resume_from_checkpoint;  ///< a checkpoint folder, or "latest" / "true" (the last in output_dir)
   bool restore_callback_states_from_checkpoint = false;  ///< on resume, restore stateful callbacks and TrainerControl
 
   // --- initial weights (a loom extension: HF keeps this in the example scripts) --------
@@ -96,6 +107,10 @@ struct TrainingArguments {
   std::string sharding = "no";                ///< no | ddp | zero1 | zero2 | full_shard
   int64_t ddp_timeout = 1800;                 ///< collective timeout in seconds
   std::optional<int64_t> ddp_bucket_cap_mb;   ///< DDP bucket size (default 25)
+  std::optional<bool> ddp_broadcast_buffers;  ///< DDP, ZeRO-1/2: copy rank 0's buffers (BatchNorm statistics) before each training forward (default: true)
+  int64_t local_rank = -1;                    ///< accepted from torch.distributed.launch; the rank comes from LOCAL_RANK
+  std::optional<std::string> deepspeed;       ///< not supported: loom's ZeRO is --sharding zero1 / zero2 / full_shard
+  std::optional<std::string> fsdp;            ///< not supported: loom's FSDP is --sharding full_shard (shard_grad_op: zero2)
 };
 
 namespace detail {
@@ -103,16 +118,19 @@ namespace detail {
 // (tests/config/test_reflect.cpp compares the two, and checks that every field is here).
 inline constexpr FieldHelp training_arguments_help[] = {
     {"output_dir", "where checkpoints and results go"},
-    {"overwrite_output_dir", "allow writing into a non-empty output_dir"},
-    {"do_train", "informational, as in HF (the program decides what runs)"},
-    {"do_eval", "informational, as in HF"},
-    {"do_predict", "informational, as in HF"},
+    {"overwrite_output_dir", "start afresh in an output_dir that holds files or checkpoints (loom::last_checkpoint, HF's example rule)"},
+    {"do_train", "run training (the program decides, as in HF; loom's examples honour it)"},
+    {"do_eval", "run evaluation on the validation set (as do_train)"},
+    {"do_predict", "run predictions on the test set (as do_train)"},
     {"per_device_train_batch_size", "training batch per device (process)"},
     {"per_device_eval_batch_size", "evaluation batch per device (process)"},
     {"gradient_accumulation_steps", "micro-batches per optimizer step"},
     {"eval_accumulation_steps", "move predictions to CPU every N eval steps"},
     {"dataloader_drop_last", "drop the last incomplete training batch"},
     {"dataloader_num_workers", "background batch producers (0: in the loop)"},
+    {"train_sampling_strategy", "random | sequential | group_by_length"},
+    {"group_by_length", "HF 4's name for --train_sampling_strategy group_by_length"},
+    {"length_column_name", "the dataset field holding each example's length (group_by_length)"},
     {"optim", "adamw_torch_fused | adamw_torch | adafactor | sgd | adagrad | rmsprop | lion"},
     {"optim_args", "HF's extra optimizer arguments, \"momentum=0.9,nesterov=True\""},
     {"learning_rate", "peak learning rate"},
@@ -121,6 +139,7 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"adam_beta2", "AdamW beta2"},
     {"adam_epsilon", "AdamW epsilon"},
     {"max_grad_norm", "clip the global gradient norm (0: off)"},
+    {"label_smoothing_factor", "label smoothing epsilon on the model's logits (0: off)"},
     {"num_train_epochs", "epochs, when max_steps <= 0"},
     {"max_steps", "optimizer steps; overrides num_train_epochs when > 0"},
     {"lr_scheduler_type", "HF scheduler name"},
@@ -135,11 +154,18 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"disable_tqdm", "hide the progress bar"},
     {"log_on_each_node", "log on the local main process of every node"},
     {"run_name", "a name for loggers"},
+    {"report_to", "built-in loggers added at run time, comma-separated: tensorboard, jsonl, all, none"},
+    {"log_level", "debug | info | warning | error | critical | passive: HF's main-process log level (accepted; loom's messages do not depend on it yet)"},
+    {"log_level_replica", "the same for the other ranks (accepted, as log_level)"},
+    {"include_num_input_tokens_seen", "no | all | non_padding (true: all, false: no): count input tokens"},
     {"eval_strategy", "no | steps | epoch"},
+    {"evaluation_strategy", "HF 4's name for --eval_strategy"},
     {"eval_steps", "evaluate every N steps (default: logging_steps)"},
     {"eval_delay", "epochs or steps to wait before the first evaluation"},
     {"eval_on_start", "evaluate once before training"},
     {"prediction_loss_only", "evaluation returns the loss only"},
+    {"label_names", "the batch fields holding the labels, comma-separated (default: labels)"},
+    {"include_for_metrics", "what compute_metrics also gets, comma-separated: inputs, loss"},
     {"save_strategy", "no | steps | epoch | best"},
     {"save_steps", "save every N steps (below 1: fraction)"},
     {"save_total_limit", "keep at most N checkpoints"},
@@ -147,7 +173,7 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"load_best_model_at_end", "reload the best checkpoint after training"},
     {"metric_for_best_model", "metric that decides \"best\""},
     {"greater_is_better", "direction of metric_for_best_model"},
-    {"resume_from_checkpoint", "a checkpoint folder, or \"latest\""},
+    {"resume_from_checkpoint", "a checkpoint folder, or \"latest\" / \"true\" (the last in output_dir)"},
     {"restore_callback_states_from_checkpoint", "on resume, restore stateful callbacks and TrainerControl"},
     {"model_name_or_path", "start from DIR/model.safetensors (strict match)"},
     {"seed", "seed for initialization and shuffling"},
@@ -160,6 +186,10 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"sharding", "no | ddp | zero1 | zero2 | full_shard"},
     {"ddp_timeout", "collective timeout in seconds"},
     {"ddp_bucket_cap_mb", "DDP bucket size (default 25)"},
+    {"ddp_broadcast_buffers", "DDP, ZeRO-1/2: copy rank 0's buffers (BatchNorm statistics) before each training forward (default: true)"},
+    {"local_rank", "accepted from torch.distributed.launch; the rank comes from LOCAL_RANK"},
+    {"deepspeed", "not supported: loom's ZeRO is --sharding zero1 / zero2 / full_shard"},
+    {"fsdp", "not supported: loom's FSDP is --sharding full_shard (shard_grad_op: zero2)"},
 };
 }  // namespace detail
 

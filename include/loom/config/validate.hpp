@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace loom {
 
@@ -23,6 +24,11 @@ inline constexpr std::array<std::string_view, 4> kSaveStrategies = {"no", "steps
 inline constexpr std::array<std::string_view, 7> kOptimizers = {"adamw_torch_fused", "adamw_torch", "adafactor", "sgd",
                                                                  "adagrad",           "rmsprop",     "lion"};
 inline constexpr std::array<std::string_view, 5> kShardings = {"no", "ddp", "zero1", "zero2", "full_shard"};
+inline constexpr std::array<std::string_view, 3> kSamplingStrategies = {"random", "sequential", "group_by_length"};
+inline constexpr std::array<std::string_view, 3> kTokenCounts = {"no", "all", "non_padding"};
+inline constexpr std::array<std::string_view, 2> kMetricsInputs = {"inputs", "loss"};
+inline constexpr std::array<std::string_view, 4> kReportTo = {"none", "all", "tensorboard", "jsonl"};
+inline constexpr std::array<std::string_view, 6> kLogLevels = {"debug", "info", "warning", "error", "critical", "passive"};
 inline constexpr std::array<std::string_view, 11> kLrSchedulerTypes = {
     "linear",           "cosine",                 "cosine_with_restarts",      "polynomial",
     "constant",         "constant_with_warmup",   "inverse_sqrt",              "reduce_lr_on_plateau",
@@ -46,6 +52,18 @@ LOOM_INLINE void check_non_negative(std::string_view name, double value);
 
 /// HF: a *_steps value above 1 counts steps and must be whole; below 1 it is a fraction.
 LOOM_INLINE void check_whole_above_one(std::string_view name, double value);
+
+/// The items of a comma-separated list, trimmed of spaces, empty ones dropped.
+LOOM_INLINE std::vector<std::string> split_list(std::string_view text);
+
+/// True when the comma-separated `list` holds `item`.
+LOOM_INLINE bool list_has(std::string_view list, std::string_view item);
+
+/// --label_names as a list (default: {"labels"}).
+LOOM_INLINE std::vector<std::string> label_names_of(const TrainingArguments& args);
+
+/// Fails unless each item of the comma-separated `list` is one of `choices`, none twice.
+LOOM_INLINE void check_list(std::string_view name, std::string_view list, std::span<const std::string_view> choices);
 
 /// True when `save` is a whole multiple of `eval` (both step counts, or both fractions).
 LOOM_INLINE bool is_multiple_of(double save, double eval);

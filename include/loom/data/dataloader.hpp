@@ -31,7 +31,7 @@ struct Shard {
 template <TensorAggregate Batch>
 class DataLoader {
  public:
-  using Sampler = std::variant<RandomSampler, SequentialSampler>;
+  using Sampler = data::Sampler;
 
   /// Loader over `dataset` with `batch_size` rows per batch in `sampler`'s order; `shard`
   /// picks this reader's batches when several ranks read the same order.

@@ -94,6 +94,14 @@ class Checkpointer {
   torch::nn::Module* model_;
 };
 
+/// HF's example scripts' rule for an existing output folder, when training (do_train) without
+/// --overwrite_output_dir: the last complete checkpoint-N in output_dir, to resume from when
+/// --resume_from_checkpoint is not given (the caller sets it); none when output_dir does not
+/// exist or holds nothing. A non-empty output_dir without a checkpoint is a loom::Error (use
+/// --overwrite_output_dir to train in it from scratch). With --overwrite_output_dir, or
+/// without --do_train, always none.
+LOOM_INLINE std::optional<std::filesystem::path> detect_last_checkpoint(const TrainingArguments& args);
+
 }  // namespace loom
 
 #if defined(LOOM_HEADER_ONLY)

@@ -1,10 +1,13 @@
 #pragma once
 // The non-template part of HF's evaluation_loop: the loss weighted by batch rows, the
-// predictions and labels kept for compute_metrics, and, with W ranks, the split of the
-// batches (rank r evaluates batches r, r+W, ...), the all-reduced loss sums and the
-// all-gather that puts every rank's predictions back into batch order, so every rank
-// computes the same metrics over the whole set. The loop itself, which calls the hooks,
-// is the Trainer's.
+// predictions and labels (and, per include_for_metrics, inputs and losses) kept for
+// compute_metrics, and, with W ranks, the split of the batches (rank r evaluates batches r,
+// r+W, ...), the all-reduced loss sums and the all-gather that puts every rank's
+// predictions back into batch order, so every rank computes the same metrics over the whole
+// set. Batches whose dim 1 differs (token-level logits of different sequence lengths) are
+// concatenated padded with -100, as HF's nested_concat and pad_across_processes do. No batch
+// is evaluated twice, so there is no even-batches padding to drop. The loop itself, which
+// calls the hooks, is the Trainer's.
 
 #include <loom/config/inline.hpp>
 #include <loom/config/training_arguments.hpp>
@@ -24,10 +27,23 @@ namespace loom {
 
 /// What predict() returns (HF's PredictionOutput).
 struct PredictResult {
-  torch::Tensor predictions;  ///< every batch's logits, concatenated (CPU)
-  torch::Tensor label_ids;    ///< every batch's labels, concatenated (CPU)
+  torch::Tensor predictions;  ///< every batch's logits, concatenated (CPU; dim 1 padded with -100 where batches differ)
+  torch::Tensor label_ids;    ///< every batch's labels (the first of label_names), concatenated (CPU)
+  std::vector<torch::Tensor> all_label_ids;  ///< one per label_names field, in order (HF's tuple of label_ids)
+  torch::Tensor inputs;       ///< the batches' main input (include_for_metrics inputs; else undefined)
+  torch::Tensor losses;       ///< each row's batch loss (include_for_metrics loss; else undefined)
   Metrics metrics;            ///< test_loss, test_<metric>, test_runtime, ...
 };
+
+/// `parts` concatenated on dim 0, as HF's nested_concat / torch_pad_and_concatenate: parts
+/// of 2 or more dimensions whose dim 1 differs are first padded there to the largest with
+/// `padding_index`; every later dimension must agree (a loom::Error naming `what` otherwise).
+/// 0-d parts count as 1-d. Empty `parts` give an undefined tensor.
+LOOM_INLINE torch::Tensor pad_and_concatenate(std::vector<torch::Tensor> parts, int64_t padding_index = -100,
+                                              const char* what = "predictions");
+
+/// `t` with dim 1 padded to `width` with `padding_index` (t itself when it is that wide already).
+LOOM_INLINE torch::Tensor pad_dim1(const torch::Tensor& t, int64_t width, int64_t padding_index = -100);
 
 class EvalAccumulator {
  public:
@@ -42,8 +58,9 @@ class EvalAccumulator {
     if (b >= num_batches_) return std::nullopt;
     return b;
   }
-  /// Adds one batch's prediction_step output; `rows` is the batch's dim 0.
-  LOOM_INLINE void add(const PredictionOutput& p, int64_t rows);
+  /// Adds one batch's prediction_step output; `rows` is the batch's dim 0; `inputs`: the
+  /// batch's main input (kept when include_for_metrics names inputs).
+  LOOM_INLINE void add(const PredictionOutput& p, int64_t rows, const torch::Tensor& inputs = {});
   /// After round k: moves predictions to the host every eval_accumulation_steps rounds.
   LOOM_INLINE void end_round(int64_t round);
   /// Sums over ranks and gathers the predictions and labels in batch order (CPU).
@@ -54,18 +71,37 @@ class EvalAccumulator {
                                             std::chrono::steady_clock::time_point start) const;
 
  private:
+  // One kind of per-batch result (predictions, one label field, inputs, losses): the
+  // batches not yet moved to the host, the host parts, and dim 0 of each batch kept.
+  struct Stream {
+    explicit Stream(const char* name) : what(name) {}
+    const char* what;
+    std::vector<torch::Tensor> device, host;
+    std::vector<int64_t> rows;
+    void add(const torch::Tensor& t) {
+      device.push_back(t.detach());
+      rows.push_back(t.dim() > 0 ? t.size(0) : 1);
+    }
+    void flush() {
+      if (!device.empty()) host.push_back(pad_and_concatenate(std::move(device), -100, what).cpu());
+      device.clear();
+    }
+  };
+
   LOOM_INLINE void flush();
-  LOOM_INLINE torch::Tensor gather_batches(const torch::Tensor& local, const std::vector<int64_t>& sizes);
+  LOOM_INLINE torch::Tensor collect(Stream& stream);
+  LOOM_INLINE torch::Tensor gather_batches(const torch::Tensor& local, const std::vector<int64_t>& sizes,
+                                           const char* what);
 
   const TrainingArguments* args_;
   dist::World world_;
   dist::Engine* engine_;
   int64_t num_batches_;
-  bool keep_preds_;
+  bool keep_preds_, keep_inputs_, keep_losses_;
   torch::Tensor loss_sum_;
   int64_t loss_rows_ = 0, rows_ = 0;
-  std::vector<torch::Tensor> logits_, labels_, host_logits_, host_labels_;
-  std::vector<int64_t> logit_rows_, label_rows_;  // dim 0 of each batch this rank kept
+  Stream preds_{"predictions"}, inputs_{"inputs"}, losses_{"losses"};
+  std::vector<Stream> labels_;  // one per label field
 };
 
 }  // namespace loom

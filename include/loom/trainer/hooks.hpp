@@ -13,6 +13,7 @@
 
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace loom {
 
@@ -26,13 +27,18 @@ struct ModelOutput {
 struct PredictionOutput {
   torch::Tensor loss;    ///< scalar mean loss of the batch (undefined: none)
   torch::Tensor logits;  ///< predictions (undefined: none)
-  torch::Tensor labels;  ///< label ids (undefined: none)
+  torch::Tensor labels;  ///< label ids (undefined: none); the first of all_labels when there are several
+  std::vector<torch::Tensor> all_labels;  ///< with several label_names, one per name in order (else empty)
 };
 
-/// compute_metrics' input, as HF's EvalPrediction.
+/// compute_metrics' input, as HF's EvalPrediction. Batches whose dim 1 differs (token-level
+/// outputs of different lengths) are concatenated padded there with -100.
 struct EvalPrediction {
   torch::Tensor predictions;  ///< every batch's logits, concatenated on dim 0 (CPU)
   torch::Tensor label_ids;    ///< every batch's labels, concatenated on dim 0 (CPU)
+  std::vector<torch::Tensor> all_label_ids;  ///< one per label_names field, in order (HF's tuple of label_ids)
+  torch::Tensor inputs;  ///< the batches' main input, when include_for_metrics names inputs (else undefined)
+  torch::Tensor losses;  ///< each row's batch loss, when include_for_metrics names loss (else undefined)
 };
 
 /// What compute_loss may return: a tensor, or an aggregate with `loss` (and maybe `logits`).

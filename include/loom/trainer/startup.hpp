@@ -41,6 +41,12 @@ struct Startup {
 /// loom::Error. `has_eval_dataset`: the Trainer was given an evaluation dataset.
 LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& policies, bool has_eval_dataset);
 
+/// DDP's broadcast_buffers: copies rank 0's module buffers (BatchNorm running statistics) to
+/// every rank, one broadcast per dtype. The Trainer calls it before each training forward
+/// under DDP, ZeRO-1 and ZeRO-2 (--ddp_broadcast_buffers, default true), as torch's
+/// DistributedDataParallel does.
+LOOM_INLINE void broadcast_buffers(dist::Comm& comm, torch::nn::Module& module);
+
 }  // namespace loom
 
 #if defined(LOOM_HEADER_ONLY)

@@ -27,6 +27,7 @@
 #include <loom/config/json.hpp>
 #include <loom/config/reflect.hpp>
 #include <loom/config/training_arguments.hpp>
+#include <loom/config/validate.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/metrics.hpp>
 #include <loom/core/state.hpp>
@@ -49,9 +50,11 @@
 #include <loom/trainer/evaluation.hpp>
 #include <loom/trainer/events.hpp>
 #include <loom/trainer/hooks.hpp>
+#include <loom/trainer/label_smoother.hpp>
 #include <loom/trainer/loop_state.hpp>
 #include <loom/trainer/optimizer_step.hpp>
 #include <loom/trainer/preemption.hpp>
+#include <loom/trainer/report_to.hpp>
 #include <loom/trainer/run_files.hpp>
 #include <loom/trainer/startup.hpp>
 
@@ -118,6 +121,30 @@ struct Datasets {
 template <class T>
 concept TrainSource = data::Dataset<T> || std::is_same_v<T, NoTrainDataset>;
 
+// Each example's length for group_by_length: the dataset's lengths() when it has one, else
+// its `column` field (HF's length_column_name), read over the whole dataset.
+template <data::Dataset D>
+std::vector<int64_t> example_lengths(const D& dataset, const std::string& column) {
+  std::vector<int64_t> out;
+  if constexpr (requires { dataset.lengths(); }) {
+    for (auto len : dataset.lengths()) out.push_back(static_cast<int64_t>(len));
+  } else {
+    const int64_t n = dataset.size();
+    std::vector<int64_t> all(static_cast<std::size_t>(n));
+    for (int64_t i = 0; i < n; ++i) all[static_cast<std::size_t>(i)] = i;
+    const auto batch = data::fetch(dataset, all);
+    const torch::Tensor* field = data::field_named(batch, column);
+    check(field != nullptr && field->defined(),
+          "--train_sampling_strategy group_by_length needs each example's length: a lengths() member of the "
+          "training dataset, or a field named {} (--length_column_name)", column);
+    const auto host = field->to(torch::kCPU, torch::kLong).reshape({-1}).contiguous();
+    out.assign(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+  }
+  check(static_cast<int64_t>(out.size()) == dataset.size(), "group_by_length: {} lengths for {} examples",
+        out.size(), dataset.size());
+  return out;
+}
+
 }  // namespace detail
 
 /// The Trainer. Derived: your subclass (CRTP) or void; Model: a torch::nn module holder;
@@ -172,6 +199,9 @@ class Trainer {
   // ---- hooks: override in the subclass; call these as Trainer::name(...) for the default ---
 
   /// Loss of one batch: the model's forward(batch), a tensor or an aggregate with `loss`.
+  /// With --label_smoothing_factor and a defined `labels` field, HF's rule: the model runs on
+  /// the batch without its labels and the loss is label_smoothed_loss of its logits (labels
+  /// shifted when the model declares `static constexpr bool is_causal_lm = true`).
   template <class Batch>
   auto compute_loss(Model& model, Batch& batch) {
     if constexpr (std::is_same_v<Batch, detail::UnknownBatch> || requires { &Self::compute_loss; }) {
@@ -180,7 +210,28 @@ class Trainer {
       using R = decltype(model->forward(batch));
       static_assert(LossResult<R>, "loom: the default compute_loss needs model->forward(batch) to return "
                                    "a loss tensor or an aggregate with a `loss` member; override compute_loss");
-      return model->forward(batch);
+      const torch::Tensor* labels = data::field_named(batch, "labels");
+      if (args_.label_smoothing_factor == 0 || labels == nullptr || !labels->defined()) return model->forward(batch);
+      if constexpr (requires(R r) { { r.logits } -> std::convertible_to<torch::Tensor>; r.loss = torch::Tensor{}; }) {
+        using Impl = std::decay_t<decltype(*model)>;
+        constexpr bool causal = [] {
+          if constexpr (requires { bool(Impl::is_causal_lm); }) return bool(Impl::is_causal_lm);
+          else return false;
+        }();
+        const torch::Tensor target = *labels;
+        Batch unlabeled = batch;  // HF pops the labels: the model returns its logits, no loss of its own
+        constexpr auto names = boost::pfr::names_as_array<Batch>();
+        boost::pfr::for_each_field(unlabeled, [&](torch::Tensor& t, std::size_t i) {
+          if (names[i] == "labels") t = torch::Tensor();
+        });
+        R out = model->forward(unlabeled);
+        out.loss = label_smoothed_loss(out.logits, target, args_.label_smoothing_factor, causal);
+        return out;
+      } else {
+        fail("--label_smoothing_factor needs the model's forward to return its logits (an aggregate with `loss` "
+             "and `logits`, such as loom::ModelOutput), or a compute_loss override that applies it");
+        return model->forward(batch);
+      }
     } else {
       static_assert(dependent_false_v<Batch>, "loom: the default compute_loss calls model->forward(batch), "
                                               "which does not exist; override compute_loss(Model&, Batch&)");
@@ -225,9 +276,11 @@ class Trainer {
       return 0.0;
   }
 
-  /// Loss, logits and labels of one evaluation batch (labels: the batch's `labels` field).
-  /// On a batch without labels (no such field, or left undefined, as in a test set given to
-  /// predict()) compute_loss may return a ModelOutput without a loss: there is then no loss.
+  /// Loss, logits and labels of one evaluation batch (labels: the batch fields --label_names
+  /// names, `labels` by default; with several, `all_labels` holds each, as HF's tuple). The
+  /// batch has labels when every one of those fields is defined (HF's has_labels). On a batch
+  /// without labels (a test set given to predict()) compute_loss may return a ModelOutput
+  /// without a loss: there is then no loss.
   template <class Batch>
   PredictionOutput prediction_step(Model& model, Batch& batch) {
     torch::NoGradGuard no_grad;
@@ -236,7 +289,15 @@ class Trainer {
     PredictionOutput p;
     if (torch::Tensor loss = loss_of(out); loss.defined()) p.loss = loss.detach();
     p.logits = logits_of(out);
-    if (const torch::Tensor* labels = data::field_named(batch, "labels"); labels && labels->defined()) p.labels = *labels;
+    std::vector<torch::Tensor> labels;
+    for (const auto& name : label_names_) {
+      const torch::Tensor* t = data::field_named(batch, name);
+      if (t == nullptr || !t->defined()) return p;
+      labels.push_back(*t);
+    }
+    if (labels.empty()) return p;
+    p.labels = labels.front();
+    if (labels.size() > 1) p.all_labels = std::move(labels);
     return p;
   }
 
@@ -254,16 +315,23 @@ class Trainer {
       return scheduler_type(std::move(p));
   }
 
-  /// Training batches: seeded shuffle (data_seed, else seed), per_device_train_batch_size.
+  /// Training batches: seeded shuffle (data_seed, else seed), per_device_train_batch_size;
+  /// --train_sampling_strategy sequential reads in order, group_by_length groups by length
+  /// (HF's LengthGroupedSampler over per_device_train_batch_size x gradient_accumulation_steps).
   template <class Batch = void>
   auto get_train_dataloader() {
     using B = batch_type<Batch>;
     check(data_->train.has_value(),
           "training needs a training dataset; this Trainer was built without one (loom::no_train_dataset)");
     const int64_t seed = args_.data_seed.value_or(args_.seed);
+    data::Sampler sampler = data::RandomSampler{seed};
+    if (args_.train_sampling_strategy == "sequential") sampler = data::SequentialSampler{};
+    if (args_.train_sampling_strategy == "group_by_length")
+      sampler = data::LengthGroupedSampler{
+          seed, args_.per_device_train_batch_size * args_.gradient_accumulation_steps, train_lengths_};
     return data::DataLoader<B>(*data_->train,
                                args_.per_device_train_batch_size, args_.dataloader_drop_last,
-                               data::RandomSampler{seed}, data::Shard{world_.rank, world_.size});
+                               sampler, data::Shard{world_.rank, world_.size});
   }
 
   /// Batches of an evaluation dataset: in order, per_device_eval_batch_size, nothing dropped.
@@ -278,10 +346,13 @@ class Trainer {
     return data::DataLoader<Batch>(dataset, args_.per_device_eval_batch_size, false, data::SequentialSampler{});
   }
 
-  /// Records `logs` (plus epoch and step) in log_history and fires on_log.
+  /// Records `logs` (plus epoch, step, and num_input_tokens_seen when counted) in
+  /// log_history and fires on_log.
   void log(const Metrics& logs) {
     Metrics entry = logs;
     entry.set("epoch", state_.epoch);
+    if (args_.include_num_input_tokens_seen != "no")
+      entry.set("num_input_tokens_seen", static_cast<double>(state_.num_input_tokens_seen));
     state_.append_log(entry);
     fire<event::on_log>(entry);
   }
@@ -397,6 +468,23 @@ class Trainer {
   [[nodiscard]] int64_t num_examples(const data::DataLoader<Batch>& loader) const {
     return loader.num_examples();
   }
+  /// The batch field that is the model's main input (HF's main_input_name): the model's
+  /// `main_input_name` when it declares one, else "input_ids".
+  [[nodiscard]] std::string_view main_input_name() const {
+    using Impl = std::decay_t<decltype(*model_)>;
+    if constexpr (requires { std::string_view(Impl::main_input_name); }) return Impl::main_input_name;
+    else return "input_ids";
+  }
+  /// The main input of `batch`: its main_input_name field, else (a batch without one, e.g.
+  /// {x, labels}) its first field. What include_for_metrics inputs keeps and
+  /// include_num_input_tokens_seen counts.
+  template <class Batch>
+  [[nodiscard]] const torch::Tensor& main_input(const Batch& batch) const {
+    if (const torch::Tensor* t = data::field_named(batch, main_input_name())) return *t;
+    return boost::pfr::get<0>(batch);
+  }
+  /// The batch fields that hold the labels (--label_names; default `labels`).
+  [[nodiscard]] const std::vector<std::string>& label_names() const { return label_names_; }
   /// The callback of type `Cb` (from the Callbacks<...> pack or a built-in).
   template <class Cb>
   Cb& callback() {
@@ -510,7 +598,14 @@ class Trainer {
     if (!data_) data_ = std::make_unique<datasets_type>();
     auto up = start_up(args_, {sharding_policy::name, precision_policy::name, precision_policy::type_name,
                                schedule_policy::name, sharding_type::uses_comm}, !data_->eval.empty());
-    if constexpr (!std::is_same_v<Train, NoTrainDataset> && known) data_->train.emplace(std::move(train_dataset));
+    if constexpr (!std::is_same_v<Train, NoTrainDataset> && known) {
+      if (args_.train_sampling_strategy == "group_by_length")
+        train_lengths_ = std::make_shared<const std::vector<int64_t>>(
+            detail::example_lengths(train_dataset, args_.length_column_name));
+      data_->train.emplace(std::move(train_dataset));
+    }
+    label_names_ = detail::label_names_of(args_);
+    if constexpr (known) check_label_names<Batch>();
     world_ = up.world;
     device_ = up.device;
     state_.is_world_process_zero = world_.is_main();
@@ -524,8 +619,39 @@ class Trainer {
     detail::module_of(model_).to(device_);
     engine_->setup(detail::module_of(model_));
     steps_.emplace(*engine_, device_, sharding_type::owns_grads);
+    // DDP's broadcast_buffers (HF's ddp_broadcast_buffers, default on) for the policies that
+    // keep a whole replica of the model on every rank.
+    constexpr bool replicated = sharding_type::kind == dist::EngineKind::ddp ||
+                                sharding_type::kind == dist::EngineKind::zero1 ||
+                                sharding_type::kind == dist::EngineKind::zero2;
+    sync_buffers_ = replicated && world_.size > 1 && args_.ddp_broadcast_buffers.value_or(true) &&
+                    !detail::module_of(model_).buffers().empty();
     kwargs_.model = &detail::module_of(model_);
+    add_reporters();
     fire<event::on_init_end>();
+  }
+
+  // --report_to: the built-in loggers it names, as run-time callbacks (once: not when the
+  // Trainer's Callbacks<...> compiles them in).
+  void add_reporters() {
+    const bool all = detail::list_has(args_.report_to, "all");
+    if ((all || detail::list_has(args_.report_to, "jsonl")) && !callbacks_type::template compiled<JsonlLogger>)
+      callbacks_.add(std::make_shared<detail::ReportTo<JsonlLogger>>());
+    if ((all || detail::list_has(args_.report_to, "tensorboard")) && !callbacks_type::template compiled<TensorBoardLogger>)
+      callbacks_.add(std::make_shared<detail::ReportTo<TensorBoardLogger>>());
+  }
+
+  // Every --label_names entry is a field of the batch (a typo would silently drop the labels).
+  template <class Batch>
+  void check_label_names() const {
+    constexpr auto names = boost::pfr::names_as_array<Batch>();
+    for (const auto& name : label_names_) {
+      if (std::ranges::find(names, std::string_view(name)) != names.end()) continue;
+      std::string fields;
+      for (std::string_view f : names) fields += (fields.empty() ? "" : ", ") + std::string(f);
+      if (args_.label_names)
+        fail("--label_names names '{}', which is no field of the batch (its fields: {})", name, fields);
+    }
   }
 
   // The parts of a checkpoint that the policies and the loop own.
@@ -585,6 +711,9 @@ class Trainer {
     }
 
     const auto start = std::chrono::steady_clock::now();
+    train_start_ = start;
+    tokens_at_start_ = state_.num_input_tokens_seen;
+    tokens_pending_ = 0;
     const MemoryTracker memory("train", !args_.skip_memory_metrics, device_);
     in_train_ = true;
     PreemptionWatch preemption(engine_->comm(), device_);
@@ -613,6 +742,7 @@ class Trainer {
           group.push_back(loader.batch(first + i));
           // Counted on the host batch, so a token count never waits for the device.
           items.push_back(call_hook<hook::num_items>(self(), std::as_const(group.back())));
+          if (args_.include_num_input_tokens_seen != "no") tokens_pending_ += input_tokens(group.back());
           state_.total_flos += call_hook<hook::floating_point_ops>(self(), std::as_const(group.back()));
           data::to_device(group.back(), device_);
           group_items += items.back();
@@ -626,6 +756,7 @@ class Trainer {
           const double divisor = group_items > 0 ? static_cast<double>(group_items) / static_cast<double>(items[i])
                                                  : static_cast<double>(count);
           engine_->begin_micro_step(i + 1 == count);
+          if (sync_buffers_) broadcast_buffers(*engine_->comm(), detail::module_of(model_));
           torch::Tensor loss_step = call_hook<hook::training_step>(self(), model_, group[i], divisor);
           engine_->after_backward();
           if (engine_->item_factor().defined()) loss_step = loss_step * engine_->item_factor();
@@ -669,6 +800,7 @@ class Trainer {
       checkpointer_->load_weights(*state_.best_model_checkpoint);
     }
     loop_.total_loss += loop_.tr_loss.total(args_.logging_nan_inf_filter);
+    sync_tokens();
     TrainOutput out;
     out.global_step = state_.global_step;
     out.training_loss = loop_.total_loss / static_cast<double>(std::max<int64_t>(state_.global_step, 1));
@@ -714,8 +846,34 @@ class Trainer {
     return args_.log_on_each_node ? state_.is_local_process_zero : state_.is_world_process_zero;
   }
 
+  // Input tokens of a training batch (include_num_input_tokens_seen): the attention_mask's
+  // sum for non_padding when the batch has one, else the main input's elements (HF's rule).
+  template <class Batch>
+  int64_t input_tokens(const Batch& batch) const {
+    if (args_.include_num_input_tokens_seen == "non_padding")
+      if (const torch::Tensor* mask = data::field_named(batch, "attention_mask"); mask && mask->defined())
+        return mask->sum().template item<int64_t>();
+    return main_input(batch).numel();
+  }
+
+  // Adds the tokens counted since the last call, summed over ranks, to num_input_tokens_seen.
+  // Called on logging, evaluation and saving steps and at the end (the same steps on every
+  // rank), so counting costs no host-device sync on other steps.
+  void sync_tokens() {
+    if (args_.include_num_input_tokens_seen == "no") return;
+    int64_t delta = tokens_pending_;
+    tokens_pending_ = 0;
+    if (world_.size > 1) {
+      auto t = torch::full({1}, delta, torch::TensorOptions().dtype(torch::kLong).device(device_));
+      engine_->all_reduce(t, "the input-token all-reduce");
+      delta = t.cpu().item<int64_t>();
+    }
+    state_.num_input_tokens_seen += delta;
+  }
+
   template <class Batch>
   void maybe_log_save_evaluate(const torch::Tensor& grad_norm, double lr) {
+    if (control_.should_log || control_.should_evaluate || control_.should_save) sync_tokens();
     if (control_.should_log && state_.global_step > loop_.last_logged) {
       const double loss = loop_.tr_loss.total(args_.logging_nan_inf_filter);
       loop_.tr_loss.reset();
@@ -729,6 +887,13 @@ class Trainer {
       }
       if (grad_norm.defined()) logs.set("grad_norm", grad_norm.item<double>());
       logs.set("learning_rate", lr);
+      if (args_.include_num_input_tokens_seen != "no") {
+        // HF's log(logs, start_time): this session's tokens per second so far.
+        logs.merge(speed_metrics("train", train_start_));
+        logs.set("train_tokens_per_second",
+                 detail::round_to(static_cast<double>(state_.num_input_tokens_seen - tokens_at_start_) /
+                                      logs.get("train_runtime").value(), 3));
+      }
       loop_.total_loss += loss;
       loop_.last_logged = state_.global_step;
       call_hook<hook::log>(self(), std::as_const(logs));
@@ -755,6 +920,7 @@ class Trainer {
   // The end of a run stopped by a signal: a checkpoint of this step (unless one was just
   // saved), on_save, on_train_end, trainer_state.json, then loom::Preempted.
   [[noreturn]] void stop_for_preemption(int signal) {
+    sync_tokens();
     if (last_saved_step_ != state_.global_step) save_checkpoint();
     in_train_ = false;
     fire<event::on_train_end>();
@@ -818,14 +984,15 @@ class Trainer {
       Batch batch = loader.batch(*b);
       data::to_device(batch, device_);
       const int64_t n = data::batch_rows(batch);
-      acc.add(call_hook<hook::prediction_step>(self(), model_, batch), n);
+      acc.add(call_hook<hook::prediction_step>(self(), model_, batch), n, main_input(batch));
       acc.end_round(k);
       fire<event::on_prediction_step>();
     }
     PredictResult result = acc.finish();
     Metrics raw;
     if (result.predictions.defined() && result.label_ids.defined()) {
-      EvalPrediction pred{result.predictions, result.label_ids};
+      const EvalPrediction pred{result.predictions, result.label_ids, result.all_label_ids, result.inputs,
+                                result.losses};
       raw = call_hook<hook::compute_metrics>(self(), std::as_const(pred));
     }
     result.metrics = acc.metrics(std::move(raw), prefix, start);
@@ -852,6 +1019,12 @@ class Trainer {
   int64_t last_saved_step_ = -1;  // global_step of the last checkpoint this run saved
   nlohmann::json resumed_loop_state_;  // the checkpoint's loop_state.json, for the resume warning
   CallbackArgs kwargs_;                 // what callbacks get as HF's keyword arguments
+  std::vector<std::string> label_names_;  // --label_names as a list
+  std::shared_ptr<const std::vector<int64_t>> train_lengths_;  // group_by_length: each training example's length
+  bool sync_buffers_ = false;             // broadcast rank 0's buffers before each training forward
+  int64_t tokens_pending_ = 0;            // input tokens counted on this rank since the last sync_tokens
+  int64_t tokens_at_start_ = 0;           // num_input_tokens_seen when this train() began (resumed runs)
+  std::chrono::steady_clock::time_point train_start_{};
   LoaderInfo train_loader_info_, eval_loader_info_;
 };
 

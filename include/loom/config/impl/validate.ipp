@@ -60,6 +60,42 @@ LOOM_INLINE void check_whole_above_one(std::string_view name, double value) {
                 "the training steps), got " + num(value));
 }
 
+LOOM_INLINE std::vector<std::string> split_list(std::string_view text) {
+  std::vector<std::string> items;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    std::size_t end = text.find(',', start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view item = text.substr(start, end - start);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    if (!item.empty()) items.emplace_back(item);
+    start = end + 1;
+  }
+  return items;
+}
+
+LOOM_INLINE std::vector<std::string> label_names_of(const TrainingArguments& args) {
+  if (!args.label_names) return {"labels"};
+  return split_list(*args.label_names);
+}
+
+LOOM_INLINE bool list_has(std::string_view list, std::string_view item) {
+  for (const auto& i : split_list(list))
+    if (i == item) return true;
+  return false;
+}
+
+// Each item of the comma-separated `list` is one of `choices`; none is given twice.
+LOOM_INLINE void check_list(std::string_view name, std::string_view list, std::span<const std::string_view> choices) {
+  const auto items = split_list(list);
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    check_choice(name, items[i], choices);
+    for (std::size_t j = 0; j < i; ++j)
+      if (items[j] == items[i]) throw Error("loom: " + flag(name) + " names '" + items[i] + "' twice");
+  }
+}
+
 LOOM_INLINE bool is_multiple_of(double save, double eval) {
   const double ratio = save / eval;
   return std::fabs(ratio - std::round(ratio)) <= 1e-9 * std::max(1.0, std::fabs(ratio)) &&
@@ -70,6 +106,34 @@ LOOM_INLINE bool is_multiple_of(double save, double eval) {
 
 LOOM_INLINE void validate(const TrainingArguments& args) {
   using namespace detail;
+
+  // --- HF's command-line names that loom takes or refuses ----------------------------
+  if (args.deepspeed)
+    throw Error("loom: --deepspeed is not supported; loom runs ZeRO itself: --sharding zero1 (stage 1), --sharding "
+                "zero2 (stage 2) or --sharding full_shard (stage 3)");
+  if (args.fsdp && !args.fsdp->empty() && parse_bool(*args.fsdp) != std::optional<bool>(false)) {
+    const bool grad_op = args.fsdp->find("shard_grad_op") != std::string::npos;
+    throw Error("loom: --fsdp is not supported; loom's equivalent is --sharding " +
+                std::string(grad_op ? "zero2 (FSDP's shard_grad_op)" : "full_shard (FSDP's full_shard)"));
+  }
+  if (args.local_rank < -1)
+    throw Error("loom: --local_rank must be -1 or a rank, got " + std::to_string(args.local_rank));
+  // HF 4's names, which win over today's (HF 4 copied evaluation_strategy into
+  // eval_strategy): the same checks on the arguments with them moved.
+  if (args.evaluation_strategy || args.group_by_length) {
+    TrainingArguments moved = args;
+    if (args.evaluation_strategy) {
+      check_choice("evaluation_strategy", *args.evaluation_strategy, kIntervalStrategies);
+      moved.eval_strategy = *args.evaluation_strategy;
+      moved.evaluation_strategy.reset();
+    }
+    if (args.group_by_length) {
+      moved.train_sampling_strategy = "group_by_length";
+      moved.group_by_length = false;
+    }
+    validate(moved);
+    return;
+  }
 
   // Every floating field must be finite (the CLI refuses nan/inf, code and JSON might not).
   constexpr auto names = boost::pfr::names_as_array<TrainingArguments>();
@@ -92,6 +156,31 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
   check_choice("optim", args.optim, kOptimizers);
   (void)parse_optim_args(args.optim, args.optim_args.value_or(""));
   check_choice("sharding", args.sharding, kShardings);
+  if (args.train_sampling_strategy == "batch_rebalance")
+    throw Error("loom: --train_sampling_strategy batch_rebalance is not supported; use random, sequential or "
+                "group_by_length");
+  check_choice("train_sampling_strategy", args.train_sampling_strategy, kSamplingStrategies);
+  check_choice("include_num_input_tokens_seen",
+               parse_bool(args.include_num_input_tokens_seen) ? std::string("no") : args.include_num_input_tokens_seen,
+               kTokenCounts);
+  check_list("include_for_metrics", args.include_for_metrics, kMetricsInputs);
+  if (args.label_names) {
+    const auto names = split_list(*args.label_names);
+    for (std::size_t i = 0; i < names.size(); ++i)
+      for (std::size_t j = 0; j < i; ++j)
+        if (names[i] == names[j]) throw Error("loom: --label_names names '" + names[i] + "' twice");
+  }
+  for (const auto& item : split_list(args.report_to))
+    if (std::ranges::find(kReportTo, item) == kReportTo.end())
+      throw Error("loom: --report_to " + item + " is not built in; loom reports to tensorboard and jsonl (all: both, "
+                  "none: neither)");
+  check_list("report_to", args.report_to, kReportTo);
+  if (split_list(args.report_to).size() > 1 && (list_has(args.report_to, "none") || list_has(args.report_to, "all")))
+    throw Error("loom: --report_to " + args.report_to + ": none and all stand alone");
+  check_choice("log_level", args.log_level, kLogLevels);
+  check_choice("log_level_replica", args.log_level_replica, kLogLevels);
+  if (args.resume_from_checkpoint && args.resume_from_checkpoint->empty())
+    throw Error("loom: --resume_from_checkpoint must name a checkpoint folder, latest or true");
   check_choice("lr_scheduler_type", args.lr_scheduler_type, kLrSchedulerTypes);
   {
     // A syntax error gets the example below; valid JSON is then read strictly (a key given
@@ -123,6 +212,8 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
     if (!(beta >= 0 && beta < 1)) throw Error("loom: " + flag(name) + " must be in [0, 1), got " + num(beta));
   check_positive("adam_epsilon", args.adam_epsilon);
   check_non_negative("max_grad_norm", args.max_grad_norm);
+  if (!(args.label_smoothing_factor >= 0 && args.label_smoothing_factor <= 1))
+    throw Error("loom: --label_smoothing_factor must be in [0, 1], got " + num(args.label_smoothing_factor));
 
   // --- length and schedule -------------------------------------------------------------
   if (args.max_steps <= 0 && !(args.num_train_epochs > 0))
@@ -194,6 +285,22 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
 }
 
 LOOM_INLINE void finalize(TrainingArguments& args) {
+  // HF 4's names move to today's.
+  if (args.evaluation_strategy) {
+    args.eval_strategy = *args.evaluation_strategy;
+    args.evaluation_strategy.reset();
+  }
+  if (args.group_by_length) args.train_sampling_strategy = "group_by_length";
+  args.group_by_length = args.train_sampling_strategy == "group_by_length";
+  // HF: a bool include_num_input_tokens_seen means all / no.
+  if (const auto on = detail::parse_bool(args.include_num_input_tokens_seen))
+    args.include_num_input_tokens_seen = *on ? "all" : "no";
+  // --resume_from_checkpoint true: the last checkpoint in output_dir (HF's True); false: none.
+  if (args.resume_from_checkpoint) {
+    const std::string word = detail::ascii_lower(*args.resume_from_checkpoint);
+    if (word == "true") args.resume_from_checkpoint = "latest";
+    else if (word == "false") args.resume_from_checkpoint.reset();
+  }
   // HF: evaluating during training implies do_eval.
   if (args.eval_strategy != "no") args.do_eval = true;
   // HF: eval_strategy "steps" without eval_steps evaluates every logging_steps. (HF also

@@ -316,4 +316,18 @@ LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> Checkpointer::opt
   return out;
 }
 
+LOOM_INLINE std::optional<std::filesystem::path> detect_last_checkpoint(const TrainingArguments& args) {
+  const std::filesystem::path out(args.output_dir);
+  if (!args.do_train || args.overwrite_output_dir || !std::filesystem::is_directory(out)) return std::nullopt;
+  auto last = checkpoint::latest_checkpoint(out);
+  if (!last) {
+    check(std::filesystem::is_empty(out),
+          "output directory {} already exists and is not empty; use --overwrite_output_dir to train in it from "
+          "scratch", out.string());
+    return std::nullopt;
+  }
+  if (args.resume_from_checkpoint) return std::nullopt;
+  return last;
+}
+
 }  // namespace loom

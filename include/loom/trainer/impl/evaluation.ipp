@@ -1,4 +1,5 @@
 #pragma once
+#include <loom/config/validate.hpp>
 #include <loom/core/error.hpp>
 #include <loom/distributed/comm.hpp>
 #include <loom/metrics/speed.hpp>
@@ -9,25 +10,62 @@
 
 namespace loom {
 
+LOOM_INLINE torch::Tensor pad_dim1(const torch::Tensor& t, int64_t width, int64_t padding_index) {
+  if (t.dim() < 2 || t.size(1) == width) return t;
+  auto shape = t.sizes().vec();
+  shape[1] = width;
+  auto out = torch::full(shape, padding_index, t.options());
+  out.narrow(1, 0, t.size(1)).copy_(t);
+  return out;
+}
+
+LOOM_INLINE torch::Tensor pad_and_concatenate(std::vector<torch::Tensor> parts, int64_t padding_index,
+                                              const char* what) {
+  if (parts.empty()) return {};
+  for (auto& t : parts)
+    if (t.dim() == 0) t = t.reshape({1});
+  const auto& first = parts.front();
+  int64_t width = first.dim() >= 2 ? first.size(1) : 0;
+  for (const auto& t : parts) {
+    const bool same_rest = t.dim() == first.dim() && (t.dim() < 2 || t.sizes().slice(2) == first.sizes().slice(2));
+    check(same_rest,
+          "evaluation {} of shapes {} and {} cannot be concatenated: batches may differ in dim 0, and in dim 1 "
+          "(padded with -100, as HF's nested_concat), but not in the number of dimensions nor in later ones",
+          what, c10::str(first.sizes()), c10::str(t.sizes()));
+    if (t.dim() >= 2) width = std::max(width, t.size(1));
+  }
+  if (first.dim() >= 2)
+    for (auto& t : parts) t = pad_dim1(t, width, padding_index);
+  return parts.size() == 1 ? parts.front() : torch::cat(parts);
+}
+
 LOOM_INLINE EvalAccumulator::EvalAccumulator(const TrainingArguments& args, const dist::World& world,
                                              dist::Engine& engine, torch::Device device, int64_t num_batches)
-    : args_(&args), world_(world), engine_(&engine), num_batches_(num_batches), keep_preds_(!args.prediction_loss_only) {
+    : args_(&args), world_(world), engine_(&engine), num_batches_(num_batches), keep_preds_(!args.prediction_loss_only),
+      keep_inputs_(keep_preds_ && detail::list_has(args.include_for_metrics, "inputs")),
+      keep_losses_(keep_preds_ && detail::list_has(args.include_for_metrics, "loss")) {
   loss_sum_ = torch::zeros({}, torch::TensorOptions().device(device).dtype(torch::kDouble));
 }
 
-LOOM_INLINE void EvalAccumulator::add(const PredictionOutput& p, int64_t n) {
+LOOM_INLINE void EvalAccumulator::add(const PredictionOutput& p, int64_t n, const torch::Tensor& inputs) {
   if (p.loss.defined()) {
     loss_sum_ += p.loss.to(torch::kDouble).reshape({}) * static_cast<double>(n);
     loss_rows_ += n;
+    // HF repeats each batch's loss once per row (losses.repeat(batch_size)).
+    if (keep_losses_) losses_.add(p.loss.detach().to(torch::kFloat).reshape({1}).expand({n}));
   }
-  if (keep_preds_ && p.logits.defined()) {
-    logits_.push_back(p.logits.detach());
-    logit_rows_.push_back(p.logits.dim() > 0 ? p.logits.size(0) : 1);
+  if (keep_preds_ && p.logits.defined()) preds_.add(p.logits);
+  if (keep_preds_) {
+    // Several label fields (label_names): all_labels; one: labels.
+    const std::vector<torch::Tensor> one{p.labels};
+    const auto& labels = p.all_labels.empty() ? one : p.all_labels;
+    for (std::size_t i = 0; i < labels.size(); ++i) {
+      if (!labels[i].defined()) continue;
+      while (labels_.size() <= i) labels_.push_back(Stream{"labels"});
+      labels_[i].add(labels[i]);
+    }
   }
-  if (keep_preds_ && p.labels.defined()) {
-    labels_.push_back(p.labels.detach());
-    label_rows_.push_back(p.labels.dim() > 0 ? p.labels.size(0) : 1);
-  }
+  if (keep_inputs_ && inputs.defined()) inputs_.add(inputs);
   rows_ += n;
 }
 
@@ -36,30 +74,49 @@ LOOM_INLINE void EvalAccumulator::end_round(int64_t round) {
 }
 
 LOOM_INLINE void EvalAccumulator::flush() {
-  if (!logits_.empty()) host_logits_.push_back(torch::cat(logits_).cpu());
-  if (!labels_.empty()) host_labels_.push_back(torch::cat(labels_).cpu());
-  logits_.clear();
-  labels_.clear();
+  preds_.flush();
+  inputs_.flush();
+  losses_.flush();
+  for (auto& s : labels_) s.flush();
+}
+
+// A stream's batches, in batch order over every rank.
+LOOM_INLINE torch::Tensor EvalAccumulator::collect(Stream& stream) {
+  torch::Tensor local = pad_and_concatenate(std::move(stream.host), -100, stream.what);
+  stream.host.clear();
+  if (world_.size == 1) return local;
+  return gather_batches(local, stream.rows, stream.what);
 }
 
 LOOM_INLINE PredictResult EvalAccumulator::finish() {
   flush();
   PredictResult result;
-  if (!host_logits_.empty()) result.predictions = torch::cat(host_logits_);
-  if (!host_labels_.empty()) result.label_ids = torch::cat(host_labels_);
+  // Every rank must run the same gathers: the label fields any rank kept are agreed on in
+  // the all-reduce of the loss sums (a rank may have had no batch at all).
+  constexpr int64_t kMaxLabelFields = 16;
+  check(labels_.size() <= static_cast<std::size_t>(kMaxLabelFields), "evaluation keeps at most {} label fields, got {}",
+        kMaxLabelFields, labels_.size());
   if (world_.size > 1) {
-    auto totals = torch::stack({loss_sum_, torch::full({}, static_cast<double>(loss_rows_), loss_sum_.options()),
-                                torch::full({}, static_cast<double>(rows_), loss_sum_.options())});
+    auto totals = torch::zeros({3 + kMaxLabelFields}, loss_sum_.options());
+    totals[0] = loss_sum_;
+    totals[1] = static_cast<double>(loss_rows_);
+    totals[2] = static_cast<double>(rows_);
+    for (std::size_t i = 0; i < labels_.size(); ++i) totals[3 + static_cast<int64_t>(i)] = 1.0;
     engine_->all_reduce(totals, "the evaluation all-reduce");
     const auto host = totals.cpu();
     loss_sum_ = host[0].to(loss_sum_.device());
     loss_rows_ = static_cast<int64_t>(host[1].item<double>());
     rows_ = static_cast<int64_t>(host[2].item<double>());
-    if (keep_preds_) {
-      result.predictions = gather_batches(result.predictions, logit_rows_);
-      result.label_ids = gather_batches(result.label_ids, label_rows_);
-    }
+    for (int64_t i = 0; i < kMaxLabelFields; ++i)
+      if (host[3 + i].item<double>() > 0 && static_cast<int64_t>(labels_.size()) <= i)
+        labels_.resize(static_cast<std::size_t>(i) + 1, Stream{"labels"});
   }
+  if (!keep_preds_) return result;
+  result.predictions = collect(preds_);
+  for (auto& s : labels_) result.all_label_ids.push_back(collect(s));
+  if (!result.all_label_ids.empty()) result.label_ids = result.all_label_ids.front();
+  if (keep_inputs_) result.inputs = collect(inputs_);
+  if (keep_losses_) result.losses = collect(losses_);
   return result;
 }
 
@@ -74,10 +131,11 @@ LOOM_INLINE Metrics EvalAccumulator::metrics(Metrics raw, const std::string& pre
 }
 
 // Every rank's part of a per-batch result, back in batch order. `local` is this rank's
-// batches r, r+W, ... concatenated along dim 0, `sizes` their dim-0 sizes. Batches may
-// differ in dim 0 but not in the other dims, nor in dtype, across ranks.
+// batches r, r+W, ... concatenated along dim 0 (dim 1 padded to this rank's widest), `sizes`
+// their dim-0 sizes. Ranks may differ in dim 1 (padded with -100 to the widest of all, as
+// accelerate's pad_across_processes), not in the other dims nor in dtype.
 LOOM_INLINE torch::Tensor EvalAccumulator::gather_batches(const torch::Tensor& local,
-                                                          const std::vector<int64_t>& sizes) {
+                                                          const std::vector<int64_t>& sizes, const char* what) {
   auto* comm = engine_->comm();
   const int64_t world = world_.size, rank = world_.rank, nb = num_batches_;
   constexpr int64_t kMeta = 10;  // has data, dims, 7 trailing sizes, dtype + 1
@@ -86,7 +144,7 @@ LOOM_INLINE torch::Tensor EvalAccumulator::gather_batches(const torch::Tensor& l
   for (std::size_t j = 0; j < sizes.size(); ++j) m[rank + static_cast<int64_t>(j) * world] = sizes[j];
   if (local.defined()) {
     check(local.dim() >= 1 && local.dim() <= 8,
-          "predictions and labels must have 1 to 8 dimensions to be gathered across ranks, got {}", local.dim());
+          "evaluation {} must have 1 to 8 dimensions to be gathered across ranks, got {}", what, local.dim());
     int64_t* row = m + nb + rank * kMeta;
     row[0] = 1;
     row[1] = local.dim();
@@ -97,14 +155,17 @@ LOOM_INLINE torch::Tensor EvalAccumulator::gather_batches(const torch::Tensor& l
   engine_->all_reduce(on_device, "the prediction-shape all-reduce");
   meta = on_device.cpu();
   m = meta.data_ptr<int64_t>();
-  int64_t ref = -1;
+  int64_t ref = -1, width = 0;
   for (int64_t q = 0; q < world; ++q) {
     const int64_t* row = m + nb + q * kMeta;
     if (row[0] == 0) continue;
     if (ref < 0) ref = q;
-    check(std::equal(row + 1, row + kMeta, m + nb + ref * kMeta + 1),
-          "ranks {} and {} produced predictions or labels of different shapes or types; evaluation gathers them "
-          "along dim 0 only", ref, q);
+    const int64_t* first = m + nb + ref * kMeta;
+    // dims and dtype agree; dim 1 may differ (it is padded); dims 2.. agree.
+    check(row[1] == first[1] && row[9] == first[9] && std::equal(row + 3, row + 9, first + 3),
+          "ranks {} and {} produced evaluation {} of different types or shapes beyond dim 1; evaluation pads dim 1 "
+          "and gathers along dim 0 only", ref, q, what);
+    width = std::max(width, row[2]);
   }
   if (ref < 0) return {};
   const int64_t* row = m + nb + ref * kMeta;
@@ -114,10 +175,10 @@ LOOM_INLINE torch::Tensor EvalAccumulator::gather_batches(const torch::Tensor& l
   for (int64_t b = 0; b < nb; ++b) count[static_cast<std::size_t>(b % world)] += m[b];
   const int64_t most = *std::max_element(count.begin(), count.end());
   std::vector<int64_t> shape{most};
-  for (int64_t d = 1; d < row[1]; ++d) shape.push_back(row[1 + d]);
+  for (int64_t d = 1; d < row[1]; ++d) shape.push_back(d == 1 ? width : row[1 + d]);
   const auto opts = torch::TensorOptions().device(comm->device()).dtype(wire);
   auto mine = torch::zeros(shape, opts);
-  if (local.defined() && local.size(0) > 0) mine.narrow(0, 0, local.size(0)).copy_(local.to(wire));
+  if (local.defined() && local.size(0) > 0) mine.narrow(0, 0, local.size(0)).copy_(pad_dim1(local.to(wire), width));
   shape[0] = most * world;
   auto all = torch::empty(shape, opts);
   comm->all_gather(all, mine, "the prediction all-gather").wait();

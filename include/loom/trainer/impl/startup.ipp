@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <vector>
 
 namespace loom {
 
@@ -58,6 +60,24 @@ LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& po
   if (policies.uses_comm)
     s.comm = std::make_shared<dist::Comm>(s.world, s.device, std::chrono::seconds(args.ddp_timeout));
   return s;
+}
+
+LOOM_INLINE void broadcast_buffers(dist::Comm& comm, torch::nn::Module& module) {
+  std::map<c10::ScalarType, std::vector<torch::Tensor>> by_dtype;
+  for (const auto& b : module.buffers(/*recurse=*/true))
+    if (b.defined() && b.numel() > 0) by_dtype[b.scalar_type()].push_back(b);
+  for (auto& [dtype, buffers] : by_dtype) {
+    std::vector<torch::Tensor> flat;
+    for (const auto& b : buffers) flat.push_back(b.detach().reshape({-1}));
+    auto all = torch::cat(flat);
+    comm.broadcast({all}, 0, "the buffer broadcast (ddp_broadcast_buffers)").wait();
+    int64_t at = 0;
+    torch::NoGradGuard no_grad;
+    for (auto& b : buffers) {
+      b.detach().copy_(all.narrow(0, at, b.numel()).view(b.sizes()));
+      at += b.numel();
+    }
+  }
 }
 
 }  // namespace loom
