@@ -126,7 +126,13 @@ concept TrainSource = data::Dataset<T> || std::is_same_v<T, NoTrainDataset>;
 template <data::Dataset D>
 std::vector<int64_t> example_lengths(const D& dataset, const std::string& column) {
   std::vector<int64_t> out;
-  if constexpr (requires { dataset.lengths(); }) {
+  const auto assign_from = [&out](const torch::Tensor& lengths) {
+    const auto host = lengths.to(torch::kCPU, torch::kLong).reshape({-1}).contiguous();
+    out.assign(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+  };
+  if constexpr (requires { { dataset.lengths() } -> std::convertible_to<torch::Tensor>; }) {
+    assign_from(dataset.lengths());  // a tensor of lengths (TokenSequenceDataset's)
+  } else if constexpr (requires { dataset.lengths(); }) {
     for (auto len : dataset.lengths()) out.push_back(static_cast<int64_t>(len));
   } else {
     const int64_t n = dataset.size();
@@ -137,8 +143,7 @@ std::vector<int64_t> example_lengths(const D& dataset, const std::string& column
     check(field != nullptr && field->defined(),
           "--train_sampling_strategy group_by_length needs each example's length: a lengths() member of the "
           "training dataset, or a field named {} (--length_column_name)", column);
-    const auto host = field->to(torch::kCPU, torch::kLong).reshape({-1}).contiguous();
-    out.assign(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+    assign_from(*field);
   }
   check(static_cast<int64_t>(out.size()) == dataset.size(), "group_by_length: {} lengths for {} examples",
         out.size(), dataset.size());
