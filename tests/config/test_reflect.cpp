@@ -306,7 +306,8 @@ TEST_CASE("help_text: each struct under its heading, descriptions under their fl
   CHECK(help.find("  --model_name <string>  (default: gpt2)\n  --hidden_size <int>") != std::string::npos);
   // TrainingArguments' own.
   CHECK(help.find("\n  --learning_rate <float>  (default: 5e-05)\n      peak learning rate\n") != std::string::npos);
-  CHECK(help.find("\n  --sharding <string>  (default: no)\n      no | ddp | zero1 | zero2 | full_shard\n") !=
+  CHECK(help.find("\n  --sharding <string>  (default: auto)\n      auto | no | ddp | zero1 | zero2 | full_shard (auto: ddp "
+                  "when started as several processes, else no)\n") !=
         std::string::npos);
 }
 

@@ -87,6 +87,15 @@ TEST_CASE("validate: batch sizes and accumulation") {
   CHECK(error_after([](auto& a) { a.eval_accumulation_steps = 1; }) == "");
   CHECK(error_after([](auto& a) { a.dataloader_num_workers = -1; }) ==
         "loom: --dataloader_num_workers must be >= 0, got -1");
+  CHECK(error_after([](auto& a) { a.dataloader_prefetch_factor = 4; }) ==
+        "loom: --dataloader_prefetch_factor needs --dataloader_num_workers > 0 (batches are read in the loop without "
+        "workers)");
+  CHECK(error_after([](auto& a) {
+          a.dataloader_num_workers = 2;
+          a.dataloader_prefetch_factor = 0;
+        }) == "loom: --dataloader_prefetch_factor must be positive, got 0");
+  CHECK(error_after([](auto& a) { a.bf16_full_eval = a.fp16_full_eval = true; }) ==
+        "loom: --bf16_full_eval and --fp16_full_eval cannot both be set; pick one");
 }
 
 TEST_CASE("validate: optimizer numbers") {
@@ -124,7 +133,7 @@ TEST_CASE("validate: names with suggestions") {
         "loom: --optim must be one of adamw_torch_fused|adamw_torch|adafactor|sgd|adagrad|rmsprop|lion, got 'adamw'; "
         "did you mean 'adamw_torch'?");
   CHECK(error_after([](auto& a) { a.sharding = "zero3"; }) ==
-        "loom: --sharding must be one of no|ddp|zero1|zero2|full_shard, got 'zero3'; did you mean 'zero1'?");
+        "loom: --sharding must be one of no|ddp|zero1|zero2|full_shard|auto, got 'zero3'; did you mean 'zero1'?");
   const auto sched = error_after([](auto& a) { a.lr_scheduler_type = "cosine_with_restart"; });
   check_names(sched, {"lr_scheduler_type"});
   CHECK(sched.ends_with("got 'cosine_with_restart'; did you mean 'cosine_with_restarts'?"));

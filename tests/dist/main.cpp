@@ -761,6 +761,19 @@ TEST_CASE("several processes under --sharding no stop at start-up with a loom: l
   CHECK_FALSE(fs::exists(out / "trainer_state.json"));
 }
 
+TEST_CASE("several processes without --sharding train under DDP, as HF's Trainer does under torchrun") {
+  const auto ddp = dist_dir("auto_ddp_2"), unset = dist_dir("auto_unset_2");
+  require_success(launch(2, base_args("ddp", 4, ddp), ddp / "logs"));
+  auto args = base_args("auto", 4, unset);
+  args.erase(args.begin(), args.begin() + 2);  // no --sharding at all
+  REQUIRE(std::find(args.begin(), args.end(), "--sharding") == args.end());
+  require_success(launch(2, args, unset / "logs"));
+  CHECK(logged_losses(unset) == logged_losses(ddp));
+  CHECK(weight_difference(unset, ddp) == 0.0);
+  std::ifstream saved((unset / "result.model" / "training_args.json").string());
+  CHECK(nlohmann::json::parse(saved).at("sharding") == "ddp");
+}
+
 TEST_CASE("a rank that stops answering makes the others fail once ddp_timeout has passed") {
   const auto out = dist_dir("hang_2_1");
   auto args = base_args("zero2", 4, out, 20);

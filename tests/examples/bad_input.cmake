@@ -276,7 +276,7 @@ bad_case(eval_strategy_unknown EXPECT "--eval_strategy must be one of no.steps.e
          ARGS --eval_strategy sometimes)
 bad_case(eval_steps_no_interval EXPECT "--eval_strategy steps needs a positive --eval_steps \\(or a positive --logging_steps"
          ARGS --eval_strategy steps --logging_strategy no --logging_steps 0)
-bad_case(sharding_unknown EXPECT "--sharding must be one of no.ddp.zero1.zero2.full_shard, got 'zero3'. did you mean 'zero1'\\?$"
+bad_case(sharding_unknown EXPECT "--sharding must be one of no.ddp.zero1.zero2.full_shard.auto, got 'zero3'. did you mean 'zero1'\\?$"
          ARGS --sharding zero3)
 bad_case(logging_steps_zero EXPECT "--logging_steps must be positive, got 0$"
          ARGS --logging_steps 0)

@@ -138,9 +138,10 @@ int main(int argc, char** argv) {
   return loom::run_main([&] {
     auto [peer, args] = loom::parse_args(argc, argv, PeerArguments{}, loom::TrainingArguments{});
     loom::check(!peer.data_file.empty(), "hf_peer needs --data_file");
-    if (args.sharding == "ddp") return run<loom::sharding::DDP>(peer, args);
-    if (args.sharding == "full_shard") return run<loom::sharding::FullShard>(peer, args);
-    loom::check(args.sharding == "no", "hf_peer runs --sharding no, ddp or full_shard, got {}", args.sharding);
+    const std::string sharding = loom::resolved_sharding(args);
+    if (sharding == "ddp") return run<loom::sharding::DDP>(peer, args);
+    if (sharding == "full_shard") return run<loom::sharding::FullShard>(peer, args);
+    loom::check(sharding == "no", "hf_peer runs --sharding no, ddp or full_shard, got {}", sharding);
     return run<loom::sharding::NoShard>(peer, args);
   });
 }

@@ -88,7 +88,8 @@ void straight_vs_resumed(const std::string& name, const loom::TrainingArguments&
     REQUIRE(first.state().global_step == 4);
   }
   const auto ckpt = fs::path(b.output_dir) / "checkpoint-4";
-  const bool sharded = b.sharding != "no" && b.sharding != "ddp";
+  const std::string sharding = loom::resolved_sharding(b);  // auto: one process does not shard
+  const bool sharded = sharding != "no" && sharding != "ddp";
   CHECK(fs::exists(ckpt / (make == Make::torch_adam ? "optimizer.pt"
                            : sharded              ? "optimizer-0-of-1.safetensors"
                                                   : "optimizer.safetensors")));

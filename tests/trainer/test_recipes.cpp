@@ -9,10 +9,13 @@
 #include "token_support.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <filesystem>
+#include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -401,4 +404,142 @@ TEST_CASE("report_to adds the built-in loggers at run time: jsonl, tensorboard, 
   args.report_to = "all";
   loom_test::Classifier<loom::Callbacks<loom::JsonlLogger>> compiled(args, loom_test::fresh_model(), data);
   CHECK(compiled.runtime_callbacks().size() == 1);  // tensorboard only
+}
+
+namespace {
+
+// linear_data's rows, each batch read slowly (a sleep that varies by batch, so worker threads
+// finish out of order); a batch holding row `poison` throws.
+struct SlowData {
+  loom::data::TensorDataset<loom_test::Batch> rows = loom_test::linear_data(64, 3);
+  int64_t poison = -1;
+  [[nodiscard]] int64_t size() const { return rows.size(); }
+  [[nodiscard]] loom_test::Batch get_batch(std::span<const int64_t> idx) const {
+    std::this_thread::sleep_for(std::chrono::microseconds(200 * (idx.front() % 5)));
+    for (auto i : idx) loom::check(i != poison, "row {} cannot be read", poison);
+    return rows.get_batch(idx);
+  }
+};
+
+loom::TrainingArguments workers_args(const std::string& name, int64_t workers) {
+  auto a = loom_test::quiet_args(name);
+  a.per_device_train_batch_size = 4;
+  a.per_device_eval_batch_size = 8;
+  a.max_steps = 12;
+  a.logging_steps = 1;
+  a.eval_strategy = "steps";
+  a.eval_steps = 6;
+  a.gradient_accumulation_steps = 2;
+  a.dataloader_num_workers = workers;
+  if (workers > 0) a.dataloader_prefetch_factor = 3;
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("dataloader_num_workers: batches prepared on threads, in the loop's order; the same run as without") {
+  using T = loom_test::Classifier<>;
+  std::vector<std::vector<double>> losses;
+  std::vector<std::vector<torch::Tensor>> final_weights;
+  for (int64_t workers : {0, 1, 3}) {
+    CAPTURE(workers);
+    T trainer(workers_args("workers_" + std::to_string(workers), workers), loom_test::fresh_model(), SlowData{},
+              SlowData{});
+    trainer.train();
+    std::vector<double> l;
+    for (const auto& entry : trainer.state().log_history)
+      for (const char* key : {"loss", "eval_loss"})
+        if (entry.contains(key)) l.push_back(entry.at(key).get<double>());
+    REQUIRE(l.size() == 14);  // 12 training logs, 2 evaluations
+    losses.push_back(l);
+    final_weights.push_back(loom_test::weights(trainer.model()));
+  }
+  for (std::size_t k = 1; k < losses.size(); ++k) {
+    CHECK(losses[k] == losses[0]);  // bit for bit: the same batches in the same order
+    for (std::size_t i = 0; i < final_weights[0].size(); ++i) CHECK(torch::equal(final_weights[k][i], final_weights[0][i]));
+  }
+
+  // A batch that fails on a worker fails the loop when its turn comes, with its own message.
+  SlowData bad;
+  bad.poison = 17;
+  T failing(workers_args("workers_error", 2), loom_test::fresh_model(), bad, SlowData{});
+  CHECK_THROWS_WITH_AS(failing.train(), "loom: row 17 cannot be read", loom::Error);
+}
+
+TEST_CASE("BatchPrefetcher hands out the batches asked for, in order, bounded ahead") {
+  loom::data::DataLoader<loom_test::Batch> loader(loom::data::AnyDataset<loom_test::Batch>(SlowData{}), 4, false,
+                                                  loom::data::SequentialSampler{});
+  loom::data::BatchPrefetcher<loom_test::Batch> prefetch(loader, {.num_workers = 3, .prefetch_factor = 2});
+  const std::vector<int64_t> wanted{7, 2, 15, 0, 9, 9, 4};
+  prefetch.start(0, wanted);
+  for (auto i : wanted) CHECK(torch::equal(prefetch.next().x, loader.batch(i).x));
+  CHECK_THROWS_WITH_AS(prefetch.next(), "loom: BatchPrefetcher::next past the end of its 7 batches", loom::Error);
+  // Started again mid-way (an epoch cut short), then for another range.
+  prefetch.start(1, 3, 16);
+  (void)prefetch.next();
+  prefetch.start(2, 14, 16);
+  CHECK(torch::equal(prefetch.next().labels, loader.batch(14).labels));
+  CHECK_THROWS_WITH_AS((loom::data::BatchPrefetcher<loom_test::Batch>(loader, {.num_workers = -1})),
+                       "loom: --dataloader_num_workers must not be negative, got -1", loom::Error);
+}
+
+TEST_CASE("bf16_full_eval / fp16_full_eval: evaluation outside training casts the model, as HF does") {
+  for (const bool bf16 : {true, false}) {
+    CAPTURE(bf16);
+    const auto dtype = bf16 ? torch::kBFloat16 : torch::kHalf;
+    auto args = workers_args(bf16 ? "full_eval_bf16" : "full_eval_fp16", 0);
+    (bf16 ? args.bf16_full_eval : args.fp16_full_eval) = true;
+    loom_test::Classifier<> trainer(args, loom_test::fresh_model(), SlowData{}, SlowData{});
+    trainer.train();  // evaluations during training keep float32 weights
+    CHECK((trainer.model()->weight.scalar_type() == torch::kFloat));
+    // The loss the cast model gives on the evaluation rows.
+    auto cast = loom_test::fresh_model();
+    {
+      torch::NoGradGuard no_grad;
+      for (std::size_t i = 0; i < cast->parameters().size(); ++i)
+        cast->parameters()[i].copy_(trainer.model()->parameters()[i]);
+    }
+    cast->to(dtype);
+    double sum = 0;
+    for (int64_t first = 0; first < 64; first += 8) {
+      std::vector<int64_t> idx;
+      for (int64_t i = first; i < first + 8; ++i) idx.push_back(i);
+      auto b = SlowData{}.rows.get_batch(idx);
+      torch::NoGradGuard no_grad;
+      sum += torch::cross_entropy_loss(cast->forward(b.x.to(dtype)), b.labels).item<double>() * 8;
+    }
+    const auto metrics = trainer.evaluate();
+    CHECK((trainer.model()->weight.scalar_type() == dtype));
+    CHECK(metrics.get("eval_loss").value() == doctest::Approx(sum / 64).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("tf32: set for CUDA at start-up; true on a CPU run is a loom: error") {
+  auto args = loom_test::quiet_args("tf32");
+  args.tf32 = true;
+  CHECK_THROWS_WITH_AS(loom_test::Classifier<>(args, loom_test::fresh_model(), SlowData{}),
+                       "loom: --tf32 true needs a CUDA GPU (TF32 is a tensor-core format of Ampere and newer); this "
+                       "process runs on the CPU",
+                       loom::Error);
+  at::globalContext().setAllowTF32CuBLAS(true);
+  args.tf32 = false;
+  loom_test::Classifier<> off(args, loom_test::fresh_model(), SlowData{});
+  CHECK_FALSE(at::globalContext().allowTF32CuBLAS());
+  CHECK_FALSE(at::globalContext().allowTF32CuDNN());
+}
+
+TEST_CASE("log_level / log_level_replica: the Trainer sets the level of loom's messages for its process") {
+  const auto before = loom::log_level();
+  auto args = loom_test::quiet_args("log_level");
+  args.log_level = "error";
+  args.log_level_replica = "debug";
+  loom_test::Classifier<> main_process(args, loom_test::fresh_model(), SlowData{});  // one process: it logs
+  CHECK((loom::log_level() == loom::LogLevel::error));
+  CHECK_FALSE(loom::log_enabled(loom::LogLevel::warning));
+  CHECK((loom::process_log_level(args, /*logs=*/false) == loom::LogLevel::debug));
+  args.log_on_each_node = false;
+  args.log_level = "passive";  // leaves the level where it is
+  loom_test::Classifier<> passive(args, loom_test::fresh_model(), SlowData{});
+  CHECK((loom::log_level() == loom::LogLevel::error));
+  loom::set_log_level(before);
 }

@@ -30,7 +30,9 @@ struct TrainingArguments {
   int64_t gradient_accumulation_steps = 1;  ///< micro-batches per optimizer step
   std::optional<int64_t> eval_accumulation_steps;  ///< move predictions to CPU every N eval steps
   bool dataloader_drop_last = false;  ///< drop the last incomplete training batch
-  int64_t dataloader_num_workers = 0;  ///< background batch producers (0: in the loop)
+  int64_t dataloader_num_workers = 0;  ///< background threads preparing batches ahead (0: in the loop)
+  std::optional<int64_t> dataloader_prefetch_factor;  ///< batches each worker prepares ahead (default 2; needs dataloader_num_workers > 0)
+  bool dataloader_pin_memory = true;  ///< page-lock prepared batches for asynchronous copies to the GPU (with workers, on CUDA)
   std::string train_sampling_strategy = "random";  ///< random | sequential | group_by_length
   bool group_by_length = false;  ///< HF 4's name for --train_sampling_strategy group_by_length
   std::string length_column_name = "length";  ///< the dataset field holding each example's length (group_by_length)
@@ -64,8 +66,8 @@ struct TrainingArguments {
   bool log_on_each_node = true;            ///< log on the local main process of every node
   std::optional<std::string> run_name;     ///< a name for loggers
   std::string report_to = "none";          ///< built-in loggers added at run time, comma-separated: tensorboard, jsonl, all, none
-  std::string log_level = "passive";       ///< debug | info | warning | error | critical | passive: HF's main-process log level (accepted; loom's messages do not depend on it yet)
-  std::string log_level_replica = "warning";  ///< the same for the other ranks (accepted, as log_level)
+  std::string log_level = "passive";       ///< debug | info | warning | error | critical | passive: the level of loom's messages on the process that logs (passive: warning)
+  std::string log_level_replica = "warning";  ///< the same for the other ranks
   std::string include_num_input_tokens_seen = "no";  ///< no | all | non_padding (true: all, false: no): count input tokens
 
   // --- evaluation ----------------------------------------------------------------------
@@ -100,11 +102,14 @@ struct TrainingArguments {
   bool bf16 = false;               ///< bfloat16 autocast (precision::BF16)
   bool fp16 = false;               ///< float16 autocast with loss scaling (precision::FP16)
   bool use_cpu = false;            ///< train on the CPU even when CUDA is available
+  bool bf16_full_eval = false;     ///< evaluate outside training with the model cast to bfloat16 (no autocast)
+  bool fp16_full_eval = false;     ///< evaluate outside training with the model cast to float16 (no autocast)
+  std::optional<bool> tf32;        ///< allow TF32 matrix multiplies and convolutions on CUDA (default: torch's setting)
   bool skip_memory_metrics = true; ///< skip memory reports
   bool include_tokens_per_second = false;  ///< add train_tokens_per_second (items counted by num_items)
 
   // --- distributed ---------------------------------------------------------------------
-  std::string sharding = "no";                ///< no | ddp | zero1 | zero2 | full_shard
+  std::string sharding = "auto";              ///< auto | no | ddp | zero1 | zero2 | full_shard (auto: ddp when started as several processes, else no)
   int64_t ddp_timeout = 1800;                 ///< collective timeout in seconds
   std::optional<int64_t> ddp_bucket_cap_mb;   ///< DDP bucket size (default 25)
   std::optional<bool> ddp_broadcast_buffers;  ///< DDP, ZeRO-1/2: copy rank 0's buffers (BatchNorm statistics) before each training forward (default: true)
@@ -127,7 +132,9 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"gradient_accumulation_steps", "micro-batches per optimizer step"},
     {"eval_accumulation_steps", "move predictions to CPU every N eval steps"},
     {"dataloader_drop_last", "drop the last incomplete training batch"},
-    {"dataloader_num_workers", "background batch producers (0: in the loop)"},
+    {"dataloader_num_workers", "background threads preparing batches ahead (0: in the loop)"},
+    {"dataloader_prefetch_factor", "batches each worker prepares ahead (default 2; needs dataloader_num_workers > 0)"},
+    {"dataloader_pin_memory", "page-lock prepared batches for asynchronous copies to the GPU (with workers, on CUDA)"},
     {"train_sampling_strategy", "random | sequential | group_by_length"},
     {"group_by_length", "HF 4's name for --train_sampling_strategy group_by_length"},
     {"length_column_name", "the dataset field holding each example's length (group_by_length)"},
@@ -155,8 +162,8 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"log_on_each_node", "log on the local main process of every node"},
     {"run_name", "a name for loggers"},
     {"report_to", "built-in loggers added at run time, comma-separated: tensorboard, jsonl, all, none"},
-    {"log_level", "debug | info | warning | error | critical | passive: HF's main-process log level (accepted; loom's messages do not depend on it yet)"},
-    {"log_level_replica", "the same for the other ranks (accepted, as log_level)"},
+    {"log_level", "debug | info | warning | error | critical | passive: the level of loom's messages on the process that logs (passive: warning)"},
+    {"log_level_replica", "the same for the other ranks"},
     {"include_num_input_tokens_seen", "no | all | non_padding (true: all, false: no): count input tokens"},
     {"eval_strategy", "no | steps | epoch"},
     {"evaluation_strategy", "HF 4's name for --eval_strategy"},
@@ -181,9 +188,12 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"bf16", "bfloat16 autocast (precision::BF16)"},
     {"fp16", "float16 autocast with loss scaling (precision::FP16)"},
     {"use_cpu", "train on the CPU even when CUDA is available"},
+    {"bf16_full_eval", "evaluate outside training with the model cast to bfloat16 (no autocast)"},
+    {"fp16_full_eval", "evaluate outside training with the model cast to float16 (no autocast)"},
+    {"tf32", "allow TF32 matrix multiplies and convolutions on CUDA (default: torch's setting)"},
     {"skip_memory_metrics", "skip memory reports"},
     {"include_tokens_per_second", "add train_tokens_per_second (items counted by num_items)"},
-    {"sharding", "no | ddp | zero1 | zero2 | full_shard"},
+    {"sharding", "auto | no | ddp | zero1 | zero2 | full_shard (auto: ddp when started as several processes, else no)"},
     {"ddp_timeout", "collective timeout in seconds"},
     {"ddp_bucket_cap_mb", "DDP bucket size (default 25)"},
     {"ddp_broadcast_buffers", "DDP, ZeRO-1/2: copy rank 0's buffers (BatchNorm statistics) before each training forward (default: true)"},

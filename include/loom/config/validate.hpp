@@ -23,7 +23,7 @@ inline constexpr std::array<std::string_view, 3> kIntervalStrategies = {"no", "s
 inline constexpr std::array<std::string_view, 4> kSaveStrategies = {"no", "steps", "epoch", "best"};
 inline constexpr std::array<std::string_view, 7> kOptimizers = {"adamw_torch_fused", "adamw_torch", "adafactor", "sgd",
                                                                  "adagrad",           "rmsprop",     "lion"};
-inline constexpr std::array<std::string_view, 5> kShardings = {"no", "ddp", "zero1", "zero2", "full_shard"};
+inline constexpr std::array<std::string_view, 6> kShardings = {"no", "ddp", "zero1", "zero2", "full_shard", "auto"};
 inline constexpr std::array<std::string_view, 3> kSamplingStrategies = {"random", "sequential", "group_by_length"};
 inline constexpr std::array<std::string_view, 3> kTokenCounts = {"no", "all", "non_padding"};
 inline constexpr std::array<std::string_view, 2> kMetricsInputs = {"inputs", "loss"};

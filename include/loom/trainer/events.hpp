@@ -6,6 +6,7 @@
 
 #include <loom/config/meta.hpp>
 #include <loom/config/training_arguments.hpp>
+#include <loom/core/log.hpp>
 #include <loom/core/state.hpp>
 #include <loom/trainer/trainer_callback.hpp>
 
@@ -180,8 +181,8 @@ class CallbackSet {
     if (!cb) return;
     for (const auto& d : dynamic_)
       if (typeid(*d) == typeid(*cb))
-        std::fprintf(stderr, "loom: warning: adding a second callback of the same type (%s); both will be called\n",
-                     typeid(*cb).name());
+        log_message(LogLevel::warning, "adding a second callback of the same type ({}); both will be called",
+                    typeid(*cb).name());
     dynamic_.push_back(std::move(cb));
   }
   /// Removes and returns the first run-time callback for which `pred` holds (null: none).

@@ -9,13 +9,15 @@
 //     t.train();
 //   });
 //
-// --sharding no|ddp|zero1|zero2|full_shard picks the sharding tag; --bf16 picks
+// --sharding no|ddp|zero1|zero2|full_shard picks the sharding tag (auto, the default: ddp
+// when WORLD_SIZE > 1, else no); --bf16 picks
 // precision::BF16, --fp16 precision::FP16, neither precision::FP32. All 15 combinations are
 // instantiated (each is a whole Trainer: a program that needs one should name its types).
 // select_precision is the one-dimensional form for programs that do not shard.
 
 #include <loom/config/training_arguments.hpp>
 #include <loom/core/error.hpp>
+#include <loom/distributed/env.hpp>
 #include <loom/policy/tags.hpp>
 
 #include <utility>
@@ -31,6 +33,13 @@ decltype(auto) select_precision(const TrainingArguments& args, F&& f) {
   return std::forward<F>(f).template operator()<precision::FP32>();
 }
 
+/// The --sharding a program runs: `auto` (the default) is ddp when torchrun started several
+/// processes (WORLD_SIZE > 1), as HF's Trainer then trains under DDP, and no otherwise.
+inline std::string resolved_sharding(const TrainingArguments& args) {
+  if (args.sharding != "auto") return args.sharding;
+  return dist::world_from_env().size > 1 ? "ddp" : "no";
+}
+
 /// Calls `f.template operator()<Sharding, Precision>()` with the tags the arguments name.
 template <class F>
 decltype(auto) select_policies(const TrainingArguments& args, F&& f) {
@@ -39,12 +48,12 @@ decltype(auto) select_policies(const TrainingArguments& args, F&& f) {
       return std::forward<F>(f).template operator()<Sharding, Precision>();
     });
   };
-  const std::string& s = args.sharding;
+  const std::string s = resolved_sharding(args);
   if (s == "ddp") return with_sharding.template operator()<sharding::DDP>();
   if (s == "zero1") return with_sharding.template operator()<sharding::ZeRO1>();
   if (s == "zero2") return with_sharding.template operator()<sharding::ZeRO2>();
   if (s == "full_shard") return with_sharding.template operator()<sharding::FullShard>();
-  check(s == "no", "--sharding {} is not one of no, ddp, zero1, zero2, full_shard", s);
+  check(s == "no", "--sharding {} is not one of auto, no, ddp, zero1, zero2, full_shard", s);
   return with_sharding.template operator()<sharding::NoShard>();
 }
 

@@ -29,10 +29,12 @@
 #include <loom/config/training_arguments.hpp>
 #include <loom/config/validate.hpp>
 #include <loom/core/error.hpp>
+#include <loom/core/log.hpp>
 #include <loom/core/metrics.hpp>
 #include <loom/core/state.hpp>
 #include <loom/data/collate.hpp>
 #include <loom/data/dataloader.hpp>
+#include <loom/data/prefetch.hpp>
 #include <loom/data/dataset.hpp>
 #include <loom/distributed/engine.hpp>
 #include <loom/distributed/sharding.hpp>
@@ -705,7 +707,8 @@ class Trainer {
     if (auto resume = checkpointer_->resume_dir()) {
       checkpointer_->load(*resume, state_, *steps_, checkpoint_parts());
       const auto warning = resume_warning(resumed_loop_state_, args_, world_.size, state_.global_step);
-      if (!warning.empty() && world_.is_main()) std::fprintf(stderr, "%s\n", warning.c_str());
+      if (!warning.empty() && world_.is_main() && log_enabled(LogLevel::warning))
+        std::fprintf(stderr, "%s\n", warning.c_str());
       if (args_.restore_callback_states_from_checkpoint) {
         callbacks_.load_states(state_.stateful_callbacks);
         if (state_.stateful_callbacks.contains("TrainerControl"))
@@ -730,11 +733,12 @@ class Trainer {
     double last_lr = 0.0;
     std::vector<Batch> group;
     std::vector<int64_t> items;
+    data::BatchPrefetcher<Batch> batches(loader, prefetch_options());
     for (int64_t epoch = epochs_trained; epoch < plan.num_epochs; ++epoch) {
-      loader.set_epoch(epoch);
-      fire<event::on_epoch_begin>();
       // Resuming mid-epoch starts at the first batch not yet trained; nothing before it is read.
       const int64_t first_update = epoch == epochs_trained ? batches_to_skip / ga : 0;
+      batches.start(epoch, first_update * ga, len);
+      fire<event::on_epoch_begin>();
       int64_t step = first_update * ga - 1;
       for (int64_t update = first_update; update < plan.updates_per_epoch; ++update) {
         const int64_t first = update * ga;
@@ -744,7 +748,7 @@ class Trainer {
         items.clear();
         int64_t group_items = 0;
         for (int64_t i = 0; i < count; ++i) {
-          group.push_back(loader.batch(first + i));
+          group.push_back(batches.next());  // batch first + i
           // Counted on the host batch, so a token count never waits for the device.
           items.push_back(call_hook<hook::num_items>(self(), std::as_const(group.back())));
           if (args_.include_num_input_tokens_seen != "no") tokens_pending_ += input_tokens(group.back());
@@ -799,9 +803,8 @@ class Trainer {
     if (preempted || preemption.got_signal_at_end()) stop_for_preemption(preemption.stop_signal());
     in_train_ = false;
     if (args_.load_best_model_at_end && state_.best_model_checkpoint) {
-      if (should_log())
-        std::fprintf(stderr, "loom: loading the best model from %s (%s = %g)\n", state_.best_model_checkpoint->c_str(),
-                     args_.metric_for_best_model.value_or("loss").c_str(), state_.best_metric.value_or(0.0));
+      log_message(LogLevel::info, "loading the best model from {} ({} = {})", *state_.best_model_checkpoint,
+                  args_.metric_for_best_model.value_or("loss"), state_.best_metric.value_or(0.0));
       checkpointer_->load_weights(*state_.best_model_checkpoint);
     }
     loop_.total_loss += loop_.tr_loss.total(args_.logging_nan_inf_filter);
@@ -962,13 +965,33 @@ class Trainer {
     return metrics;
   }
 
+  // TrainingArguments' dataloader_* flags (pinned memory only helps copies to a GPU).
+  [[nodiscard]] data::PrefetchOptions prefetch_options() const {
+    return {args_.dataloader_num_workers, args_.dataloader_prefetch_factor.value_or(2),
+            args_.dataloader_pin_memory && device_.is_cuda()};
+  }
+
+  // The floating-point fields of `batch` in `dtype` (full-precision evaluation in bf16/fp16).
+  template <class Batch>
+  static void cast_floating(Batch& batch, torch::ScalarType dtype) {
+    boost::pfr::for_each_field(batch, [&](torch::Tensor& t) {
+      if (t.defined() && t.is_floating_point()) t = t.to(dtype);
+    });
+  }
+
   // HF's evaluation_loop over this rank's batches (evaluation.hpp does the sums and the
   // gather). When every forward is a collective (FullShard), a rank without a batch in the
   // last round runs a discarded forward.
   template <class Batch>
   PredictResult evaluation_loop(data::DataLoader<Batch>& loader, const std::string& prefix) {
-    loader.set_epoch(0);
     auto& module = detail::module_of(model_);
+    // HF's bf16_full_eval / fp16_full_eval: outside training the model itself is cast (and
+    // stays so, as in HF); the batch's floating fields follow it.
+    std::optional<torch::ScalarType> full_eval;
+    if (!in_train_ && (args_.bf16_full_eval || args_.fp16_full_eval)) {
+      full_eval = args_.bf16_full_eval ? torch::kBFloat16 : torch::kHalf;
+      module.to(*full_eval);
+    }
     const bool was_training = module.is_training();
     module.eval();
     const auto start = std::chrono::steady_clock::now();
@@ -976,18 +999,25 @@ class Trainer {
     EvalAccumulator acc(args_, world_, *engine_, device_, loader.size());
     eval_loader_info_ = {loader.size(), loader.num_examples(), loader.batch_size()};
     kwargs_.eval_dataloader = &eval_loader_info_;
+    std::vector<int64_t> own;  // this rank's batches, in round order
+    for (int64_t k = 0; k < acc.rounds(); ++k)
+      if (const auto b = acc.batch_of(k)) own.push_back(*b);
+    data::BatchPrefetcher<Batch> batches(loader, prefetch_options());
+    batches.start(0, std::move(own));
     for (int64_t k = 0; k < acc.rounds(); ++k) {
       const auto b = acc.batch_of(k);
       if (!b) {
         if constexpr (sharding_type::forward_is_collective) {
           Batch dummy = loader.batch(0);
           data::to_device(dummy, device_);
+          if (full_eval) cast_floating(dummy, *full_eval);
           (void)call_hook<hook::prediction_step>(self(), model_, dummy);
         }
         continue;
       }
-      Batch batch = loader.batch(*b);
+      Batch batch = batches.next();  // loader.batch(*b)
       data::to_device(batch, device_);
+      if (full_eval) cast_floating(batch, *full_eval);
       const int64_t n = data::batch_rows(batch);
       acc.add(call_hook<hook::prediction_step>(self(), model_, batch), n, main_input(batch));
       acc.end_round(k);

@@ -4,6 +4,7 @@
 #include <loom/callbacks/early_stopping.hpp>
 #include <loom/config/error.hpp>
 #include <loom/config/training_arguments.hpp>
+#include <loom/core/log.hpp>
 #include <loom/core/metrics.hpp>
 #include <loom/core/state.hpp>
 
@@ -32,10 +33,8 @@ LOOM_INLINE void EarlyStopping::on_evaluate(const TrainingArguments& args, Train
   const std::optional<double> value = metrics.get(name);
   if (!value) {
     if (!warned_)
-      std::fprintf(stderr,
-                   "loom: warning: EarlyStopping found no %s in the evaluation metrics; early stopping is "
-                   "disabled\n",
-                   name.c_str());
+      log_message(LogLevel::warning, "EarlyStopping found no {} in the evaluation metrics; early stopping is disabled",
+                  name);
     warned_ = true;
     return;
   }

@@ -195,6 +195,8 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
 
   // --- precision -----------------------------------------------------------------------
   if (args.bf16 && args.fp16) throw Error("loom: --bf16 and --fp16 cannot both be set; pick one");
+  if (args.bf16_full_eval && args.fp16_full_eval)
+    throw Error("loom: --bf16_full_eval and --fp16_full_eval cannot both be set; pick one");
 
   // --- batches -------------------------------------------------------------------------
   check_positive("per_device_train_batch_size", static_cast<double>(args.per_device_train_batch_size));
@@ -203,6 +205,13 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
   if (args.eval_accumulation_steps)
     check_positive("eval_accumulation_steps", static_cast<double>(*args.eval_accumulation_steps));
   check_non_negative("dataloader_num_workers", static_cast<double>(args.dataloader_num_workers));
+  if (args.dataloader_prefetch_factor) {
+    // HF's rule: a prefetch depth means nothing when the loop reads its own batches.
+    if (args.dataloader_num_workers == 0)
+      throw Error("loom: --dataloader_prefetch_factor needs --dataloader_num_workers > 0 (batches are read in the "
+                  "loop without workers)");
+    check_positive("dataloader_prefetch_factor", static_cast<double>(*args.dataloader_prefetch_factor));
+  }
 
   // --- optimizer -----------------------------------------------------------------------
   check_non_negative("learning_rate", args.learning_rate);

@@ -1,6 +1,7 @@
 #pragma once
 #include <loom/config/validate.hpp>
 #include <loom/core/error.hpp>
+#include <loom/core/log.hpp>
 #include <loom/distributed/comm.hpp>
 #include <loom/trainer/startup.hpp>
 
@@ -47,6 +48,7 @@ LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& po
         args.eval_strategy);
   Startup s;
   s.world = dist::world_from_env();
+  set_log_level(process_log_level(args, args.log_on_each_node ? s.world.is_local_main() : s.world.is_main()));
   if (!policies.uses_comm)
     check(s.world.size == 1,
           "WORLD_SIZE is {} but this Trainer does not shard (--sharding no); pass --sharding ddp, zero1, zero2 "
@@ -56,6 +58,15 @@ LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& po
           "LOCAL_RANK {} has no GPU: this node has {}; start at most that many processes per node",
           s.world.local_rank, torch::cuda::device_count());
     s.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(s.world.local_rank));
+  }
+  // HF's --tf32: TF32 tensor-core math for float32 matrix multiplies and convolutions
+  // (unset: torch's own setting stays).
+  if (args.tf32) {
+    check(!*args.tf32 || s.device.is_cuda(),
+          "--tf32 true needs a CUDA GPU (TF32 is a tensor-core format of Ampere and newer); this process runs on "
+          "the CPU");
+    at::globalContext().setAllowTF32CuBLAS(*args.tf32);
+    at::globalContext().setAllowTF32CuDNN(*args.tf32);
   }
   if (policies.uses_comm)
     s.comm = std::make_shared<dist::Comm>(s.world, s.device, std::chrono::seconds(args.ddp_timeout));

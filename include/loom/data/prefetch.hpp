@@ -1,0 +1,146 @@
+#pragma once
+// BatchPrefetcher: a DataLoader's batches prepared ahead of the loop on background threads
+// (HF's dataloader_num_workers / dataloader_prefetch_factor / dataloader_pin_memory), handed
+// out in the order asked for, whatever thread finished first. The batches are the ones
+// DataLoader::batch(i) returns, so a run with workers reads exactly what one without reads.
+//
+// Workers are threads of this process, not processes: loom's datasets are C++ objects whose
+// reads are const and thread-safe (a mapped file, index_select on tensors), so there is no
+// interpreter lock to escape and nothing to copy between processes. At most
+// workers x prefetch_factor batches wait ready or in preparation at any time (torch's
+// DataLoader bound). An exception thrown while preparing a batch is rethrown by next() for
+// that batch, in order.
+//
+// With 0 workers, next() reads the batch on the caller's thread: the loop has one code path.
+
+#include <loom/core/error.hpp>
+#include <loom/data/collate.hpp>
+#include <loom/data/dataloader.hpp>
+
+#include <torch/torch.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace loom::data {
+
+/// How batches are prepared ahead (TrainingArguments' dataloader_* flags).
+struct PrefetchOptions {
+  int64_t num_workers = 0;      ///< background threads (0: each batch read when asked for)
+  int64_t prefetch_factor = 2;  ///< batches in flight per worker
+  bool pin_memory = false;      ///< page-lock each prepared batch (for asynchronous copies to a GPU)
+};
+
+/// Batches of a DataLoader, read ahead on `num_workers` threads.
+template <TensorAggregate Batch>
+class BatchPrefetcher {
+ public:
+  /// Prefetches from `loader`, which must outlive this object.
+  BatchPrefetcher(DataLoader<Batch>& loader, PrefetchOptions options) : loader_(loader), options_(options) {
+    check(options_.num_workers >= 0, "--dataloader_num_workers must not be negative, got {}", options_.num_workers);
+    check(options_.prefetch_factor >= 1, "--dataloader_prefetch_factor must be positive, got {}",
+          options_.prefetch_factor);
+  }
+  BatchPrefetcher(const BatchPrefetcher&) = delete;
+  BatchPrefetcher& operator=(const BatchPrefetcher&) = delete;
+  ~BatchPrefetcher() { stop(); }
+
+  /// Sets the loader's epoch and starts reading batches `indices` of it, in that order.
+  void start(int64_t epoch, std::vector<int64_t> indices) {
+    stop();  // no worker may read the loader's order while set_epoch replaces it
+    loader_.set_epoch(epoch);
+    indices_ = std::move(indices);
+    issued_ = consumed_ = 0;
+    ready_.clear();
+    stopping_ = false;
+    for (int64_t w = 0; w < options_.num_workers; ++w) workers_.emplace_back([this] { work(); });
+  }
+
+  /// Sets the loader's epoch and starts reading batches [first, last) of it.
+  void start(int64_t epoch, int64_t first, int64_t last) {
+    std::vector<int64_t> indices;
+    for (int64_t i = first; i < last; ++i) indices.push_back(i);
+    start(epoch, std::move(indices));
+  }
+
+  /// The next batch of the started sequence (waits for it when a worker still prepares it).
+  Batch next() {
+    check(consumed_ < static_cast<int64_t>(indices_.size()), "BatchPrefetcher::next past the end of its {} batches",
+          indices_.size());
+    if (workers_.empty()) return prepare(indices_[static_cast<std::size_t>(consumed_++)]);
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return ready_.contains(consumed_); });
+    auto node = ready_.extract(consumed_++);
+    lock.unlock();
+    changed_.notify_all();  // a slot is free
+    if (auto* error = std::get_if<std::exception_ptr>(&node.mapped())) std::rethrow_exception(*error);
+    return std::move(std::get<Batch>(node.mapped()));
+  }
+
+  /// Stops the workers (batches not yet taken are dropped).
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+  }
+
+ private:
+  Batch prepare(int64_t i) const {
+    Batch batch = loader_.batch(i);
+    if (options_.pin_memory)
+      boost::pfr::for_each_field(batch, [](torch::Tensor& t) {
+        if (t.defined() && t.device().is_cpu()) t = t.pin_memory();
+      });
+    return batch;
+  }
+
+  void work() {
+    const auto in_flight = options_.num_workers * options_.prefetch_factor;
+    for (;;) {
+      int64_t k = 0;
+      {
+        std::unique_lock lock(mutex_);
+        changed_.wait(lock, [&] {
+          return stopping_ || (issued_ < static_cast<int64_t>(indices_.size()) && issued_ - consumed_ < in_flight);
+        });
+        if (stopping_) return;
+        k = issued_++;
+      }
+      std::variant<Batch, std::exception_ptr> result;
+      try {
+        result = prepare(indices_[static_cast<std::size_t>(k)]);
+      } catch (...) {
+        result = std::current_exception();
+      }
+      {
+        std::lock_guard lock(mutex_);
+        ready_.emplace(k, std::move(result));
+      }
+      changed_.notify_all();
+    }
+  }
+
+  DataLoader<Batch>& loader_;
+  PrefetchOptions options_;
+  std::vector<int64_t> indices_;
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<int64_t, std::variant<Batch, std::exception_ptr>> ready_;  // position in indices_ -> batch
+  int64_t issued_ = 0;    // positions handed to workers
+  int64_t consumed_ = 0;  // positions returned by next()
+  bool stopping_ = false;
+};
+
+}  // namespace loom::data
