@@ -1,0 +1,23 @@
+# The bert_classify example on the fixture's tiny KJV folder (DATA): 10 steps of a 1-layer
+# model, one process, fp32, then the same under torchrun with FullShard (units: the encoder
+# layers). Each reports eval_accuracy against the majority baseline; transformers opens the
+# saved HF folder and gets loom's held-out loss and accuracy.
+include("${CMAKE_CURRENT_LIST_DIR}/example_outputs.cmake")
+set(base "${OUT}")
+set(flags --data_dir "${DATA}" --max_steps 10 --logging_steps 5 --eval_steps 5 --num_hidden_layers 1
+          --hidden_size 32 --num_attention_heads 2 --intermediate_size 64 --max_seq_length 32)
+
+set(OUT "${base}/single")
+run_example(bert_classify ${flags})
+check_outputs(10 eval_accuracy eval_majority_accuracy eval_loss train_loss)
+check_files("${OUT}" config.json tokenizer.json)
+if(NOT out MATCHES "eval_accuracy [0-9.]+ against the majority baseline 0\\.2550")
+  message(FATAL_ERROR "bert_classify did not report eval_accuracy against the majority baseline (0.2550 here)")
+endif()
+hf_check(transformers --model "${OUT}" --data "${DATA}" --results "${OUT}/eval_results.json" --max_seq_length 32)
+
+set(OUT "${base}/full_shard")
+run_torchrun("bert_classify --sharding full_shard" "bert_classify: [0-9]+ training" ${flags} --sharding full_shard)
+check_outputs(10 eval_accuracy eval_majority_accuracy)
+hf_check(transformers --model "${OUT}" --data "${DATA}" --results "${OUT}/eval_results.json" --max_seq_length 32)
+message("bert_classify smoke ok")
