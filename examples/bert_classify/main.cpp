@@ -6,9 +6,8 @@
 // held-out set's most frequent group). HF's run_glue.py, in C++.
 //
 // The data, once (a few seconds; Debian's bible-kjv-text):
-//   make kjv-data                        # = the two commands below, into data/kjv
-//   build/examples/kjv_text --output data/kjv.txt
-//   .venv/bin/python examples/text_data/prepare.py --input data/kjv.txt --out data/kjv
+//   make kjv-data                        # builds kjv_text, then runs the command below
+//   .venv/bin/python examples/text_data/prepare.py --kjv_text build/examples/kjv_text --out data/kjv
 //
 // Then:
 //   build/examples/bert_classify                                  # the defaults below (~3 min on 2 cores)

@@ -48,8 +48,8 @@ inline loom::data::TokenFileMeta read_token_folder(const std::filesystem::path& 
   const auto meta = data_dir / "meta.json";
   loom::check(std::filesystem::is_regular_file(meta),
               "--data_dir {}: no meta.json there; prepare the KJV token files with `make kjv-data` (writes data/kjv) "
-              "or `build/examples/kjv_text --output kjv.txt && .venv/bin/python examples/text_data/prepare.py "
-              "--input kjv.txt --out {}`", data_dir.string(), data_dir.string());
+              "or `.venv/bin/python examples/text_data/prepare.py --kjv_text build/examples/kjv_text --out {}`",
+              data_dir.string(), data_dir.string());
   return loom::data::read_token_meta(meta);
 }
 

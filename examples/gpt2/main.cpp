@@ -4,9 +4,8 @@
 // transformers.GPT2LMHeadModel.from_pretrained and AutoTokenizer open. HF's run_clm.py, in C++.
 //
 // The data, once (a few seconds; Debian's bible-kjv-text):
-//   make kjv-data                        # = the two commands below, into data/kjv
-//   build/examples/kjv_text --output data/kjv.txt
-//   .venv/bin/python examples/text_data/prepare.py --input data/kjv.txt --out data/kjv
+//   make kjv-data                        # builds kjv_text, then runs the command below
+//   .venv/bin/python examples/text_data/prepare.py --kjv_text build/examples/kjv_text --out data/kjv
 //
 // Then:
 //   build/examples/gpt2                                    # the defaults below (bf16, ~3 min on 2 cores)
