@@ -92,7 +92,8 @@ static double majority_accuracy(const loom::data::TokenSequenceDataset& dataset)
 int main(int argc, char** argv) {
   return loom::run_main([&] {
     // This example's defaults; any flag on the command line overrides them. Sized for about
-    // three minutes on 2 idle CPU cores: one epoch of the 27,992 training verses in batches of 32.
+    // three minutes on 2 CPU cores: three epochs of the 27,992 training verses in batches of
+    // 32 (one epoch took 66 s and reached eval_accuracy 0.653 against the baseline 0.228).
     loom::TrainingArguments defaults;
     defaults.output_dir = "output/bert_classify";
     defaults.learning_rate = 5e-4;
@@ -101,10 +102,9 @@ int main(int argc, char** argv) {
     defaults.warmup_steps = 50;
     defaults.per_device_train_batch_size = 32;
     defaults.per_device_eval_batch_size = 128;
-    defaults.num_train_epochs = 1;
-    defaults.logging_steps = 100;
-    defaults.eval_strategy = "steps";
-    defaults.eval_steps = 300;
+    defaults.num_train_epochs = 3;
+    defaults.logging_steps = 200;
+    defaults.eval_strategy = "epoch";
     defaults.save_strategy = "no";
     auto [example, args] = loom::parse_args(argc, argv, ExampleArguments{}, defaults);
     loom::check(example.max_seq_length >= 2, "--max_seq_length must be at least 2 ([CLS], [SEP]), got {}",

@@ -78,3 +78,17 @@ function(run_torchrun name banner)
   endif()
   set(out "${out}" PARENT_SCOPE)
 endfunction()
+
+# expect_loom_error(<regex> <args>...): ${EXE} <args> must stop at start-up with exit code 2
+# and one stderr line starting "loom: " that matches <regex>, writing no output folder.
+function(expect_loom_error regex)
+  set(dir "${OUT}/bad_input")
+  file(REMOVE_RECURSE "${dir}")
+  execute_process(COMMAND "${EXE}" ${ARGN} --output_dir "${dir}" RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err TIMEOUT 60)
+  string(STRIP "${err}" err)
+  if(NOT rc EQUAL 2 OR NOT err MATCHES "^loom: ${regex}$" OR EXISTS "${dir}")
+    message(FATAL_ERROR "expected exit code 2 and 'loom: ${regex}' for ${ARGN}, got ${rc}: ${err}")
+  endif()
+  message("bad input ok: ${err}")
+endfunction()

@@ -2,7 +2,7 @@
 # 6 steps with evaluations and checkpoints at 3 and 6; the same run resumed from checkpoint-3
 # logs the same losses after step 3 and ends with the same results; the saved HF folder,
 # read back by loom (--model_name_or_path, --do_eval, fp32) and by transformers, gives the same
-# held-out loss on both sides.
+# held-out loss on both sides. Bad example flags end at start-up with one `loom:` line.
 include("${CMAKE_CURRENT_LIST_DIR}/example_outputs.cmake")
 set(base "${OUT}")
 set(flags --data_dir "${DATA}" --max_steps 6 --warmup_steps 1 --logging_steps 1 --eval_steps 3 --save_steps 3
@@ -26,4 +26,11 @@ hf_check(resumed --straight "${base}/straight" --resumed "${base}/resumed" --fro
 set(OUT "${base}/eval_fp32")
 run_example(gpt2 --data_dir "${DATA}" --block_size 32 --model_name_or_path "${base}/straight" --do_eval --bf16 false)
 hf_check(transformers --model "${base}/straight" --data "${DATA}" --results "${OUT}/eval_results.json" --block_size 32)
+
+set(OUT "${base}")
+expect_loom_error("--data_dir [^ ]*: no meta.json there; prepare the KJV token files with `make kjv-data`.*"
+                  --data_dir "${base}/nothing")
+expect_loom_error("--n_embd must be a positive multiple of --n_head 4, got 30" --data_dir "${DATA}" --n_embd 30)
+expect_loom_error("--block_size 64 exceeds --model_name_or_path [^ ]*'s n_positions 32"
+                  --data_dir "${DATA}" --model_name_or_path "${base}/straight" --block_size 64)
 message("gpt2 smoke ok")
