@@ -5,7 +5,7 @@
 // it reports against the majority-class baseline (eval_majority_accuracy: the share of the
 // held-out set's most frequent group). HF's run_glue.py, in C++.
 //
-// The data, once (a few seconds; Debian's bible-kjv-text):
+// The data, once (~15 s): kjv_text decodes Debian's bible-kjv-text, prepare.py tokenizes it:
 //   make kjv-data                        # builds kjv_text, then runs the command below
 //   .venv/bin/python examples/text_data/prepare.py --kjv_text build/examples/kjv_text --out data/kjv
 //
