@@ -1,7 +1,8 @@
 # The bert_classify example on the fixture's tiny KJV folder (DATA): 10 steps of a 1-layer
-# model, one process, fp32, then the same under torchrun with FullShard (units: the encoder
-# layers). Each reports eval_accuracy against the majority baseline; transformers opens the
-# saved HF folder and gets loom's held-out loss and accuracy. Bad example flags end at
+# model, one process, fp32, then the same under torchrun (2 processes) with each sharding
+# policy (FullShard's units: the encoder layers), which must all give the same losses and
+# accuracy. Each reports eval_accuracy against the majority baseline; transformers opens the
+# saved HF folders (one process, FullShard) and gets loom's held-out loss and accuracy. Bad example flags end at
 # start-up with one `loom:` line.
 include("${CMAKE_CURRENT_LIST_DIR}/example_outputs.cmake")
 set(base "${OUT}")
@@ -17,9 +18,14 @@ if(NOT out MATCHES "eval_accuracy [0-9.]+ against the majority baseline 0\\.2550
 endif()
 hf_check(transformers --model "${OUT}" --data "${DATA}" --results "${OUT}/eval_results.json" --max_seq_length 32)
 
-set(OUT "${base}/full_shard")
-run_torchrun("bert_classify --sharding full_shard" "bert_classify: [0-9]+ training" ${flags} --sharding full_shard)
-check_outputs(10 eval_accuracy eval_majority_accuracy)
+set(dirs)
+foreach(policy ddp zero1 zero2 full_shard)
+  set(OUT "${base}/${policy}")
+  run_torchrun("bert_classify --sharding ${policy}" "bert_classify: [0-9]+ training" ${flags} --sharding ${policy})
+  check_outputs(10 eval_accuracy eval_majority_accuracy)
+  list(APPEND dirs "${OUT}")
+endforeach()
+hf_check(same --keys train_loss eval_loss eval_accuracy -- ${dirs})
 hf_check(transformers --model "${OUT}" --data "${DATA}" --results "${OUT}/eval_results.json" --max_seq_length 32)
 
 set(OUT "${base}")
