@@ -2,6 +2,8 @@
 #   make demo   set up what is missing, build, train the Fashion-MNIST example
 #   make test   set up what is missing, build, run the whole test suite
 #   make build  set up what is missing, build tests, examples and benchmarks into build/
+#   make kjv-data  the KJV token files (kjv_text + prepare.py) in data/kjv, for make gpt2 / make bert
+#   make gpt2, make bert  train examples/gpt2, fine-tune examples/bert_classify on data/kjv (ARGS=...)
 #   make fuzz   libFuzzer harnesses (tests/fuzz/) built with clang into build-fuzz/, each run FUZZ_SECONDS
 #   make sanitize  the unit tests built with ASan+UBSan into build-sanitize/, then ctest -L unit
 # Each step is skipped when already done (stamps in .deps/, CMake/Ninja/ccache for the build).
@@ -22,13 +24,16 @@ APT_PACKAGES := build-essential cmake ninja-build ccache python3-venv zlib1g-dev
 # ccache's other settings travel with the build (build/loom-ccache, cmake/loomBuildHelpers.cmake).
 export CCACHE_MAXSIZE := 5G
 
-.PHONY: help deps build demo test bench clean fuzz sanitize
+.PHONY: help deps build demo test bench clean fuzz sanitize kjv-data gpt2 bert
 
 help:
 	@echo "make demo   - train the default example (Fashion-MNIST) after any missing set-up"
 	@echo "make test   - run the whole test suite after any missing set-up"
 	@echo "make build  - build tests, examples and benchmarks into build/"
 	@echo "make bench  - run the overhead and sharding benchmarks"
+	@echo "make kjv-data - tokenize the King James Bible into data/kjv (BPE token files, a few seconds)"
+	@echo "make gpt2   - train GPT-2 on data/kjv (examples/gpt2; ARGS=\"--flag value ...\")"
+	@echo "make bert   - fine-tune BERT to classify KJV verses by book group (examples/bert_classify)"
 	@echo "make fuzz   - build the libFuzzer harnesses (clang) and run each for FUZZ_SECONDS (default 60)"
 	@echo "make sanitize - build the unit tests with ASan+UBSan into build-sanitize/ and run them"
 
@@ -72,6 +77,23 @@ test: build
 bench: build
 	$(BUILD)/benchmarks/overhead $(ARGS)
 	$(BUILD)/benchmarks/sharding --torchrun $(VENV)/bin/torchrun
+
+# --- the Hugging Face model examples on the King James Bible ------------------------------
+# data/kjv: Debian's bible-kjv-text decoded by kjv_text, tokenized by prepare.py (a BPE
+# trained here, 8192 tokens); remade when prepare.py changes.
+KJV_DATA := data/kjv
+
+$(KJV_DATA)/meta.json: examples/text_data/prepare.py $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS) --target kjv_text
+	$(PY) examples/text_data/prepare.py --kjv_text $(BUILD)/examples/kjv_text --out $(KJV_DATA)
+
+kjv-data: $(KJV_DATA)/meta.json
+
+gpt2: build kjv-data
+	$(BUILD)/examples/gpt2 --data_dir $(KJV_DATA) $(ARGS)
+
+bert: build kjv-data
+	$(BUILD)/examples/bert_classify --data_dir $(KJV_DATA) $(ARGS)
 
 # --- fuzzing (tests/fuzz/README.md) ------------------------------------------------------
 # One clang binary with four libFuzzer harnesses, picked by LOOM_FUZZ_TARGET. Each target

@@ -12,6 +12,8 @@
 
 #include <loom/loom.hpp>
 
+#include "../common/hf_example.hpp"
+
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -109,24 +111,12 @@ int main(int argc, char** argv) {
     defaults.eval_strategy = "epoch";
     defaults.save_strategy = "no";
     auto [example, args] = loom::parse_args(argc, argv, ExampleArguments{}, defaults);
-    loom::validate(args);  // report bad flags before reading any data
-    // HF's scripts run what --do_train / --do_eval / --do_predict ask for; given none, this
-    // example trains and evaluates. HF's __post_init__: evaluating during training means do_eval.
-    const bool hf_mode = args.do_train || args.do_eval || args.do_predict;
-    if (!hf_mode) args.do_train = args.do_eval = true;
-    loom::finalize(args);
-    // HF's scripts: an output folder with checkpoints resumes from the last one (unless
-    // --overwrite_output_dir); one with other files only is an error.
-    if (hf_mode) {
-      if (auto last = loom::detect_last_checkpoint(args)) {
-        args.resume_from_checkpoint = last->string();
-        if (loom::dist::world_from_env().is_main())
-          fmt::print("fashion_mnist: checkpoint detected, resuming training at {}; --overwrite_output_dir "
-                     "trains from scratch\n", last->string());
-      }
-    }
+    // HF's scripts: bad flags reported before any data is read; given none of --do_train /
+    // --do_eval / --do_predict, this example trains and evaluates; given one, an output folder
+    // with checkpoints resumes from the last one (unless --overwrite_output_dir).
+    hf_example::apply_script_rules(args, "fashion_mnist");
 
-    const bool main_process = loom::dist::world_from_env().is_main();
+    const bool main_process = hf_example::is_main_process();
     loom::set_seed(args.seed);
     const std::filesystem::path dir(example.data_dir);
     auto train_set = load_split(dir, "train", example.max_train_samples);

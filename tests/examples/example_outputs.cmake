@@ -38,3 +38,57 @@ function(check_global_step dir steps)
     message(FATAL_ERROR "trainer_state.json global_step is ${global_step}, expected ${steps}")
   endif()
 endfunction()
+
+# hf_check(<args>...): runs tests/examples/hf_examples_check.py <args> with ${PYTHON} (the
+# venv's, which has transformers) and fails unless it exits 0.
+function(hf_check)
+  execute_process(COMMAND "${PYTHON}" "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/hf_examples_check.py" ${ARGN}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message("${out}${err}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "hf_examples_check.py ${ARGV0} failed (${rc})")
+  endif()
+endfunction()
+
+# check_files(<dir> <files>...): each of <files> exists in <dir>.
+function(check_files dir)
+  foreach(f IN LISTS ARGN)
+    if(NOT EXISTS "${dir}/${f}")
+      message(FATAL_ERROR "missing ${dir}/${f}")
+    endif()
+  endforeach()
+endfunction()
+
+# run_torchrun(<name> <banner> <args>...): runs ${EXE} <args> in 2 processes under ${TORCHRUN}
+# (its agent hosts the rendezvous store) into a fresh ${OUT}, fails unless it exits 0, and
+# requires the regex <banner> in the output exactly once (rank 0 prints, the other rank not).
+function(run_torchrun name banner)
+  file(REMOVE_RECURSE "${OUT}")
+  execute_process(COMMAND "${TORCHRUN}" --standalone --nproc_per_node=2 --no-python "${EXE}" ${ARGN}
+                          --use_cpu --output_dir "${OUT}" --disable_tqdm
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 300)
+  message("${out}${err}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "torchrun ${name} exited with ${rc}")
+  endif()
+  string(REGEX MATCHALL "${banner}" banners "${out}")
+  list(LENGTH banners n)
+  if(NOT n EQUAL 1)
+    message(FATAL_ERROR "${name}: expected the banner from rank 0 only, got it ${n} times")
+  endif()
+  set(out "${out}" PARENT_SCOPE)
+endfunction()
+
+# expect_loom_error(<regex> <args>...): ${EXE} <args> must stop at start-up with exit code 2
+# and one stderr line starting "loom: " that matches <regex>, writing no output folder.
+function(expect_loom_error regex)
+  set(dir "${OUT}/bad_input")
+  file(REMOVE_RECURSE "${dir}")
+  execute_process(COMMAND "${EXE}" ${ARGN} --output_dir "${dir}" RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err TIMEOUT 60)
+  string(STRIP "${err}" err)
+  if(NOT rc EQUAL 2 OR NOT err MATCHES "^loom: ${regex}$" OR EXISTS "${dir}")
+    message(FATAL_ERROR "expected exit code 2 and 'loom: ${regex}' for ${ARGN}, got ${rc}: ${err}")
+  endif()
+  message("bad input ok: ${err}")
+endfunction()

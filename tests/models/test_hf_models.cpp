@@ -122,6 +122,16 @@ TEST_CASE("GPT-2 and BERT read transformers' folders and give its logits and los
   CHECK(bert->config().id2label.at(2) == "pos");
   CHECK(bert->config().label2id.at("neu") == 1);
   CHECK(BertForSequenceClassification::from_pretrained(*dir / "bert_reg")->config().num_labels == 1);
+  // transformers 5.23 saves "label2id": null for a config given id2label alone: a null map
+  // reads as absent, and label2id then inverts id2label.
+  const auto nulls = loom_test::fresh_dir("models/label_maps_null");
+  copy_folder(*dir / "bert", nulls);
+  const auto text = loom_test::read_bytes(nulls / "config.json");
+  loom_test::write_bytes(nulls / "config.json", std::regex_replace(text, std::regex("\"label2id\": \\{[^}]*\\}"),
+                                                                   "\"label2id\": null"));
+  auto relabeled = BertForSequenceClassification::from_pretrained(nulls);
+  CHECK(relabeled->config().label2id.at("neu") == 1);
+  CHECK(relabeled->config().num_labels == 3);
   MESSAGE("largest relative difference from transformers: logits " << worst << ", loss " << worst_loss);
 }
 

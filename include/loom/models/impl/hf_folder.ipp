@@ -63,6 +63,7 @@ LOOM_INLINE std::map<int64_t, std::string> read_id2label(const nlohmann::json& v
   const auto bad = [&](const std::string& why) {
     return Error("loom: JSON key 'id2label' expects an object of \"<integer>\": \"<label>\" pairs; " + why);
   };
+  if (value.is_null()) return {};  // transformers writes null for an absent map
   if (!value.is_object()) throw bad("got " + loom::detail::describe_json(value));
   std::map<int64_t, std::string> out;
   for (auto it = value.begin(); it != value.end(); ++it) {
@@ -80,6 +81,7 @@ LOOM_INLINE std::map<std::string, int64_t> read_label2id(const nlohmann::json& v
   const auto bad = [&](const std::string& why) {
     return Error("loom: JSON key 'label2id' expects an object of \"<label>\": <integer> pairs; " + why);
   };
+  if (value.is_null()) return {};  // transformers writes null for an absent map
   if (!value.is_object()) throw bad("got " + loom::detail::describe_json(value));
   std::map<std::string, int64_t> out;
   for (auto it = value.begin(); it != value.end(); ++it) {
