@@ -730,6 +730,25 @@ TEST_CASE("group_by_length at 2 ranks: each rank reads its batches of the one le
   }
 }
 
+TEST_CASE("gradient checkpointing at 2 ranks: FullShard and DDP train as without it") {
+  // The worker's MLP has two FullShardUnits. Under FullShard a recomputed unit's forward runs
+  // again in backward, after the engine's pre-backward hook gathered its parameters again.
+  for (const std::string policy : {"full_shard", "ddp"}) {
+    CAPTURE(policy);
+    const auto plain = dist_dir("gc_plain_" + policy), recomputed = dist_dir("gc_" + policy);
+    require_success(launch(2, base_args(policy, 4, plain), plain / "logs"));
+    auto args = base_args(policy, 4, recomputed);
+    set_flag(args, "--gradient_checkpointing", "true");
+    require_success(launch(2, args, recomputed / "logs"));
+    const auto want = logged_losses(plain);
+    REQUIRE(want.size() == 10);
+    check_losses(logged_losses(recomputed), want, 1e-6);
+    const double diff = weight_difference(recomputed, plain);
+    MESSAGE(policy << ": final weights differ by " << diff << " (relative)");
+    CHECK(diff < 1e-6);
+  }
+}
+
 TEST_CASE("ddp_broadcast_buffers: each training forward starts from rank 0's buffers") {
   // 4 steps of 2 micro-batches: 8 training forwards; rank r adds r + 1 to the buffer in each.
   for (const std::string broadcast : {"true", "false"}) {

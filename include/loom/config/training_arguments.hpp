@@ -47,6 +47,8 @@ struct TrainingArguments {
   double adam_epsilon = 1e-8;               ///< AdamW epsilon
   double max_grad_norm = 1.0;               ///< clip the global gradient norm (0: off)
   double label_smoothing_factor = 0.0;      ///< label smoothing epsilon on the model's logits (0: off)
+  bool gradient_checkpointing = false;      ///< recompute the activations of every FullShardUnit / Checkpointed block in backward (less memory, one more forward)
+  std::optional<std::string> gradient_checkpointing_kwargs;  ///< HF's JSON object for it: only use_reentrant (true or false: loom recomputes the same way)
 
   // --- length and schedule -------------------------------------------------------------
   double num_train_epochs = 3.0;              ///< epochs, when max_steps <= 0
@@ -147,6 +149,8 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"adam_epsilon", "AdamW epsilon"},
     {"max_grad_norm", "clip the global gradient norm (0: off)"},
     {"label_smoothing_factor", "label smoothing epsilon on the model's logits (0: off)"},
+    {"gradient_checkpointing", "recompute the activations of every FullShardUnit / Checkpointed block in backward (less memory, one more forward)"},
+    {"gradient_checkpointing_kwargs", "HF's JSON object for it: only use_reentrant (true or false: loom recomputes the same way)"},
     {"num_train_epochs", "epochs, when max_steps <= 0"},
     {"max_steps", "optimizer steps; overrides num_train_epochs when > 0"},
     {"lr_scheduler_type", "HF scheduler name"},

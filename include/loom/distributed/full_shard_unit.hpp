@@ -3,7 +3,10 @@
 // describes the engine). Name-transparent: the block's parameters, buffers and children are
 // registered under the wrapper, so parameter names are the same with or without it, and
 // under any other sharding policy it only forwards. This header is what a model includes;
-// it knows the engine only through UnitRuntime.
+// it knows the engine only through UnitRuntime. A unit is also Recomputable: its switch
+// (off by default) turns on gradient checkpointing for the block.
+
+#include <loom/distributed/checkpointed.hpp>
 
 #include <torch/torch.h>
 
@@ -28,38 +31,29 @@ class FullShardUnitBase {
   int loom_unit = -1;                   ///< the unit's index in that engine
 };
 
-/// A block sharded as one unit under FullShard; `Inner` is a torch module holder.
+/// A block sharded as one unit under FullShard; `Inner` is a torch module holder. Its
+/// activations are recomputed in backward once enable_gradient_checkpointing switched it on
+/// (distributed/checkpointed.hpp).
 template <class Inner>
-class FullShardUnitImpl : public torch::nn::Module, public FullShardUnitBase {
+class FullShardUnitImpl : public detail::TransparentWrapper<Inner>, public FullShardUnitBase {
  public:
-  explicit FullShardUnitImpl(Inner inner) : inner_(std::move(inner)) {
-    for (const auto& p : inner_->named_parameters(/*recurse=*/false)) register_parameter(p.key(), p.value());
-    for (const auto& b : inner_->named_buffers(/*recurse=*/false)) register_buffer(b.key(), b.value());
-    for (const auto& c : inner_->named_children()) register_module(c.key(), c.value());
-  }
+  explicit FullShardUnitImpl(Inner inner) : detail::TransparentWrapper<Inner>(std::move(inner)) {}
   /// The block's forward, with the unit's parameters gathered around it under FullShard.
   template <class... Args>
   auto forward(Args&&... args) {
-    using R = decltype(inner_->forward(std::forward<Args>(args)...));
+    using R = decltype(this->inner()->forward(std::forward<Args>(args)...));
     if constexpr (std::is_same_v<R, torch::Tensor>) {
-      if (loom_runtime == nullptr) return inner_->forward(std::forward<Args>(args)...);
+      if (loom_runtime == nullptr) return this->run_block(std::forward<Args>(args)...);
+      // Recomputed, the block runs again in backward after the engine's pre-backward hook
+      // (registered on the output by post_forward) gathered the parameters again.
       loom_runtime->pre_forward(loom_unit);
-      auto out = inner_->forward(std::forward<Args>(args)...);
+      auto out = this->run_block(std::forward<Args>(args)...);
       return loom_runtime->post_forward(loom_unit, std::move(out));
     } else {
       static_assert(std::is_same_v<R, torch::Tensor>,
                     "loom: a FullShardUnit's block must return one torch::Tensor from forward");
     }
   }
-  void train(bool on = true) override {
-    torch::nn::Module::train(on);
-    inner_->train(on);
-  }
-  /// The wrapped block.
-  Inner& inner() { return inner_; }
-
- private:
-  Inner inner_;
 };
 
 /// Module holder of FullShardUnitImpl<Inner>.

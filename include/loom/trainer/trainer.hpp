@@ -36,6 +36,7 @@
 #include <loom/data/dataloader.hpp>
 #include <loom/data/prefetch.hpp>
 #include <loom/data/dataset.hpp>
+#include <loom/distributed/checkpointed.hpp>
 #include <loom/distributed/engine.hpp>
 #include <loom/distributed/sharding.hpp>
 #include <loom/metrics/memory.hpp>
@@ -624,6 +625,10 @@ class Trainer {
     checkpointer_.emplace(args_, world_, *engine_, detail::module_of(model_));
     if (args_.model_name_or_path) checkpointer_->load_pretrained(*args_.model_name_or_path);
     detail::module_of(model_).to(device_);
+    // HF's gradient_checkpointing_enable: every unit / Checkpointed block recomputes in backward.
+    if (args_.gradient_checkpointing)
+      check(dist::enable_gradient_checkpointing(detail::module_of(model_)) > 0,
+            "--gradient_checkpointing needs blocks wrapped in loom::FullShardUnit or loom::Checkpointed");
     engine_->setup(detail::module_of(model_));
     steps_.emplace(*engine_, device_, sharding_type::owns_grads);
     // DDP's broadcast_buffers (HF's ddp_broadcast_buffers, default on) for the policies that

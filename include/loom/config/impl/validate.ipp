@@ -193,6 +193,20 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
                   args.lr_scheduler_kwargs + "'");
   }
 
+  if (args.gradient_checkpointing_kwargs) {
+    const auto& text = *args.gradient_checkpointing_kwargs;
+    const auto kwargs = nlohmann::json::accept(text) ? json::parse(text, "--gradient_checkpointing_kwargs") : nlohmann::json();
+    if (!kwargs.is_object())
+      throw Error("loom: --gradient_checkpointing_kwargs must be a JSON object such as '{\"use_reentrant\": false}', got '" +
+                  text + "'");
+    for (const auto& [key, value] : kwargs.items()) {
+      if (key != "use_reentrant")
+        throw Error("loom: --gradient_checkpointing_kwargs: '" + key + "' is not supported (loom takes use_reentrant only)");
+      if (!value.is_boolean())
+        throw Error("loom: --gradient_checkpointing_kwargs: use_reentrant must be true or false, got " + value.dump());
+    }
+  }
+
   // --- precision -----------------------------------------------------------------------
   if (args.bf16 && args.fp16) throw Error("loom: --bf16 and --fp16 cannot both be set; pick one");
   if (args.bf16_full_eval && args.fp16_full_eval)
