@@ -1,7 +1,7 @@
 #pragma once
 // JsonlLogger: every log() entry as one JSON object per line in <output_dir>/log.jsonl,
 // with the same keys and values as the trainer_state.json log_history entry (the logs
-// plus "step"). Lines are flushed one by one, so a crashed run keeps what it logged.
+// plus "step", and "run_name" when --run_name is given). Lines are flushed one by one, so a crashed run keeps what it logged.
 // Only the world main process writes.
 
 #include <loom/callbacks/log_file.hpp>

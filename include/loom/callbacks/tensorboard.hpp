@@ -74,7 +74,8 @@ LOOM_INLINE std::string event_file_name(double wall_time);
 
 }  // namespace tensorboard
 
-/// Writes every log entry as TensorBoard scalars under logging_dir (default output_dir/runs).
+/// Writes every log entry as TensorBoard scalars under logging_dir (default output_dir/runs),
+/// in a subfolder named by --run_name when one is given.
 /// path(), is_open(), close() and on_train_end come from LogFile (the current or last event
 /// file; a log after on_train_end starts a new one, as HF's callback does).
 class TensorBoardLogger : public LogFile {

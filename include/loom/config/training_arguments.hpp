@@ -28,6 +28,7 @@ struct TrainingArguments {
   int64_t per_device_train_batch_size = 8;  ///< training batch per device (process)
   int64_t per_device_eval_batch_size = 8;   ///< evaluation batch per device (process)
   int64_t gradient_accumulation_steps = 1;  ///< micro-batches per optimizer step
+  bool auto_find_batch_size = false;  ///< on out-of-memory, retry with per_device_train_batch_size x 0.9 until one fits (single process)
   std::optional<int64_t> eval_accumulation_steps;  ///< move predictions to CPU every N eval steps
   bool dataloader_drop_last = false;  ///< drop the last incomplete training batch
   int64_t dataloader_num_workers = 0;  ///< background threads preparing batches ahead (0: in the loop)
@@ -49,6 +50,7 @@ struct TrainingArguments {
   double label_smoothing_factor = 0.0;      ///< label smoothing epsilon on the model's logits (0: off)
   bool gradient_checkpointing = false;      ///< recompute the activations of every FullShardUnit / Checkpointed block in backward (less memory, one more forward)
   std::optional<std::string> gradient_checkpointing_kwargs;  ///< HF's JSON object for it: only use_reentrant (true or false: loom recomputes the same way)
+  std::optional<double> neftune_noise_alpha;  ///< NEFTune: uniform noise of this scale on the input embeddings while training (a model with neftune())
 
   // --- length and schedule -------------------------------------------------------------
   double num_train_epochs = 3.0;              ///< epochs, when max_steps <= 0
@@ -66,7 +68,7 @@ struct TrainingArguments {
   std::optional<std::string> logging_dir;  ///< TensorBoard folder (default output_dir/runs)
   bool disable_tqdm = false;               ///< hide the progress bar
   bool log_on_each_node = true;            ///< log on the local main process of every node
-  std::optional<std::string> run_name;     ///< a name for loggers
+  std::optional<std::string> run_name;     ///< the run's name: TensorBoard's subfolder of logging_dir, a "run_name" field in log.jsonl
   std::string report_to = "none";          ///< built-in loggers added at run time, comma-separated: tensorboard, jsonl, all, none
   std::string log_level = "passive";       ///< debug | info | warning | error | critical | passive: the level of loom's messages on the process that logs (passive: warning)
   std::string log_level_replica = "warning";  ///< the same for the other ranks
@@ -132,6 +134,7 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"per_device_train_batch_size", "training batch per device (process)"},
     {"per_device_eval_batch_size", "evaluation batch per device (process)"},
     {"gradient_accumulation_steps", "micro-batches per optimizer step"},
+    {"auto_find_batch_size", "on out-of-memory, retry with per_device_train_batch_size x 0.9 until one fits (single process)"},
     {"eval_accumulation_steps", "move predictions to CPU every N eval steps"},
     {"dataloader_drop_last", "drop the last incomplete training batch"},
     {"dataloader_num_workers", "background threads preparing batches ahead (0: in the loop)"},
@@ -151,6 +154,7 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"label_smoothing_factor", "label smoothing epsilon on the model's logits (0: off)"},
     {"gradient_checkpointing", "recompute the activations of every FullShardUnit / Checkpointed block in backward (less memory, one more forward)"},
     {"gradient_checkpointing_kwargs", "HF's JSON object for it: only use_reentrant (true or false: loom recomputes the same way)"},
+    {"neftune_noise_alpha", "NEFTune: uniform noise of this scale on the input embeddings while training (a model with neftune())"},
     {"num_train_epochs", "epochs, when max_steps <= 0"},
     {"max_steps", "optimizer steps; overrides num_train_epochs when > 0"},
     {"lr_scheduler_type", "HF scheduler name"},
@@ -164,7 +168,7 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"logging_dir", "TensorBoard folder (default output_dir/runs)"},
     {"disable_tqdm", "hide the progress bar"},
     {"log_on_each_node", "log on the local main process of every node"},
-    {"run_name", "a name for loggers"},
+    {"run_name", "the run's name: TensorBoard's subfolder of logging_dir, a \"run_name\" field in log.jsonl"},
     {"report_to", "built-in loggers added at run time, comma-separated: tensorboard, jsonl, all, none"},
     {"log_level", "debug | info | warning | error | critical | passive: the level of loom's messages on the process that logs (passive: warning)"},
     {"log_level_replica", "the same for the other ranks"},

@@ -22,6 +22,7 @@
 #include <loom/distributed/full_shard_unit.hpp>
 #include <loom/models/activations.hpp>
 #include <loom/models/hf_folder.hpp>
+#include <loom/core/neftune.hpp>
 
 #include <torch/torch.h>
 
@@ -85,6 +86,7 @@ class BertEmbeddingsImpl : public torch::nn::Module {
   LOOM_INLINE explicit BertEmbeddingsImpl(const BertConfig& config);
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& token_type_ids);
   torch::nn::Embedding word_embeddings{nullptr}, position_embeddings{nullptr}, token_type_embeddings{nullptr};
+  NEFTune embedding_noise;  ///< on word_embeddings' output while training (--neftune_noise_alpha)
   torch::nn::LayerNorm LayerNorm{nullptr};  // NOLINT: HF's name
   torch::nn::Dropout dropout{nullptr};
 };
@@ -198,6 +200,8 @@ class BertForSequenceClassificationImpl : public torch::nn::Module {
   LOOM_INLINE void load_weights(const std::filesystem::path& dir);
 
   [[nodiscard]] const BertConfig& config() const { return config_; }
+  /// NEFTune's noise on the word embeddings (the Trainer sets it from --neftune_noise_alpha).
+  NEFTune& neftune() { return bert->embeddings->embedding_noise; }
 
   BertModel bert{nullptr};
   torch::nn::Dropout dropout{nullptr};

@@ -23,6 +23,7 @@
 #include <loom/distributed/full_shard_unit.hpp>
 #include <loom/models/activations.hpp>
 #include <loom/models/hf_folder.hpp>
+#include <loom/core/neftune.hpp>
 
 #include <torch/torch.h>
 
@@ -137,6 +138,7 @@ class GPT2ModelImpl : public torch::nn::Module {
   /// Hidden states [batch, seq, n_embd] of int64 token ids [batch, seq].
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& input_ids);
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  NEFTune embedding_noise;                         ///< on wte's output while training (--neftune_noise_alpha)
   torch::nn::Dropout drop{nullptr};
   torch::nn::ModuleList h{nullptr};                ///< the blocks, registered as "h"
   std::vector<FullShardUnit<GPT2Block>> blocks;    ///< the same blocks, typed
@@ -169,6 +171,8 @@ class GPT2LMHeadModelImpl : public torch::nn::Module {
   LOOM_INLINE HfNameRules name_rules() const;
 
   [[nodiscard]] const GPT2Config& config() const { return config_; }
+  /// NEFTune's noise on the token embeddings (the Trainer sets it from --neftune_noise_alpha).
+  NEFTune& neftune() { return transformer->embedding_noise; }
 
   GPT2Model transformer{nullptr};
   torch::nn::Linear lm_head{nullptr};  ///< only when tie_word_embeddings is false

@@ -41,6 +41,7 @@
 #include <loom/distributed/sharding.hpp>
 #include <loom/metrics/memory.hpp>
 #include <loom/metrics/speed.hpp>
+#include <loom/core/neftune.hpp>
 #include <loom/optim/optimizer.hpp>
 #include <loom/optim/param_groups.hpp>
 #include <loom/policy/bundle.hpp>
@@ -48,6 +49,7 @@
 #include <loom/precision/fp16.hpp>
 #include <loom/precision/fp32.hpp>
 #include <loom/schedule/from_args.hpp>
+#include <loom/trainer/batch_size_finder.hpp>
 #include <loom/trainer/best_model.hpp>
 #include <loom/trainer/checkpointer.hpp>
 #include <loom/trainer/evaluation.hpp>
@@ -371,7 +373,20 @@ class Trainer {
   // ---- entry points -------------------------------------------------------------------
 
   /// Runs the training loop; writes trainer_state.json and *_results.json to output_dir.
-  TrainOutput train() { return train_impl<batch_type<>>(); }
+  /// With --auto_find_batch_size, again from the start with a smaller batch after an
+  /// out-of-memory error (trainer/batch_size_finder.hpp).
+  TrainOutput train() {
+    const NeftuneScope neftune(*this);
+    if (!args_.auto_find_batch_size) return train_impl<batch_type<>>();
+    BatchSizeFinder finder(args_, checkpointer_->resume_dir(), detail::module_of(model_));
+    for (;;) {
+      try {
+        return train_impl<batch_type<>>();
+      } catch (...) {
+        if (!finder.retry(std::current_exception())) throw;
+      }
+    }
+  }
 
   /// Evaluates on the Trainer's evaluation dataset; metrics are named `<metric_key_prefix>_<name>`.
   /// With several named sets (EvalDatasets), each in turn, as `<metric_key_prefix>_<set>_<name>`.
@@ -594,6 +609,25 @@ class Trainer {
       data_->eval.emplace_back(std::move(name), data::AnyDataset<Batch>(std::move(dataset)));
   }
 
+  // --neftune_noise_alpha for the length of train() (HF activates NEFTune in train() and
+  // deactivates it when training ends).
+  struct NeftuneScope {
+    explicit NeftuneScope(Trainer& t) {
+      if constexpr (ExposesNEFTune<Model>) {
+        if (t.args_.neftune_noise_alpha) {
+          noise = &neftune_of(t.model_);
+          noise->noise_alpha = *t.args_.neftune_noise_alpha;
+        }
+      }
+    }
+    NeftuneScope(const NeftuneScope&) = delete;
+    NeftuneScope& operator=(const NeftuneScope&) = delete;
+    ~NeftuneScope() {
+      if (noise) noise->noise_alpha = 0;
+    }
+    NEFTune* noise = nullptr;
+  };
+
   template <class Train>
   void init(Train train_dataset) {
     using Batch = batch_type<Train>;
@@ -613,6 +647,10 @@ class Trainer {
       data_->train.emplace(std::move(train_dataset));
     }
     label_names_ = detail::label_names_of(args_);
+    check(ExposesNEFTune<Model> || !args_.neftune_noise_alpha,
+          "--neftune_noise_alpha needs a model that exposes its input embeddings' noise: `loom::NEFTune& neftune()` "
+          "on the module, applied to the token embeddings in forward (core/neftune.hpp; loom's GPT-2 and BERT "
+          "have it)");
     if constexpr (known) check_label_names<Batch>();
     world_ = up.world;
     device_ = up.device;

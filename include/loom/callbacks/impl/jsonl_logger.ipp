@@ -23,6 +23,7 @@ LOOM_INLINE void JsonlLogger::on_log(const TrainingArguments& args, TrainerState
   if (!ready(state, [&] { open_for(args); })) return;
   auto entry = logs.to_json();
   entry["step"] = state.global_step;
+  if (args.run_name && !args.run_name->empty()) entry["run_name"] = *args.run_name;
   write(entry.dump() + '\n');
 }
 

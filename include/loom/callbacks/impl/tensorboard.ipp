@@ -134,9 +134,11 @@ LOOM_INLINE void TensorBoardLogger::on_log(const TrainingArguments& args, Traine
 }
 
 LOOM_INLINE void TensorBoardLogger::open_for(const TrainingArguments& args) {
-  const std::filesystem::path dir = !log_dir.empty()       ? std::filesystem::path(log_dir)
-                                    : args.logging_dir     ? std::filesystem::path(*args.logging_dir)
-                                                           : std::filesystem::path(args.output_dir) / "runs";
+  std::filesystem::path dir = !log_dir.empty()       ? std::filesystem::path(log_dir)
+                              : args.logging_dir     ? std::filesystem::path(*args.logging_dir)
+                                                     : std::filesystem::path(args.output_dir) / "runs";
+  // --run_name: the run's own folder, which TensorBoard lists under that name.
+  if (args.run_name && !args.run_name->empty()) dir /= *args.run_name;
   const double now = tensorboard::wall_time_now();
   open(dir / tensorboard::event_file_name(now), Mode::create, "TensorBoard event file ");
   write(tensorboard::frame_record(tensorboard::file_version_event(now)));

@@ -237,6 +237,9 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
   check_non_negative("max_grad_norm", args.max_grad_norm);
   if (!(args.label_smoothing_factor >= 0 && args.label_smoothing_factor <= 1))
     throw Error("loom: --label_smoothing_factor must be in [0, 1], got " + num(args.label_smoothing_factor));
+  if (args.neftune_noise_alpha && !(*args.neftune_noise_alpha > 0 && std::isfinite(*args.neftune_noise_alpha)))
+    throw Error("loom: --neftune_noise_alpha must be a positive number (HF's papers use 5 to 15), got " +
+                num(*args.neftune_noise_alpha));
 
   // --- length and schedule -------------------------------------------------------------
   if (args.max_steps <= 0 && !(args.num_train_epochs > 0))
@@ -253,6 +256,10 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
                 "steps or epoch");
 
   // --- logging, evaluation and saving intervals ----------------------------------------
+  if (args.run_name && (args.run_name->empty() || *args.run_name == "." || *args.run_name == ".." ||
+                        args.run_name->find_first_of("/\\") != std::string::npos))
+    throw Error("loom: --run_name names the run's TensorBoard folder, so it must be one folder name (no '/', not "
+                "empty, '.' or '..'), got \"" + *args.run_name + "\"");
   if (args.logging_strategy == "steps") {
     check_positive("logging_steps", args.logging_steps);
     check_whole_above_one("logging_steps", args.logging_steps);

@@ -90,7 +90,7 @@ LOOM_INLINE torch::Tensor BertEmbeddingsImpl::forward(const torch::Tensor& input
   const auto positions = torch::arange(seq, input_ids.options().dtype(torch::kLong)).unsqueeze(0);
   const auto types = token_type_ids.defined() ? token_type_ids : torch::zeros_like(input_ids);
   // One statement per lookup, in transformers' order (autograd sums in node order).
-  const auto words = word_embeddings(input_ids);
+  const auto words = embedding_noise(word_embeddings(input_ids), is_training());
   auto x = words + token_type_embeddings(types);
   x = x + position_embeddings(positions);
   return dropout(LayerNorm(x));

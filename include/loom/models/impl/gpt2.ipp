@@ -128,7 +128,7 @@ LOOM_INLINE torch::Tensor GPT2ModelImpl::forward(const torch::Tensor& input_ids)
   const int64_t seq = input_ids.size(1);
   check(seq <= wpe->weight.size(0), "GPT-2 got a sequence of {} tokens; n_positions is {}", seq, wpe->weight.size(0));
   const auto positions = torch::arange(seq, input_ids.options().dtype(torch::kLong)).unsqueeze(0);
-  const auto tokens = wte(input_ids);
+  const auto tokens = embedding_noise(wte(input_ids), is_training());
   auto x = drop(tokens + wpe(positions));
   for (auto& block : blocks) x = block->forward(x);
   return ln_f(x);

@@ -207,6 +207,7 @@ LOOM_INLINE TrainingArguments HpSearchRun::begin_trial(int64_t number) {
   TrainingArguments a = apply(names, values, number);
   a.output_dir = (std::filesystem::path(args_.output_dir) / fmt::format("run-{}", number)).string();
   if (search_.seed_per_trial && !sets_seed) a.seed = args_.seed + number;
+  if (args_.run_name && !args_.run_name->empty()) a.run_name = fmt::format("{}-run-{}", *args_.run_name, number);
   trial.output_dir = a.output_dir;
   trial.seed = a.seed;
   trials_.push_back(std::move(trial));

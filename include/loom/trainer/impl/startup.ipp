@@ -53,6 +53,11 @@ LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& po
     check(s.world.size == 1,
           "WORLD_SIZE is {} but this Trainer does not shard (--sharding no); pass --sharding ddp, zero1, zero2 "
           "or full_shard, or start one process", s.world.size);
+  // An out-of-memory error on one rank would leave the others waiting in a collective.
+  check(!args.auto_find_batch_size || s.world.size == 1,
+        "--auto_find_batch_size runs in a single process: under WORLD_SIZE {} an out-of-memory error on one rank "
+        "would leave the others waiting in a collective; find the batch size in one process, then pass it as "
+        "--per_device_train_batch_size", s.world.size);
   if (torch::cuda::is_available() && !args.use_cpu) {
     check(s.world.local_rank < static_cast<int>(torch::cuda::device_count()),
           "LOCAL_RANK {} has no GPU: this node has {}; start at most that many processes per node",
