@@ -1,0 +1,258 @@
+// GPT-2 training throughput on one GPU (issue 13 point 2): loom's Trainer against a
+// hand-written libtorch loop that calls the same kernels (benchmarks/gpu_gpt/hf_trainer.py is
+// the transformers.Trainer side; run.py runs all three, interleaved, and prints the table).
+//
+//   build/benchmarks/gpu_gpt --mode loom|manual --size 124m|350m|774m --per_device_train_batch_size 8
+//       --block_size 1024 --max_steps 60 --warmup 10 --result out.json [TrainingArguments flags]
+//
+// Both modes: GPT-2 (loom::models::GPT2LMHeadModel, HF's architecture) in bf16 autocast with
+// float32 master weights, fused AdamW (lr 6e-4, weight decay 0.1, betas 0.9/0.95), global norm
+// clipping at 1.0, a cosine schedule, dropout 0, on random token windows made once on the host
+// (the data cost is the same for every side and negligible), read in order. The timed window is the steps
+// after --warmup: one device synchronization where it starts and one where it ends, nothing
+// in between, so the figure includes whatever host syncs the loop itself makes. Reported:
+// step time, tokens/s, peak allocated GPU memory, and MFU = model FLOPs per token (6 N + 12 L
+// d T: PaLM's appendix B, as nanoGPT; N without the position table) x tokens/s / --peak_tflops
+// (dense bf16: 989 for the H100 SXM and the H200).
+//
+// On the CPU (--device cpu, a tiny --size) it runs too: a smoke test of both loops.
+
+#include <loom/loom.hpp>
+#include <loom/models/gpt2.hpp>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#if __has_include(<c10/cuda/CUDACachingAllocator.h>)
+#include <c10/cuda/CUDACachingAllocator.h>
+#define GPU_GPT_HAS_ALLOCATOR_STATS 1
+#endif
+
+#include <array>
+#include <chrono>
+#include <map>
+#include <cmath>
+#include <fstream>
+#include <numbers>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct BenchArguments {
+  std::string mode = "loom";   ///< loom (the Trainer) or manual (the hand-written loop)
+  std::string size = "124m";   ///< 124m, 350m, 774m, 1558m (GPT-2's sizes) or tiny (a smoke test)
+  int64_t block_size = 1024;   ///< tokens per window
+  int64_t warmup = 10;         ///< steps before the timed window
+  double peak_tflops = 989.0;  ///< the device's dense bf16 peak, for MFU
+  std::string device = "cuda"; ///< cuda or cpu
+  std::string result;          ///< JSON file for run.py (optional)
+};
+
+loom::models::GPT2Config config_for(const BenchArguments& b) {
+  loom::models::GPT2Config c;
+  const std::map<std::string, std::array<int64_t, 3>> sizes{  // layers, width, heads
+      {"tiny", {2, 64, 2}}, {"124m", {12, 768, 12}}, {"350m", {24, 1024, 16}}, {"774m", {36, 1280, 20}},
+      {"1558m", {48, 1600, 25}}};
+  const auto it = sizes.find(b.size);
+  loom::check(it != sizes.end(), "--size must be tiny, 124m, 350m, 774m or 1558m, got {}", b.size);
+  c.n_layer = it->second[0];
+  c.n_embd = it->second[1];
+  c.n_head = it->second[2];
+  c.n_positions = std::max<int64_t>(1024, b.block_size);
+  c.resid_pdrop = c.embd_pdrop = c.attn_pdrop = 0;
+  if (b.size == "tiny") c.vocab_size = 512;
+  return c;
+}
+
+// Random windows, the same for every mode: input_ids and labels (the model shifts them).
+loom::data::TensorDataset<loom::data::CausalLMBatch> windows(int64_t n, int64_t block, int64_t vocab) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1234);
+  auto ids = torch::randint(vocab, {n, block}, gen);
+  return loom::data::TensorDataset<loom::data::CausalLMBatch>({ids, ids});
+}
+
+double flops_per_token(loom::models::GPT2LMHeadModel& model, const loom::models::GPT2Config& c, int64_t block) {
+  const double n = static_cast<double>(model->num_parameters()) - static_cast<double>(model->transformer->wpe->weight.numel());
+  return 6.0 * n + 12.0 * static_cast<double>(c.n_layer * c.n_embd * block);
+}
+
+void synchronize(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+double peak_bytes(const torch::Device& device) {
+#ifdef GPU_GPT_HAS_ALLOCATOR_STATS
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return static_cast<double>(
+        stats.allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak);
+  }
+#endif
+  return 0.0;
+}
+
+// Starts the timed window after step `warmup` and ends it after the last step.
+struct Window {
+  int64_t warmup = 0, last = 0;
+  torch::Device device = torch::kCPU;
+  Clock::time_point start, end;
+  void at_step_end(int64_t step) {  // step: steps done so far
+    if (step == warmup) {
+      synchronize(device);
+      start = Clock::now();
+    }
+    if (step == last) {
+      synchronize(device);
+      end = Clock::now();
+    }
+  }
+  [[nodiscard]] double seconds() const { return std::chrono::duration<double>(end - start).count(); }
+};
+
+struct WindowCallback {
+  Window* window = nullptr;
+  void on_step_end(const loom::TrainingArguments&, loom::TrainerState& s, loom::TrainerControl&) const {
+    window->at_step_end(s.global_step);
+  }
+};
+
+struct GptTrainer : loom::Trainer<GptTrainer, loom::models::GPT2LMHeadModel, loom::precision::BF16,
+                                  loom::Callbacks<WindowCallback>> {
+  using Trainer::Trainer;
+};
+
+// loom: the Trainer with the flags above; returns the last step's loss.
+double run_loom(loom::TrainingArguments args, loom::models::GPT2LMHeadModel model,
+                loom::data::TensorDataset<loom::data::CausalLMBatch> data, Window& window) {
+  GptTrainer trainer(std::move(args), std::move(model), std::move(data));
+  trainer.callback<WindowCallback>().window = &window;
+  const auto out = trainer.train();
+  return out.training_loss;
+}
+
+// The hand-written loop: the Trainer's kernels, in its order, with nothing around them.
+double run_manual(const loom::TrainingArguments& args, loom::models::GPT2LMHeadModel model,
+                  const loom::data::TensorDataset<loom::data::CausalLMBatch>& data, Window& window,
+                  const torch::Device& device) {
+  model->to(device);
+  model->train();
+  std::vector<torch::Tensor> decay, no_decay;
+  for (const auto& p : model->named_parameters()) {
+    if (!p.value().requires_grad()) continue;
+    (p.value().dim() >= 2 ? decay : no_decay).push_back(p.value());
+  }
+  struct Group {
+    std::vector<torch::Tensor> params, m, v, steps;
+    double weight_decay;
+  };
+  std::vector<Group> groups{{decay, {}, {}, {}, args.weight_decay}, {no_decay, {}, {}, {}, 0.0}};
+  for (auto& g : groups)
+    for (auto& p : g.params) {
+      g.m.push_back(torch::zeros_like(p));
+      g.v.push_back(torch::zeros_like(p));
+      g.steps.push_back(torch::zeros({}, p.options()));
+    }
+  std::vector<torch::Tensor> all;
+  for (auto& g : groups) all.insert(all.end(), g.params.begin(), g.params.end());
+  const int64_t batch = args.per_device_train_batch_size, n = data.size(), steps = args.max_steps;
+  const int64_t warmup_steps = static_cast<int64_t>(args.warmup_steps);
+  torch::Tensor loss, loss_sum = torch::zeros({}, torch::TensorOptions().device(device));
+  for (int64_t step = 0; step < steps; ++step) {
+    std::vector<int64_t> idx;
+    for (int64_t r = 0; r < batch; ++r) idx.push_back((step * batch + r) % n);
+    auto b = data.get_batch(idx);
+    b.input_ids = b.input_ids.to(device, /*non_blocking=*/true);
+    b.labels = b.labels.to(device, /*non_blocking=*/true);
+    {
+      const loom::precision::Autocast autocast(device, torch::kBFloat16);
+      loss = model->forward(b).loss;
+    }
+    loss.backward();
+    loss_sum += loss.detach();  // on the device: read once, after the loop
+    {
+      torch::NoGradGuard no_grad;
+      std::vector<torch::Tensor> grads;
+      for (auto& p : all) grads.push_back(p.grad());
+      auto total = torch::linalg_vector_norm(torch::stack(at::_foreach_norm(grads, 2)), 2);
+      at::_foreach_mul_(grads, torch::clamp_max(args.max_grad_norm / (total + 1e-6), 1.0));
+      // HF's cosine schedule with linear warmup.
+      const double progress = static_cast<double>(step - warmup_steps) / static_cast<double>(std::max<int64_t>(1, steps - warmup_steps));
+      const double factor = step < warmup_steps ? static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, warmup_steps))
+                                                : 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+      const double lr = args.learning_rate * factor;
+      for (auto& g : groups) {
+        std::vector<torch::Tensor> gg;
+        for (auto& p : g.params) gg.push_back(p.grad());
+        at::_foreach_add_(g.steps, 1.0);
+        at::_fused_adamw_(g.params, gg, g.m, g.v, {}, g.steps, lr, args.adam_beta1, args.adam_beta2, g.weight_decay,
+                          args.adam_epsilon, false, false, std::nullopt, std::nullopt);
+      }
+      for (auto& p : all) p.mutable_grad() = torch::Tensor();  // set_to_none, as the Trainer
+    }
+    window.at_step_end(step + 1);
+  }
+  return loss_sum.item<double>() / static_cast<double>(steps);  // the mean, as TrainOutput::training_loss
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return loom::run_main([&] {
+    loom::TrainingArguments defaults;
+    defaults.output_dir = "/tmp/loom_bench_gpu_gpt";
+    defaults.per_device_train_batch_size = 8;
+    defaults.max_steps = 60;
+    defaults.learning_rate = 6e-4;
+    defaults.weight_decay = 0.1;
+    defaults.adam_beta2 = 0.95;
+    defaults.lr_scheduler_type = "cosine";
+    defaults.warmup_steps = 5;
+    defaults.bf16 = true;
+    defaults.save_strategy = "no";
+    defaults.logging_steps = 1000000;
+    defaults.disable_tqdm = true;
+    defaults.report_to = "none";
+    defaults.train_sampling_strategy = "sequential";  // the batches of the hand-written loop, in order
+    auto [bench, args] = loom::parse_args(argc, argv, BenchArguments{}, defaults);
+    loom::check(bench.mode == "loom" || bench.mode == "manual", "--mode is loom or manual, got {}", bench.mode);
+    loom::check(bench.device == "cuda" || bench.device == "cpu", "--device is cuda or cpu, got {}", bench.device);
+    loom::check(bench.warmup >= 1 && bench.warmup < args.max_steps, "--warmup must be in [1, max_steps), got {}",
+                bench.warmup);
+    loom::check(bench.device == "cpu" || torch::cuda::is_available(), "--device cuda: no CUDA device here");
+    args.use_cpu = bench.device == "cpu";
+    const torch::Device device = args.use_cpu ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA, 0);
+    const auto config = config_for(bench);
+    torch::manual_seed(0);
+    loom::models::GPT2LMHeadModel model(config);
+    const double per_token = flops_per_token(model, config, bench.block_size);
+    const int64_t rows = args.per_device_train_batch_size * args.max_steps;
+    auto data = windows(rows, bench.block_size, config.vocab_size);
+    Window window{bench.warmup, args.max_steps, device, {}, {}};
+    const double loss =
+        bench.mode == "loom" ? run_loom(args, model, data, window) : run_manual(args, model, data, window, device);
+    const double seconds = window.seconds();
+    const int64_t timed = args.max_steps - bench.warmup;
+    const double tokens_per_second =
+        static_cast<double>(timed * args.per_device_train_batch_size * bench.block_size) / seconds;
+    const double mfu = per_token * tokens_per_second / (bench.peak_tflops * 1e12);
+    nlohmann::json out{{"mode", bench.mode},
+                       {"size", bench.size},
+                       {"device", device.str()},
+                       {"batch", args.per_device_train_batch_size},
+                       {"block_size", bench.block_size},
+                       {"timed_steps", timed},
+                       {"step_ms", 1e3 * seconds / static_cast<double>(timed)},
+                       {"tokens_per_second", tokens_per_second},
+                       {"peak_allocated_gib", peak_bytes(device) / (1024.0 * 1024.0 * 1024.0)},
+                       {"flops_per_token", per_token},
+                       {"mfu", mfu},
+                       {"loss", loss}};
+    fmt::print("{}\n", out.dump());
+    if (!bench.result.empty()) std::ofstream(bench.result) << out.dump() << "\n";
+    return 0;
+  });
+}
