@@ -32,6 +32,9 @@ endif()
 add_library(loom_build_options INTERFACE)
 target_link_libraries(loom_build_options INTERFACE loom::loom)
 target_compile_options(loom_build_options INTERFACE -Wall -Wextra -Wno-unused-parameter)
+# Clang writes a timestamp into its precompiled header unless told not to, and ccache will not
+# cache the units that use such a header.
+target_compile_options(loom_build_options INTERFACE "$<$<CXX_COMPILER_ID:Clang>:SHELL:-Xclang -fno-pch-timestamp>")
 target_compile_definitions(loom_build_options INTERFACE LOOM_SEPARATE_COMPILATION)
 
 # -DLOOM_SANITIZE=ON (make sanitize): loom's own targets, loom::compiled and the shared PCH

@@ -179,10 +179,13 @@ class CallbackSet {
   /// prints a warning (both are kept).
   void add(std::shared_ptr<TrainerCallback> cb) {
     if (!cb) return;
-    for (const auto& d : dynamic_)
-      if (typeid(*d) == typeid(*cb))
+    const TrainerCallback& added = *cb;
+    for (const auto& d : dynamic_) {
+      const TrainerCallback& present = *d;
+      if (typeid(present) == typeid(added))
         log_message(LogLevel::warning, "adding a second callback of the same type ({}); both will be called",
-                    typeid(*cb).name());
+                    typeid(added).name());
+    }
     dynamic_.push_back(std::move(cb));
   }
   /// Removes and returns the first run-time callback for which `pred` holds (null: none).

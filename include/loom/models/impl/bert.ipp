@@ -108,7 +108,7 @@ LOOM_INLINE BertSelfAttentionImpl::BertSelfAttentionImpl(const BertConfig& c)
 
 LOOM_INLINE torch::Tensor BertSelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& mask) {
   const int64_t batch = x.size(0), seq = x.size(1);
-  const auto heads = [&](const torch::Tensor& t) { return t.view({batch, seq, -1, head_dim_}).transpose(1, 2); };
+  const auto heads = [&](const torch::Tensor& t) { return t.view({batch, seq, heads_, head_dim_}).transpose(1, 2); };
   std::optional<torch::Tensor> attn_mask;
   if (mask.defined()) attn_mask = mask;
   // query, key, value in that order, one statement each: x feeds all three (and the
