@@ -2,6 +2,8 @@
 //
 //   build/benchmarks/sharding                 # the whole table (starts torchrun 12 times)
 //   build/benchmarks/sharding --steps 30 --hidden 1024 --layers 4
+//   build/benchmarks/sharding --worlds 2 --policies ddp --ddp_find_unused_parameters false
+//   build/benchmarks/sharding --worlds 1,2 --policies ddp --probe_find_unused true
 //
 // The policy is a type: the worker is instantiated once per tag of the type list below and
 // picks its instantiation by name. For each (policy, world size) the driver starts the
@@ -13,9 +15,15 @@
 //   * bytes this rank sent per step (ring algorithms: all-reduce 2(N-1)/N of the buffer,
 //     reduce-scatter and all-gather (N-1)/N) next to the formula 2Ψ(N-1)/N for DDP, ZeRO-1
 //     and ZeRO-2 and 3Ψ(N-1)/N for FullShard (Ψ = parameter bytes),
-//   * the process's peak resident memory (VmHWM).
+//   * the process's peak resident memory (VmHWM);
+//   * with --probe_find_unused, the median microseconds per step of what
+//     --ddp_find_unused_parameters adds, timed on their own: the walk of the loss's autograd
+//     graph with a lookup per parameter (done once more in compute_loss, its time taken out
+//     of the step's) and an all-reduce of one int32 per parameter (after the step, once the
+//     ranks are in step, as the bucket all-reduces leave them in the engine).
 
 #include <loom/loom.hpp>
+#include <loom/distributed/engine_common.hpp>  // graph_leaves, for --probe_find_unused
 
 #include <fmt/format.h>
 
@@ -42,6 +50,8 @@ struct BenchArguments {
   int64_t batch = 32;              ///< per-device batch
   std::string torchrun = "torchrun";  ///< the launcher (`make bench` passes the project venv's)
   std::string worlds = "1,2,4";    ///< world sizes to run
+  std::string policies = "ddp,zero1,zero2,full_shard";  ///< the policies to run, of those four
+  bool probe_find_unused = false;  ///< also time, per step, what --ddp_find_unused_parameters adds: the graph walk and the used-flag all-reduce
 };
 
 struct Batch {
@@ -68,18 +78,34 @@ struct MlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
-// Step durations, and the communication counters after the warm-up.
+// Step durations, and the communication counters after the warm-up; with the probe on, the
+// time of the graph walk (walk_us, added by compute_loss) and of a used-flag all-reduce.
 struct StepClock {
   static constexpr int64_t kWarmup = 3;
   loom::dist::Comm* comm = nullptr;
+  int64_t num_params = 0;  // > 0: the probe is on
   std::chrono::steady_clock::time_point begin;
-  std::vector<double> ms;
+  std::vector<double> ms, walk_us, mask_us;
+  double walk_in_step_us = 0;
   void on_step_begin(const loom::TrainingArguments&, loom::TrainerState&, loom::TrainerControl&) {
+    walk_in_step_us = 0;
     begin = std::chrono::steady_clock::now();
   }
   void on_step_end(const loom::TrainingArguments&, loom::TrainerState& state, loom::TrainerControl&) {
-    if (state.global_step > kWarmup)
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count());
+    const auto end = std::chrono::steady_clock::now();
+    if (state.global_step > kWarmup) {
+      ms.push_back(std::chrono::duration<double, std::milli>(end - begin).count() - walk_in_step_us / 1000);
+      if (num_params > 0) {
+        walk_us.push_back(walk_in_step_us);
+        // The engine's all-reduce follows the bucket all-reduces, which leave the ranks in step:
+        // one all-reduce to get there, then the timed one.
+        auto flags = torch::ones({num_params}, torch::kInt);
+        if (comm != nullptr && comm->size() > 1) comm->all_reduce({flags.clone()}, "the probe all-reduce").wait();
+        const auto t0 = std::chrono::steady_clock::now();
+        if (comm != nullptr && comm->size() > 1) comm->all_reduce({flags}, "the probe all-reduce").wait();
+        mask_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      }
+    }
     if (state.global_step == kWarmup && comm != nullptr) comm->reset_counters();
   }
 };
@@ -88,7 +114,17 @@ template <class Sharding>
 struct BenchTrainer : loom::Trainer<BenchTrainer<Sharding>, Mlp, Sharding, loom::Callbacks<StepClock>> {
   using loom::Trainer<BenchTrainer<Sharding>, Mlp, Sharding, loom::Callbacks<StepClock>>::Trainer;
   torch::Tensor compute_loss(Mlp& model, Batch& batch) {
-    return torch::cross_entropy_loss(model->forward(batch.x), batch.labels);
+    auto loss = torch::cross_entropy_loss(model->forward(batch.x), batch.labels);
+    if (auto& clock = this->template callback<StepClock>(); clock.num_params > 0) {
+      // What the bucket engine does before backward: the walk, then a lookup per parameter.
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto reached = loom::dist::detail::graph_leaves(loss);
+      int64_t found = 0;
+      for (const auto& p : model->parameters()) found += reached.contains(p.unsafeGetTensorImpl()) ? 1 : 0;
+      clock.walk_in_step_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      loom::check(found == clock.num_params, "the walk found {} of {} parameters", found, clock.num_params);
+    }
+    return loss;
   }
 };
 
@@ -107,6 +143,8 @@ static void run_worker(const BenchArguments& b, const loom::TrainingArguments& a
   loom::data::TensorDataset<Batch> data({torch::randn({rows, 256}, gen), torch::randint(0, 10, {rows}, gen)});
   BenchTrainer<Sharding> trainer(args, Mlp(b.hidden, b.layers), data);
   trainer.template callback<StepClock>().comm = trainer.sharding().comm();
+  if (b.probe_find_unused)
+    trainer.template callback<StepClock>().num_params = static_cast<int64_t>(trainer.model()->parameters().size());
   trainer.train();
   if (!trainer.world().is_main()) return;
   auto ms = trainer.template callback<StepClock>().ms;
@@ -116,7 +154,14 @@ static void run_worker(const BenchArguments& b, const loom::TrainingArguments& a
   int64_t psi = 0;
   for (const auto& p : trainer.model()->parameters()) psi += p.numel();
   const auto bytes = trainer.model_state_bytes();
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  const auto& clock = trainer.template callback<StepClock>();
   nlohmann::json j{{"step_ms", ms.empty() ? 0.0 : ms[ms.size() / 2]},
+                   {"walk_us", median(clock.walk_us)},
+                   {"mask_us", median(clock.mask_us)},
                    {"params", bytes.params},
                    {"grads", bytes.grads},
                    {"optimizer", bytes.optimizer},
@@ -182,16 +227,27 @@ int main(int argc, char** argv) {
                b.hidden, b.layers, b.batch, b.steps, StepClock::kWarmup);
     fmt::print("{:<11} {:>2} {:>9} | {:>10} {:>10} {:>6} | {:>10} {:>10} {:>6} | {:>9}\n", "policy", "N", "step ms",
                "state MB", "formula", "ratio", "sent MB", "formula", "ratio", "peak RSS");
+    // Passed on to the workers when given (unset: the Trainer's default).
+    const std::string find_unused =
+        args.ddp_find_unused_parameters
+            ? fmt::format(" --ddp_find_unused_parameters {}", *args.ddp_find_unused_parameters ? "true" : "false")
+            : "";
+    const auto wanted = [&](std::string_view name) {
+      const std::string list = "," + b.policies + ",";
+      return list.find("," + std::string(name) + ",") != std::string::npos;
+    };
     for (int world : worlds) {
       std::apply([&](auto... tag) {
         (([&] {
            using Tag = decltype(tag);
+           if (!wanted(Tag::name)) return;
            const auto result = tmp / fmt::format("{}_{}.json", Tag::name, world);
            const auto cmd = fmt::format(
                "{} --standalone --nproc_per_node={} --no-python {} --worker_policy {} --result {} --steps {} "
-               "--hidden {} --layers {} --batch {} --output_dir {} > {} 2>&1",
+               "--hidden {} --layers {} --batch {} --output_dir {}{}{} > {} 2>&1",
                b.torchrun, world, self.string(), Tag::name, result.string(), b.steps, b.hidden, b.layers, b.batch,
-               (tmp / "out").string(), (tmp / "log.txt").string());
+               (tmp / "out").string(), find_unused, b.probe_find_unused ? " --probe_find_unused true" : "",
+               (tmp / "log.txt").string());
            const int rc = std::system(cmd.c_str());
            if (rc != 0 || !fs::exists(result)) {
              std::ifstream log(tmp / "log.txt");
@@ -209,10 +265,16 @@ int main(int argc, char** argv) {
                                                     : 16 * psi / n;
            const double sent = j["sent_per_step"].get<double>();
            const double comm_formula = (name == "full_shard" ? 3.0 : 2.0) * 4 * psi * (n - 1) / n;
-           fmt::print("{:<11} {:>2} {:>9.2f} | {:>10.2f} {:>10.2f} {:>6.3f} | {:>10.2f} {:>10.2f} {:>6} | {:>6.0f} MB\n",
+           fmt::print("{:<11} {:>2} {:>9.2f} | {:>10.2f} {:>10.2f} {:>6.3f} | {:>10.2f} {:>10.2f} {:>6} | {:>6.0f} MB",
                       name, world, j["step_ms"].get<double>(), state / mb, formula / mb, state / formula, sent / mb,
                       comm_formula / mb, comm_formula > 0 ? fmt::format("{:.3f}", sent / comm_formula) : "-",
                       j["peak_rss"].get<double>() / mb);
+           if (b.probe_find_unused) {
+             const double walk = j["walk_us"].get<double>(), mask = j["mask_us"].get<double>();
+             fmt::print(" | walk {:.1f} us, used-flag all-reduce {:.1f} us: {:.3f} % of the step", walk, mask,
+                        (walk + mask) / 10.0 / j["step_ms"].get<double>());
+           }
+           fmt::print("\n");
            std::fflush(stdout);
          }()),
          ...);

@@ -52,21 +52,41 @@ struct WorkerArguments {
   bool hang = false;         ///< stop (SIGSTOP) instead of dying: a rank that no longer answers
   std::string die_signal = "KILL";  ///< KILL, or TERM/USR1/INT: a preemption signal the Trainer handles
   std::string task = "mlp";  ///< mlp (the MLP above), tokens (ragged token batches, tests/trainer/token_support.hpp), buffers
+  bool partly_used = false;  ///< the MLP also holds a layer the loss never reaches (spare) and one it reaches for rare rows only (rare)
+  bool backward_twice = false;  ///< training_step backpropagates two losses one after the other
 };
+
+// --backward_twice, for DistTrainer (set by run()).
+inline bool g_backward_twice = false;
 
 using loom_test::Batch;  // x: float [N, 16]; labels: int64 [N]
 
 // Two FullShard units and a head outside every unit (the root unit under FullShard).
+// partly_used adds, before the head, `spare` (never in the loss) and `rare`, whose output is
+// added for the rows whose first feature exceeds 1.5 and which is left out of the graph when
+// a batch holds none: used on some ranks and steps, on none in others.
 struct MlpImpl : torch::nn::Module {
-  explicit MlpImpl(int64_t hidden)
+  explicit MlpImpl(int64_t hidden, bool partly_used = false)
       : l1(register_module("l1", loom::FullShardUnit<torch::nn::Linear>(torch::nn::Linear(16, hidden)))),
-        l2(register_module("l2", loom::FullShardUnit<torch::nn::Linear>(torch::nn::Linear(hidden, hidden)))),
-        head(register_module("head", torch::nn::Linear(hidden, 4))) {}
+        l2(register_module("l2", loom::FullShardUnit<torch::nn::Linear>(torch::nn::Linear(hidden, hidden)))) {
+    if (partly_used) {
+      spare = register_module("spare", torch::nn::Linear(hidden, hidden));
+      rare = register_module("rare", torch::nn::Linear(hidden, 4));
+    }
+    head = register_module("head", torch::nn::Linear(hidden, 4));
+  }
   torch::Tensor forward(const torch::Tensor& x) {
-    return head->forward(torch::tanh(l2->forward(torch::tanh(l1->forward(x)))));
+    const auto h = torch::tanh(l2->forward(torch::tanh(l1->forward(x))));
+    auto out = head->forward(h);
+    if (rare.is_empty()) return out;
+    const auto mask = x.select(1, 0).gt(1.5).unsqueeze(1).to(out.scalar_type());
+    const bool any = mask.any().item<bool>();
+    if (is_training()) rare_used.push_back(any ? 1 : 0);
+    return any ? out + mask * rare->forward(h) : out;
   }
   loom::FullShardUnit<torch::nn::Linear> l1, l2;
-  torch::nn::Linear head;
+  torch::nn::Linear spare{nullptr}, rare{nullptr}, head{nullptr};
+  std::vector<int> rare_used;  // per training forward: did the batch reach `rare`
 };
 TORCH_MODULE(Mlp);
 
@@ -86,8 +106,19 @@ struct Killer {
 
 template <class Sharding, class Precision>
 struct DistTrainer : loom::Trainer<DistTrainer<Sharding, Precision>, Mlp, Sharding, Precision, loom::Callbacks<Killer>> {
-  using loom::Trainer<DistTrainer<Sharding, Precision>, Mlp, Sharding, Precision, loom::Callbacks<Killer>>::Trainer;
+  using Base = loom::Trainer<DistTrainer<Sharding, Precision>, Mlp, Sharding, Precision, loom::Callbacks<Killer>>;
+  using Base::Base;
   loom::ModelOutput compute_loss(Mlp& model, Batch& batch) { return loom_test::cross_entropy(model, batch); }
+  torch::Tensor training_step(Mlp& model, Batch& batch, double divisor) {
+    if (!g_backward_twice) return Base::training_step(model, batch, divisor);
+    torch::Tensor total;
+    for (int i = 0; i < 2; ++i) {
+      const auto loss = loom_test::cross_entropy(model, batch).loss / (2 * divisor);
+      this->backward(loss);
+      total = i == 0 ? loss.detach() : total + loss.detach();
+    }
+    return total;
+  }
   // Needs every rank's predictions in order: exercises the all-gather of evaluation results.
   loom::Metrics compute_metrics(const loom::EvalPrediction& p) {
     const auto correct = p.predictions.argmax(1).eq(p.label_ids).to(torch::kDouble);
@@ -168,6 +199,7 @@ inline int run(int argc, char** argv) {
     defaults.disable_tqdm = true;
     auto [w, args] = loom::parse_args(argc, argv, WorkerArguments{}, defaults);
     loom::validate(args);
+    g_backward_twice = w.backward_twice;
     if (w.task == "buffers") {
       CountingTrainer trainer(args, Counting(), make_data(w.rows));
       trainer.train();
@@ -184,7 +216,7 @@ inline int run(int argc, char** argv) {
     auto eval_data = make_data(100, 99);  // 13 batches of 8 (the last of 4): uneven across ranks
     loom::select_policies(args, [&]<class Sharding, class Precision>() {
       loom::set_seed(args.seed);
-      DistTrainer<Sharding, Precision> trainer(args, Mlp(w.hidden), data, eval_data);
+      DistTrainer<Sharding, Precision> trainer(args, Mlp(w.hidden, w.partly_used), data, eval_data);
       trainer.template callback<Killer>().die_rank = w.die_rank;
       trainer.template callback<Killer>().die_step = w.die_step;
       trainer.template callback<Killer>().hang = w.hang;
@@ -198,9 +230,12 @@ inline int run(int argc, char** argv) {
       const auto bytes = trainer.model_state_bytes();
       int64_t psi = 0;
       for (const auto& p : trainer.model()->parameters()) psi += p.numel();
+      const auto launches = trainer.sharding().grad_launches();
       std::ofstream(w.result + ".rank" + std::to_string(world.rank) + ".json")
           << nlohmann::json{{"params", bytes.params}, {"grads", bytes.grads}, {"optimizer", bytes.optimizer},
-                            {"psi", psi}, {"world", world.size}}.dump();
+                            {"psi", psi}, {"world", world.size}, {"launched_during_backward", launches.during_backward},
+                            {"launched_after_backward", launches.after_backward},
+                            {"rare_used", trainer.model()->rare_used}}.dump();
       // save_model gathers the parameters under every policy; rank 0 writes.
       trainer.save_model(w.result + ".model");
     });
@@ -765,6 +800,110 @@ TEST_CASE("ddp_broadcast_buffers: each training forward starts from rank 0's buf
     CHECK(count[0] == 8.0);
     // Broadcast: rank 1 starts each forward from rank 0's value (7 of them), then adds 2.
     CHECK(count[1] == (broadcast == "true" ? 9.0 : 16.0));
+  }
+}
+
+TEST_CASE("ddp_find_unused_parameters at 2 ranks: unused parameters hold back no bucket and are not stepped") {
+  // --partly_used: `spare` is never used, `rare` on some ranks and steps only. Hidden 512
+  // and 1 MB buckets make three buckets; the first (backward's first) holds head, rare and
+  // spare, so without the flag every bucket waits for after_backward. At --learning_rate
+  // 1e-3 the float rounding of other batch splits moves the weights by 1.1e-7 (relative;
+  // 1.5e-6 at 1e-2); stepping the unused parameters as the flag off does, by 5e-5 (spare)
+  // to 1.2e-2 (rare).
+  constexpr double lr = 1e-3;
+  auto args = [&](const std::string& sharding, int64_t batch, const fs::path& out) {
+    auto a = base_args(sharding, batch, out);
+    set_flags(a, {{"--partly_used", "true"}, {"--hidden", "512"}, {"--ddp_bucket_cap_mb", "1"},
+                  {"--eval_strategy", "no"}, {"--learning_rate", "1e-3"}});
+    return a;
+  };
+  const auto ref = dist_dir("unused_ref");
+  require_success(launch(1, args("no", 8, ref), ref / "logs", false));
+  const auto want = weights(ref);
+  REQUIRE(want.contains("spare.weight"));
+  auto rank_json = [](const fs::path& out, int r) {
+    std::ifstream in((out / ("result.rank" + std::to_string(r) + ".json")).string());
+    return nlohmann::json::parse(in);
+  };
+  for (const std::string policy : {"ddp", "zero1", "zero2"}) {
+    CAPTURE(policy);
+    // Collectives per run: 3 buckets on each syncing micro-step (the last of each of the 10
+    // groups; every one of the 20 under ZeRO-2).
+    const int64_t launches = policy == "zero2" ? 60 : 30;
+    {
+      const auto out = dist_dir("unused_on_" + policy);
+      auto a = args(policy, 4, out);
+      set_flag(a, "--ddp_find_unused_parameters", "true");
+      require_success(launch(2, a, out / "logs"));
+      const auto r0 = rank_json(out, 0), r1 = rank_json(out, 1);
+      for (const auto& r : {r0, r1}) {
+        CHECK(r.at("launched_during_backward").get<int64_t>() == launches);
+        CHECK(r.at("launched_after_backward").get<int64_t>() == 0);
+      }
+      // The data make both cases happen: a micro-step where one rank reaches `rare` and the
+      // other does not, and a step (2 micro-steps) where no rank does.
+      const auto u0 = r0.at("rare_used").get<std::vector<int>>(), u1 = r1.at("rare_used").get<std::vector<int>>();
+      REQUIRE(u0.size() == 20);
+      REQUIRE(u1.size() == 20);
+      bool one_rank = false, no_rank = false;
+      for (std::size_t i = 0; i < 20; ++i) one_rank = one_rank || u0[i] != u1[i];
+      for (std::size_t i = 0; i < 20; i += 2) no_rank = no_rank || u0[i] + u0[i + 1] + u1[i] + u1[i + 1] == 0;
+      REQUIRE(one_rank);
+      REQUIRE(no_rank);
+      // As one process on the global batch: `spare` never stepped (no weight decay), `rare`
+      // skipped on the steps no rank used it (no moment update).
+      const double diff = weight_difference(out, ref);
+      MESSAGE(policy << " with the flag: final weights differ from one process by " << diff << " (relative)");
+      CHECK(diff < 1e-6);
+      const auto got = weights(out);
+      CHECK(torch::equal(got.at("spare.weight"), want.at("spare.weight")));
+      CHECK(torch::equal(got.at("spare.bias"), want.at("spare.bias")));
+    }
+    {
+      // Off (DDP: left unset, the default): no hang; every bucket waits for after_backward,
+      // and `spare` takes each step's weight decay with its zero gradient (AdamW:
+      // p *= 1 - lr * wd; lr falls linearly over the 10 steps).
+      const auto out = dist_dir("unused_off_" + policy);
+      auto a = args(policy, 4, out);
+      if (policy != "ddp") set_flag(a, "--ddp_find_unused_parameters", "false");
+      const auto l = launch(2, a, out / "logs", true, 60);
+      require_success(l);
+      for (int r = 0; r < 2; ++r) {
+        const auto j = rank_json(out, r);
+        CHECK(j.at("launched_during_backward").get<int64_t>() == 0);
+        CHECK(j.at("launched_after_backward").get<int64_t>() == launches);
+      }
+      const auto got = weights(out);
+      double factor = 1.0;
+      for (int t = 0; t < 10; ++t) factor *= 1.0 - lr * (10.0 - t) / 10.0 * 0.01;
+      const auto decayed = want.at("spare.weight") * factor;
+      CHECK((got.at("spare.weight") - decayed).abs().max().item<double>() <= 5e-8);
+      CHECK_FALSE(torch::equal(got.at("spare.weight"), want.at("spare.weight")));
+    }
+  }
+  // FullShard has nothing to do with the flag and says so (training goes on).
+  const auto fs_out = dist_dir("unused_full_shard");
+  auto fs_args = args("full_shard", 4, fs_out);
+  set_flags(fs_args, {{"--ddp_find_unused_parameters", "true"}, {"--max_steps", "2"}});
+  const auto fs_run = launch(2, fs_args, fs_out / "logs", true, 60);
+  require_success(fs_run);
+  for (const auto& err : fs_run.err)
+    CHECK(err.find("loom: warning: --ddp_find_unused_parameters has no effect under --sharding full_shard") !=
+          std::string::npos);
+
+  // Two backward passes in one reducing micro-step: with the flag every bucket is launched
+  // during the first, so the second one's gradients arrive too late; each rank stops with a
+  // loom: line instead of a wrong sum. (Without it `spare` holds every bucket back to
+  // after_backward, and the two passes sum correctly.)
+  const auto twice = dist_dir("unused_backward_twice");
+  auto a = args("ddp", 4, twice);
+  set_flags(a, {{"--backward_twice", "true"}, {"--ddp_find_unused_parameters", "true"}});
+  const auto l = launch(2, a, twice / "logs", true, 60);
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << " stderr:\n" << l.err[static_cast<std::size_t>(r)]);
+    CHECK(l.status[static_cast<std::size_t>(r)] == 2);
+    CHECK(l.err[static_cast<std::size_t>(r)].find("arrived after its bucket had been reduced: backward ran more than "
+                                                  "once in one micro-step under --sharding ddp") != std::string::npos);
   }
 }
 

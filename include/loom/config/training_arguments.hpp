@@ -117,6 +117,7 @@ struct TrainingArguments {
   int64_t ddp_timeout = 1800;                 ///< collective timeout in seconds
   std::optional<int64_t> ddp_bucket_cap_mb;   ///< DDP bucket size (default 25)
   std::optional<bool> ddp_broadcast_buffers;  ///< DDP, ZeRO-1/2: copy rank 0's buffers (BatchNorm statistics) before each training forward (default: true)
+  std::optional<bool> ddp_find_unused_parameters;  ///< DDP, ZeRO-1/2: find the parameters the loss does not reach, so their buckets need not wait for them, and skip in the optimizer step those no rank used (default: false; HF's is true without --gradient_checkpointing)
   int64_t local_rank = -1;                    ///< accepted from torch.distributed.launch; the rank comes from LOCAL_RANK
   std::optional<std::string> deepspeed;       ///< not supported: loom's ZeRO is --sharding zero1 / zero2 / full_shard
   std::optional<std::string> fsdp;            ///< not supported: loom's FSDP is --sharding full_shard (shard_grad_op: zero2)
@@ -205,6 +206,7 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"ddp_timeout", "collective timeout in seconds"},
     {"ddp_bucket_cap_mb", "DDP bucket size (default 25)"},
     {"ddp_broadcast_buffers", "DDP, ZeRO-1/2: copy rank 0's buffers (BatchNorm statistics) before each training forward (default: true)"},
+    {"ddp_find_unused_parameters", "DDP, ZeRO-1/2: find the parameters the loss does not reach, so their buckets need not wait for them, and skip in the optimizer step those no rank used (default: false; HF's is true without --gradient_checkpointing)"},
     {"local_rank", "accepted from torch.distributed.launch; the rank comes from LOCAL_RANK"},
     {"deepspeed", "not supported: loom's ZeRO is --sharding zero1 / zero2 / full_shard"},
     {"fsdp", "not supported: loom's FSDP is --sharding full_shard (shard_grad_op: zero2)"},

@@ -21,6 +21,14 @@
 //
 // Before the SUM every gradient is scaled by this rank's share of the group's items, so the
 // result equals one process training on the global batch (docs/semantics.md).
+//
+// find_unused_parameters (--ddp_find_unused_parameters, torch DDP's): before each syncing
+// backward the loss's autograd graph is walked; a parameter it does not reach is ready at
+// once, so its bucket launches as soon as the reached parameters' gradients are in, instead
+// of waiting for after_backward. Which parameters received a gradient in the group (their
+// hook fired) is summed over the ranks once per group; a parameter no rank used has its
+// gradient left undefined during the optimizer step, so the optimizer skips it (no weight
+// decay, no moment update), as one process and torch's DDP leave `.grad` None.
 
 #include <loom/distributed/engine_common.hpp>
 
@@ -34,8 +42,11 @@ enum class Stage { ddp, zero1, zero2 };
 
 class BucketEngine final : public EngineBase {
  public:
-  BucketEngine(Stage stage, std::shared_ptr<Comm> comm, double bucket_cap_mb)
-      : EngineBase(std::move(comm)), stage_(stage), cap_bytes_(static_cast<int64_t>(bucket_cap_mb * 1024 * 1024)) {}
+  BucketEngine(Stage stage, std::shared_ptr<Comm> comm, const EngineOptions& options)
+      : EngineBase(std::move(comm)),
+        stage_(stage),
+        cap_bytes_(static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024)),
+        find_unused_(options.find_unused_parameters) {}
   BucketEngine(const BucketEngine&) = delete;
   BucketEngine& operator=(const BucketEngine&) = delete;
   ~BucketEngine() {
@@ -61,6 +72,14 @@ class BucketEngine final : public EngineBase {
       b.slots.push_back({p, name, b.numel, p.numel()});
       b.numel += p.numel();
     }
+    std::size_t slots = 0;
+    for (auto& b : buckets_) {
+      b.first = slots;
+      slots += b.slots.size();
+    }
+    ready_.assign(slots, 0);
+    used_.assign(slots, 0);
+    pieces_.assign(slots, std::nullopt);
     for (std::size_t k = 0; k < buckets_.size(); ++k) {
       auto& b = buckets_[k];
       b.padded = detail::round_up(std::max<int64_t>(b.numel, 1), n);
@@ -76,25 +95,24 @@ class BucketEngine final : public EngineBase {
         s.param.set_data(view);
         if (stage_ != Stage::zero2)
           s.param.mutable_grad() = b.flat_grad.narrow(0, s.offset, s.numel).view(s.param.sizes());
-        detail::set_grad_ready_hook(s.param, [this, k] { on_grad_ready(k); });
+        detail::set_grad_ready_hook(s.param, [this, k, i] { on_grad_ready(k, i); });
         index_[s.param.unsafeGetTensorImpl()] = {k, i};
+        if (stage_ != Stage::ddp) pieces_[b.first + i] = make_piece(b, s);
       }
     }
   }
 
-  /// The piece of `param` this rank updates (the whole parameter for DDP), or none.
+  /// The piece of `param` this rank updates (the whole parameter for DDP), or none. A ZeRO
+  /// piece is made once, at setup: the engine hides and restores the gradient of the very
+  /// tensor the optimizer steps.
   std::optional<Piece> piece_of(const torch::Tensor& param, const std::string& name) override {
     const auto [k, i] = locate(param, name);
     auto& b = buckets_[k];
     const auto& s = b.slots[i];
     if (stage_ == Stage::ddp) return Piece{name, param, param.grad(), 0, s.numel, s.numel};
-    const auto range = detail::owned_range(s, comm_->rank(), b.shard);
-    if (!range) return std::nullopt;
-    const auto [a, e] = *range;
-    Piece p{name, b.flat_param.narrow(0, a, e - a), {}, a - s.offset, e - s.offset, s.numel};
-    p.grad = stage_ == Stage::zero2 ? b.grad_shard.narrow(0, a - comm_->rank() * b.shard, e - a)
-                                    : b.flat_grad.narrow(0, a, e - a);
-    return p;
+    auto piece = pieces_[b.first + i];
+    if (piece) piece->name = name;
+    return piece;
   }
 
   /// Does the optimizer step slices (true) or whole parameters (DDP)?
@@ -102,19 +120,42 @@ class BucketEngine final : public EngineBase {
   /// Are gradients held in shards, so norms and overflow checks need a reduction?
   [[nodiscard]] bool grads_sharded() const override { return stage_ != Stage::ddp; }
 
+  /// Starts an accumulation group: no parameter has been used in it yet.
+  void begin_group(int64_t local_items, const torch::Device& device) override {
+    EngineBase::begin_group(local_items, device);
+    std::fill(used_.begin(), used_.end(), 0);
+  }
   /// Before the backward of a micro-step; `last`: the micro-step that completes the group.
   void begin_micro_step(bool last) override {
+    restore_grads();
+    last_ = last;
     syncing_ = last || stage_ == Stage::zero2;
     next_launch_ = 0;
+    late_.clear();
+    std::fill(ready_.begin(), ready_.end(), 0);
     for (auto& b : buckets_) {
       b.ready = 0;
       b.launched = false;
     }
   }
-  /// After the backward of a micro-step: launches what the hooks did not, waits for everything.
+  /// With find_unused_parameters: every parameter `loss` does not reach is ready now.
+  void before_backward(const torch::Tensor& loss) override {
+    if (!find_unused_ || !syncing_) return;
+    const auto reached = detail::graph_leaves(loss);
+    for (std::size_t k = 0; k < buckets_.size(); ++k)
+      for (std::size_t i = 0; i < buckets_[k].slots.size(); ++i)
+        if (!reached.contains(buckets_[k].slots[i].param.unsafeGetTensorImpl())) slot_ready(k, i);
+  }
+  /// After the backward of a micro-step: launches what the hooks did not, waits for everything;
+  /// at the end of a group with find_unused_parameters, hides the gradients no rank produced.
   void after_backward() override {
     if (!syncing_) return;
-    while (next_launch_ < buckets_.size()) launch(next_launch_++);
+    while (next_launch_ < buckets_.size()) {
+      launch(next_launch_++);
+      ++launches_.after_backward;
+    }
+    UsedMask mask;
+    if (find_unused_ && last_) mask = launch_used_mask();
     for (auto& b : buckets_) {
       b.work.wait();
       if (stage_ == Stage::zero1 && b.rs_out.defined())
@@ -124,6 +165,11 @@ class BucketEngine final : public EngineBase {
       b.rs_out = torch::Tensor();
       b.staging = torch::Tensor();
     }
+    check(late_.empty(),
+          "the gradient of {} arrived after its bucket had been reduced: backward ran more than once in one "
+          "micro-step under --sharding {}; backpropagate the sum of the losses once", late_,
+          stage_ == Stage::ddp ? "ddp" : stage_ == Stage::zero1 ? "zero1" : "zero2");
+    if (find_unused_ && last_) hide_unused_grads(mask);
     syncing_ = false;
   }
   /// After the optimizer step: every rank gets every updated slice (ZeRO).
@@ -138,6 +184,7 @@ class BucketEngine final : public EngineBase {
   }
   /// Zeroes the gradients the engine holds (their buffers stay allocated).
   void zero_grad() override {
+    restore_grads();
     for (auto& b : buckets_) {
       if (b.flat_grad.defined()) b.flat_grad.zero_();
       if (b.grad_shard.defined()) b.grad_shard.zero_();
@@ -160,25 +207,107 @@ class BucketEngine final : public EngineBase {
     }
     return s;
   }
+  /// Bucket collectives launched before after_backward (hooks, unreached parameters) and by it.
+  [[nodiscard]] GradLaunches grad_launches() const override { return launches_; }
 
  private:
   static constexpr int64_t kFirstBucketBytes = 1024 * 1024;
   struct Bucket {
     std::vector<detail::Slot> slots;
+    std::size_t first = 0;  // index of slots[0] among all slots (ready_, used_, pieces_)
     int64_t numel = 0, padded = 0, shard = 0;
     torch::Tensor flat_param, flat_grad, grad_shard, staging, rs_out;
     std::size_t ready = 0;
     bool launched = false;
     Work work;
   };
+  // The group's used flags summed over the ranks: `sum` (on the device) once `work` is done;
+  // `local_all` when this rank used every parameter, so every rank's sum is positive.
+  struct UsedMask {
+    torch::Tensor sum;
+    Work work;
+    bool local_all = true;
+  };
 
-  void on_grad_ready(std::size_t k) {
-    if (!syncing_) return;
+  // This rank's piece of slot `s` of `b` (ZeRO), its gradient attached.
+  std::optional<Piece> make_piece(const Bucket& b, const detail::Slot& s) const {
+    const auto range = detail::owned_range(s, comm_->rank(), b.shard);
+    if (!range) return std::nullopt;
+    const auto [a, e] = *range;
+    Piece p{s.name, b.flat_param.narrow(0, a, e - a), {}, a - s.offset, e - s.offset, s.numel};
+    p.grad = stage_ == Stage::zero2 ? b.grad_shard.narrow(0, a - comm_->rank() * b.shard, e - a)
+                                    : b.flat_grad.narrow(0, a, e - a);
+    p.param.mutable_grad() = p.grad;
+    return p;
+  }
+
+  // A parameter's gradient was accumulated (its post-accumulate-grad hook).
+  void on_grad_ready(std::size_t k, std::size_t i) {
+    used_[buckets_[k].first + i] = 1;
+    if (syncing_) slot_ready(k, i);
+  }
+
+  // Slot i of bucket k needs nothing more in this micro-step: its gradient is in, or the loss
+  // does not reach it. A complete bucket launches, in index order only, so every rank issues
+  // the same sequence of collectives.
+  void slot_ready(std::size_t k, std::size_t i) {
     auto& b = buckets_[k];
+    auto& ready = ready_[b.first + i];
+    if (ready != 0) {
+      // A second gradient in one micro-step (a second backward): harmless until the bucket is
+      // launched, a lost contribution after.
+      if (b.launched && late_.empty()) late_ = b.slots[i].name;
+      return;
+    }
+    ready = 1;
     if (++b.ready < b.slots.size()) return;
-    // Launch in index order only, so every rank issues the same sequence of collectives.
-    while (next_launch_ < buckets_.size() && buckets_[next_launch_].ready == buckets_[next_launch_].slots.size())
+    while (next_launch_ < buckets_.size() && buckets_[next_launch_].ready == buckets_[next_launch_].slots.size()) {
       launch(next_launch_++);
+      ++launches_.during_backward;
+    }
+  }
+
+  // Sums the group's used flags over the ranks (after every bucket, so every rank issues the
+  // same sequence); in a world of one the local flags are the sum.
+  UsedMask launch_used_mask() {
+    UsedMask m;
+    m.local_all = std::all_of(used_.begin(), used_.end(), [](char u) { return u != 0; });
+    const auto device = buckets_.empty() ? torch::Device(torch::kCPU) : buckets_.front().flat_param.device();
+    auto host = torch::empty({static_cast<int64_t>(used_.size())},
+                             torch::TensorOptions().dtype(torch::kInt).pinned_memory(device.is_cuda()));
+    std::copy(used_.begin(), used_.end(), host.data_ptr<int32_t>());
+    m.sum = device.is_cuda() ? host.to(device, /*non_blocking=*/true) : host;
+    if (comm_->size() > 1) m.work = comm_->all_reduce({m.sum}, "the used-parameter all-reduce");
+    return m;
+  }
+
+  // Leaves undefined, until restore_grads, the gradient of every parameter no rank used in
+  // the group, so the optimizer step skips it. Reads the sum on the host only when this rank
+  // left a parameter unused (otherwise every sum is positive): the one host sync of a step.
+  void hide_unused_grads(UsedMask& m) {
+    m.work.wait();
+    if (m.local_all) return;
+    const auto sum = m.sum.to(torch::kCPU);
+    const auto* used = sum.data_ptr<int32_t>();
+    for (auto& b : buckets_)
+      for (std::size_t i = 0; i < b.slots.size(); ++i) {
+        if (used[b.first + i] != 0) continue;
+        hidden_.push_back(b.first + i);
+        if (stage_ == Stage::ddp) b.slots[i].param.mutable_grad() = torch::Tensor();
+        else if (auto& piece = pieces_[b.first + i]) piece->param.mutable_grad() = torch::Tensor();
+      }
+  }
+  // Gives the hidden gradients back their views into the engine's buffers.
+  void restore_grads() {
+    for (const auto g : hidden_) {
+      const auto it = std::upper_bound(buckets_.begin(), buckets_.end(), g,
+                                       [](std::size_t v, const Bucket& b) { return v < b.first; });
+      auto& b = *std::prev(it);
+      auto& s = b.slots[g - b.first];
+      if (stage_ == Stage::ddp) s.param.mutable_grad() = b.flat_grad.narrow(0, s.offset, s.numel).view(s.param.sizes());
+      else if (auto& piece = pieces_[g]) piece->param.mutable_grad() = piece->grad;
+    }
+    hidden_.clear();
   }
 
   void launch(std::size_t k) {
@@ -210,9 +339,17 @@ class BucketEngine final : public EngineBase {
 
   Stage stage_;
   int64_t cap_bytes_;
+  bool find_unused_;
   std::vector<Bucket> buckets_;
-  bool syncing_ = false;
+  bool syncing_ = false, last_ = false;
   std::size_t next_launch_ = 0;
+  // Per slot, in bucket order: ready in this micro-step; used (a gradient arrived) in this
+  // group; this rank's ZeRO piece (made at setup).
+  std::vector<char> ready_, used_;
+  std::vector<std::optional<Piece>> pieces_;
+  std::vector<std::size_t> hidden_;  // slots whose gradient is hidden for the optimizer step
+  std::string late_;                 // a parameter whose gradient came after its bucket launched
+  GradLaunches launches_;
 };
 
 }  // namespace loom::dist

@@ -39,6 +39,20 @@ struct StateBytes {
 /// Which engine a sharding tag runs.
 enum class EngineKind { none, ddp, zero1, zero2, full_shard };
 
+/// What make_engine configures; the bucket engines (DDP, ZeRO-1, ZeRO-2) read both fields,
+/// the others neither.
+struct EngineOptions {
+  double bucket_cap_mb = 25;            ///< --ddp_bucket_cap_mb
+  bool find_unused_parameters = false;  ///< --ddp_find_unused_parameters, resolved (HF's rule)
+};
+
+/// Gradient collectives an engine launched while backward ran (from gradient hooks, or at
+/// once for parameters the loss does not reach) and those it launched in after_backward
+/// because some gradient had not arrived; counted since setup. Diagnostics and tests.
+struct GradLaunches {
+  int64_t during_backward = 0, after_backward = 0;
+};
+
 /// What the Trainer asks of a sharding engine, in the order a step asks it.
 class Engine {
  public:
@@ -57,6 +71,10 @@ class Engine {
   [[nodiscard]] virtual const torch::Tensor& item_factor() const = 0;
   /// Before a micro-step's forward; `last` is the group's last micro-step.
   virtual void begin_micro_step(bool last) = 0;
+  /// Just before `loss` is backpropagated (Trainer::backward). With find_unused_parameters
+  /// the bucket engines walk its autograd graph: a parameter it does not reach is ready at
+  /// once, so its bucket does not wait for after_backward; the others do nothing.
+  virtual void before_backward(const torch::Tensor& loss) = 0;
   /// After its backward: gradients reduced where they must be.
   virtual void after_backward() = 0;
   /// After the optimizer step (ZeRO: all-gather the updated slices).
@@ -75,11 +93,13 @@ class Engine {
   [[nodiscard]] virtual Comm* comm() const = 0;
   /// Parameter and gradient bytes this rank holds.
   [[nodiscard]] virtual StateBytes state_bytes() const = 0;
+  /// Gradient collectives launched during backward and by after_backward, since setup.
+  [[nodiscard]] virtual GradLaunches grad_launches() const = 0;
 };
 
-/// The engine of `kind` over `comm` (null for EngineKind::none); bucket_cap_mb is DDP's and
-/// ZeRO's bucket size (ddp_bucket_cap_mb).
-LOOM_INLINE std::unique_ptr<Engine> make_engine(EngineKind kind, std::shared_ptr<Comm> comm, double bucket_cap_mb);
+/// The engine of `kind` over `comm` (null for EngineKind::none).
+LOOM_INLINE std::unique_ptr<Engine> make_engine(EngineKind kind, std::shared_ptr<Comm> comm,
+                                                const EngineOptions& options);
 
 }  // namespace loom::dist
 

@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
@@ -20,11 +21,39 @@
 #include <optional>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace loom::dist {
 
 namespace detail {
+
+/// The leaf tensors whose gradients backpropagating `root` accumulates (keyed by
+/// TensorImpl): the variable of every AccumulateGrad node reachable from root's grad_fn, as
+/// torch's DDP finds unused parameters. Empty when root does not require grad.
+inline std::unordered_set<const c10::TensorImpl*> graph_leaves(const torch::Tensor& root) {
+  std::unordered_set<const c10::TensorImpl*> leaves;
+  if (!root.defined() || !root.requires_grad()) return leaves;
+  if (root.is_leaf()) {
+    leaves.insert(root.unsafeGetTensorImpl());
+    return leaves;
+  }
+  std::vector<torch::autograd::Node*> stack{root.grad_fn().get()};
+  std::unordered_set<const torch::autograd::Node*> seen{stack.front()};
+  while (!stack.empty()) {
+    auto* node = stack.back();
+    stack.pop_back();
+    if (const auto* acc = dynamic_cast<const torch::autograd::AccumulateGrad*>(node)) {
+      leaves.insert(acc->variable.unsafeGetTensorImpl());
+      continue;
+    }
+    for (const auto& edge : node->next_edges()) {
+      auto* next = edge.function.get();
+      if (next != nullptr && seen.insert(next).second) stack.push_back(next);
+    }
+  }
+  return leaves;
+}
 
 // Calls `fn` after autograd has accumulated a parameter's gradient.
 class PostAccumulateHook final : public torch::autograd::PostAccumulateGradHook {

@@ -126,12 +126,15 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
       root.backward_started = true;
     }
   }
+  // --ddp_find_unused_parameters means nothing here: a unit whose gradients did not all
+  // arrive is reduced by after_backward, the root unit always is.
+  void before_backward(const torch::Tensor& /*loss*/) override {}
   void after_backward() override {
     // Units whose gradients did not all arrive (unused parameters) are reduced now, in
     // index order; then every reduction is waited for.
     for (std::size_t k = 1; k < units_.size(); ++k)
-      if (units_[k].backward_started && !units_[k].reduced) reduce(units_[k]);
-    if (!units_[0].slots.empty()) reduce(units_[0]);
+      if (units_[k].backward_started && reduce(units_[k])) ++launches_.after_backward;
+    if (!units_[0].slots.empty() && reduce(units_[0])) ++launches_.after_backward;
     for (auto& u : units_) {
       u.work.wait();
       if (u.rs_out.defined()) u.grad_shard.add_(u.rs_out);
@@ -178,6 +181,9 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     }
     return s;
   }
+  /// Unit reductions launched from gradient hooks and by after_backward (the root's, and
+  /// those of units with an unused parameter).
+  [[nodiscard]] GradLaunches grad_launches() const override { return launches_; }
 
   // ---- UnitRuntime --------------------------------------------------------------------
   void pre_forward(int k) override {
@@ -242,11 +248,12 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
   void on_grad_ready(std::size_t k) {
     auto& u = units_[k];
     if (k == 0 || !u.backward_started) return;  // the root is reduced after backward
-    if (++u.ready == u.slots.size()) reduce(u);
+    if (++u.ready == u.slots.size() && reduce(u)) ++launches_.during_backward;
   }
 
-  void reduce(Unit& u) {
-    if (u.reduced || !u.full_grad.defined()) return;
+  // Launches the unit's reduction unless done; false when there was nothing to launch.
+  bool reduce(Unit& u) {
+    if (u.reduced || !u.full_grad.defined()) return false;
     u.reduced = true;
     torch::NoGradGuard no_grad;
     for (auto& s : u.slots) s.param.mutable_grad() = torch::Tensor();
@@ -256,6 +263,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
       u.work = comm_->reduce_scatter(u.rs_out, u.full_grad, "the gradient reduce-scatter");
     }
     if (&u != &units_[0]) release(u);
+    return true;
   }
 
   void prefetch(int k) {
@@ -287,6 +295,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
   std::vector<int> order_;
   bool recorded_ = false;
   bool in_backward_pass_ = false;
+  GradLaunches launches_;
 };
 
 }  // namespace loom::dist

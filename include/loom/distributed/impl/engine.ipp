@@ -21,6 +21,8 @@ class NoShardEngine final : public Engine {
   void begin_group(int64_t, const torch::Device&) override {}
   [[nodiscard]] const torch::Tensor& item_factor() const override { return none_; }
   void begin_micro_step(bool) override {}
+  // One process: a parameter without a gradient keeps it undefined, and the optimizer skips it.
+  void before_backward(const torch::Tensor&) override {}
   void after_backward() override {}
   void after_step() override {}
   void zero_grad() override {}
@@ -38,6 +40,7 @@ class NoShardEngine final : public Engine {
     }
     return s;
   }
+  [[nodiscard]] GradLaunches grad_launches() const override { return {}; }
 
  private:
   torch::nn::Module* module_ = nullptr;
@@ -46,16 +49,17 @@ class NoShardEngine final : public Engine {
 
 }  // namespace detail
 
-LOOM_INLINE std::unique_ptr<Engine> make_engine(EngineKind kind, std::shared_ptr<Comm> comm, double bucket_cap_mb) {
+LOOM_INLINE std::unique_ptr<Engine> make_engine(EngineKind kind, std::shared_ptr<Comm> comm,
+                                                const EngineOptions& options) {
   switch (kind) {
     case EngineKind::none:
       return std::make_unique<detail::NoShardEngine>();
     case EngineKind::ddp:
-      return std::make_unique<BucketEngine>(Stage::ddp, std::move(comm), bucket_cap_mb);
+      return std::make_unique<BucketEngine>(Stage::ddp, std::move(comm), options);
     case EngineKind::zero1:
-      return std::make_unique<BucketEngine>(Stage::zero1, std::move(comm), bucket_cap_mb);
+      return std::make_unique<BucketEngine>(Stage::zero1, std::move(comm), options);
     case EngineKind::zero2:
-      return std::make_unique<BucketEngine>(Stage::zero2, std::move(comm), bucket_cap_mb);
+      return std::make_unique<BucketEngine>(Stage::zero2, std::move(comm), options);
     case EngineKind::full_shard:
       return std::make_unique<FullShardEngine>(std::move(comm));
   }

@@ -49,6 +49,12 @@ LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& po
   Startup s;
   s.world = dist::world_from_env();
   set_log_level(process_log_level(args, args.log_on_each_node ? s.world.is_local_main() : s.world.is_main()));
+  // HF ignores the flag outside DDP; loom says so when it was asked for explicitly.
+  if (args.ddp_find_unused_parameters.value_or(false) && args.sharding == "full_shard")
+    log_message(LogLevel::warning,
+                "--ddp_find_unused_parameters has no effect under --sharding full_shard: a unit whose gradients did "
+                "not all arrive is reduced after backward, and a parameter no rank used is stepped with a zero "
+                "gradient");
   if (!policies.uses_comm)
     check(s.world.size == 1,
           "WORLD_SIZE is {} but this Trainer does not shard (--sharding no); pass --sharding ddp, zero1, zero2 "
