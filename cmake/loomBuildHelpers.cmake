@@ -35,6 +35,10 @@ target_compile_options(loom_build_options INTERFACE -Wall -Wextra -Wno-unused-pa
 # Clang writes a timestamp into its precompiled header unless told not to, and ccache will not
 # cache the units that use such a header.
 target_compile_options(loom_build_options INTERFACE "$<$<CXX_COMPILER_ID:Clang>:SHELL:-Xclang -fno-pch-timestamp>")
+# __FILE__ in loom's objects (torch's assertion messages, inlined into loom::compiled) names
+# the checkout relatively: the installed library holds no path of this machine
+# (consumer.find_package checks), and ccache rewrites the flag under its base_dir.
+target_compile_options(loom_build_options INTERFACE "-ffile-prefix-map=${PROJECT_SOURCE_DIR}/=")
 target_compile_definitions(loom_build_options INTERFACE LOOM_SEPARATE_COMPILATION)
 
 # -DLOOM_SANITIZE=ON (make sanitize): loom's own targets, loom::compiled and the shared PCH

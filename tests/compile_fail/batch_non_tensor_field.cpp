@@ -1,4 +1,4 @@
-// expect: batch_field<loom::data::detail::FieldName<7>\{"labels"\}, std::vector<long int> >
+// expect: batch_field<(loom::data::detail::)?FieldName<7>\{"labels"\}, std::vector<long( int)?> ?>
 #include <loom/loom.hpp>
 #include <vector>
 struct Batch {

@@ -15,7 +15,10 @@ string(REPLACE ";" "," all_lines "${all}")
 string(REPLACE "\n" ";" all_lines "${all_lines}")
 set(count 0)
 foreach(line IN LISTS all_lines)
-  if(line STREQUAL "" OR line MATCHES "^\\[[0-9]+/[0-9]+\\]|^FAILED:|^ninja:|^gmake|^make|CMakeFiles/${TARGET}\\.dir")
+  # The quoted source lines and caret lines under a diagnostic ("   93 | code", "      | ^~~")
+  # are not counted: clang quotes one for every note, GCC for fewer; the diagnostics count.
+  if(line STREQUAL "" OR line MATCHES "^\\[[0-9]+/[0-9]+\\]|^FAILED:|^ninja:|^gmake|^make|CMakeFiles/${TARGET}\\.dir"
+     OR line MATCHES "^ *[0-9]* \\| ")
     continue()
   endif()
   math(EXPR count "${count} + 1")
