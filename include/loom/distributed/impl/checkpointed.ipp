@@ -25,9 +25,10 @@ LOOM_INLINE int set_recompute(torch::nn::Module& module, bool on) {
     if (auto* r = dynamic_cast<Recomputable*>(item.value().get())) found.emplace_back(item.key(), r);
   int count = 0;
   std::vector<std::string> on_prefixes;  // pre-order: an outer wrapper comes before its inner ones
-  for (const auto& [name, r] : found) {
-    const bool covered = std::any_of(on_prefixes.begin(), on_prefixes.end(), [&](const std::string& p) {
-      return p.empty() || name.starts_with(p + ".");
+  for (const auto& entry : found) {  // not a structured binding: clang < 16 cannot capture one
+    const auto& [name, r] = entry;
+    const bool covered = std::any_of(on_prefixes.begin(), on_prefixes.end(), [&entry](const std::string& p) {
+      return p.empty() || entry.first.starts_with(p + ".");
     });
     if (!on) count += r->loom_recompute ? 1 : 0;
     r->loom_recompute = on && !covered;

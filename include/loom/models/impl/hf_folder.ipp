@@ -181,7 +181,9 @@ LOOM_INLINE void load_hf_weights(torch::nn::Module& module, const std::filesyste
   std::vector<std::pair<torch::Tensor, const torch::Tensor*>> copies;
   std::set<std::string> found;
   std::vector<std::string> missing, unexpected, problems;
-  for (const auto& [name, stored] : file) {
+  for (const auto& entry : file) {  // not a structured binding: clang < 16 cannot capture one
+    const std::string& name = entry.first;
+    const auto& stored = entry.second;
     const auto derived = std::find_if(rules.derived.begin(), rules.derived.end(),
                                       [&](const auto& d) { return d.first == name; });
     if (derived != rules.derived.end() && !targets.contains(name)) {

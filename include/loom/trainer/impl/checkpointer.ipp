@@ -180,10 +180,11 @@ LOOM_INLINE void Checkpointer::load(const std::filesystem::path& dir, TrainerSta
       fail("{}: {}", file.string(), e.what());
     }
   }
-  for (const auto& [name, t] : checkpoint::load_safetensors(dir / detail::kRngState)) {
-    auto restore = [&](at::Generator gen) {  // a handle sharing the global generator
+  for (const auto& entry : checkpoint::load_safetensors(dir / detail::kRngState)) {
+    const std::string& name = entry.first;
+    auto restore = [&state = entry.second](at::Generator gen) {  // a handle sharing the global generator
       std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(t);
+      gen.set_state(state);
     };
     if (name == "cpu") {
       restore(at::detail::getDefaultCPUGenerator());
