@@ -1,5 +1,5 @@
 #pragma once
-// Helpers shared by loom's test files: shell capture, the Python peer, scratch folders,
+// Helpers shared by loom's test files: a free port, shell capture, the Python peer, scratch folders,
 // file bytes, loom::Error messages. Light on purpose (no Trainer); the training set-up
 // shared by the Trainer-level tests is in trainer_support.hpp. Everything here is inline:
 // the unit tests are one executable.
@@ -7,6 +7,10 @@
 #include <loom/config/error.hpp>
 
 #include <doctest/doctest.h>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +23,21 @@
 #include <string_view>
 
 namespace loom_test {
+
+/// A TCP port on the loopback interface that was free a moment ago (for MASTER_PORT).
+inline int free_port() {
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(s >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  REQUIRE(::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(::getsockname(s, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  ::close(s);
+  return ntohs(addr.sin_port);
+}
 
 /// Runs `cmd` through the shell and returns what it printed on stdout.
 inline std::string run_capture(const std::string& cmd) {

@@ -19,9 +19,7 @@
 #include "../trainer/token_support.hpp"
 
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -252,19 +250,8 @@ namespace {
 // <tmp_root>/dist/<name>, emptied.
 fs::path dist_dir(const std::string& name) { return loom_test::tmp_dir("dist/" + name); }
 
-int free_port() {
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(s >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  REQUIRE(::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  socklen_t len = sizeof addr;
-  REQUIRE(::getsockname(s, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  ::close(s);
-  return ntohs(addr.sin_port);
-}
+using loom_test::free_port;
+
 
 struct Launch {
   std::vector<int> status;         ///< exit code per rank; 128+signal when killed; -1 on timeout

@@ -17,10 +17,7 @@
 #include "../trainer/token_support.hpp"
 #include "../trainer_support.hpp"
 
-#include <netinet/in.h>
 #include <sys/wait.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -34,6 +31,7 @@ namespace fs = std::filesystem;
 namespace {
 
 using loom_test::Batch;
+using loom_test::free_port;
 
 // quiet_args(name) on the GPU: 8 rows a batch, lr 0.01.
 loom::TrainingArguments gpu_args(const std::string& name, int64_t max_steps) {
@@ -97,19 +95,6 @@ double max_difference(const std::vector<torch::Tensor>& a, const std::vector<tor
   for (std::size_t i = 0; i < a.size(); ++i)
     out = std::max(out, (a[i].cpu() - b[i].cpu()).abs().max().item<double>());
   return out;
-}
-
-int free_port() {
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(s >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  socklen_t len = sizeof addr;
-  REQUIRE(::getsockname(s, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  ::close(s);
-  return ntohs(addr.sin_port);
 }
 
 }  // namespace
