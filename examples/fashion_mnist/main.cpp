@@ -12,6 +12,7 @@
 
 #include <loom/loom.hpp>
 
+#include "../common/fashion_mnist_data.hpp"
 #include "../common/hf_example.hpp"
 
 #include <fmt/format.h>
@@ -19,21 +20,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
-
-/// Flags of this example, beside every TrainingArguments flag; --help shows them under
-/// "example", with these descriptions.
-struct ExampleArguments {
-  std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  std::optional<int64_t> max_train_samples;
-  std::optional<int64_t> max_eval_samples;
-
-  static constexpr loom::FieldHelp field_help[] = {
-      {"data_dir", "folder with the four IDX .gz files"},
-      {"max_train_samples", "use only the first N training images"},
-      {"max_eval_samples", "use only the first N test images"},
-  };
-  static constexpr std::string_view help_heading = "example";
-};
 
 /// One batch (and, row by row, one example).
 struct Batch {
@@ -81,22 +67,11 @@ struct FashionTrainer : loom::Trainer<FashionTrainer<Sharding, Precision>, Net, 
   }
 };
 
-// Reads one split; pixels scaled to [0, 1] and normalized with the training set's mean/std.
+// One split as a dataset of batches (examples/common/fashion_mnist_data.hpp reads it).
 static loom::data::TensorDataset<Batch> load_split(const std::filesystem::path& dir, const std::string& prefix,
                                                    std::optional<int64_t> limit) {
-  auto images = loom::data::read_idx(dir / (prefix + "-images-idx3-ubyte.gz"));
-  auto labels = loom::data::read_idx(dir / (prefix + "-labels-idx1-ubyte.gz"));
-  loom::check(images.size(0) == labels.size(0), "{}: {} images but {} labels", prefix, images.size(0),
-              labels.size(0));
-  loom::check(!limit || *limit > 0, "--max_{}_samples must be positive, got {}", prefix == "train" ? "train" : "eval",
-              limit.value_or(0));
-  if (limit && *limit < images.size(0)) {
-    images = images.narrow(0, 0, *limit);
-    labels = labels.narrow(0, 0, *limit);
-  }
-  constexpr double mean = 0.2860, stddev = 0.3530;  // Fashion-MNIST training-set statistics
-  auto x = ((images.to(torch::kFloat) / 255.0 - mean) / stddev).unsqueeze(1).contiguous();
-  return loom::data::TensorDataset<Batch>({x, labels.to(torch::kLong).contiguous()});
+  auto [images, labels] = fashion_mnist::load_split(dir, prefix, limit);
+  return loom::data::TensorDataset<Batch>({images, labels});
 }
 
 int main(int argc, char** argv) {
@@ -110,7 +85,7 @@ int main(int argc, char** argv) {
     defaults.logging_steps = 100;
     defaults.eval_strategy = "epoch";
     defaults.save_strategy = "no";
-    auto [example, args] = loom::parse_args(argc, argv, ExampleArguments{}, defaults);
+    auto [example, args] = loom::parse_args(argc, argv, fashion_mnist::DataArguments{}, defaults);
     // HF's scripts: bad flags reported before any data is read; given none of --do_train /
     // --do_eval / --do_predict, this example trains and evaluates; given one, an output folder
     // with checkpoints resumes from the last one (unless --overwrite_output_dir).

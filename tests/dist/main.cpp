@@ -15,6 +15,7 @@
 
 #include <loom/loom.hpp>
 
+#include "../accelerator_loop.hpp"
 #include "../trainer_support.hpp"
 #include "../trainer/token_support.hpp"
 
@@ -52,6 +53,7 @@ struct WorkerArguments {
   std::string task = "mlp";  ///< mlp (the MLP above), tokens (ragged token batches, tests/trainer/token_support.hpp), buffers
   bool partly_used = false;  ///< the MLP also holds a layer the loss never reaches (spare) and one it reaches for rare rows only (rare)
   bool backward_twice = false;  ///< training_step backpropagates two losses one after the other
+  std::string loop = "trainer";  ///< trainer, or accelerator: the same run as a loop written on loom::Accelerator
 };
 
 // --backward_twice, for DistTrainer (set by run()).
@@ -214,6 +216,19 @@ inline int run(int argc, char** argv) {
     auto eval_data = make_data(100, 99);  // 13 batches of 8 (the last of 4): uneven across ranks
     loom::select_policies(args, [&]<class Sharding, class Precision>() {
       loom::set_seed(args.seed);
+      if (w.loop == "accelerator") {  // tests/accelerator_loop.hpp: what the Trainer does, by hand
+        Mlp model(w.hidden, w.partly_used);
+        loom::Accelerator<Sharding, Precision> acc(args);
+        loom_test::plain_train(
+            acc, model, loom::data::AnyDataset<Batch>(data),
+            [](Mlp& m, const Batch& b) { return torch::cross_entropy_loss(m->forward(b.x), b.labels); },
+            std::optional<loom::data::AnyDataset<Batch>>(eval_data));
+        if (acc.is_main_process()) acc.state().save(fs::path(args.output_dir) / "trainer_state.json");
+        std::ofstream(w.result + ".rank" + std::to_string(acc.process_index()) + ".json")
+            << nlohmann::json{{"world", acc.num_processes()}}.dump();
+        acc.save_model(w.result + ".model");
+        return;
+      }
       DistTrainer<Sharding, Precision> trainer(args, Mlp(w.hidden, w.partly_used), data, eval_data);
       trainer.template callback<Killer>().die_rank = w.die_rank;
       trainer.template callback<Killer>().die_step = w.die_step;
@@ -891,6 +906,48 @@ TEST_CASE("ddp_find_unused_parameters at 2 ranks: unused parameters hold back no
     CHECK(l.status[static_cast<std::size_t>(r)] == 2);
     CHECK(l.err[static_cast<std::size_t>(r)].find("arrived after its bucket had been reduced: backward ran more than "
                                                   "once in one micro-step under --sharding ddp") != std::string::npos);
+  }
+}
+
+TEST_CASE("a loop written on loom::Accelerator at 2 ranks reproduces the Trainer; each resumes the other's checkpoint") {
+  // ZeRO-2 and FullShard in fp32, ZeRO-2 in bf16: logged losses, the evaluation's gathered
+  // (position-weighted) accuracy and the final weights, 1e-6.
+  for (const auto& [policy, precision] : std::vector<std::pair<std::string, std::string>>{
+           {"zero2", "no"}, {"full_shard", "no"}, {"zero2", "bf16"}}) {
+    INFO(policy << " " << precision);
+    const auto tag = policy + "_" + precision;
+    auto common = [&](const fs::path& out) {
+      auto a = base_args(policy, 4, out);
+      set_flags(a, {{"--save_strategy", "steps"}, {"--save_steps", "5"}});
+      if (precision == "bf16") set_flag(a, "--bf16", "true");
+      return a;
+    };
+    const auto trainer_dir = dist_dir("acc_trainer_" + tag), plain_dir = dist_dir("acc_plain_" + tag);
+    require_success(launch(2, common(trainer_dir), trainer_dir / "logs"));
+    auto plain = common(plain_dir);
+    set_flag(plain, "--loop", "accelerator");
+    require_success(launch(2, plain, plain_dir / "logs"));
+    const auto want = logged_losses(trainer_dir);
+    REQUIRE(want.size() == 10);
+    check_losses(logged_losses(plain_dir), want, 1e-6);
+    const auto acc_want = logged(trainer_dir, "eval_ordered_accuracy");
+    REQUIRE(acc_want.size() == 2);
+    CHECK(logged(plain_dir, "eval_ordered_accuracy") == acc_want);
+    CHECK(logged(plain_dir, "eval_accuracy") == logged(trainer_dir, "eval_accuracy"));
+    CHECK(weight_difference(plain_dir, trainer_dir) <= 1e-6);
+    if (precision != "no" || policy != "zero2") continue;
+    // Each resumes the other's checkpoint-5 (sharded optimizer files) and ends where both did.
+    const auto plain_resumed = dist_dir("acc_plain_resumed"), trainer_resumed = dist_dir("acc_trainer_resumed");
+    auto a = common(plain_resumed);
+    set_flags(a, {{"--loop", "accelerator"}, {"--resume_from_checkpoint", (trainer_dir / "checkpoint-5").string()}});
+    require_success(launch(2, a, plain_resumed / "logs"));
+    CHECK(weight_difference(plain_resumed, trainer_dir) <= 1e-6);
+    check_losses(logged_losses(plain_resumed), want, 1e-6);
+    auto b = common(trainer_resumed);
+    set_flag(b, "--resume_from_checkpoint", (plain_dir / "checkpoint-5").string());
+    require_success(launch(2, b, trainer_resumed / "logs"));
+    CHECK(weight_difference(trainer_resumed, trainer_dir) <= 1e-6);
+    check_losses(logged_losses(trainer_resumed), want, 1e-6);
   }
 }
 

@@ -45,6 +45,15 @@ LOOM_INLINE torch::Tensor pad_and_concatenate(std::vector<torch::Tensor> parts, 
 /// `t` with dim 1 padded to `width` with `padding_index` (t itself when it is that wide already).
 LOOM_INLINE torch::Tensor pad_dim1(const torch::Tensor& t, int64_t width, int64_t padding_index = -100);
 
+/// Every rank's part of a per-batch result, back in batch order (on the CPU), for an
+/// evaluation of `num_batches` batches where rank r evaluated batches r, r+W, ...: `local` is
+/// this rank's batches concatenated along dim 0 (undefined when it has none), `sizes` their
+/// dim-0 sizes. Ranks may differ in dim 1 (padded with -100 to the widest of all, as
+/// accelerate's pad_across_processes), not in the other dims nor in dtype. Every rank calls it.
+LOOM_INLINE torch::Tensor gather_in_batch_order(dist::Engine& engine, const dist::World& world, int64_t num_batches,
+                                                const torch::Tensor& local, const std::vector<int64_t>& sizes,
+                                                const char* what);
+
 class EvalAccumulator {
  public:
   /// An evaluation of `num_batches` batches on this rank's share of them.
@@ -90,8 +99,6 @@ class EvalAccumulator {
 
   LOOM_INLINE void flush();
   LOOM_INLINE torch::Tensor collect(Stream& stream);
-  LOOM_INLINE torch::Tensor gather_batches(const torch::Tensor& local, const std::vector<int64_t>& sizes,
-                                           const char* what);
 
   const TrainingArguments* args_;
   dist::World world_;

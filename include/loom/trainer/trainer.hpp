@@ -11,6 +11,9 @@
 // transformers.Trainer._inner_training_loop; docs/semantics.md lists where loom differs. The
 // work that does not depend on those types is done by components, each owning its state and
 // its part of a checkpoint:
+//   accelerator.hpp     the parts a step needs, public for hand-written loops (HF's
+//                       Accelerate): engine, precision, optimizer step, checkpointer, the
+//                       run's state; the Trainer derives from loom::Accelerator privately
 //   startup.hpp         arguments against policies, world, device, process group
 //   loop_state.hpp      the run's plan and the loop's loss totals (loop_state.json)
 //   optimizer_step.hpp  optimizer sharding and unscale -> clip -> step -> skip bookkeeping
@@ -49,6 +52,7 @@
 #include <loom/precision/fp16.hpp>
 #include <loom/precision/fp32.hpp>
 #include <loom/schedule/from_args.hpp>
+#include <loom/trainer/accelerator.hpp>
 #include <loom/trainer/batch_size_finder.hpp>
 #include <loom/trainer/best_model.hpp>
 #include <loom/trainer/checkpointer.hpp>
@@ -77,9 +81,6 @@
 #include <vector>
 
 namespace loom {
-
-/// Seeds torch's CPU and CUDA generators (HF's set_seed).
-inline void set_seed(int64_t seed) { torch::manual_seed(static_cast<uint64_t>(seed)); }
 
 /// Given instead of a training dataset: a Trainer for evaluate() and predict() only (HF's
 /// Trainer without train_dataset). train() then fails with a loom::Error.
@@ -160,7 +161,8 @@ std::vector<int64_t> example_lengths(const D& dataset, const std::string& column
 /// The Trainer. Derived: your subclass (CRTP) or void; Model: a torch::nn module holder;
 /// Policies: tags from loom::sharding, loom::precision, loom::schedule, loom::Callbacks<...>.
 template <class Derived, class Model, class... Policies>
-class Trainer {
+class Trainer : private Accelerator<typename PolicyBundle<Policies...>::sharding,
+                                    typename PolicyBundle<Policies...>::precision> {
  public:
   using policies = PolicyBundle<Policies...>;
   using sharding_policy = typename policies::sharding;
@@ -173,6 +175,8 @@ class Trainer {
   using sharding_type = dist::ShardingImpl<sharding_policy>;
   /// This base class, as the hooks' dispatch calls the defaults (`self.loom_trainer::name`).
   using loom_trainer = Trainer;
+  /// The parts the Trainer is built from (trainer/accelerator.hpp): accelerator().
+  using accelerator_type = Accelerator<sharding_policy, precision_policy>;
 
   /// A trainer without datasets: evaluate(dataset) and predict(dataset) only.
   Trainer(TrainingArguments args, Model model) : args_(std::move(args)), model_(std::move(model)) {
@@ -205,6 +209,8 @@ class Trainer {
 
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
+  // The engine unhooks the model's parameters: it goes first, while model_ lives.
+  ~Trainer() { this->release(); }
 
   // ---- hooks: override in the subclass; call these as Trainer::name(...) for the default ---
 
@@ -269,11 +275,7 @@ class Trainer {
   /// Backpropagates `loss` through the precision policy (fp16: the scaled loss). Call this
   /// instead of loss.backward() in a training_step override: the sharding engine sees the
   /// loss first (--ddp_find_unused_parameters).
-  void backward(const torch::Tensor& loss) {
-    const torch::Tensor scaled = precision_->scale_loss(loss);
-    engine_->before_backward(scaled);
-    scaled.backward();
-  }
+  using accelerator_type::backward;
 
   /// Items a batch contributes to the loss normalization (default: its rows).
   template <class Batch>
@@ -486,7 +488,7 @@ class Trainer {
   /// The control flags.
   [[nodiscard]] TrainerControl& control() { return control_; }
   /// The device the model lives on.
-  [[nodiscard]] const torch::Device& device() const { return device_; }
+  using accelerator_type::device;
   /// True on the process of global rank 0 (the one that writes shared files).
   [[nodiscard]] bool is_world_process_zero() const { return state_.is_world_process_zero; }
   /// True on the process of local rank 0 of each node.
@@ -564,21 +566,21 @@ class Trainer {
   /// What callbacks receive as HF's keyword arguments, as of now.
   [[nodiscard]] const CallbackArgs& callback_args() const { return kwargs_; }
   /// The precision policy's state (fp16: the loss scaler).
-  [[nodiscard]] precision_type& precision() { return *precision_; }
+  using accelerator_type::precision;
   /// Optimizer steps the fp16 scaler skipped in the last train().
-  [[nodiscard]] int64_t skipped_steps() const { return steps_->skipped_steps(); }
+  using accelerator_type::skipped_steps;
   /// This process's place in the job (torchrun's environment; one process without it).
-  [[nodiscard]] const dist::World& world() const { return world_; }
+  using accelerator_type::world;
   /// The sharding engine (its process group: sharding().comm(), null for NoShard).
-  [[nodiscard]] dist::Engine& sharding() { return *engine_; }
+  using accelerator_type::sharding;
   /// Bytes this rank holds for parameters, gradients and optimizer state, measured after the
   /// first optimizer step of the last train() (zero before).
-  [[nodiscard]] const dist::StateBytes& model_state_bytes() const { return steps_->state_bytes(); }
+  using accelerator_type::model_state_bytes;
   /// The optimizer (after train() created it).
-  [[nodiscard]] optim::Optimizer& optimizer() {
-    check(steps_->has_optimizer(), "the optimizer is created by train()");
-    return steps_->optimizer();
-  }
+  using accelerator_type::optimizer;
+  /// The parts this Trainer is built from, as a hand-written loop uses them (HF's
+  /// trainer.accelerator): its engine, precision, optimizer step and checkpoint writer.
+  [[nodiscard]] accelerator_type& accelerator() { return *this; }
 
  protected:
   /// The object hooks are called on: the subclass, or this Trainer when Derived is void.
@@ -590,6 +592,15 @@ class Trainer {
  private:
   using Self = std::conditional_t<std::is_void_v<Derived>, Trainer, Derived>;
   using datasets_type = detail::Datasets<Self, Model>;
+  using accelerator_type::checkpointer_;
+  using accelerator_type::device_;
+  using accelerator_type::engine_;
+  using accelerator_type::loop_;
+  using accelerator_type::precision_;
+  using accelerator_type::settle_skip;
+  using accelerator_type::state_;
+  using accelerator_type::steps_;
+  using accelerator_type::world_;
   // Lazily evaluated so Derived is complete; the parameter only delays instantiation.
   template <class Delay = void>
   using batch_type = typename detail::batch_type_of<std::conditional_t<true, Self, Delay>, Model>::type;
@@ -643,8 +654,7 @@ class Trainer {
     static_assert(schedule::Schedule<scheduler_type>,
                   "loom: the scheduler does not provide the Schedule interface (schedule/schedule_decl.hpp)");
     if (!data_) data_ = std::make_unique<datasets_type>();
-    auto up = start_up(args_, {sharding_policy::name, precision_policy::name, precision_policy::type_name,
-                               schedule_policy::name, sharding_type::uses_comm}, !data_->eval.empty());
+    auto up = start_up(args_, accelerator_type::compiled_policies(schedule_policy::name), !data_->eval.empty());
     if constexpr (!std::is_same_v<Train, NoTrainDataset> && known) {
       if (args_.train_sampling_strategy == "group_by_length")
         train_lengths_ = std::make_shared<const std::vector<int64_t>>(
@@ -657,33 +667,9 @@ class Trainer {
           "on the module, applied to the token embeddings in forward (core/neftune.hpp; loom's GPT-2 and BERT "
           "have it)");
     if constexpr (known) check_label_names<Batch>();
-    world_ = up.world;
-    device_ = up.device;
-    state_.is_world_process_zero = world_.is_main();
-    state_.is_local_process_zero = world_.is_local_main();
-    precision_.emplace(args_, device_);
-    set_seed(args_.seed);
-    // ddp_find_unused_parameters unset is off, not HF's rule (on unless gradient checkpointing):
-    // its per-step all-reduce measured 0.7-4.6 % of a step on the CPU (docs/semantics.md).
-    engine_ = dist::make_engine(sharding_type::kind, std::move(up.comm),
-                                {.bucket_cap_mb = static_cast<double>(args_.ddp_bucket_cap_mb.value_or(25)),
-                                 .find_unused_parameters = args_.ddp_find_unused_parameters.value_or(false)});
-    checkpointer_.emplace(args_, world_, *engine_, detail::module_of(model_));
-    if (args_.model_name_or_path) checkpointer_->load_pretrained(*args_.model_name_or_path);
-    detail::module_of(model_).to(device_);
-    // HF's gradient_checkpointing_enable: every unit / Checkpointed block recomputes in backward.
-    if (args_.gradient_checkpointing)
-      check(dist::enable_gradient_checkpointing(detail::module_of(model_)) > 0,
-            "--gradient_checkpointing needs blocks wrapped in loom::FullShardUnit or loom::Checkpointed");
-    engine_->setup(detail::module_of(model_));
-    steps_.emplace(*engine_, device_, sharding_type::owns_grads);
-    // DDP's broadcast_buffers (HF's ddp_broadcast_buffers, default on) for the policies that
-    // keep a whole replica of the model on every rank.
-    constexpr bool replicated = sharding_type::kind == dist::EngineKind::ddp ||
-                                sharding_type::kind == dist::EngineKind::zero1 ||
-                                sharding_type::kind == dist::EngineKind::zero2;
-    sync_buffers_ = replicated && world_.size > 1 && args_.ddp_broadcast_buffers.value_or(true) &&
-                    !detail::module_of(model_).buffers().empty();
+    accelerator_type::start(args_, std::move(up));  // world, device, precision, seed, engine
+    // checkpointer, --model_name_or_path, device, --gradient_checkpointing, engine set-up
+    this->prepare_module(detail::module_of(model_));
     kwargs_.model = &detail::module_of(model_);
     add_reporters();
     fire<event::on_init_end>();
@@ -712,26 +698,6 @@ class Trainer {
     }
   }
 
-  // The parts of a checkpoint that the policies and the loop own.
-  std::vector<JsonPart> checkpoint_parts() {
-    return {json_part("scheduler.json", *scheduler_), json_part("scaler.json", *precision_),
-            JsonPart{"loop_state.json",
-                     [this] {
-                       auto j = loop_.state_dict(args_.logging_nan_inf_filter);
-                       j["skipped_steps"] = steps_->skipped_steps();
-                       // The batch layout, for the resume warning.
-                       j["per_device_train_batch_size"] = args_.per_device_train_batch_size;
-                       j["gradient_accumulation_steps"] = args_.gradient_accumulation_steps;
-                       j["world_size"] = world_.size;
-                       return j;
-                     },
-                     [this](const nlohmann::json& j) {
-                       loop_.load_state_dict(j);
-                       steps_->set_skipped_steps(json::Fields(j, "").integer("skipped_steps", 0));
-                       resumed_loop_state_ = j;
-                     }}};
-  }
-
   template <class Batch>
   TrainOutput train_impl() {
     auto loader = call_hook<hook::get_train_dataloader>(self());
@@ -743,23 +709,18 @@ class Trainer {
     auto optimizer = call_hook<hook::create_optimizer>(self());
     scheduler_.emplace(call_hook<hook::create_scheduler>(self(), plan.max_steps));
     auto& module = detail::module_of(model_);
-    steps_->reset(std::move(optimizer), *scheduler_, module.parameters());
+    this->prepare_optimizer(std::move(optimizer), *scheduler_);  // resets the loop's totals too
     module.train();
     kwargs_.optimizer = &steps_->optimizer();
     kwargs_.lr_scheduler = &*scheduler_;
     train_loader_info_ = {loader.size(), loader.num_examples(), loader.batch_size()};
     kwargs_.train_dataloader = &train_loader_info_;
 
-    loop_ = LoopState{};
     last_saved_step_ = -1;
-    if (world_.size > 1) loop_.tr_loss.set_reducer([this](torch::Tensor& t) { engine_->all_reduce(t, "the loss all-reduce"); });
     int64_t epochs_trained = 0, batches_to_skip = 0;
     record_callback_states();  // HF's TrainerState(stateful_callbacks=...) at the start of training
     if (auto resume = checkpointer_->resume_dir()) {
-      checkpointer_->load(*resume, state_, *steps_, checkpoint_parts());
-      const auto warning = resume_warning(resumed_loop_state_, args_, world_.size, state_.global_step);
-      if (!warning.empty() && world_.is_main() && log_enabled(LogLevel::warning))
-        std::fprintf(stderr, "%s\n", warning.c_str());
+      this->load_state(*resume);
       if (args_.restore_callback_states_from_checkpoint) {
         callbacks_.load_states(state_.stateful_callbacks);
         if (state_.stateful_callbacks.contains("TrainerControl"))
@@ -809,30 +770,23 @@ class Trainer {
           loop_.items_seen += items.back();
         }
         // Distributed: each rank's gradients are scaled by its share of the group's items.
-        engine_->begin_group(group_items, device_);
+        this->begin_accumulation(group_items);
         for (int64_t i = 0; i < count; ++i) {
           ++step;
           if (step % ga == 0) fire<event::on_step_begin>();
           const double divisor = group_items > 0 ? static_cast<double>(group_items) / static_cast<double>(items[i])
                                                  : static_cast<double>(count);
-          engine_->begin_micro_step(i + 1 == count);
-          if (sync_buffers_) broadcast_buffers(*engine_->comm(), detail::module_of(model_));
+          this->begin_micro_step(i + 1 == count);
           torch::Tensor loss_step = call_hook<hook::training_step>(self(), model_, group[i], divisor);
-          engine_->after_backward();
+          this->end_micro_step();
           if (engine_->item_factor().defined()) loss_step = loss_step * engine_->item_factor();
           loop_.tr_loss.add(loss_step, state_.global_step - loop_.last_logged);
           if (i + 1 == count) {
-            const auto& params = steps_->params();
-            precision_->unscale(params);
-            grad_norm = steps_->clip(params, precision_->found_inf(), args_.max_grad_norm);
+            grad_norm = this->clip_grad_norm(args_.max_grad_norm);  // unscale, clip
             fire<event::on_pre_optimizer_step>();
-            settle_skip();
-            last_lr = scheduler_->current_lr();
-            steps_->step(last_lr, precision_->found_inf());
+            last_lr = this->optimizer_step();
             fire<event::on_optimizer_step>();
-            precision_->update();
-            steps_->after_update(precision_->found_inf());
-            steps_->finish();
+            this->finish_step();  // scaler update, scheduler, zero_grad
             state_.global_step += 1;
             state_.epoch = static_cast<double>(epoch) + static_cast<double>(step + 1) / static_cast<double>(len);
             fire<event::on_step_end>();
@@ -878,15 +832,6 @@ class Trainer {
     return out;
   }
 
-  // Reads the last step's fp16 skip flag (OptimizerStep::settle_skip); after a skipped step,
-  // checks that the loss scale has not collapsed (a host read, on skipped steps only).
-  void settle_skip() {
-    const int64_t before = steps_->skipped_steps();
-    steps_->settle_skip();
-    if constexpr (precision::ScalesLoss<precision_type>)
-      if (steps_->skipped_steps() != before) precision_->check_scale_floor(steps_->skipped_steps(), state_.global_step);
-  }
-
   // Fires `Event` on every callback with HF's keyword arguments (and the event's extra).
   template <class Event, class... X>
   void fire(const X&... x) {
@@ -925,7 +870,7 @@ class Trainer {
     if (world_.size > 1) {
       auto t = torch::full({1}, delta, torch::TensorOptions().dtype(torch::kLong).device(device_));
       engine_->all_reduce(t, "the input-token all-reduce");
-      delta = t.cpu().item<int64_t>();
+      delta = t.cpu().template item<int64_t>();
     }
     state_.num_input_tokens_seen += delta;
   }
@@ -971,7 +916,7 @@ class Trainer {
     steps_->settle_skip();
     best_.before_save(state_);
     record_callback_states();
-    checkpointer_->save(state_, *steps_, checkpoint_parts());
+    accelerator_type::save_state();
     last_saved_step_ = state_.global_step;
     fire<event::on_save>();
   }
@@ -1088,26 +1033,16 @@ class Trainer {
 
   TrainingArguments args_;
   Model model_;
-  dist::World world_;
-  torch::Device device_{torch::kCPU};
-  std::unique_ptr<dist::Engine> engine_;  // after model_: destroyed first, it unhooks the model's parameters
-  TrainerState state_;
   TrainerControl control_;
   callbacks_type callbacks_;
   std::unique_ptr<datasets_type> data_;
-  std::optional<precision_type> precision_;
   std::optional<scheduler_type> scheduler_;
-  std::optional<OptimizerStep> steps_;  // after engine_: its optimizer steps views of the engine's storage
-  std::optional<Checkpointer> checkpointer_;
   BestModel best_{args_};
-  LoopState loop_;
   bool in_train_ = false;
   int64_t last_saved_step_ = -1;  // global_step of the last checkpoint this run saved
-  nlohmann::json resumed_loop_state_;  // the checkpoint's loop_state.json, for the resume warning
   CallbackArgs kwargs_;                 // what callbacks get as HF's keyword arguments
   std::vector<std::string> label_names_;  // --label_names as a list
   std::shared_ptr<const std::vector<int64_t>> train_lengths_;  // group_by_length: each training example's length
-  bool sync_buffers_ = false;             // broadcast rank 0's buffers before each training forward
   int64_t tokens_pending_ = 0;            // input tokens counted on this rank since the last sync_tokens
   int64_t tokens_at_start_ = 0;           // num_input_tokens_seen when this train() began (resumed runs)
   std::chrono::steady_clock::time_point train_start_{};

@@ -85,7 +85,7 @@ LOOM_INLINE torch::Tensor EvalAccumulator::collect(Stream& stream) {
   torch::Tensor local = pad_and_concatenate(std::move(stream.host), -100, stream.what);
   stream.host.clear();
   if (world_.size == 1) return local;
-  return gather_batches(local, stream.rows, stream.what);
+  return gather_in_batch_order(*engine_, world_, num_batches_, local, stream.rows, stream.what);
 }
 
 LOOM_INLINE PredictResult EvalAccumulator::finish() {
@@ -130,14 +130,11 @@ LOOM_INLINE Metrics EvalAccumulator::metrics(Metrics raw, const std::string& pre
   return metrics;
 }
 
-// Every rank's part of a per-batch result, back in batch order. `local` is this rank's
-// batches r, r+W, ... concatenated along dim 0 (dim 1 padded to this rank's widest), `sizes`
-// their dim-0 sizes. Ranks may differ in dim 1 (padded with -100 to the widest of all, as
-// accelerate's pad_across_processes), not in the other dims nor in dtype.
-LOOM_INLINE torch::Tensor EvalAccumulator::gather_batches(const torch::Tensor& local,
-                                                          const std::vector<int64_t>& sizes, const char* what) {
-  auto* comm = engine_->comm();
-  const int64_t world = world_.size, rank = world_.rank, nb = num_batches_;
+LOOM_INLINE torch::Tensor gather_in_batch_order(dist::Engine& engine, const dist::World& world_info,
+                                                int64_t num_batches, const torch::Tensor& local,
+                                                const std::vector<int64_t>& sizes, const char* what) {
+  auto* comm = engine.comm();
+  const int64_t world = world_info.size, rank = world_info.rank, nb = num_batches;
   constexpr int64_t kMeta = 10;  // has data, dims, 7 trailing sizes, dtype + 1
   auto meta = torch::zeros({nb + world * kMeta}, torch::TensorOptions().dtype(torch::kLong));
   int64_t* m = meta.data_ptr<int64_t>();
@@ -152,7 +149,7 @@ LOOM_INLINE torch::Tensor EvalAccumulator::gather_batches(const torch::Tensor& l
     row[9] = static_cast<int64_t>(local.scalar_type()) + 1;
   }
   auto on_device = meta.to(comm->device());
-  engine_->all_reduce(on_device, "the prediction-shape all-reduce");
+  engine.all_reduce(on_device, "the prediction-shape all-reduce");
   meta = on_device.cpu();
   m = meta.data_ptr<int64_t>();
   int64_t ref = -1, width = 0;

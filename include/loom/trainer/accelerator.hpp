@@ -1,0 +1,351 @@
+#pragma once
+// loom::Accelerator: the parts of the training loop a hand-written loop needs (HF's
+// Accelerate), and the parts the Trainer itself is built from.
+//
+//   loom::Accelerator<loom::sharding::Zero2, loom::precision::BF16> acc(args);
+//   acc.prepare_model(*model);
+//   acc.prepare_optimizer(loom::optim::make_optimizer(acc.args(), *model), scheduler);
+//   auto loader = acc.prepare_train_loader<Batch>(dataset);
+//   acc.load_state();                                    // --resume_from_checkpoint, if given
+//   ... acc.begin_accumulation(items); acc.begin_micro_step(last);
+//       { auto autocast = acc.autocast(); loss = ...; }  acc.backward(loss); acc.end_micro_step();
+//       acc.clip_grad_norm(args.max_grad_norm); acc.step(); ++acc.state().global_step;
+//   acc.save_state();                                    // output_dir/checkpoint-<global_step>
+//
+// AcceleratorBase is the non-template part (compiled once into loom::compiled): the process's
+// place in the job, the sharding engine (dist::Engine), the optimizer step sequence
+// (OptimizerStep), the checkpoint writer (Checkpointer) and the run's TrainerState and loss
+// totals. Accelerator<Policies...> adds the precision policy: autocast, loss scaling and the
+// fp16 skip. The checkpoint folders are the Trainer's, file for file, so a run can stop under
+// one and resume under the other. docs/api.md maps Accelerate's calls to these.
+
+#include <loom/checkpoint/folders.hpp>
+#include <loom/config/inline.hpp>
+#include <loom/config/training_arguments.hpp>
+#include <loom/core/error.hpp>
+#include <loom/core/state.hpp>
+#include <loom/data/dataloader.hpp>
+#include <loom/distributed/engine.hpp>
+#include <loom/distributed/env.hpp>
+#include <loom/optim/optimizer.hpp>
+#include <loom/policy/bundle.hpp>
+#include <loom/precision/bf16.hpp>
+#include <loom/precision/fp16.hpp>
+#include <loom/precision/fp32.hpp>
+#include <loom/schedule/schedule_decl.hpp>
+#include <loom/trainer/checkpointer.hpp>
+#include <loom/trainer/loop_state.hpp>
+#include <loom/trainer/optimizer_step.hpp>
+#include <loom/trainer/startup.hpp>
+#include <loom/distributed/sharding.hpp>
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace loom {
+
+/// Seeds torch's CPU and CUDA generators (HF's set_seed).
+inline void set_seed(int64_t seed) { torch::manual_seed(static_cast<uint64_t>(seed)); }
+
+/// The non-template part of an Accelerator (see the file comment). Not constructed directly:
+/// make an Accelerator<Policies...>.
+class AcceleratorBase {
+ public:
+  AcceleratorBase(const AcceleratorBase&) = delete;
+  AcceleratorBase& operator=(const AcceleratorBase&) = delete;
+  virtual ~AcceleratorBase() = default;
+
+  // ---- the process ---------------------------------------------------------------------
+
+  /// The arguments, validated and finalized.
+  [[nodiscard]] const TrainingArguments& args() const { return *run_args_; }
+  /// This process's place in the job (torchrun's environment; one process without it).
+  [[nodiscard]] const dist::World& world() const { return world_; }
+  /// The device the model lives on.
+  [[nodiscard]] const torch::Device& device() const { return device_; }
+  /// Global rank 0 (HF's is_main_process): the process that writes shared files.
+  [[nodiscard]] bool is_main_process() const { return world_.is_main(); }
+  /// Local rank 0 of each node (HF's is_local_main_process).
+  [[nodiscard]] bool is_local_main_process() const { return world_.is_local_main(); }
+  /// Processes in the job (HF's num_processes).
+  [[nodiscard]] int num_processes() const { return world_.size; }
+  /// This process's global rank (HF's process_index).
+  [[nodiscard]] int process_index() const { return world_.rank; }
+  /// The sharding engine (its process group: sharding().comm(), null for NoShard).
+  [[nodiscard]] dist::Engine& sharding() { return *engine_; }
+
+  /// The run's progress (global_step, epoch, log_history): trainer_state.json in a checkpoint.
+  [[nodiscard]] TrainerState& state() { return state_; }
+  [[nodiscard]] const TrainerState& state() const { return state_; }
+  /// The loop's loss totals (loop_state.json in a checkpoint).
+  [[nodiscard]] LoopState& loop() { return loop_; }
+
+  // ---- prepare ---------------------------------------------------------------------------
+
+  /// Loads --model_name_or_path's weights, moves the model to the device, switches on
+  /// --gradient_checkpointing and hands it to the sharding engine (broadcast from rank 0,
+  /// flattened, gradient hooks). Once, before prepare_optimizer. `model`: a module holder
+  /// (torch::nn::Linear, a TORCH_MODULE) or a shared_ptr to a module; the Accelerator keeps
+  /// the module alive as long as its engine's hooks are on it.
+  template <class Holder>
+    requires requires(Holder& h) { std::shared_ptr<torch::nn::Module>(h.ptr()); }
+  void prepare_model(Holder& model) {
+    prepare_model(std::shared_ptr<torch::nn::Module>(model.ptr()));
+  }
+  void prepare_model(std::shared_ptr<torch::nn::Module> module) {
+    check(module != nullptr, "prepare_model was given no module");
+    module_owner_ = module;
+    prepare_module(*module);
+  }
+  /// Takes the optimizer (over the prepared module's parameters, e.g. optim::make_optimizer)
+  /// and the scheduler it follows; when the policy shards the optimizer, rebuilds it over this
+  /// rank's pieces. Resets the step counters and the loss totals.
+  template <schedule::Schedule S>
+  void prepare_optimizer(optim::Optimizer optimizer, S& scheduler) {
+    current_lr_ = [&scheduler] { return scheduler.current_lr(); };
+    prepare_optimizer(std::move(optimizer), static_cast<schedule::LRSchedulerBase&>(scheduler));
+  }
+  /// The optimizer this rank steps (after prepare_optimizer).
+  [[nodiscard]] LOOM_INLINE optim::Optimizer& optimizer();
+
+  /// Training batches for this rank, as the Trainer reads them: seeded shuffle (--data_seed,
+  /// else --seed; reshuffled per epoch by set_epoch), --per_device_train_batch_size,
+  /// --dataloader_drop_last, rank r reading batches r, r+W, ... of each epoch's order.
+  template <class Batch>
+  [[nodiscard]] data::DataLoader<Batch> prepare_train_loader(data::AnyDataset<Batch> dataset) const {
+    const int64_t seed = run_args_->data_seed.value_or(run_args_->seed);
+    data::Sampler sampler = data::RandomSampler{seed};
+    if (run_args_->train_sampling_strategy == "sequential") sampler = data::SequentialSampler{};
+    return data::DataLoader<Batch>(std::move(dataset), run_args_->per_device_train_batch_size,
+                                   run_args_->dataloader_drop_last, sampler, data::Shard{world_.rank, world_.size});
+  }
+  /// Evaluation batches, in order, --per_device_eval_batch_size, nothing dropped; every rank
+  /// holds every batch and evaluates those eval_batches() gives it.
+  template <class Batch>
+  [[nodiscard]] data::DataLoader<Batch> prepare_eval_loader(data::AnyDataset<Batch> dataset) const {
+    return data::DataLoader<Batch>(std::move(dataset), run_args_->per_device_eval_batch_size, false,
+                                   data::SequentialSampler{});
+  }
+  /// This rank's evaluation batches, one entry per round: in round k rank r evaluates batch
+  /// k * W + r; none in a last round with fewer batches than ranks. gather_for_metrics once per
+  /// round puts every rank's results back in batch order.
+  [[nodiscard]] LOOM_INLINE std::vector<std::optional<int64_t>> eval_batches(int64_t num_batches) const;
+
+  // ---- gradient accumulation ---------------------------------------------------------------
+
+  /// An accumulation group (the micro-batches of one optimizer step) starts; `local_items`:
+  /// the items (num_items: rows, or tokens for token losses) this rank's micro-batches hold.
+  /// Under a sharding policy each rank's gradient is weighted by its share of the group's
+  /// items (item_factor), as HF weights by num_items_in_batch.
+  LOOM_INLINE void begin_accumulation(int64_t local_items);
+  /// Before a micro-batch's forward; gradients are communicated after the `last` one only
+  /// (DDP's no_sync on the others). Under DDP / ZeRO, rank 0's buffers are broadcast first
+  /// (--ddp_broadcast_buffers).
+  LOOM_INLINE void begin_micro_step(bool last);
+  /// After the micro-batch's backward: the engine reduces what must be reduced.
+  LOOM_INLINE void end_micro_step();
+  /// This rank's share of the group's items, on the device (undefined in a world of one): the
+  /// Trainer multiplies each micro-step's loss by it before summing the logged loss over ranks.
+  [[nodiscard]] const torch::Tensor& item_factor() const { return engine_->item_factor(); }
+
+  // ---- collectives -----------------------------------------------------------------------
+
+  /// `t` summed over ranks (a copy; `t` itself in a world of one). Every rank calls it.
+  [[nodiscard]] LOOM_INLINE torch::Tensor reduce_sum(const torch::Tensor& t);
+  /// Every rank's `t` of this evaluation round concatenated along dim 0 in batch order (rank
+  /// 0's batch, rank 1's, ...): HF's gather_for_metrics. A rank without a batch in the last
+  /// round passes an undefined tensor, which adds nothing (no padding to drop); dim 1 may
+  /// differ between ranks and is padded with -100. Every rank calls it. Several ranks: the
+  /// result is on the CPU; one rank: `t` itself.
+  [[nodiscard]] LOOM_INLINE torch::Tensor gather_for_metrics(const torch::Tensor& t);
+  /// Around an evaluation (forward passes without backward): FullShard gathers each unit's
+  /// parameters for the forward and frees them after, without waiting for a backward. Under
+  /// FullShard every forward is a collective: a rank without a batch in a round runs a
+  /// forward on any batch and drops its result (Accelerator<...>::forward_is_collective).
+  void begin_evaluation() { engine_->begin_forward_only(); }
+  void end_evaluation() { engine_->end_forward_only(); }
+  /// Waits until every rank reaches this point (HF's wait_for_everyone).
+  LOOM_INLINE void wait_for_everyone();
+
+  // ---- checkpoints ---------------------------------------------------------------------------
+
+  /// A JSON part of every checkpoint (file name, save, load): HF's register_for_checkpointing.
+  void register_for_checkpointing(JsonPart part) { extra_parts_.push_back(std::move(part)); }
+  /// Writes output_dir/checkpoint-<state().global_step>: the Trainer's format, file for file
+  /// (weights gathered, this rank's optimizer shard, scheduler.json, scaler.json,
+  /// loop_state.json, RNG states, trainer_state.json, training_args.json), atomically, with
+  /// --save_total_limit rotation. Every rank calls it. Returns the folder.
+  LOOM_INLINE std::filesystem::path save_state();
+  /// The folder --resume_from_checkpoint names ("latest": the newest complete checkpoint in
+  /// output_dir); none when it is not given.
+  [[nodiscard]] LOOM_INLINE std::optional<std::filesystem::path> resume_dir();
+  /// Restores the checkpoint of --resume_from_checkpoint, if given: weights, this rank's
+  /// optimizer state (resharded to this world and policy), scheduler, scaler, loss totals,
+  /// RNG states and state()'s progress. Returns the folder, none when there was nothing to load.
+  LOOM_INLINE std::optional<std::filesystem::path> load_state();
+  /// The same from `dir`, a checkpoint folder written by save_state or by a Trainer.
+  LOOM_INLINE void load_state(const std::filesystem::path& dir);
+  /// Writes the model to `dir`: model.safetensors (gathered from every rank), training_args.json
+  /// and, when `config` is not null, config.json (HF's save_model). Every rank calls it.
+  void save_model(const std::filesystem::path& dir, const nlohmann::json& config = nullptr) {
+    check(checkpointer_.has_value(), "save_model needs the model: call prepare_model first");
+    checkpointer_->save_model(dir, config);
+  }
+  /// The checkpoint's loop_state.json after the last load_state (empty before).
+  [[nodiscard]] const nlohmann::json& resumed_loop_state() const { return resumed_loop_state_; }
+
+  /// fp16 optimizer steps the loss scaler skipped since prepare_optimizer.
+  [[nodiscard]] int64_t skipped_steps() const { return steps_ ? steps_->skipped_steps() : 0; }
+  /// Bytes this rank holds for parameters, gradients and optimizer state, measured after the
+  /// first optimizer step (zero before).
+  [[nodiscard]] const dist::StateBytes& model_state_bytes() const {
+    static const dist::StateBytes none;
+    return steps_ ? steps_->state_bytes() : none;
+  }
+
+ protected:
+  AcceleratorBase() = default;
+
+  /// prepare_optimizer's non-template part (current_lr_ set by the caller).
+  LOOM_INLINE void prepare_optimizer(optim::Optimizer optimizer, schedule::LRSchedulerBase& scheduler);
+  /// prepare_model for a module whose owner outlives the engine (the Trainer's model, which
+  /// calls release() first).
+  LOOM_INLINE void prepare_module(torch::nn::Module& module);
+  /// Drops the checkpointer, the optimizer step and the engine, in that order (the engine
+  /// unhooks the module's parameters): the Trainer's destructor calls it while the model lives.
+  void release() {
+    checkpointer_.reset();
+    steps_.reset();
+    engine_.reset();
+  }
+  /// After start_up: the world, the device and the engine for `kind`; seeds the generators.
+  /// `args` must outlive this object.
+  LOOM_INLINE void start(TrainingArguments& args, Startup up, dist::EngineKind kind, bool engine_owns_grads);
+  /// The checkpoint's JSON parts: scheduler.json, scaler.json, loop_state.json, then the
+  /// registered ones.
+  LOOM_INLINE std::vector<JsonPart> checkpoint_parts();
+  /// The precision policy's part (scaler.json), set by Accelerator<...>.
+  JsonPart precision_part_;
+
+  TrainingArguments* run_args_ = nullptr;
+  std::unique_ptr<TrainingArguments> own_args_;  // an Accelerator made from arguments owns them
+  dist::World world_;
+  torch::Device device_{torch::kCPU};
+  std::shared_ptr<torch::nn::Module> module_owner_;  // before engine_: outlives the engine's hooks
+  std::unique_ptr<dist::Engine> engine_;
+  torch::nn::Module* module_ = nullptr;
+  schedule::LRSchedulerBase* scheduler_ptr_ = nullptr;
+  std::function<double()> current_lr_;  // the prepared scheduler's current_lr
+  std::optional<OptimizerStep> steps_;  // after engine_: its optimizer steps views of the engine's storage
+  std::optional<Checkpointer> checkpointer_;
+  TrainerState state_;
+  LoopState loop_;
+  dist::EngineKind kind_ = dist::EngineKind::none;
+  bool engine_owns_grads_ = false;
+  bool sync_buffers_ = false;  // broadcast rank 0's buffers before each training forward
+  nlohmann::json resumed_loop_state_;
+  std::vector<JsonPart> extra_parts_;
+};
+
+/// The Accelerator for a sharding and a precision tag (loom::sharding::*, loom::precision::*;
+/// defaults NoShard and FP32), checked by the same concepts as the Trainer's.
+template <class... Policies>
+class Accelerator : public AcceleratorBase {
+ public:
+  using policies = PolicyBundle<Policies...>;
+  using sharding_policy = typename policies::sharding;
+  using precision_policy = typename policies::precision;
+  using precision_type = precision::PrecisionImpl<precision_policy>;
+  using sharding_type = dist::ShardingImpl<sharding_policy>;
+  /// Every forward is a collective under this policy (FullShard): in evaluation, a rank
+  /// without a batch still runs one.
+  static constexpr bool forward_is_collective = sharding_type::forward_is_collective;
+
+  static_assert(dist::ShardingEngine<sharding_type>,
+                "loom: the sharding policy's ShardingImpl lacks kind, uses_comm, owns_grads or forward_is_collective");
+  static_assert(precision::PrecisionPolicy<precision_type>,
+                "loom: the precision policy's PrecisionImpl does not provide the PrecisionPolicy interface");
+
+  /// Checks `args` against the policies (--bf16 / --fp16 / --sharding follow them, as for the
+  /// Trainer), joins the job (torchrun's variables) and seeds the generators with --seed.
+  explicit Accelerator(TrainingArguments args) {
+    own_args_ = std::make_unique<TrainingArguments>(std::move(args));
+    auto up = start_up(*own_args_, compiled_policies(""), /*has_eval_dataset=*/true);
+    start(*own_args_, std::move(up));
+  }
+
+  /// Autocast for the forward and the loss (bf16, fp16; nothing under fp32).
+  [[nodiscard]] precision::Autocast autocast() const { return precision_->autocast(); }
+  /// Backpropagates `loss` through the precision policy (fp16: the scaled loss); the engine
+  /// sees the loss first (--ddp_find_unused_parameters). Call end_micro_step after it.
+  void backward(const torch::Tensor& loss) {
+    const torch::Tensor scaled = precision_->scale_loss(loss);
+    engine_->before_backward(scaled);
+    scaled.backward();
+  }
+  /// Unscales the gradients (fp16) and clips them to a global norm of `max_norm` over every
+  /// rank's part (0: no clipping, the norm only). Returns the norm (a device scalar).
+  torch::Tensor clip_grad_norm(double max_norm) {
+    const auto& params = steps_->params();
+    precision_->unscale(params);
+    return steps_->clip(params, precision_->found_inf(), max_norm);
+  }
+  /// The optimizer step at the scheduler's learning rate, skipped on the device when fp16 found
+  /// an overflow; returns that rate. Follow it with finish_step (or call step for both).
+  double optimizer_step() {
+    settle_skip();
+    const double lr = current_lr_();
+    steps_->step(lr, precision_->found_inf());
+    return lr;
+  }
+  /// After optimizer_step: the loss scale's update, the scheduler's step (not after a skipped
+  /// fp16 step, as HF), the gradients zeroed.
+  void finish_step() {
+    precision_->update();
+    steps_->after_update(precision_->found_inf());
+    steps_->finish();
+  }
+  /// optimizer_step then finish_step; returns the learning rate used.
+  double step() {
+    const double lr = optimizer_step();
+    finish_step();
+    return lr;
+  }
+  /// The precision policy's state (fp16: the loss scaler).
+  [[nodiscard]] precision_type& precision() { return *precision_; }
+
+ protected:
+  Accelerator() = default;  // the Trainer starts it once its arguments are checked
+
+  static CompiledPolicies compiled_policies(std::string_view schedule_name) {
+    return {sharding_policy::name, precision_policy::name, precision_policy::type_name, schedule_name,
+            sharding_type::uses_comm};
+  }
+  void start(TrainingArguments& args, Startup up) {
+    precision_.emplace(args, up.device);
+    precision_part_ = json_part("scaler.json", *precision_);
+    AcceleratorBase::start(args, std::move(up), sharding_type::kind, sharding_type::owns_grads);
+  }
+  // Reads the previous step's fp16 skip flag; after a skipped step, checks that the loss
+  // scale has not collapsed (a host read, on skipped steps only).
+  void settle_skip() {
+    const int64_t before = steps_->skipped_steps();
+    steps_->settle_skip();
+    if constexpr (precision::ScalesLoss<precision_type>)
+      if (steps_->skipped_steps() != before) precision_->check_scale_floor(steps_->skipped_steps(), state_.global_step);
+  }
+
+  std::optional<precision_type> precision_;
+};
+
+}  // namespace loom
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/trainer/impl/accelerator.ipp>
+#endif
