@@ -1,0 +1,354 @@
+#pragma once
+// The Trainer's member functions defined out of the class, so that trainer.hpp reads as its
+// interface and its training loop: the defaults of the hooks that have a body of their own
+// (compute_loss, training_step, prediction_step, log), predict and save_model, start-up
+// (init), what happens between optimizer steps (logging, evaluating, saving, ReduceLROnPlateau,
+// the token count, preemption) and the evaluation loop. Included by trainer.hpp.
+
+#include <loom/trainer/trainer.hpp>
+
+#include <boost/pfr.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace loom {
+
+template <class Derived, class Model, class... Policies>
+template <class Batch>
+auto Trainer<Derived, Model, Policies...>::compute_loss(Model& model, Batch& batch) {
+  if constexpr (std::is_same_v<Batch, detail::UnknownBatch> || requires { &Self::compute_loss; }) {
+    return torch::Tensor{};  // reached only after a loom: error about the batch type or the override
+  } else if constexpr (requires { model->forward(batch); }) {
+    using R = decltype(model->forward(batch));
+    static_assert(LossResult<R>, "loom: the default compute_loss needs model->forward(batch) to return "
+                                 "a loss tensor or an aggregate with a `loss` member; override compute_loss");
+    const torch::Tensor* labels = data::field_named(batch, "labels");
+    if (args_.label_smoothing_factor == 0 || labels == nullptr || !labels->defined()) return model->forward(batch);
+    if constexpr (requires(R r) { { r.logits } -> std::convertible_to<torch::Tensor>; r.loss = torch::Tensor{}; }) {
+      using Impl = std::decay_t<decltype(*model)>;
+      constexpr bool causal = [] {
+        if constexpr (requires { bool(Impl::is_causal_lm); }) return bool(Impl::is_causal_lm);
+        else return false;
+      }();
+      const torch::Tensor target = *labels;
+      Batch unlabeled = batch;  // HF pops the labels: the model returns its logits, no loss of its own
+      constexpr auto names = boost::pfr::names_as_array<Batch>();
+      boost::pfr::for_each_field(unlabeled, [&](torch::Tensor& t, std::size_t i) {
+        if (names[i] == "labels") t = torch::Tensor();
+      });
+      R out = model->forward(unlabeled);
+      out.loss = label_smoothed_loss(out.logits, target, args_.label_smoothing_factor, causal);
+      return out;
+    } else {
+      fail("--label_smoothing_factor needs the model's forward to return its logits (an aggregate with `loss` "
+           "and `logits`, such as loom::ModelOutput), or a compute_loss override that applies it");
+      return model->forward(batch);
+    }
+  } else {
+    static_assert(dependent_false_v<Batch>, "loom: the default compute_loss calls model->forward(batch), "
+                                            "which does not exist; override compute_loss(Model&, Batch&)");
+  }
+}
+
+template <class Derived, class Model, class... Policies>
+template <class Batch>
+torch::Tensor Trainer<Derived, Model, Policies...>::training_step(Model& model, Batch& batch, double loss_divisor) {
+  torch::Tensor loss;
+  {
+    auto autocast = precision_->autocast();
+    loss = loss_of(call_hook<hook::compute_loss>(self(), model, batch));
+  }
+  check(loss.defined() && loss.numel() == 1, "compute_loss must return a scalar loss, got shape {}",
+        loss.defined() ? c10::str(loss.sizes()) : std::string("undefined"));
+  if (loss.scalar_type() != torch::kFloat) loss = loss.to(torch::kFloat);
+  if (loss_divisor != 1.0) loss = loss / loss_divisor;
+  backward(loss);
+  return loss.detach();
+}
+
+template <class Derived, class Model, class... Policies>
+template <class Batch>
+PredictionOutput Trainer<Derived, Model, Policies...>::prediction_step(Model& model, Batch& batch) {
+  torch::NoGradGuard no_grad;
+  auto autocast = precision_->autocast();
+  auto out = call_hook<hook::compute_loss>(self(), model, batch);
+  PredictionOutput p;
+  if (torch::Tensor loss = loss_of(out); loss.defined()) p.loss = loss.detach();
+  p.logits = logits_of(out);
+  std::vector<torch::Tensor> labels;
+  for (const auto& name : label_names_) {
+    const torch::Tensor* t = data::field_named(batch, name);
+    if (t == nullptr || !t->defined()) return p;
+    labels.push_back(*t);
+  }
+  if (labels.empty()) return p;
+  p.labels = labels.front();
+  if (labels.size() > 1) p.all_labels = std::move(labels);
+  return p;
+}
+
+template <class Derived, class Model, class... Policies>
+void Trainer<Derived, Model, Policies...>::log(const Metrics& logs) {
+  Metrics entry = logs;
+  entry.set("epoch", state_.epoch);
+  if (args_.include_num_input_tokens_seen != "no")
+    entry.set("num_input_tokens_seen", static_cast<double>(state_.num_input_tokens_seen));
+  state_.append_log(entry);
+  fire<event::on_log>(entry);
+}
+
+template <class Derived, class Model, class... Policies>
+template <data::Dataset D>
+PredictResult Trainer<Derived, Model, Policies...>::predict(D test_dataset, const std::string& metric_key_prefix) {
+  using Batch = batch_type<D>;
+  static_assert(std::is_same_v<data::batch_t<D>, Batch>,
+                "loom: the test dataset yields another batch type than compute_loss takes");
+  const data::AnyDataset<Batch> dataset(std::move(test_dataset));
+  auto loader = call_hook<hook::get_test_dataloader>(self(), dataset);
+  const MemoryTracker memory(metric_key_prefix, !args_.skip_memory_metrics && !in_train_, device_);
+  engine_->begin_forward_only();
+  auto result = evaluation_loop<Batch>(loader, metric_key_prefix);
+  engine_->end_forward_only();
+  memory.stop(result.metrics);
+  fire<event::on_predict>(result.metrics);
+  return result;
+}
+
+template <class Derived, class Model, class... Policies>
+void Trainer<Derived, Model, Policies...>::save_model(std::optional<std::string> output_dir) {
+  const std::filesystem::path dir(output_dir.value_or(args_.output_dir));
+  nlohmann::json config;
+  if constexpr (requires { model_->config; }) {
+    using Config = std::decay_t<decltype(model_->config)>;
+    if constexpr (std::is_aggregate_v<Config>) config = loom::to_json(model_->config);
+  }
+  checkpointer_->save_model(dir, config);
+}
+
+template <class Derived, class Model, class... Policies>
+template <class Eval>
+void Trainer<Derived, Model, Policies...>::add_eval_dataset(std::string name, Eval dataset) {
+  using Batch = batch_type<Eval>;
+  static_assert(std::is_same_v<data::batch_t<Eval>, Batch> || std::is_same_v<Batch, detail::UnknownBatch>,
+                "loom: the evaluation dataset yields another batch type than compute_loss takes");
+  if (!data_) data_ = std::make_unique<datasets_type>();
+  for (const auto& [known, unused] : data_->eval)
+    check(known != name, "two evaluation datasets are named \"{}\"", name);
+  if constexpr (std::is_same_v<data::batch_t<Eval>, Batch>)
+    data_->eval.emplace_back(std::move(name), data::AnyDataset<Batch>(std::move(dataset)));
+}
+
+template <class Derived, class Model, class... Policies>
+template <class Train>
+void Trainer<Derived, Model, Policies...>::init(Train train_dataset) {
+  using Batch = batch_type<Train>;
+  constexpr bool known = !std::is_same_v<Batch, detail::UnknownBatch>;  // else already an error
+  if constexpr (!std::is_same_v<Train, NoTrainDataset>)
+    static_assert(std::is_same_v<data::batch_t<Train>, Batch> || !known,
+                  "loom: the training dataset yields another batch type than compute_loss takes");
+  static_assert(schedule::Schedule<scheduler_type>,
+                "loom: the scheduler does not provide the Schedule interface (schedule/schedule_decl.hpp)");
+  if (!data_) data_ = std::make_unique<datasets_type>();
+  auto up = start_up(args_, accelerator_type::compiled_policies(schedule_policy::name), !data_->eval.empty());
+  if constexpr (!std::is_same_v<Train, NoTrainDataset> && known) {
+    if (args_.train_sampling_strategy == "group_by_length")
+      train_lengths_ = std::make_shared<const std::vector<int64_t>>(
+          detail::example_lengths(train_dataset, args_.length_column_name));
+    data_->train.emplace(std::move(train_dataset));
+  }
+  label_names_ = detail::label_names_of(args_);
+  check(ExposesNEFTune<Model> || !args_.neftune_noise_alpha,
+        "--neftune_noise_alpha needs a model that exposes its input embeddings' noise: `loom::NEFTune& neftune()` "
+        "on the module, applied to the token embeddings in forward (core/neftune.hpp; loom's GPT-2 and BERT "
+        "have it)");
+  if constexpr (known) check_label_names<Batch>();
+  accelerator_type::start(args_, std::move(up));  // world, device, precision, seed, engine
+  // checkpointer, --model_name_or_path, device, --gradient_checkpointing, engine set-up
+  this->prepare_module(detail::module_of(model_));
+  kwargs_.model = &detail::module_of(model_);
+  add_reporters();
+  fire<event::on_init_end>();
+}
+
+template <class Derived, class Model, class... Policies>
+void Trainer<Derived, Model, Policies...>::add_reporters() {
+  const bool all = detail::list_has(args_.report_to, "all");
+  if ((all || detail::list_has(args_.report_to, "jsonl")) && !callbacks_type::template compiled<JsonlLogger>)
+    callbacks_.add(std::make_shared<detail::ReportTo<JsonlLogger>>());
+  if ((all || detail::list_has(args_.report_to, "tensorboard")) && !callbacks_type::template compiled<TensorBoardLogger>)
+    callbacks_.add(std::make_shared<detail::ReportTo<TensorBoardLogger>>());
+}
+
+template <class Derived, class Model, class... Policies>
+template <class Batch>
+void Trainer<Derived, Model, Policies...>::check_label_names() const {
+  constexpr auto names = boost::pfr::names_as_array<Batch>();
+  for (const auto& name : label_names_) {
+    if (std::ranges::find(names, std::string_view(name)) != names.end()) continue;
+    std::string fields;
+    for (std::string_view f : names) fields += (fields.empty() ? "" : ", ") + std::string(f);
+    if (args_.label_names)
+      fail("--label_names names '{}', which is no field of the batch (its fields: {})", name, fields);
+  }
+}
+
+template <class Derived, class Model, class... Policies>
+void Trainer<Derived, Model, Policies...>::sync_tokens() {
+  if (args_.include_num_input_tokens_seen == "no") return;
+  int64_t delta = tokens_pending_;
+  tokens_pending_ = 0;
+  if (world_.size > 1) {
+    auto t = torch::full({1}, delta, torch::TensorOptions().dtype(torch::kLong).device(device_));
+    engine_->all_reduce(t, "the input-token all-reduce");
+    delta = t.cpu().template item<int64_t>();
+  }
+  state_.num_input_tokens_seen += delta;
+}
+
+template <class Derived, class Model, class... Policies>
+template <class Batch>
+void Trainer<Derived, Model, Policies...>::maybe_log_save_evaluate(const torch::Tensor& grad_norm, double lr) {
+  if (control_.should_log || control_.should_evaluate || control_.should_save) sync_tokens();
+  if (control_.should_log && state_.global_step > loop_.last_logged) {
+    const double loss = loop_.tr_loss.total(args_.logging_nan_inf_filter);
+    loop_.tr_loss.reset();
+    Metrics logs;
+    logs.set("loss", loss / static_cast<double>(state_.global_step - loop_.last_logged));
+    if constexpr (precision::ScalesLoss<precision_type>) {
+      // fp16: how many of the window's steps the scaler skipped (their loss still counts).
+      settle_skip();
+      logs.set("skipped_steps", static_cast<double>(steps_->skipped_steps() - loop_.skipped_logged));
+      loop_.skipped_logged = steps_->skipped_steps();
+    }
+    if (grad_norm.defined()) logs.set("grad_norm", grad_norm.item<double>());
+    logs.set("learning_rate", lr);
+    if (args_.include_num_input_tokens_seen != "no") {
+      // HF's log(logs, start_time): this session's tokens per second so far.
+      logs.merge(speed_metrics("train", train_start_));
+      logs.set("train_tokens_per_second",
+               detail::round_to(static_cast<double>(state_.num_input_tokens_seen - tokens_at_start_) /
+                                    logs.get("train_runtime").value(), 3));
+    }
+    loop_.total_loss += loss;
+    loop_.last_logged = state_.global_step;
+    call_hook<hook::log>(self(), std::as_const(logs));
+  }
+  if (control_.should_evaluate) {
+    const Metrics metrics = evaluate();
+    step_plateau(metrics);
+    const bool new_best = best_.update(metrics, state_);
+    if (args_.save_strategy == "best") control_.should_save = new_best;
+  }
+  if (control_.should_save) save_checkpoint();
+}
+
+template <class Derived, class Model, class... Policies>
+void Trainer<Derived, Model, Policies...>::save_checkpoint() {
+  steps_->settle_skip();
+  best_.before_save(state_);
+  record_callback_states();
+  accelerator_type::save_state();
+  last_saved_step_ = state_.global_step;
+  fire<event::on_save>();
+}
+
+template <class Derived, class Model, class... Policies>
+void Trainer<Derived, Model, Policies...>::stop_for_preemption(int signal) {
+  sync_tokens();
+  if (last_saved_step_ != state_.global_step) save_checkpoint();
+  in_train_ = false;
+  fire<event::on_train_end>();
+  save_state();
+  throw Preempted(signal, state_.global_step,
+                  checkpoint::checkpoint_dir(args_.output_dir, state_.global_step).string());
+}
+
+template <class Derived, class Model, class... Policies>
+void Trainer<Derived, Model, Policies...>::step_plateau(const Metrics& metrics) {
+  if (!scheduler_ || !scheduler_->wants_metric()) return;
+  std::string key = args_.metric_for_best_model.value_or("loss");
+  if (key.rfind("eval_", 0) != 0) key = "eval_" + key;
+  const auto value = metrics.get(key);
+  check(value.has_value(), "reduce_lr_on_plateau needs the metric {} but evaluation produced no such metric{}", key,
+        data_->eval.size() > 1 ? "; with several evaluation sets name one in --metric_for_best_model, "
+                                 "e.g. eval_<set>_loss" : "");
+  scheduler_->step_metric(*value);
+}
+
+template <class Derived, class Model, class... Policies>
+template <class Batch>
+Metrics Trainer<Derived, Model, Policies...>::evaluate_impl(const data::AnyDataset<Batch>& dataset, const std::string& prefix) {
+  auto loader = call_hook<hook::get_eval_dataloader>(self(), dataset);
+  const MemoryTracker memory(prefix, !args_.skip_memory_metrics && !in_train_, device_);
+  engine_->begin_forward_only();
+  Metrics metrics = evaluation_loop<Batch>(loader, prefix).metrics;
+  engine_->end_forward_only();
+  memory.stop(metrics);
+  call_hook<hook::log>(self(), std::as_const(metrics));
+  metrics.set("epoch", state_.epoch);  // HF's log() adds it to the caller's metrics
+  fire<event::on_evaluate>(metrics);
+  return metrics;
+}
+
+template <class Derived, class Model, class... Policies>
+template <class Batch>
+PredictResult Trainer<Derived, Model, Policies...>::evaluation_loop(data::DataLoader<Batch>& loader, const std::string& prefix) {
+  auto& module = detail::module_of(model_);
+  // HF's bf16_full_eval / fp16_full_eval: outside training the model itself is cast (and
+  // stays so, as in HF); the batch's floating fields follow it.
+  std::optional<torch::ScalarType> full_eval;
+  if (!in_train_ && (args_.bf16_full_eval || args_.fp16_full_eval)) {
+    full_eval = args_.bf16_full_eval ? torch::kBFloat16 : torch::kHalf;
+    module.to(*full_eval);
+  }
+  const bool was_training = module.is_training();
+  module.eval();
+  const auto start = std::chrono::steady_clock::now();
+  torch::NoGradGuard no_grad;
+  EvalAccumulator acc(args_, world_, *engine_, device_, loader.size());
+  eval_loader_info_ = {loader.size(), loader.num_examples(), loader.batch_size()};
+  kwargs_.eval_dataloader = &eval_loader_info_;
+  std::vector<int64_t> own;  // this rank's batches, in round order
+  for (int64_t k = 0; k < acc.rounds(); ++k)
+    if (const auto b = acc.batch_of(k)) own.push_back(*b);
+  data::BatchPrefetcher<Batch> batches(loader, prefetch_options());
+  batches.start(0, std::move(own));
+  for (int64_t k = 0; k < acc.rounds(); ++k) {
+    const auto b = acc.batch_of(k);
+    if (!b) {
+      if constexpr (sharding_type::forward_is_collective) {
+        Batch dummy = loader.batch(0);
+        data::to_device(dummy, device_);
+        if (full_eval) cast_floating(dummy, *full_eval);
+        (void)call_hook<hook::prediction_step>(self(), model_, dummy);
+      }
+      continue;
+    }
+    Batch batch = batches.next();  // loader.batch(*b)
+    data::to_device(batch, device_);
+    if (full_eval) cast_floating(batch, *full_eval);
+    const int64_t n = data::batch_rows(batch);
+    acc.add(call_hook<hook::prediction_step>(self(), model_, batch), n, main_input(batch));
+    acc.end_round(k);
+    fire<event::on_prediction_step>();
+  }
+  PredictResult result = acc.finish();
+  Metrics raw;
+  if (result.predictions.defined() && result.label_ids.defined()) {
+    const EvalPrediction pred{result.predictions, result.label_ids, result.all_label_ids, result.inputs,
+                              result.losses};
+    raw = call_hook<hook::compute_metrics>(self(), std::as_const(pred));
+  }
+  result.metrics = acc.metrics(std::move(raw), prefix, start);
+  if (was_training) module.train();
+  return result;
+}
+
+}  // namespace loom
