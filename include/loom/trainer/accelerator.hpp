@@ -5,7 +5,7 @@
 //   loom::Accelerator<loom::sharding::Zero2, loom::precision::BF16> acc(args);
 //   acc.prepare_model(*model);
 //   acc.prepare_optimizer(loom::optim::make_optimizer(acc.args(), *model), scheduler);
-//   auto loader = acc.prepare_train_loader<Batch>(dataset);
+//   auto loader = acc.prepare_train_loader(loom::data::AnyDataset<Batch>(dataset));
 //   acc.load_state();                                    // --resume_from_checkpoint, if given
 //   ... acc.begin_accumulation(items); acc.begin_micro_step(last);
 //       { auto autocast = acc.autocast(); loss = ...; }  acc.backward(loss); acc.end_micro_step();
@@ -37,6 +37,7 @@
 #include <loom/trainer/loop_state.hpp>
 #include <loom/trainer/optimizer_step.hpp>
 #include <loom/trainer/startup.hpp>
+#include <loom/trainer/trainer_types.hpp>
 #include <loom/distributed/sharding.hpp>
 
 #include <torch/torch.h>
@@ -116,15 +117,21 @@ class AcceleratorBase {
 
   /// Training batches for this rank, as the Trainer reads them: seeded shuffle (--data_seed,
   /// else --seed; reshuffled per epoch by set_epoch), --per_device_train_batch_size,
-  /// --dataloader_drop_last, rank r reading batches r, r+W, ... of each epoch's order.
+  /// --dataloader_drop_last, rank r reading batches r, r+W, ... of each epoch's order;
+  /// --train_sampling_strategy sequential or group_by_length as for the Trainer.
   template <class Batch>
   [[nodiscard]] data::DataLoader<Batch> prepare_train_loader(data::AnyDataset<Batch> dataset) const {
-    const int64_t seed = run_args_->data_seed.value_or(run_args_->seed);
-    data::Sampler sampler = data::RandomSampler{seed};
-    if (run_args_->train_sampling_strategy == "sequential") sampler = data::SequentialSampler{};
+    std::shared_ptr<const std::vector<int64_t>> lengths;
+    if (run_args_->train_sampling_strategy == "group_by_length")
+      lengths = std::make_shared<const std::vector<int64_t>>(detail::example_lengths(dataset, run_args_->length_column_name));
+    const data::Sampler sampler = train_sampler(std::move(lengths));
     return data::DataLoader<Batch>(std::move(dataset), run_args_->per_device_train_batch_size,
                                    run_args_->dataloader_drop_last, sampler, data::Shard{world_.rank, world_.size});
   }
+  /// The training sampler the arguments name: seeded shuffle (--data_seed, else --seed),
+  /// sequential, or HF's LengthGroupedSampler over per_device_train_batch_size x
+  /// gradient_accumulation_steps on `lengths` (each example's length) for group_by_length.
+  [[nodiscard]] LOOM_INLINE data::Sampler train_sampler(std::shared_ptr<const std::vector<int64_t>> lengths) const;
   /// Evaluation batches, in order, --per_device_eval_batch_size, nothing dropped; every rank
   /// holds every batch and evaluates those eval_batches() gives it.
   template <class Batch>

@@ -203,15 +203,8 @@ class Trainer : private Accelerator<typename PolicyBundle<Policies...>::sharding
     using B = batch_type<Batch>;
     check(data_->train.has_value(),
           "training needs a training dataset; this Trainer was built without one (loom::no_train_dataset)");
-    const int64_t seed = args_.data_seed.value_or(args_.seed);
-    data::Sampler sampler = data::RandomSampler{seed};
-    if (args_.train_sampling_strategy == "sequential") sampler = data::SequentialSampler{};
-    if (args_.train_sampling_strategy == "group_by_length")
-      sampler = data::LengthGroupedSampler{
-          seed, args_.per_device_train_batch_size * args_.gradient_accumulation_steps, train_lengths_};
-    return data::DataLoader<B>(*data_->train,
-                               args_.per_device_train_batch_size, args_.dataloader_drop_last,
-                               sampler, data::Shard{world_.rank, world_.size});
+    return data::DataLoader<B>(*data_->train, args_.per_device_train_batch_size, args_.dataloader_drop_last,
+                               this->train_sampler(train_lengths_), data::Shard{world_.rank, world_.size});
   }
 
   /// Batches of an evaluation dataset: in order, per_device_eval_batch_size, nothing dropped.

@@ -60,6 +60,18 @@ LOOM_INLINE optim::Optimizer& AcceleratorBase::optimizer() {
   return steps_->optimizer();
 }
 
+LOOM_INLINE data::Sampler AcceleratorBase::train_sampler(std::shared_ptr<const std::vector<int64_t>> lengths) const {
+  const auto& args = *run_args_;
+  const int64_t seed = args.data_seed.value_or(args.seed);
+  if (args.train_sampling_strategy == "sequential") return data::SequentialSampler{};
+  if (args.train_sampling_strategy == "group_by_length") {
+    check(lengths != nullptr, "--train_sampling_strategy group_by_length needs each example's length");
+    return data::LengthGroupedSampler{seed, args.per_device_train_batch_size * args.gradient_accumulation_steps,
+                                      std::move(lengths)};
+  }
+  return data::RandomSampler{seed};
+}
+
 LOOM_INLINE std::vector<std::optional<int64_t>> AcceleratorBase::eval_batches(int64_t num_batches) const {
   std::vector<std::optional<int64_t>> out;
   const int64_t rounds = (num_batches + world_.size - 1) / world_.size;
