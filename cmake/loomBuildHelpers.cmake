@@ -7,7 +7,12 @@
 # ccache through a generated launcher that carries the settings it needs whoever runs the
 # build (make, ninja, an IDE): the sloppiness that lets it cache translation units using the
 # precompiled header, and base_dir = this source tree, so that a clone at another path
-# hits the same cache entries.
+# hits the same cache entries. Depend mode (CCACHE_DEPEND): ccache reads the compiler's -MD
+# file instead of running the preprocessor on a miss, which saves a preprocessing pass of torch
+# per unit and is the only mode that can cache units using clang's relocatable PCH (below).
+# CCC_OVERRIDE_OPTIONS hands clang the checkout as its cc1 sysroot, which a relocatable PCH
+# names its headers relative to; clang reads it from the environment, so ccache does not hash
+# the checkout's path ('#' silences clang's note about the edit; GCC ignores the variable).
 find_program(LOOM_CCACHE ccache)
 if(LOOM_CCACHE AND NOT CMAKE_CXX_COMPILER_LAUNCHER)
   set(_loom_launcher "${PROJECT_BINARY_DIR}/loom-ccache")
@@ -16,6 +21,8 @@ if(LOOM_CCACHE AND NOT CMAKE_CXX_COMPILER_LAUNCHER)
 export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-@PROJECT_SOURCE_DIR@}"
 export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
+export CCACHE_DEPEND="${CCACHE_DEPEND:-1}"
+export CCC_OVERRIDE_OPTIONS="${CCC_OVERRIDE_OPTIONS:-# +-Xclang +-isysroot@PROJECT_SOURCE_DIR@}"
 exec "@LOOM_CCACHE@" "$@"
 ]=] @ONLY)
   file(CHMOD "${_loom_launcher}" PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ GROUP_EXECUTE
@@ -51,18 +58,57 @@ if(LOOM_SANITIZE)
   target_link_options(loom_build_options INTERFACE -fsanitize=address,undefined)
 endif()
 
-# The precompiled header is named by an include path (<loom_pch.hpp>), not by its absolute
-# file name: CMake writes the name into the generated header every unit force-includes, and an
-# absolute one would make every unit's hash depend on where the checkout lies.
+# The shared precompiled header, cmake/pch/loom_pch.hpp; loom_use_pch(target) makes a target
+# use it.
 target_include_directories(loom_build_options INTERFACE "${CMAKE_CURRENT_LIST_DIR}/pch")
-add_library(loom_pch OBJECT "${CMAKE_CURRENT_LIST_DIR}/pch.cpp")
-target_link_libraries(loom_pch PUBLIC loom_build_options)
-target_precompile_headers(loom_pch PRIVATE <loom_pch.hpp>)
+if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+  # Under clang the header is compiled here rather than by target_precompile_headers, whose
+  # flags name the .pch and CMake's wrapper header by absolute paths behind -Xclang, where
+  # ccache's base_dir does not rewrite them (0 of 39 hits in a clone at another path). Here
+  # the header is the object library's only source, compiled with -x c++-header: its output
+  # is the PCH, units name it with -include-pch (an option ccache rewrites), and
+  # -relocatable-pch records the checkout's headers relative to the cc1 sysroot the ccache
+  # launcher sets (the checkout), so a PCH that ccache hands to another clone reads that
+  # clone's headers. docs/building.md has the figures.
+  set(_loom_pch_header "${CMAKE_CURRENT_LIST_DIR}/pch/loom_pch.hpp")
+  set_source_files_properties("${_loom_pch_header}" PROPERTIES LANGUAGE CXX)
+  add_library(loom_pch OBJECT "${_loom_pch_header}")
+  target_link_libraries(loom_pch PUBLIC loom_build_options)
+  target_compile_options(loom_pch PRIVATE -x c++-header -relocatable-pch -fpch-instantiate-templates)
+  file(RELATIVE_PATH _loom_pch_rel "${PROJECT_SOURCE_DIR}" "${_loom_pch_header}")
+  set(LOOM_PCH_FILE "${CMAKE_CURRENT_BINARY_DIR}/CMakeFiles/loom_pch.dir/${_loom_pch_rel}${CMAKE_CXX_OUTPUT_EXTENSION}"
+      CACHE INTERNAL "the shared precompiled header (clang)")
+else()
+  # GCC: CMake's precompiled header, named by an include path (<loom_pch.hpp>) rather than by
+  # its absolute file name, which CMake writes into the header every unit force-includes
+  # (an absolute one would make every unit's hash depend on where the checkout lies).
+  add_library(loom_pch OBJECT "${CMAKE_CURRENT_LIST_DIR}/pch.cpp")
+  target_link_libraries(loom_pch PUBLIC loom_build_options)
+  target_precompile_headers(loom_pch PRIVATE <loom_pch.hpp>)
+endif()
+
+# loom_use_pch(target): the target's units start from the shared precompiled header.
+function(loom_use_pch target)
+  if(DEFINED LOOM_PCH_FILE AND CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    target_compile_options(${target} PRIVATE -Winvalid-pch "SHELL:-include-pch ${LOOM_PCH_FILE}")
+    add_dependencies(${target} loom_pch)
+    # Rebuild the units when the PCH changes (clang's -MD lists the PCH's headers, not the
+    # PCH itself).
+    get_target_property(_sources ${target} SOURCES)
+    foreach(_src IN LISTS _sources)
+      if(_src MATCHES "\\.(cpp|cxx|cc)$")
+        set_property(SOURCE "${_src}" TARGET_DIRECTORY ${target} APPEND PROPERTY OBJECT_DEPENDS "${LOOM_PCH_FILE}")
+      endif()
+    endforeach()
+  else()
+    target_precompile_headers(${target} REUSE_FROM loom_pch)
+  endif()
+endfunction()
 
 # loom_add_executable(name sources...): an executable that reuses the shared PCH and links
 # loom::compiled (cmake/loomCompiled.cmake).
 function(loom_add_executable name)
   add_executable(${name} ${ARGN})
   target_link_libraries(${name} PRIVATE loom_build_options loom::compiled)
-  target_precompile_headers(${name} REUSE_FROM loom_pch)
+  loom_use_pch(${name})
 endfunction()

@@ -50,7 +50,7 @@ target_compile_definitions(loom_compiled PUBLIC LOOM_SEPARATE_COMPILATION)
 if(TARGET loom_pch)
   # loom's own build: one unit per .ipp, on the shared precompiled header.
   target_link_libraries(loom_compiled PRIVATE $<BUILD_INTERFACE:loom_build_options>)
-  target_precompile_headers(loom_compiled REUSE_FROM loom_pch)
+  loom_use_pch(loom_compiled)
 else()
   # A consumer's build (add_subdirectory): one unit for all, parsing torch once; built only
   # when a target links it.

@@ -84,23 +84,31 @@ TEST_CASE("every lr_scheduler_type equals transformers.get_scheduler step by ste
       {"warmup_stable_decay", 4, 40, R"({"num_decay_steps": 20, "warmup_type": "1-sqrt", "decay_type": "linear"})"},
   };
   const double lr = 1e-3;
-  for (const auto& c : cases) {
+  // One Python process for every case (importing transformers costs ~3 s a process): each
+  // case gets its own optimizer and get_scheduler, as when each ran in a process of its own.
+  nlohmann::json all_cases = nlohmann::json::array();
+  for (const auto& c : cases) all_cases.push_back({c.name, c.warmup, c.total, nlohmann::json::parse(c.kwargs)});
+  const std::string script =
+      "import json, sys, torch, warnings\n"
+      "warnings.simplefilter('ignore')\n"
+      "from transformers import get_scheduler\n"
+      "result = []\n"
+      "for name, w, t, kw in json.loads(sys.argv[1]):\n"
+      "    p = torch.nn.Parameter(torch.zeros(1))\n"
+      "    opt = torch.optim.SGD([p], lr=" + std::to_string(lr) + ")\n"
+      "    s = get_scheduler(name, opt, num_warmup_steps=w, num_training_steps=t, scheduler_specific_kwargs=kw)\n"
+      "    out = []\n"
+      "    for _ in range(t + 3):\n"
+      "        out.append(opt.param_groups[0]['lr']); opt.step(); s.step()\n"
+      "    result.append(out)\n"
+      "print(json.dumps(result))\n";
+  const auto all_expected =
+      nlohmann::json::parse(run_capture(std::string(py) + " -c \"" + script + "\" '" + all_cases.dump() + "'"));
+  REQUIRE(all_expected.size() == cases.size());
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const auto& c = cases[i];
     INFO(c.name << " " << c.kwargs);
-    const std::string script =
-        "import json, sys, torch, warnings\n"
-        "warnings.simplefilter('ignore')\n"
-        "from transformers import get_scheduler\n"
-        "name, w, t, kw = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])\n"
-        "p = torch.nn.Parameter(torch.zeros(1))\n"
-        "opt = torch.optim.SGD([p], lr=" + std::to_string(lr) + ")\n"
-        "s = get_scheduler(name, opt, num_warmup_steps=w, num_training_steps=t, scheduler_specific_kwargs=kw)\n"
-        "out = []\n"
-        "for _ in range(t + 3):\n"
-        "    out.append(opt.param_groups[0]['lr']); opt.step(); s.step()\n"
-        "print(json.dumps(out))\n";
-    const std::string cmd = std::string(py) + " -c \"" + script + "\" " + c.name + " " + std::to_string(c.warmup) + " " +
-                            std::to_string(c.total) + " '" + c.kwargs + "'";
-    const auto expected = nlohmann::json::parse(run_capture(cmd));
+    const auto& expected = all_expected[i];
     LRScheduler<FromArgs> s(params(c.warmup, c.total, lr, nlohmann::json::parse(c.kwargs)), c.name);
     REQUIRE(expected.size() == static_cast<std::size_t>(c.total + 3));
     for (std::size_t step = 0; step < expected.size(); ++step) {
