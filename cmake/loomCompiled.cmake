@@ -10,12 +10,15 @@ include_guard(GLOBAL)
 
 file(GLOB_RECURSE LOOM_IMPL_FILES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/include/loom/*/impl/*.ipp")
 list(SORT LOOM_IMPL_FILES)
-# Each unit pays ~5 s of CPU to load the precompiled header and instantiates nlohmann/{fmt}
-# again, so most of the library compiles as two units (loom_base, loom_trainer); the files
-# whose edits must relink in seconds (the engines, the safetensors and folder code, the
-# checkpointer) get a unit each. docs/building.md has the figures.
-set(LOOM_COMPILED_UNIT_PER_FILE distributed/impl/comm.ipp distributed/impl/engine.ipp distributed/impl/env.ipp
-    checkpoint/impl/safetensors.ipp checkpoint/impl/folders.ipp trainer/impl/checkpointer.ipp)
+# Each unit pays ~2 s of CPU to load the precompiled header and instantiates nlohmann/{fmt}
+# again, so the library compiles as a few units: the files whose edits must relink in
+# seconds get small units of their own (the process group and engines, the safetensors and
+# folder code, the checkpointer), the rest of trainer/ is loom_trainer, everything else
+# loom_base. docs/building.md has the figures.
+set(LOOM_COMPILED_UNITS
+    distributed/impl/comm.ipp=loom_distributed distributed/impl/engine.ipp=loom_distributed
+    distributed/impl/env.ipp=loom_distributed checkpoint/impl/safetensors.ipp=loom_checkpoint
+    checkpoint/impl/folders.ipp=loom_checkpoint trainer/impl/checkpointer.ipp=loom_checkpointer)
 set(_loom_compiled_sources)
 set(_loom_units)
 foreach(_ipp IN LISTS LOOM_IMPL_FILES)
@@ -23,8 +26,13 @@ foreach(_ipp IN LISTS LOOM_IMPL_FILES)
   string(REGEX MATCH "^loom/([a-z_]+)/" _m "${_rel}")
   set(_area "${CMAKE_MATCH_1}")
   string(REGEX REPLACE "^loom/" "" _short "${_rel}")
-  if(_short IN_LIST LOOM_COMPILED_UNIT_PER_FILE)
-    string(REGEX REPLACE "[/.]" "_" _unit "${_rel}")
+  set(_unit)
+  foreach(_entry IN LISTS LOOM_COMPILED_UNITS)
+    if(_entry MATCHES "^${_short}=(.+)$")
+      set(_unit "${CMAKE_MATCH_1}")
+    endif()
+  endforeach()
+  if(_unit)
   elseif(_area STREQUAL "trainer")
     set(_unit "loom_trainer")
   else()

@@ -11,6 +11,9 @@
 #include <string>
 #include <vector>
 
+// A namespace of its own: the Trainer test files build as a few unity units (tests/CMakeLists.txt).
+namespace callbacks_test_callback_args {
+
 namespace {
 
 using loom_test::Batch;
@@ -148,3 +151,5 @@ TEST_CASE("run-time callbacks: add, pop, remove; the printer switched off and re
   r.remove_callback<Spy>();
   r.add_callback<Spy>();
 }
+
+}  // namespace callbacks_test_callback_args

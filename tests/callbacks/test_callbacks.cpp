@@ -22,6 +22,9 @@
 #include <tuple>
 #include <vector>
 
+// A namespace of its own: the Trainer test files build as a few unity units (tests/CMakeLists.txt).
+namespace callbacks_test_callbacks {
+
 namespace {
 
 using loom_test::Classifier;
@@ -615,3 +618,5 @@ TEST_CASE("EarlyStopping in a Trainer run stops when eval_loss stops improving")
   CHECK(t2.train().global_step == 8);
   CHECK(t2.callback<loom::EarlyStopping>().patience_counter() == 0);
 }
+
+}  // namespace callbacks_test_callbacks

@@ -8,6 +8,9 @@
 
 #include <random>
 
+// A namespace of its own: the Trainer test files build as a few unity units (tests/CMakeLists.txt).
+namespace data_test_text_trainer {
+
 namespace {
 
 using loom::data::SequenceBatch;
@@ -82,3 +85,5 @@ TEST_CASE("a TokenSequenceDataset with the padding collator trains through loom:
   CHECK(after.get("eval_loss").value() < 0.6);
   CHECK(before < 0.6);
 }
+
+}  // namespace data_test_text_trainer

@@ -10,6 +10,9 @@
 #include <limits>
 #include <vector>
 
+// A namespace of its own: the Trainer test files build as a few unity units (tests/CMakeLists.txt).
+namespace precision_test_precision {
+
 namespace {
 
 using loom_test::Batch;
@@ -174,3 +177,5 @@ TEST_CASE("--bf16 on a Trainer compiled for FP32 is a start-up error; select_pol
   CHECK_THROWS_WITH_AS(loom::select_precision(args, []<class P>() { return 0; }),
                        "loom: --bf16 and --fp16 are both set; choose one", loom::Error);
 }
+
+}  // namespace precision_test_precision

@@ -10,6 +10,9 @@
 #include <filesystem>
 #include <set>
 
+// A namespace of its own: the Trainer test files build as a few unity units (tests/CMakeLists.txt).
+namespace trainer_test_accelerator {
+
 namespace {
 
 using loom_test::Batch;
@@ -180,3 +183,5 @@ TEST_CASE("loom::Accelerator: start-up errors and what it refuses") {
     CHECK(plan[2].value() == 2);
   }
 }
+
+}  // namespace trainer_test_accelerator

@@ -15,6 +15,9 @@
 #include <string>
 #include <vector>
 
+// A namespace of its own: the Trainer test files build as a few unity units (tests/CMakeLists.txt).
+namespace trainer_test_api {
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -285,3 +288,5 @@ TEST_CASE("the compiled policies are written back into the arguments; a flag tha
   CHECK(error_of([&] { Classifier<> c(ddp, loom_test::fresh_model(), make_data(8, 1)); })
             .rfind("loom: --sharding zero2 is not available in this build; the Trainer's sharding policy is \"no\"", 0) == 0);
 }
+
+}  // namespace trainer_test_api

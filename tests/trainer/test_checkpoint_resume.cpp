@@ -14,6 +14,9 @@
 #include <memory>
 #include <vector>
 
+// A namespace of its own: the Trainer test files build as a few unity units (tests/CMakeLists.txt).
+namespace trainer_test_checkpoint_resume {
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -211,7 +214,7 @@ TEST_CASE("bad checkpoints and weights stop at start-up with one loom: line") {
                        "--eval_strategy no",
                        loom::Error);
   auto base_args = [](const std::string& name) {
-    auto a = ::base_args(name);
+    auto a = trainer_test_checkpoint_resume::base_args(name);
     a.eval_strategy = "no";
     return a;
   };
@@ -468,3 +471,5 @@ TEST_CASE("callback state (EarlyStopping's patience counter) is checkpointed and
   // without the restored counter it would have reached only 4.
   CHECK(resumed.callback<loom::EarlyStopping>().patience_counter() == 5);
 }
+
+}  // namespace trainer_test_checkpoint_resume

@@ -14,6 +14,9 @@
 #include <string>
 #include <vector>
 
+// A namespace of its own: the Trainer test files build as a few unity units (tests/CMakeLists.txt).
+namespace trainer_test_create_optimizer {
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -231,3 +234,5 @@ TEST_CASE("resuming with another --optim than the checkpoint's is a loom: error"
         "loom: the checkpoint's optimizer is rmsprop but this run's is adagrad; resume with the same --optim (or "
         "create_optimizer)");
 }
+
+}  // namespace trainer_test_create_optimizer

@@ -9,6 +9,9 @@
 #include <string>
 #include <vector>
 
+// A namespace of its own: the Trainer test files build as a few unity units (tests/CMakeLists.txt).
+namespace trainer_test_gradient_checkpointing {
+
 namespace {
 
 struct GptTrainer : loom::Trainer<GptTrainer, loom::models::GPT2LMHeadModel> {
@@ -89,3 +92,5 @@ TEST_CASE("--gradient_checkpointing_kwargs takes a JSON object with use_reentran
   CHECK(with(R"({"use_reentrant": 1})") == "loom: --gradient_checkpointing_kwargs: use_reentrant must be true or false, got 1");
   CHECK(with("use_reentrant").find("must be a JSON object") != std::string::npos);
 }
+
+}  // namespace trainer_test_gradient_checkpointing

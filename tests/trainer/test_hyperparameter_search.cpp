@@ -14,6 +14,9 @@
 #include <string>
 #include <vector>
 
+// A namespace of its own: the Trainer test files build as a few unity units (tests/CMakeLists.txt).
+namespace trainer_test_hyperparameter_search {
+
 namespace {
 
 using loom_test::Batch;
@@ -197,3 +200,5 @@ TEST_CASE("a bad search is a loom: error before any trial trains") {
   s.space = {};
   CHECK(error(s) == "loom: hyperparameter_search: the search space is empty");
 }
+
+}  // namespace trainer_test_hyperparameter_search

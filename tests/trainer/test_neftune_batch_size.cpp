@@ -17,6 +17,9 @@
 #include <string>
 #include <vector>
 
+// A namespace of its own: the Trainer test files build as a few unity units (tests/CMakeLists.txt).
+namespace trainer_test_neftune_batch_size {
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -284,3 +287,5 @@ TEST_CASE("run_name names the TensorBoard run folder and tags the JSONL lines; i
                          doctest::Contains("loom: --run_name names the run's TensorBoard folder"), loom::Error);
   }
 }
+
+}  // namespace trainer_test_neftune_batch_size

@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+// A namespace of its own: the Trainer test files build as a few unity units (tests/CMakeLists.txt).
+namespace trainer_test_predict_and_reports {
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -211,3 +214,5 @@ TEST_CASE("event order: epochs with logging_first_step, epoch evaluation and sav
   CHECK(fs::exists(fs::path(args.output_dir) / "checkpoint-2"));
   CHECK(fs::exists(fs::path(args.output_dir) / "checkpoint-4"));
 }
+
+}  // namespace trainer_test_predict_and_reports

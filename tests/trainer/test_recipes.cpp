@@ -18,6 +18,9 @@
 #include <thread>
 #include <vector>
 
+// A namespace of its own: the Trainer test files build as a few unity units (tests/CMakeLists.txt).
+namespace trainer_test_recipes {
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -543,3 +546,5 @@ TEST_CASE("log_level / log_level_replica: the Trainer sets the level of loom's m
   CHECK((loom::log_level() == loom::LogLevel::error));
   loom::set_log_level(before);
 }
+
+}  // namespace trainer_test_recipes

@@ -11,6 +11,9 @@
 #include <string>
 #include <vector>
 
+// A namespace of its own: the Trainer test files build as a few unity units (tests/CMakeLists.txt).
+namespace trainer_test_trainer {
+
 namespace {
 
 using loom_test::Batch;
@@ -200,3 +203,5 @@ TEST_CASE("bad arguments and data stop at start-up with one loom: line") {
   CHECK_THROWS_WITH_AS(no_eval.evaluate(), doctest::Contains("loom: evaluate() needs an evaluation dataset"),
                        loom::Error);
 }
+
+}  // namespace trainer_test_trainer
