@@ -22,6 +22,7 @@
 //     of the step's) and an all-reduce of one int32 per parameter (after the step, once the
 //     ranks are in step, as the bucket all-reduces leave them in the engine).
 
+#include <loom/distributed/comm.hpp>
 #include <loom/loom.hpp>
 #include <loom/distributed/engine_common.hpp>  // graph_leaves, for --probe_find_unused
 

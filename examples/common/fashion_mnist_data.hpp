@@ -2,7 +2,10 @@
 // Fashion-MNIST for the examples (examples/fashion_mnist, examples/custom_loop): the flags
 // that choose the data and the reading of one split from Debian's dataset-fashion-mnist.
 
-#include <loom/loom.hpp>
+#include <loom/config/reflect.hpp>
+#include <loom/core/error.hpp>
+#include <loom/data/dataset.hpp>
+#include <loom/data/idx.hpp>
 
 #include <cstdint>
 #include <filesystem>

@@ -14,7 +14,19 @@
 // in the Trainer's format (--resume_from_checkpoint works across the two). docs/api.md,
 // "Your own loop", maps each call to Accelerate's.
 
-#include <loom/loom.hpp>
+// The parts a hand-written loop uses, without the Trainer (trainer/trainer.hpp): this program
+// neither needs it nor rebuilds when it changes.
+#include <loom/config/reflect.hpp>
+#include <loom/data/dataloader.hpp>
+#include <loom/data/dataset.hpp>
+#include <loom/data/idx.hpp>
+#include <loom/distributed/full_shard_unit.hpp>
+#include <loom/optim/optimizer.hpp>
+#include <loom/schedule/from_args.hpp>
+#include <loom/trainer/accelerator.hpp>
+#include <loom/trainer/run_files.hpp>
+#include <loom/trainer/run_main.hpp>
+#include <loom/trainer/selector.hpp>
 
 #include "../common/fashion_mnist_data.hpp"
 

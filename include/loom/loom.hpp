@@ -1,5 +1,8 @@
 #pragma once
-// The umbrella header: everything a program training with loom needs.
+// The umbrella header: everything a program training with loom needs. Not here:
+// <loom/distributed/comm.hpp> (dist::Comm, the process group's collectives, for a program that
+// calls them itself: accelerator.sharding().comm()), so that editing it rebuilds loom::compiled
+// and not every program; and <loom/models/...> (HF's models).
 
 #include <loom/callbacks/default_flow.hpp>
 #include <loom/callbacks/early_stopping.hpp>
@@ -21,7 +24,6 @@
 #include <loom/data/sampler.hpp>
 #include <loom/data/text.hpp>
 #include <loom/data/token_file.hpp>
-#include <loom/distributed/comm.hpp>
 #include <loom/distributed/env.hpp>
 #include <loom/distributed/sharding.hpp>
 #include <loom/checkpoint/folders.hpp>

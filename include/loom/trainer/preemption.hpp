@@ -12,17 +12,22 @@
 // after the signal. A second SIGINT ends the process at once (the default action).
 
 #include <loom/config/inline.hpp>
-#include <loom/distributed/comm.hpp>
 
 #include <c10/core/Event.h>
 #include <torch/torch.h>
 
 #include <csignal>
 #include <exception>
+#include <memory>
 #include <optional>
 #include <string>
 
 namespace loom {
+
+namespace dist {
+class Comm;  // distributed/comm.hpp: only the implementation (impl/preemption.ipp) uses them
+class Work;
+}  // namespace dist
 
 /// The exit code of a run stopped by a preemption signal after saving (sysexits' EX_TEMPFAIL:
 /// "try again" — resume with --resume_from_checkpoint latest).
@@ -78,7 +83,7 @@ class PreemptionWatch {
 
   dist::Comm* comm_;
   torch::Device device_;
-  std::optional<dist::Work> in_flight_;   // the all-reduce launched last step
+  std::unique_ptr<dist::Work> in_flight_;  // the all-reduce launched last step (null: none)
   torch::Tensor sum_, sum_host_;          // its result, and the pinned copy read a step later
   std::optional<c10::Event> copied_;
   bool copy_pending_ = false;

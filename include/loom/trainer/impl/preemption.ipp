@@ -1,6 +1,8 @@
 #pragma once
 #include <loom/trainer/preemption.hpp>
 
+#include <loom/distributed/comm.hpp>
+
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <atomic>
@@ -89,7 +91,7 @@ LOOM_INLINE bool PreemptionWatch::should_stop() {
   }
   // 3. This step's flags.
   sum_ = local_flag();
-  in_flight_ = comm_->all_reduce({sum_}, "the preemption-flag all-reduce");
+  in_flight_ = std::make_unique<dist::Work>(comm_->all_reduce({sum_}, "the preemption-flag all-reduce"));
   return false;
 }
 
