@@ -83,10 +83,16 @@ namespace hook {
       } else if constexpr (requires { self.NAME(std::forward<A>(a)...); }) {                       \
         return self.NAME(std::forward<A>(a)...);                                                   \
       } else {                                                                                     \
-        static_assert(dependent_false_v<Self>, "loom: the override of " #NAME                      \
-                                             " has the wrong signature; expected " EXPECTED);       \
+        wrong_signature();                                                                         \
         return self.loom_trainer::NAME(std::forward<A>(a)...);                                     \
       }                                                                                            \
+    }                                                                                              \
+    /* Keyed on nothing of the Trainer's type: one error for all the Trainer types a program  */ \
+    /* instantiates (select_policies makes one per policy combination).                       */ \
+    template <class Once = void>                                                                   \
+    static void wrong_signature() {                                                                \
+      static_assert(dependent_false_v<Once>, "loom: the override of " #NAME                        \
+                                             " has the wrong signature; expected " EXPECTED);       \
     }                                                                                              \
   };
 
@@ -144,6 +150,29 @@ struct forward_arg<R (C::*)(B)> {
   using batch = std::decay_t<B>;
 };
 
+// The errors batch_type_of reports, each a template keyed on nothing of the Trainer's own type,
+// so a program that instantiates several Trainer types (select_policies: one per policy
+// combination) gets each error once.
+template <bool HFSignature>
+void wrong_compute_loss() {
+  if constexpr (HFSignature)
+    static_assert(dependent_false_v<std::bool_constant<HFSignature>>,
+                  "loom: the override of compute_loss has the wrong signature; expected compute_loss(Model&, "
+                  "Batch&) -> torch::Tensor or loom::ModelOutput (HF's return_outputs parameter has no place "
+                  "here: return a loom::ModelOutput holding the logits)");
+  else
+    static_assert(dependent_false_v<std::bool_constant<HFSignature>>,
+                  "loom: the override of compute_loss has the wrong signature; expected compute_loss(Model&, "
+                  "Batch&) -> torch::Tensor or loom::ModelOutput");
+}
+template <class Model>
+void batch_type_unknown() {
+  static_assert(dependent_false_v<Model>,
+                "loom: cannot tell the batch type: the Trainer subclass has no compute_loss(Model&, Batch&) "
+                "and the model's forward does not take a batch aggregate; declare compute_loss in the "
+                "subclass, or `using batch_type = Batch;` there");
+}
+
 // The batch type of a trainer: Self::batch_type if declared; else the second parameter of
 // Self's own (non-template) compute_loss; else the parameter of the model's forward when it
 // is a batch aggregate. Each failure is one loom: error, and the type is then UnknownBatch.
@@ -171,24 +200,13 @@ struct batch_type_of {
     } else if constexpr (requires { typename member_fn_args<decltype(&Self::compute_loss)>::batch; }) {
       return checked<typename member_fn_args<decltype(&Self::compute_loss)>::batch>();
     } else if constexpr (requires { &Self::compute_loss; }) {
-      if constexpr (member_fn_arity<decltype(&Self::compute_loss)> == 3)
-        static_assert(dependent_false_v<Self>,
-                      "loom: the override of compute_loss has the wrong signature; expected compute_loss(Model&, "
-                      "Batch&) -> torch::Tensor or loom::ModelOutput (HF's return_outputs parameter has no place "
-                      "here: return a loom::ModelOutput holding the logits)");
-      else
-        static_assert(dependent_false_v<Self>,
-                      "loom: the override of compute_loss has the wrong signature; expected compute_loss(Model&, "
-                      "Batch&) -> torch::Tensor or loom::ModelOutput");
+      wrong_compute_loss<member_fn_arity<decltype(&Self::compute_loss)> == 3>();
       return std::type_identity<UnknownBatch>{};
     } else if constexpr (requires { typename forward_arg<decltype(&Impl::forward)>::batch; } &&
                          data::TensorAggregate<typename forward_arg<decltype(&Impl::forward)>::batch>) {
       return std::type_identity<typename forward_arg<decltype(&Impl::forward)>::batch>{};
     } else {
-      static_assert(dependent_false_v<Self>,
-                    "loom: cannot tell the batch type: the Trainer subclass has no compute_loss(Model&, Batch&) "
-                    "and the model's forward does not take a batch aggregate; declare compute_loss in the "
-                    "subclass, or `using batch_type = Batch;` there");
+      batch_type_unknown<Model>();
       return std::type_identity<UnknownBatch>{};
     }
   }
