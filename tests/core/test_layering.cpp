@@ -1,5 +1,5 @@
 // The dependency rule of docs/architecture.md, checked on the real headers:
-//   config <- core <- policy <- {precision, schedule, optim, distributed, data,
+//   policy <- config <- core <- {precision, schedule, optim, distributed, data,
 //                                checkpoint, metrics, callbacks} <- {trainer, models}
 // A header (or its impl/*.ipp) may include its own folder and folders to its left; the
 // braced folders never include each other.
@@ -16,7 +16,7 @@
 namespace {
 int rank_of(const std::string& folder) {
   static const std::map<std::string, int> ranks{
-      {"config", 0},   {"core", 1},        {"policy", 2},  {"precision", 3}, {"schedule", 3},
+      {"policy", 0},   {"config", 1},      {"core", 2},  {"precision", 3}, {"schedule", 3},
       {"optim", 3},    {"distributed", 3}, {"data", 3},    {"checkpoint", 3}, {"metrics", 3},
       {"callbacks", 3}, {"trainer", 4},    {"models", 4},  {"loom.hpp", 5}};
   auto it = ranks.find(folder);

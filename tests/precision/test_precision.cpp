@@ -7,6 +7,7 @@
 
 #include "../trainer_support.hpp"
 
+#include <filesystem>
 #include <limits>
 #include <vector>
 
@@ -139,6 +140,29 @@ TEST_CASE("FP16: a loss scale that collapses below 1 stops the run with a loom: 
   // The first window logged its ten skipped steps.
   REQUIRE(t.state().log_history.size() == 1);
   CHECK(t.state().log_history[0]["skipped_steps"].get<double>() == 10.0);
+}
+
+TEST_CASE("FP16: the scale floor stops a Trainer run when the collapse is found at a save or at the end") {
+  // A step's skip flag is read at the next optimizer step, or at a save or the end of training
+  // when none follows; the floor is checked on each path (the Trainer settles the flag through
+  // its Accelerator). Step 17 takes the scale from 1 to 0.5; no log reads the flag here.
+  for (const bool at_save : {false, true}) {
+    INFO((at_save ? "found at the save of step 17" : "found at the end of training"));
+    auto args = args_for(at_save ? "fp16_floor_save" : "fp16_floor_end", at_save ? 40 : 17);
+    args.logging_strategy = "no";
+    if (at_save) {
+      args.save_strategy = "steps";
+      args.save_steps = 17;
+    }
+    torch::manual_seed(0);
+    Probe<loom::precision::FP16> t(args, torch::nn::Linear(8, 3), make_data(256, 2));
+    t.poison_all = true;
+    const auto msg = loom_test::error_of([&] { t.train(); });
+    CHECK(msg.rfind("loom: the fp16 loss scale fell to 0.5 (below 1) at step 17 after 17 skipped steps", 0) == 0);
+    CHECK(t.state().global_step == 17);
+    // The collapsed step is not saved as a checkpoint.
+    CHECK_FALSE(std::filesystem::exists(std::filesystem::path(args.output_dir) / "checkpoint-17"));
+  }
 }
 
 TEST_CASE("FP16: the scale doubles after 2000 clean steps (PyTorch's growth interval)") {

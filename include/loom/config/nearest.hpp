@@ -15,7 +15,7 @@ namespace loom::detail {
 LOOM_INLINE std::size_t levenshtein(std::string_view a, std::string_view b);
 
 /// The candidate closest to `query` within max(2, query.size() / 3) edits; failing that, the
-/// closest candidate that starts with `query` (3+ characters: "adamw" -> "adamw_torch"); else "".
+/// closest candidate that starts with `query` (3+ characters: adamw -> adamw_torch); else "".
 LOOM_INLINE std::string nearest_name(std::string_view query, std::span<const std::string_view> candidates);
 
 }  // namespace loom::detail

@@ -3,11 +3,10 @@
 // ("momentum=0.9,nesterov=True"). HF reads a few keys per optimizer and ignores the rest;
 // loom accepts the same keys and refuses any other, so a typo is an error at start-up.
 //
-//   sgd        momentum, dampening, nesterov (bool)
-//   adagrad    lr_decay, eps, initial_accumulator_value
-//   rmsprop    momentum, alpha, eps, centered (bool)
-//   lion       beta1, beta2                       (loom's own; defaults 0.9, 0.99)
-//   adafactor  beta1, decay_rate, clip_threshold  (HF's Adafactor arguments)
+// Each optimizer's keys and their ranges are in its catalog entry (policy/tags.hpp,
+// OptimizerCatalog): sgd momentum, dampening, nesterov; adagrad lr_decay, eps,
+// initial_accumulator_value; rmsprop momentum, alpha, eps, centered; lion beta1, beta2
+// (loom's own; defaults 0.9, 0.99); adafactor beta1, decay_rate, clip_threshold.
 //
 // HF also reads weight_decay for sgd, adagrad and rmsprop, but its decay groups carry their own
 // weight decay, so the value never takes effect there; loom refuses it and names --weight_decay.

@@ -5,6 +5,7 @@
 // --help descriptions: field_help() below repeats them as data.
 
 #include <loom/config/field_help.hpp>
+#include <loom/policy/catalog.hpp>
 
 #include <cstdint>
 #include <optional>
@@ -39,7 +40,7 @@ struct TrainingArguments {
   std::string length_column_name = "length";  ///< the dataset field holding each example's length (group_by_length)
 
   // --- optimizer -----------------------------------------------------------------------
-  std::string optim = "adamw_torch_fused";  ///< adamw_torch_fused | adamw_torch | adafactor | sgd | adagrad | rmsprop | lion
+  std::string optim = std::string(optimizer::AdamWTorchFused::name);  ///< adamw_torch_fused | adamw_torch | adafactor | sgd | adagrad | rmsprop | lion
   std::optional<std::string> optim_args;    ///< HF's extra optimizer arguments, "momentum=0.9,nesterov=True"
   double learning_rate = 5e-5;              ///< peak learning rate
   double weight_decay = 0.0;                ///< weight decay of the decay group (decoupled for AdamW, Adafactor, Lion; L2 for SGD, Adagrad, RMSprop)
@@ -144,7 +145,7 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"train_sampling_strategy", "random | sequential | group_by_length"},
     {"group_by_length", "HF 4's name for --train_sampling_strategy group_by_length"},
     {"length_column_name", "the dataset field holding each example's length (group_by_length)"},
-    {"optim", "adamw_torch_fused | adamw_torch | adafactor | sgd | adagrad | rmsprop | lion"},
+    {"optim", names_text<OptimizerCatalog, "", " | ", "">},
     {"optim_args", "HF's extra optimizer arguments, \"momentum=0.9,nesterov=True\""},
     {"learning_rate", "peak learning rate"},
     {"weight_decay", "weight decay of the decay group (decoupled for AdamW, Adafactor, Lion; L2 for SGD, Adagrad, RMSprop)"},
@@ -194,15 +195,15 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"model_name_or_path", "start from DIR/model.safetensors (strict match)"},
     {"seed", "seed for initialization and shuffling"},
     {"data_seed", "seed for shuffling only"},
-    {"bf16", "bfloat16 autocast (precision::BF16)"},
-    {"fp16", "float16 autocast with loss scaling (precision::FP16)"},
+    {precision::BF16::name, "bfloat16 autocast (precision::BF16)"},
+    {precision::FP16::name, "float16 autocast with loss scaling (precision::FP16)"},
     {"use_cpu", "train on the CPU even when CUDA is available"},
     {"bf16_full_eval", "evaluate outside training with the model cast to bfloat16 (no autocast)"},
     {"fp16_full_eval", "evaluate outside training with the model cast to float16 (no autocast)"},
     {"tf32", "allow TF32 matrix multiplies and convolutions on CUDA (default: torch's setting)"},
     {"skip_memory_metrics", "skip memory reports"},
     {"include_tokens_per_second", "add train_tokens_per_second (items counted by num_items)"},
-    {"sharding", "auto | no | ddp | zero1 | zero2 | full_shard (auto: ddp when started as several processes, else no)"},
+    {"sharding", names_text<ShardingCatalog, "auto | ", " | ", " (auto: ddp when started as several processes, else no)">},
     {"ddp_timeout", "collective timeout in seconds"},
     {"ddp_bucket_cap_mb", "DDP bucket size (default 25)"},
     {"ddp_broadcast_buffers", "DDP, ZeRO-1/2: copy rank 0's buffers (BatchNorm statistics) before each training forward (default: true)"},

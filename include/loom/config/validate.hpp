@@ -6,8 +6,10 @@
 #include <loom/config/error.hpp>
 #include <loom/config/inline.hpp>
 #include <loom/config/training_arguments.hpp>
+#include <loom/policy/catalog.hpp>
 
 #include <array>
+#include <cstddef>
 #include <span>
 #include <string>
 #include <string_view>
@@ -17,22 +19,34 @@ namespace loom {
 
 namespace detail {
 
-// Accepted values of the string-valued choices. HF accepts more optimizers and scheduler
-// names than loom implements for optim; the scheduler list is HF's SchedulerType.
+// Accepted values of the string-valued choices. The optimizers, sharding policies and
+// scheduler names are their catalogs' (policy/tags.hpp); --sharding also takes auto.
 inline constexpr std::array<std::string_view, 3> kIntervalStrategies = {"no", "steps", "epoch"};
 inline constexpr std::array<std::string_view, 4> kSaveStrategies = {"no", "steps", "epoch", "best"};
-inline constexpr std::array<std::string_view, 7> kOptimizers = {"adamw_torch_fused", "adamw_torch", "adafactor", "sgd",
-                                                                 "adagrad",           "rmsprop",     "lion"};
-inline constexpr std::array<std::string_view, 6> kShardings = {"no", "ddp", "zero1", "zero2", "full_shard", "auto"};
+inline constexpr auto kOptimizers = catalog_names<OptimizerCatalog>;
+/// --sharding's default: ddp when torchrun started several processes, else no (trainer/selector.hpp).
+inline constexpr std::string_view kAutoSharding = "auto";
+template <std::size_t N>
+constexpr std::array<std::string_view, N + 1> with_auto(const std::array<std::string_view, N>& names) {
+  std::array<std::string_view, N + 1> out{};
+  for (std::size_t i = 0; i < N; ++i) out[i] = names[i];
+  out[N] = kAutoSharding;
+  return out;
+}
+inline constexpr auto kShardings = with_auto(catalog_names<ShardingCatalog>);
 inline constexpr std::array<std::string_view, 3> kSamplingStrategies = {"random", "sequential", "group_by_length"};
 inline constexpr std::array<std::string_view, 3> kTokenCounts = {"no", "all", "non_padding"};
 inline constexpr std::array<std::string_view, 2> kMetricsInputs = {"inputs", "loss"};
 inline constexpr std::array<std::string_view, 4> kReportTo = {"none", "all", "tensorboard", "jsonl"};
 inline constexpr std::array<std::string_view, 6> kLogLevels = {"debug", "info", "warning", "error", "critical", "passive"};
-inline constexpr std::array<std::string_view, 11> kLrSchedulerTypes = {
-    "linear",           "cosine",                 "cosine_with_restarts",      "polynomial",
-    "constant",         "constant_with_warmup",   "inverse_sqrt",              "reduce_lr_on_plateau",
-    "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay"};
+inline constexpr auto kLrSchedulerTypes = catalog_names<ScheduleCatalog>;
+
+/// The bool field of `args` called `name` (a precision policy's flag); null when there is none.
+LOOM_INLINE bool* bool_field(TrainingArguments& args, std::string_view name);
+LOOM_INLINE const bool* bool_field(const TrainingArguments& args, std::string_view name);
+
+/// The names of the precision flags set in `args` (--bf16, --fp16), in the catalog's order.
+LOOM_INLINE std::vector<std::string_view> precision_flags_set(const TrainingArguments& args);
 
 /// "--<name>".
 LOOM_INLINE std::string flag(std::string_view name);

@@ -88,6 +88,14 @@ void to_device(Batch& batch, const torch::Device& device, bool non_blocking = tr
   });
 }
 
+/// Casts every floating-point field of `batch` to `dtype` (evaluation of a model cast to bf16 / fp16).
+template <TensorAggregate Batch>
+void cast_floating(Batch& batch, torch::ScalarType dtype) {
+  boost::pfr::for_each_field(batch, [&](torch::Tensor& t) {
+    if (t.defined() && t.is_floating_point()) t = t.to(dtype);
+  });
+}
+
 /// Rows `index` (a 1-D int64 tensor) of every field, as one batch (undefined fields stay so).
 template <TensorAggregate Batch>
 Batch index_rows(const Batch& full, const torch::Tensor& index) {

@@ -31,6 +31,7 @@
 // decay, no moment update), as one process and torch's DDP leave `.grad` None.
 
 #include <loom/distributed/engine_common.hpp>
+#include <loom/distributed/sharding.hpp>
 
 #include <algorithm>
 #include <map>
@@ -38,13 +39,13 @@
 
 namespace loom::dist {
 
-enum class Stage { ddp, zero1, zero2 };
-
 class BucketEngine final : public EngineBase {
  public:
-  BucketEngine(Stage stage, std::shared_ptr<Comm> comm, const EngineOptions& options)
+  /// The engine of the policy `facts` describes: DDP (nothing sharded), ZeRO-1 (optimizer
+  /// state sharded) or ZeRO-2 (gradients too).
+  BucketEngine(const ShardingFacts& facts, std::shared_ptr<Comm> comm, const EngineOptions& options)
       : EngineBase(std::move(comm)),
-        stage_(stage),
+        facts_(facts),
         cap_bytes_(static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024)),
         find_unused_(options.find_unused_parameters) {}
   BucketEngine(const BucketEngine&) = delete;
@@ -86,18 +87,18 @@ class BucketEngine final : public EngineBase {
       b.shard = b.padded / n;
       const auto opts = b.slots.front().param.options().requires_grad(false);
       b.flat_param = torch::zeros({b.padded}, opts);
-      if (stage_ != Stage::zero2) b.flat_grad = torch::zeros({b.padded}, opts);
+      if (!facts_.shards_gradients) b.flat_grad = torch::zeros({b.padded}, opts);
       else b.grad_shard = torch::zeros({b.shard}, opts);
       for (std::size_t i = 0; i < b.slots.size(); ++i) {
         auto& s = b.slots[i];
         auto view = b.flat_param.narrow(0, s.offset, s.numel).view(s.param.sizes());
         view.copy_(s.param.detach());
         s.param.set_data(view);
-        if (stage_ != Stage::zero2)
+        if (!facts_.shards_gradients)
           s.param.mutable_grad() = b.flat_grad.narrow(0, s.offset, s.numel).view(s.param.sizes());
         detail::set_grad_ready_hook(s.param, [this, k, i] { on_grad_ready(k, i); });
         index_[s.param.unsafeGetTensorImpl()] = {k, i};
-        if (stage_ != Stage::ddp) pieces_[b.first + i] = make_piece(b, s);
+        if (facts_.shards_optimizer_state) pieces_[b.first + i] = make_piece(b, s);
       }
     }
   }
@@ -109,16 +110,16 @@ class BucketEngine final : public EngineBase {
     const auto [k, i] = locate(param, name);
     auto& b = buckets_[k];
     const auto& s = b.slots[i];
-    if (stage_ == Stage::ddp) return Piece{name, param, param.grad(), 0, s.numel, s.numel};
+    if (!facts_.shards_optimizer_state) return Piece{name, param, param.grad(), 0, s.numel, s.numel};
     auto piece = pieces_[b.first + i];
     if (piece) piece->name = name;
     return piece;
   }
 
   /// Does the optimizer step slices (true) or whole parameters (DDP)?
-  [[nodiscard]] bool shards_optimizer() const override { return stage_ != Stage::ddp; }
+  [[nodiscard]] bool shards_optimizer() const override { return facts_.shards_optimizer_state; }
   /// Are gradients held in shards, so norms and overflow checks need a reduction?
-  [[nodiscard]] bool grads_sharded() const override { return stage_ != Stage::ddp; }
+  [[nodiscard]] bool grads_sharded() const override { return facts_.shards_optimizer_state; }
 
   /// Starts an accumulation group: no parameter has been used in it yet.
   void begin_group(int64_t local_items, const torch::Device& device) override {
@@ -129,7 +130,7 @@ class BucketEngine final : public EngineBase {
   void begin_micro_step(bool last) override {
     restore_grads();
     last_ = last;
-    syncing_ = last || stage_ == Stage::zero2;
+    syncing_ = last || facts_.shards_gradients;
     next_launch_ = 0;
     late_.clear();
     std::fill(ready_.begin(), ready_.end(), 0);
@@ -158,9 +159,9 @@ class BucketEngine final : public EngineBase {
     if (find_unused_ && last_) mask = launch_used_mask();
     for (auto& b : buckets_) {
       b.work.wait();
-      if (stage_ == Stage::zero1 && b.rs_out.defined())
+      if (facts_.shards_optimizer_state && !facts_.shards_gradients && b.rs_out.defined())
         b.flat_grad.narrow(0, comm_->rank() * b.shard, b.shard).copy_(b.rs_out);
-      else if (stage_ == Stage::zero2 && b.rs_out.defined())
+      else if (facts_.shards_gradients && b.rs_out.defined())
         b.grad_shard.add_(b.rs_out);
       b.rs_out = torch::Tensor();
       b.staging = torch::Tensor();
@@ -168,13 +169,13 @@ class BucketEngine final : public EngineBase {
     check(late_.empty(),
           "the gradient of {} arrived after its bucket had been reduced: backward ran more than once in one "
           "micro-step under --sharding {}; backpropagate the sum of the losses once", late_,
-          stage_ == Stage::ddp ? "ddp" : stage_ == Stage::zero1 ? "zero1" : "zero2");
+          facts_.name);
     if (find_unused_ && last_) hide_unused_grads(mask);
     syncing_ = false;
   }
   /// After the optimizer step: every rank gets every updated slice (ZeRO).
   void after_step() override {
-    if (stage_ == Stage::ddp || comm_->size() == 1) return;
+    if (!facts_.shards_optimizer_state || comm_->size() == 1) return;
     std::vector<Work> works;
     for (auto& b : buckets_) {
       auto mine = b.flat_param.narrow(0, comm_->rank() * b.shard, b.shard).clone();
@@ -235,7 +236,7 @@ class BucketEngine final : public EngineBase {
     if (!range) return std::nullopt;
     const auto [a, e] = *range;
     Piece p{s.name, b.flat_param.narrow(0, a, e - a), {}, a - s.offset, e - s.offset, s.numel};
-    p.grad = stage_ == Stage::zero2 ? b.grad_shard.narrow(0, a - comm_->rank() * b.shard, e - a)
+    p.grad = facts_.shards_gradients ? b.grad_shard.narrow(0, a - comm_->rank() * b.shard, e - a)
                                     : b.flat_grad.narrow(0, a, e - a);
     p.param.mutable_grad() = p.grad;
     return p;
@@ -293,7 +294,7 @@ class BucketEngine final : public EngineBase {
       for (std::size_t i = 0; i < b.slots.size(); ++i) {
         if (used[b.first + i] != 0) continue;
         hidden_.push_back(b.first + i);
-        if (stage_ == Stage::ddp) b.slots[i].param.mutable_grad() = torch::Tensor();
+        if (!facts_.shards_optimizer_state) b.slots[i].param.mutable_grad() = torch::Tensor();
         else if (auto& piece = pieces_[b.first + i]) piece->param.mutable_grad() = torch::Tensor();
       }
   }
@@ -304,7 +305,7 @@ class BucketEngine final : public EngineBase {
                                        [](std::size_t v, const Bucket& b) { return v < b.first; });
       auto& b = *std::prev(it);
       auto& s = b.slots[g - b.first];
-      if (stage_ == Stage::ddp) s.param.mutable_grad() = b.flat_grad.narrow(0, s.offset, s.numel).view(s.param.sizes());
+      if (!facts_.shards_optimizer_state) s.param.mutable_grad() = b.flat_grad.narrow(0, s.offset, s.numel).view(s.param.sizes());
       else if (auto& piece = pieces_[g]) piece->param.mutable_grad() = piece->grad;
     }
     hidden_.clear();
@@ -316,7 +317,7 @@ class BucketEngine final : public EngineBase {
     b.launched = true;
     torch::NoGradGuard no_grad;
     torch::Tensor grads = b.flat_grad;
-    if (stage_ == Stage::zero2) {
+    if (facts_.shards_gradients) {
       b.staging = torch::zeros({b.padded}, b.flat_param.options());
       for (auto& s : b.slots) {
         if (s.param.grad().defined()) b.staging.narrow(0, s.offset, s.numel).copy_(s.param.grad().reshape({-1}));
@@ -325,11 +326,11 @@ class BucketEngine final : public EngineBase {
       grads = b.staging;
     }
     if (comm_->size() == 1) {
-      if (stage_ == Stage::zero2) b.rs_out = b.staging;
+      if (facts_.shards_gradients) b.rs_out = b.staging;
       return;
     }
     share_.apply(grads);
-    if (stage_ == Stage::ddp) {
+    if (!facts_.shards_optimizer_state) {
       b.work = comm_->all_reduce({grads}, "the gradient all-reduce");
     } else {
       b.rs_out = torch::empty({b.shard}, grads.options());
@@ -337,7 +338,7 @@ class BucketEngine final : public EngineBase {
     }
   }
 
-  Stage stage_;
+  ShardingFacts facts_;  // which of DDP, ZeRO-1, ZeRO-2 this engine runs
   int64_t cap_bytes_;
   bool find_unused_;
   std::vector<Bucket> buckets_;
@@ -351,5 +352,20 @@ class BucketEngine final : public EngineBase {
   std::string late_;                 // a parameter whose gradient came after its bucket launched
   GradLaunches launches_;
 };
+
+/// DDP, ZeRO-1 and ZeRO-2 run the bucket engine, configured by their facts.
+template <class Tag>
+struct BucketPolicy {
+  static std::unique_ptr<Engine> make_engine(std::shared_ptr<Comm> comm, const EngineOptions& options) {
+    return std::make_unique<BucketEngine>(Tag::facts, std::move(comm), options);
+  }
+  static void can_implement(const TrainingArguments&, const World&) {}
+};
+template <>
+struct ShardingImpl<sharding::DDP> : BucketPolicy<sharding::DDP> {};
+template <>
+struct ShardingImpl<sharding::ZeRO1> : BucketPolicy<sharding::ZeRO1> {};
+template <>
+struct ShardingImpl<sharding::ZeRO2> : BucketPolicy<sharding::ZeRO2> {};
 
 }  // namespace loom::dist

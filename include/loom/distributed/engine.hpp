@@ -6,6 +6,8 @@
 // loom::compiled library only. The calls are a handful per micro-step, far from the kernels.
 
 #include <loom/config/inline.hpp>
+#include <loom/config/training_arguments.hpp>
+#include <loom/distributed/env.hpp>
 
 #include <torch/torch.h>
 
@@ -14,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace loom::dist {
 
@@ -35,9 +38,6 @@ struct StateBytes {
   double params = 0, grads = 0, optimizer = 0;
   [[nodiscard]] double total() const { return params + grads + optimizer; }
 };
-
-/// Which engine a sharding tag runs.
-enum class EngineKind { none, ddp, zero1, zero2, full_shard };
 
 /// What make_engine configures; the bucket engines (DDP, ZeRO-1, ZeRO-2) read both fields,
 /// the others neither.
@@ -65,6 +65,8 @@ class Engine {
   [[nodiscard]] virtual bool shards_optimizer() const = 0;
   /// Each rank holds the gradient of its pieces only (norms and overflow flags need a SUM).
   [[nodiscard]] virtual bool grads_sharded() const = 0;
+  /// The engine zeroes the gradients it keeps (else the optimizer drops autograd's).
+  [[nodiscard]] virtual bool owns_grads() const = 0;
   /// An accumulation group starts; `local_items` are this rank's items in it.
   virtual void begin_group(int64_t local_items, const torch::Device& device) = 0;
   /// local / global items of the group, on the device; undefined in a world of one.
@@ -97,9 +99,20 @@ class Engine {
   [[nodiscard]] virtual GradLaunches grad_launches() const = 0;
 };
 
-/// The engine of `kind` over `comm` (null for EngineKind::none).
-LOOM_INLINE std::unique_ptr<Engine> make_engine(EngineKind kind, std::shared_ptr<Comm> comm,
+/// The engine of the sharding policy called `sharding` (a ShardingCatalog name) over `comm`
+/// (null for a policy that uses none).
+LOOM_INLINE std::unique_ptr<Engine> make_engine(std::string_view sharding, std::shared_ptr<Comm> comm,
                                                 const EngineOptions& options);
+
+/// The start-up checks of the sharding policy called `sharding` (its ShardingImpl's
+/// can_implement): a loom::Error when it cannot run with `args` in `world`.
+LOOM_INLINE void check_sharding(std::string_view sharding, const TrainingArguments& args, const World& world);
+
+/// DDP's broadcast_buffers: copies rank 0's module buffers (BatchNorm running statistics) to
+/// every rank, one broadcast per dtype. The Accelerator calls it before each training forward
+/// under the policies that replicate the model (--ddp_broadcast_buffers, default true), as
+/// torch's DistributedDataParallel does.
+LOOM_INLINE void broadcast_buffers(Comm& comm, torch::nn::Module& module);
 
 }  // namespace loom::dist
 

@@ -139,6 +139,9 @@ class EngineBase : public Engine {
  public:
   explicit EngineBase(std::shared_ptr<Comm> comm) : comm_(std::move(comm)) {}
 
+  /// The engine keeps the gradients (flat buffers or shards) and zeroes them.
+  [[nodiscard]] bool owns_grads() const override { return true; }
+
   /// Starts an accumulation group whose micro-batches hold `local_items` items on this rank.
   void begin_group(int64_t local_items, const torch::Device& device) override {
     share_.begin_group(comm_.get(), local_items, device);

@@ -20,8 +20,10 @@
 //             forward.
 // The root unit is gathered at the start of each micro-step and released after its backward.
 
+#include <loom/core/log.hpp>
 #include <loom/distributed/engine_common.hpp>
 #include <loom/distributed/full_shard_unit.hpp>
+#include <loom/distributed/sharding.hpp>
 
 #include <map>
 #include <optional>
@@ -296,6 +298,21 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
   bool recorded_ = false;
   bool in_backward_pass_ = false;
   GradLaunches launches_;
+};
+
+template <>
+struct ShardingImpl<sharding::FullShard> {
+  static std::unique_ptr<Engine> make_engine(std::shared_ptr<Comm> comm, const EngineOptions&) {
+    return std::make_unique<FullShardEngine>(std::move(comm));
+  }
+  /// HF ignores --ddp_find_unused_parameters outside DDP; loom says so when it was asked for.
+  static void can_implement(const TrainingArguments& args, const World&) {
+    if (args.ddp_find_unused_parameters.value_or(false))
+      log_message(LogLevel::warning,
+                  "--ddp_find_unused_parameters has no effect under --sharding {}: a unit whose gradients did "
+                  "not all arrive is reduced after backward, and a parameter no rank used is stepped with a zero "
+                  "gradient", sharding::FullShard::name);
+  }
 };
 
 }  // namespace loom::dist

@@ -1,69 +1,39 @@
 #pragma once
-// ShardingImpl<Tag>: what each sharding tag means to the Trainer, as compile-time facts plus
-// the engine it runs (dist::Engine, made by make_engine). The primary template fails loudly;
-// the ShardingEngine concept states what a specialization provides, and the Trainer asserts
-// it. A new strategy adds one tag (policy/tags.hpp), one engine file here, one
-// specialization below and one case in make_engine (impl/engine.ipp).
+// ShardingImpl<Tag>: what a sharding policy of ShardingCatalog (policy/tags.hpp) runs and
+// whether it can run with the given arguments and world (CUTLASS's can_implement). Each
+// specialization lives in its engine's file (no_shard.hpp, bucket_engine.hpp, full_shard.hpp);
+// the primary template fails loudly, and the ShardingEngine concept states what a
+// specialization provides. impl/engine.ipp folds over the catalog, so these are reached only
+// through make_engine / check_sharding (engine.hpp) and compile once with the engines.
+//
+// A new sharding policy: its tag and catalog entry in policy/tags.hpp, its engine file here
+// with its ShardingImpl, and that file's #include in impl/engine.ipp.
 
 #include <loom/config/meta.hpp>
+#include <loom/config/training_arguments.hpp>
 #include <loom/distributed/engine.hpp>
-#include <loom/distributed/full_shard_unit.hpp>
+#include <loom/distributed/env.hpp>
 #include <loom/policy/tags.hpp>
 
 #include <concepts>
+#include <memory>
 
 namespace loom::dist {
 
-/// Specialized per sharding tag.
+/// Specialized per sharding tag, in its engine's file.
 template <class Tag>
 struct ShardingImpl {
-  static_assert(dependent_false_v<Tag>, "loom: no ShardingImpl for this sharding tag; add a specialization "
-                                      "in loom/distributed/sharding.hpp");
+  static_assert(dependent_false_v<Tag>, "loom: no ShardingImpl for this sharding tag; specialize it in its engine's "
+                                      "file and include that file from loom/distributed/impl/engine.ipp");
 };
 
-/// What the Trainer reads from a sharding policy.
+/// What a sharding policy provides: its engine, and its own start-up checks (a loom::Error
+/// when it cannot run with `args` in `world`; a warning for a flag that has no effect).
 template <class S>
-concept ShardingEngine = requires {
-  { S::kind } -> std::convertible_to<EngineKind>;         // the engine make_engine builds
-  { S::uses_comm } -> std::convertible_to<bool>;          // needs a process group
-  { S::owns_grads } -> std::convertible_to<bool>;         // the engine zeroes gradients (not the optimizer)
-  { S::forward_is_collective } -> std::convertible_to<bool>;  // every rank must run every forward
-};
-
-template <>
-struct ShardingImpl<sharding::NoShard> {
-  static constexpr EngineKind kind = EngineKind::none;
-  static constexpr bool uses_comm = false;
-  static constexpr bool owns_grads = false;  // autograd's gradients, set to none after a step
-  static constexpr bool forward_is_collective = false;
-};
-template <>
-struct ShardingImpl<sharding::DDP> {
-  static constexpr EngineKind kind = EngineKind::ddp;
-  static constexpr bool uses_comm = true;
-  static constexpr bool owns_grads = true;
-  static constexpr bool forward_is_collective = false;
-};
-template <>
-struct ShardingImpl<sharding::ZeRO1> {
-  static constexpr EngineKind kind = EngineKind::zero1;
-  static constexpr bool uses_comm = true;
-  static constexpr bool owns_grads = true;
-  static constexpr bool forward_is_collective = false;
-};
-template <>
-struct ShardingImpl<sharding::ZeRO2> {
-  static constexpr EngineKind kind = EngineKind::zero2;
-  static constexpr bool uses_comm = true;
-  static constexpr bool owns_grads = true;
-  static constexpr bool forward_is_collective = false;
-};
-template <>
-struct ShardingImpl<sharding::FullShard> {
-  static constexpr EngineKind kind = EngineKind::full_shard;
-  static constexpr bool uses_comm = true;
-  static constexpr bool owns_grads = true;
-  static constexpr bool forward_is_collective = true;  // each forward gathers parameters
+concept ShardingEngine = requires(std::shared_ptr<Comm> comm, const EngineOptions& options,
+                                  const TrainingArguments& args, const World& world) {
+  { S::make_engine(comm, options) } -> std::same_as<std::unique_ptr<Engine>>;
+  S::can_implement(args, world);
 };
 
 }  // namespace loom::dist

@@ -26,10 +26,8 @@
 
 namespace loom::schedule {
 
-/// Every schedule tag selectable by name, in HF's SchedulerType order.
-using NamedSchedules = std::tuple<Linear, Cosine, CosineWithRestarts, Polynomial, Constant, ConstantWithWarmup,
-                                  InverseSqrt, ReduceLROnPlateau, CosineWithMinLR, CosineWarmupWithMinLR,
-                                  WarmupStableDecay>;
+/// Every schedule tag selectable by name: the catalog's (policy/tags.hpp).
+using NamedSchedules = ScheduleCatalog;
 
 /// The schedule chosen at run time by its HF name.
 template <>

@@ -25,10 +25,13 @@
 #include <loom/core/error.hpp>
 #include <loom/core/state.hpp>
 #include <loom/data/dataloader.hpp>
+#include <loom/data/train_sampler.hpp>
 #include <loom/distributed/engine.hpp>
 #include <loom/distributed/env.hpp>
+#include <loom/distributed/full_shard_unit.hpp>
 #include <loom/optim/optimizer.hpp>
 #include <loom/policy/bundle.hpp>
+#include <loom/policy/catalog.hpp>
 #include <loom/precision/bf16.hpp>
 #include <loom/precision/fp16.hpp>
 #include <loom/precision/fp32.hpp>
@@ -38,7 +41,6 @@
 #include <loom/trainer/optimizer_step.hpp>
 #include <loom/trainer/startup.hpp>
 #include <loom/trainer/trainer_types.hpp>
-#include <loom/distributed/sharding.hpp>
 
 #include <torch/torch.h>
 
@@ -80,6 +82,8 @@ class AcceleratorBase {
   [[nodiscard]] int process_index() const { return world_.rank; }
   /// The sharding engine (its process group: sharding().comm(), null for NoShard).
   [[nodiscard]] dist::Engine& sharding() { return *engine_; }
+  /// The process group (null when the sharding policy needs none).
+  [[nodiscard]] dist::Comm* comm() const { return engine_->comm(); }
 
   /// The run's progress (global_step, epoch, log_history): trainer_state.json in a checkpoint.
   [[nodiscard]] TrainerState& state() { return state_; }
@@ -104,6 +108,8 @@ class AcceleratorBase {
     module_owner_ = module;
     prepare_module(*module);
   }
+  /// prepare_model for a module whose owner outlives this Accelerator (the Trainer's model).
+  LOOM_INLINE void prepare_module(torch::nn::Module& module);
   /// Takes the optimizer (over the prepared module's parameters, e.g. optim::make_optimizer)
   /// and the scheduler it follows; when the policy shards the optimizer, rebuilds it over this
   /// rank's pieces. Resets the step counters and the loss totals.
@@ -123,7 +129,7 @@ class AcceleratorBase {
   [[nodiscard]] data::DataLoader<Batch> prepare_train_loader(data::AnyDataset<Batch> dataset) const {
     std::shared_ptr<const std::vector<int64_t>> lengths;
     if (run_args_->train_sampling_strategy == "group_by_length")
-      lengths = std::make_shared<const std::vector<int64_t>>(detail::example_lengths(dataset, run_args_->length_column_name));
+      lengths = std::make_shared<const std::vector<int64_t>>(data::example_lengths(dataset, run_args_->length_column_name));
     const data::Sampler sampler = train_sampler(std::move(lengths));
     return data::DataLoader<Batch>(std::move(dataset), run_args_->per_device_train_batch_size,
                                    run_args_->dataloader_drop_last, sampler, data::Shard{world_.rank, world_.size});
@@ -131,7 +137,9 @@ class AcceleratorBase {
   /// The training sampler the arguments name: seeded shuffle (--data_seed, else --seed),
   /// sequential, or HF's LengthGroupedSampler over per_device_train_batch_size x
   /// gradient_accumulation_steps on `lengths` (each example's length) for group_by_length.
-  [[nodiscard]] LOOM_INLINE data::Sampler train_sampler(std::shared_ptr<const std::vector<int64_t>> lengths) const;
+  [[nodiscard]] data::Sampler train_sampler(std::shared_ptr<const std::vector<int64_t>> lengths) const {
+    return data::train_sampler(*run_args_, std::move(lengths));
+  }
   /// Evaluation batches, in order, --per_device_eval_batch_size, nothing dropped; every rank
   /// holds every batch and evaluates those eval_batches() gives it.
   template <class Batch>
@@ -204,6 +212,12 @@ class AcceleratorBase {
     check(checkpointer_.has_value(), "save_model needs the model: call prepare_model first");
     checkpointer_->save_model(dir, config);
   }
+  /// Loads the weights of `dir` (a checkpoint or model folder) into the prepared model, on
+  /// every rank (HF's load_best_model_at_end). Every rank calls it.
+  void load_model(const std::filesystem::path& dir) {
+    check(checkpointer_.has_value(), "load_model needs the model: call prepare_model first");
+    checkpointer_->load_weights(dir);
+  }
   /// The checkpoint's loop_state.json after the last load_state (empty before).
   [[nodiscard]] const nlohmann::json& resumed_loop_state() const { return resumed_loop_state_; }
 
@@ -221,19 +235,9 @@ class AcceleratorBase {
 
   /// prepare_optimizer's non-template part (current_lr_ set by the caller).
   LOOM_INLINE void prepare_optimizer(optim::Optimizer optimizer, schedule::LRSchedulerBase& scheduler);
-  /// prepare_model for a module whose owner outlives the engine (the Trainer's model, which
-  /// calls release() first).
-  LOOM_INLINE void prepare_module(torch::nn::Module& module);
-  /// Drops the checkpointer, the optimizer step and the engine, in that order (the engine
-  /// unhooks the module's parameters): the Trainer's destructor calls it while the model lives.
-  void release() {
-    checkpointer_.reset();
-    steps_.reset();
-    engine_.reset();
-  }
-  /// After start_up: the world, the device and the engine for `kind`; seeds the generators.
-  /// `args` must outlive this object.
-  LOOM_INLINE void start(TrainingArguments& args, Startup up, dist::EngineKind kind, bool engine_owns_grads);
+  /// After start_up: the world, the device and the engine of the sharding policy `sharding`;
+  /// seeds the generators. `args` must outlive this object.
+  LOOM_INLINE void start(TrainingArguments& args, Startup up, const ShardingFacts& sharding);
   /// The checkpoint's JSON parts: scheduler.json, scaler.json, loop_state.json, then the
   /// registered ones.
   LOOM_INLINE std::vector<JsonPart> checkpoint_parts();
@@ -253,8 +257,7 @@ class AcceleratorBase {
   std::optional<Checkpointer> checkpointer_;
   TrainerState state_;
   LoopState loop_;
-  dist::EngineKind kind_ = dist::EngineKind::none;
-  bool engine_owns_grads_ = false;
+  ShardingFacts sharding_;  // the sharding policy's facts
   bool sync_buffers_ = false;  // broadcast rank 0's buffers before each training forward
   nlohmann::json resumed_loop_state_;
   std::vector<JsonPart> extra_parts_;
@@ -269,13 +272,14 @@ class Accelerator : public AcceleratorBase {
   using sharding_policy = typename policies::sharding;
   using precision_policy = typename policies::precision;
   using precision_type = precision::PrecisionImpl<precision_policy>;
-  using sharding_type = dist::ShardingImpl<sharding_policy>;
-  /// Every forward is a collective under this policy (FullShard): in evaluation, a rank
-  /// without a batch still runs one.
-  static constexpr bool forward_is_collective = sharding_type::forward_is_collective;
+  /// Every forward is a collective under this policy (FullShard gathers parameters in each):
+  /// in evaluation, a rank without a batch still runs one.
+  static constexpr bool forward_is_collective = sharding_policy::facts.shards_parameters;
 
-  static_assert(dist::ShardingEngine<sharding_type>,
-                "loom: the sharding policy's ShardingImpl lacks kind, uses_comm, owns_grads or forward_is_collective");
+  static_assert(in_catalog<ShardingCatalog, sharding_policy>,
+                "loom: the sharding policy is not in loom::ShardingCatalog (policy/tags.hpp)");
+  static_assert(in_catalog<PrecisionCatalog, precision_policy>,
+                "loom: the precision policy is not in loom::PrecisionCatalog (policy/tags.hpp)");
   static_assert(precision::PrecisionPolicy<precision_type>,
                 "loom: the precision policy's PrecisionImpl does not provide the PrecisionPolicy interface");
 
@@ -285,6 +289,14 @@ class Accelerator : public AcceleratorBase {
     own_args_ = std::make_unique<TrainingArguments>(std::move(args));
     auto up = start_up(*own_args_, compiled_policies(""), /*has_eval_dataset=*/true);
     start(*own_args_, std::move(up));
+  }
+
+  /// For a front end that keeps its own arguments (the Trainer): checks `args` in place against
+  /// the policies and `schedule` (the compiled schedule's --lr_scheduler_type name, "" when
+  /// chosen by that flag); `has_eval_dataset`: --eval_strategy may evaluate. `args` must
+  /// outlive the Accelerator.
+  Accelerator(TrainingArguments& args, std::string_view schedule, bool has_eval_dataset) {
+    start(args, start_up(args, compiled_policies(schedule), has_eval_dataset));
   }
 
   /// Autocast for the forward and the loss (bf16, fp16; nothing under fp32).
@@ -327,20 +339,10 @@ class Accelerator : public AcceleratorBase {
   /// The precision policy's state (fp16: the loss scaler).
   [[nodiscard]] precision_type& precision() { return *precision_; }
 
- protected:
-  Accelerator() = default;  // the Trainer starts it once its arguments are checked
-
-  static CompiledPolicies compiled_policies(std::string_view schedule_name) {
-    return {sharding_policy::name, precision_policy::name, precision_policy::type_name, schedule_name,
-            sharding_type::uses_comm};
-  }
-  void start(TrainingArguments& args, Startup up) {
-    precision_.emplace(args, up.device);
-    precision_part_ = json_part("scaler.json", *precision_);
-    AcceleratorBase::start(args, std::move(up), sharding_type::kind, sharding_type::owns_grads);
-  }
-  // Reads the previous step's fp16 skip flag; after a skipped step, checks that the loss
-  // scale has not collapsed (a host read, on skipped steps only).
+  /// Reads the last optimizer step's fp16 skip flag (a host read; skipped_steps() is exact
+  /// after it). After a skipped step it checks that the loss scale has not collapsed, a
+  /// loom::Error below the floor. optimizer_step calls it for the step before; call it before
+  /// reading skipped_steps(), saving or ending a run.
   void settle_skip() {
     const int64_t before = steps_->skipped_steps();
     steps_->settle_skip();
@@ -348,6 +350,16 @@ class Accelerator : public AcceleratorBase {
       if (steps_->skipped_steps() != before) precision_->check_scale_floor(steps_->skipped_steps(), state_.global_step);
   }
 
+ protected:
+
+  static CompiledPolicies compiled_policies(std::string_view schedule_name) {
+    return {sharding_policy::facts, precision_policy::facts, schedule_name};
+  }
+  void start(TrainingArguments& args, Startup up) {
+    precision_.emplace(args, up.device);
+    precision_part_ = json_part("scaler.json", *precision_);
+    AcceleratorBase::start(args, std::move(up), sharding_policy::facts);
+  }
   std::optional<precision_type> precision_;
 };
 

@@ -7,6 +7,7 @@
 #include <loom/config/inline.hpp>
 #include <loom/config/training_arguments.hpp>
 #include <loom/distributed/env.hpp>
+#include <loom/policy/tags.hpp>
 
 #include <torch/torch.h>
 
@@ -21,11 +22,9 @@ namespace loom {
 
 /// The policies a Trainer was compiled with, as start-up checks the arguments against them.
 struct CompiledPolicies {
-  std::string_view sharding;        ///< the sharding tag's --sharding name
-  std::string_view precision;       ///< the precision tag's flag name (fp32, bf16, fp16)
-  std::string_view precision_type;  ///< its type name (FP32, BF16, FP16)
-  std::string_view schedule;        ///< the schedule tag's --lr_scheduler_type name ("": chosen by that flag)
-  bool uses_comm = false;           ///< the sharding policy needs a process group
+  ShardingFacts sharding;     ///< the sharding tag's facts (its --sharding name, whether it needs a process group)
+  PrecisionFacts precision;   ///< the precision tag's facts (its flag)
+  std::string_view schedule;  ///< the schedule tag's --lr_scheduler_type name ("": chosen by that flag)
 };
 
 /// The outcome of start-up.
@@ -35,17 +34,12 @@ struct Startup {
   std::shared_ptr<dist::Comm> comm;   ///< the process group (null when the policy needs none)
 };
 
-/// Checks and finalizes `args` for `policies` and joins the job. The flags follow the compiled
+/// Checks and finalizes `args` for `policies` and joins the job; the sharding policy's own
+/// checks (its can_implement) run once the world is known. The flags follow the compiled
 /// policies: --bf16/--fp16, --sharding and --lr_scheduler_type left at their defaults take the
 /// compiled value (so training_args.json tells what ran); a flag set to another value is a
 /// loom::Error. `has_eval_dataset`: the Trainer was given an evaluation dataset.
 LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& policies, bool has_eval_dataset);
-
-/// DDP's broadcast_buffers: copies rank 0's module buffers (BatchNorm running statistics) to
-/// every rank, one broadcast per dtype. The Trainer calls it before each training forward
-/// under DDP, ZeRO-1 and ZeRO-2 (--ddp_broadcast_buffers, default true), as torch's
-/// DistributedDataParallel does.
-LOOM_INLINE void broadcast_buffers(dist::Comm& comm, torch::nn::Module& module);
 
 }  // namespace loom
 

@@ -41,7 +41,6 @@
 #include <loom/data/dataset.hpp>
 #include <loom/distributed/checkpointed.hpp>
 #include <loom/distributed/engine.hpp>
-#include <loom/distributed/sharding.hpp>
 #include <loom/metrics/memory.hpp>
 #include <loom/metrics/speed.hpp>
 #include <loom/core/neftune.hpp>
@@ -86,8 +85,7 @@ namespace loom {
 /// The Trainer. Derived: your subclass (CRTP) or void; Model: a torch::nn module holder;
 /// Policies: tags from loom::sharding, loom::precision, loom::schedule, loom::Callbacks<...>.
 template <class Derived, class Model, class... Policies>
-class Trainer : private Accelerator<typename PolicyBundle<Policies...>::sharding,
-                                    typename PolicyBundle<Policies...>::precision> {
+class Trainer {
  public:
   using policies = PolicyBundle<Policies...>;
   using sharding_policy = typename policies::sharding;
@@ -97,7 +95,6 @@ class Trainer : private Accelerator<typename PolicyBundle<Policies...>::sharding
   using callbacks_type = typename detail::callback_set<typename policies::callbacks>::type;
 
   using precision_type = precision::PrecisionImpl<precision_policy>;
-  using sharding_type = dist::ShardingImpl<sharding_policy>;
   /// This base class, as the hooks' dispatch calls the defaults (`self.loom_trainer::name`).
   using loom_trainer = Trainer;
   /// The parts the Trainer is built from (trainer/accelerator.hpp): accelerator().
@@ -134,8 +131,6 @@ class Trainer : private Accelerator<typename PolicyBundle<Policies...>::sharding
 
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
-  // The engine unhooks the model's parameters: it goes first, while model_ lives.
-  ~Trainer() { this->release(); }
 
   // ---- hooks: override in the subclass; call these as Trainer::name(...) for the default ---
 
@@ -155,7 +150,7 @@ class Trainer : private Accelerator<typename PolicyBundle<Policies...>::sharding
   /// Backpropagates `loss` through the precision policy (fp16: the scaled loss). Call this
   /// instead of loss.backward() in a training_step override: the sharding engine sees the
   /// loss first (--ddp_find_unused_parameters).
-  using accelerator_type::backward;
+  void backward(const torch::Tensor& loss) { acc_->backward(loss); }
 
   /// Items a batch contributes to the loss normalization (default: its rows).
   template <class Batch>
@@ -204,7 +199,7 @@ class Trainer : private Accelerator<typename PolicyBundle<Policies...>::sharding
     check(data_->train.has_value(),
           "training needs a training dataset; this Trainer was built without one (loom::no_train_dataset)");
     return data::DataLoader<B>(*data_->train, args_.per_device_train_batch_size, args_.dataloader_drop_last,
-                               this->train_sampler(train_lengths_), data::Shard{world_.rank, world_.size});
+                               acc_->train_sampler(train_lengths_), data::Shard{acc_->world().rank, acc_->world().size});
   }
 
   /// Batches of an evaluation dataset: in order, per_device_eval_batch_size, nothing dropped.
@@ -232,9 +227,9 @@ class Trainer : private Accelerator<typename PolicyBundle<Policies...>::sharding
   /// With --auto_find_batch_size, again from the start with a smaller batch after an
   /// out-of-memory error (trainer/batch_size_finder.hpp).
   TrainOutput train() {
-    const NeftuneScope neftune(*this);
+    const detail::NeftuneScope neftune(args_, model_);
     if (!args_.auto_find_batch_size) return train_impl<batch_type<>>();
-    BatchSizeFinder finder(args_, checkpointer_->resume_dir(), detail::module_of(model_));
+    BatchSizeFinder finder(args_, acc_->resume_dir(), detail::module_of(model_));
     for (;;) {
       try {
         return train_impl<batch_type<>>();
@@ -246,31 +241,15 @@ class Trainer : private Accelerator<typename PolicyBundle<Policies...>::sharding
 
   /// Evaluates on the Trainer's evaluation dataset; metrics are named `<metric_key_prefix>_<name>`.
   /// With several named sets (EvalDatasets), each in turn, as `<metric_key_prefix>_<set>_<name>`.
-  Metrics evaluate(const std::string& metric_key_prefix = "eval") {
-    using Batch = batch_type<>;
-    check(!data_->eval.empty(), "evaluate() needs an evaluation dataset; pass one to the Trainer or to evaluate()");
-    Metrics metrics;
-    for (const auto& [name, dataset] : data_->eval)
-      metrics.merge(evaluate_impl<Batch>(dataset, name.empty() ? metric_key_prefix : metric_key_prefix + "_" + name));
-    return metrics;
-  }
+  Metrics evaluate(const std::string& metric_key_prefix = "eval");
 
   /// Evaluates on `dataset` instead of the Trainer's (HF's evaluate(eval_dataset=...)).
   template <data::Dataset D>
-  Metrics evaluate(D dataset, const std::string& metric_key_prefix = "eval") {
-    using Batch = batch_type<D>;
-    static_assert(std::is_same_v<data::batch_t<D>, Batch>,
-                  "loom: the evaluation dataset yields another batch type than compute_loss takes");
-    return evaluate_impl<Batch>(data::AnyDataset<Batch>(std::move(dataset)), metric_key_prefix);
-  }
+  Metrics evaluate(D dataset, const std::string& metric_key_prefix = "eval");
 
   /// Evaluates on each of `datasets` in turn, as `<metric_key_prefix>_<set>_<name>`.
   template <data::Dataset D>
-  Metrics evaluate(EvalDatasets<D> datasets, const std::string& metric_key_prefix = "eval") {
-    Metrics metrics;
-    for (auto& [name, dataset] : datasets) metrics.merge(evaluate(std::move(dataset), metric_key_prefix + "_" + name));
-    return metrics;
-  }
+  Metrics evaluate(EvalDatasets<D> datasets, const std::string& metric_key_prefix = "eval");
 
   /// Predictions, label ids and `test_`-prefixed metrics on `test_dataset` (HF's predict);
   /// fires on_predict, logs nothing.
@@ -280,12 +259,12 @@ class Trainer : private Accelerator<typename PolicyBundle<Policies...>::sharding
 
   /// Writes `<split>_results.json` and merges the metrics into `all_results.json` (HF's save_metrics).
   void save_metrics(const std::string& split, const Metrics& metrics) const {
-    if (state_.is_world_process_zero) detail::save_metrics(args_.output_dir, split, metrics);
+    if (acc_->state().is_world_process_zero) detail::save_metrics(args_.output_dir, split, metrics);
   }
 
   /// Writes trainer_state.json to output_dir (HF's save_state).
   void save_state() const {
-    if (state_.is_world_process_zero) detail::save_trainer_state(args_.output_dir, state_);
+    if (acc_->state().is_world_process_zero) detail::save_trainer_state(args_.output_dir, acc_->state());
   }
 
   /// Writes the model to `output_dir` (default: --output_dir): model.safetensors (every
@@ -297,7 +276,7 @@ class Trainer : private Accelerator<typename PolicyBundle<Policies...>::sharding
   /// Prints `metrics` as HF's log_metrics does ("***** <split> metrics *****", then one
   /// aligned line per metric, sorted, formatted by metrics_format), on world process zero.
   void log_metrics(const std::string& split, const Metrics& metrics) const {
-    if (state_.is_world_process_zero) std::fputs(format_metrics_report(split, metrics).c_str(), stdout);
+    if (acc_->state().is_world_process_zero) std::fputs(format_metrics_report(split, metrics).c_str(), stdout);
   }
   /// The metrics as HF's metrics_format shows them: memory in MB, runtimes as h:mm:ss.cc,
   /// total_flos in GF, other values rounded to 4 digits.
@@ -312,15 +291,15 @@ class Trainer : private Accelerator<typename PolicyBundle<Policies...>::sharding
   /// The model.
   [[nodiscard]] Model& model() { return model_; }
   /// The run's state.
-  [[nodiscard]] const TrainerState& state() const { return state_; }
+  [[nodiscard]] const TrainerState& state() const { return acc_->state(); }
   /// The control flags.
   [[nodiscard]] TrainerControl& control() { return control_; }
   /// The device the model lives on.
-  using accelerator_type::device;
+  [[nodiscard]] const torch::Device& device() const { return acc_->device(); }
   /// True on the process of global rank 0 (the one that writes shared files).
-  [[nodiscard]] bool is_world_process_zero() const { return state_.is_world_process_zero; }
+  [[nodiscard]] bool is_world_process_zero() const { return acc_->state().is_world_process_zero; }
   /// True on the process of local rank 0 of each node.
-  [[nodiscard]] bool is_local_process_zero() const { return state_.is_local_process_zero; }
+  [[nodiscard]] bool is_local_process_zero() const { return acc_->state().is_local_process_zero; }
   /// Examples in a data loader's dataset (HF's num_examples).
   template <class Batch>
   [[nodiscard]] int64_t num_examples(const data::DataLoader<Batch>& loader) const {
@@ -356,24 +335,10 @@ class Trainer : private Accelerator<typename PolicyBundle<Policies...>::sharding
   /// Adds a default-constructed `Cb` (a TrainerCallback subclass); for a compiled callback
   /// type, switches it back on.
   template <class Cb>
-  void add_callback() {
-    if constexpr (callbacks_type::template compiled<Cb>) {
-      callbacks_.template enable<Cb>(true);
-    } else {
-      static_assert(std::is_base_of_v<TrainerCallback, Cb>,
-                    "loom: add_callback<Cb>: Cb must derive from loom::TrainerCallback (or be a compiled callback)");
-      callbacks_.add(std::make_shared<Cb>());
-    }
-  }
+  void add_callback();
   /// Removes and returns the first run-time callback of type `Cb` (null when there is none).
   template <class Cb>
-  std::shared_ptr<Cb> pop_callback() {
-    static_assert(std::is_base_of_v<TrainerCallback, Cb>,
-                  "loom: pop_callback<Cb>: only run-time callbacks (loom::TrainerCallback) can be popped; "
-                  "remove_callback<Cb>() switches a compiled one off");
-    return std::static_pointer_cast<Cb>(
-        callbacks_.pop_if([](const std::shared_ptr<TrainerCallback>& c) { return dynamic_cast<Cb*>(c.get()) != nullptr; }));
-  }
+  std::shared_ptr<Cb> pop_callback();
   /// Removes `cb` and returns it (null when it is not there).
   std::shared_ptr<TrainerCallback> pop_callback(const std::shared_ptr<TrainerCallback>& cb) {
     return callbacks_.pop_if([&](const std::shared_ptr<TrainerCallback>& c) { return c == cb; });
@@ -381,10 +346,7 @@ class Trainer : private Accelerator<typename PolicyBundle<Policies...>::sharding
   /// Removes the first run-time callback of type `Cb`; for a compiled callback type (e.g.
   /// ProgressCallback, the printer) switches it off.
   template <class Cb>
-  void remove_callback() {
-    if constexpr (callbacks_type::template compiled<Cb>) callbacks_.template enable<Cb>(false);
-    else (void)pop_callback<Cb>();
-  }
+  void remove_callback();
   /// Removes `cb`.
   void remove_callback(const std::shared_ptr<TrainerCallback>& cb) { (void)pop_callback(cb); }
   /// The run-time callbacks, in call order.
@@ -394,21 +356,21 @@ class Trainer : private Accelerator<typename PolicyBundle<Policies...>::sharding
   /// What callbacks receive as HF's keyword arguments, as of now.
   [[nodiscard]] const CallbackArgs& callback_args() const { return kwargs_; }
   /// The precision policy's state (fp16: the loss scaler).
-  using accelerator_type::precision;
+  [[nodiscard]] precision_type& precision() { return acc_->precision(); }
   /// Optimizer steps the fp16 scaler skipped in the last train().
-  using accelerator_type::skipped_steps;
+  [[nodiscard]] int64_t skipped_steps() const { return acc_->skipped_steps(); }
   /// This process's place in the job (torchrun's environment; one process without it).
-  using accelerator_type::world;
+  [[nodiscard]] const dist::World& world() const { return acc_->world(); }
   /// The sharding engine (its process group: sharding().comm(), null for NoShard).
-  using accelerator_type::sharding;
+  [[nodiscard]] dist::Engine& sharding() { return acc_->sharding(); }
   /// Bytes this rank holds for parameters, gradients and optimizer state, measured after the
   /// first optimizer step of the last train() (zero before).
-  using accelerator_type::model_state_bytes;
+  [[nodiscard]] const dist::StateBytes& model_state_bytes() const { return acc_->model_state_bytes(); }
   /// The optimizer (after train() created it).
-  using accelerator_type::optimizer;
+  [[nodiscard]] optim::Optimizer& optimizer() { return acc_->optimizer(); }
   /// The parts this Trainer is built from, as a hand-written loop uses them (HF's
   /// trainer.accelerator): its engine, precision, optimizer step and checkpoint writer.
-  [[nodiscard]] accelerator_type& accelerator() { return *this; }
+  [[nodiscard]] accelerator_type& accelerator() { return *acc_; }
 
  protected:
   /// The object hooks are called on: the subclass, or this Trainer when Derived is void.
@@ -420,21 +382,10 @@ class Trainer : private Accelerator<typename PolicyBundle<Policies...>::sharding
  private:
   using Self = std::conditional_t<std::is_void_v<Derived>, Trainer, Derived>;
   using datasets_type = detail::Datasets<Self, Model>;
-  using accelerator_type::checkpointer_;
-  using accelerator_type::device_;
-  using accelerator_type::engine_;
-  using accelerator_type::loop_;
-  using accelerator_type::precision_;
-  using accelerator_type::settle_skip;
-  using accelerator_type::state_;
-  using accelerator_type::steps_;
-  using accelerator_type::world_;
   // Lazily evaluated so Derived is complete; the parameter only delays instantiation.
   template <class Delay = void>
   using batch_type = typename detail::batch_type_of<std::conditional_t<true, Self, Delay>, Model>::type;
 
-  static_assert(dist::ShardingEngine<sharding_type>,
-                "loom: the sharding policy's ShardingImpl lacks kind, uses_comm, owns_grads or forward_is_collective");
   static_assert(precision::PrecisionPolicy<precision_type>,
                 "loom: the precision policy's PrecisionImpl does not provide the PrecisionPolicy interface");
   static_assert(requires { std::string_view(schedule_policy::name); },
@@ -443,25 +394,6 @@ class Trainer : private Accelerator<typename PolicyBundle<Policies...>::sharding
 
   template <class Eval>
   void add_eval_dataset(std::string name, Eval dataset);
-
-  // --neftune_noise_alpha for the length of train() (HF activates NEFTune in train() and
-  // deactivates it when training ends).
-  struct NeftuneScope {
-    explicit NeftuneScope(Trainer& t) {
-      if constexpr (ExposesNEFTune<Model>) {
-        if (t.args_.neftune_noise_alpha) {
-          noise = &neftune_of(t.model_);
-          noise->noise_alpha = *t.args_.neftune_noise_alpha;
-        }
-      }
-    }
-    NeftuneScope(const NeftuneScope&) = delete;
-    NeftuneScope& operator=(const NeftuneScope&) = delete;
-    ~NeftuneScope() {
-      if (noise) noise->noise_alpha = 0;
-    }
-    NEFTune* noise = nullptr;
-  };
 
   template <class Train>
   void init(Train train_dataset);
@@ -474,167 +406,26 @@ class Trainer : private Accelerator<typename PolicyBundle<Policies...>::sharding
   template <class Batch>
   void check_label_names() const;
 
+  // The training loop (HF's _inner_training_loop), in trainer/training_loop.hpp.
   template <class Batch>
-  TrainOutput train_impl() {
-    auto loader = call_hook<hook::get_train_dataloader>(self());
-    const auto plan = TrainingPlan::make(args_, loader.size(), loader.num_examples(), world_.size);
-    const int64_t len = plan.batches_per_epoch, ga = args_.gradient_accumulation_steps;
-    state_ = plan.initial_state(args_, world_.is_main(), world_.is_local_main());
-    control_ = TrainerControl{};
-
-    auto optimizer = call_hook<hook::create_optimizer>(self());
-    scheduler_.emplace(call_hook<hook::create_scheduler>(self(), plan.max_steps));
-    auto& module = detail::module_of(model_);
-    this->prepare_optimizer(std::move(optimizer), *scheduler_);  // resets the loop's totals too
-    module.train();
-    kwargs_.optimizer = &steps_->optimizer();
-    kwargs_.lr_scheduler = &*scheduler_;
-    train_loader_info_ = {loader.size(), loader.num_examples(), loader.batch_size()};
-    kwargs_.train_dataloader = &train_loader_info_;
-
-    last_saved_step_ = -1;
-    int64_t epochs_trained = 0, batches_to_skip = 0;
-    record_callback_states();  // HF's TrainerState(stateful_callbacks=...) at the start of training
-    if (auto resume = checkpointer_->resume_dir()) {
-      this->load_state(*resume);
-      if (args_.restore_callback_states_from_checkpoint) {
-        callbacks_.load_states(state_.stateful_callbacks);
-        if (state_.stateful_callbacks.contains("TrainerControl"))
-          control_ = TrainerControl::from_state(nlohmann::json(state_.stateful_callbacks["TrainerControl"]));
-      }
-      epochs_trained = state_.global_step / plan.updates_per_epoch;
-      batches_to_skip = (state_.global_step % plan.updates_per_epoch) * ga;
-    }
-
-    const auto start = std::chrono::steady_clock::now();
-    train_start_ = start;
-    tokens_at_start_ = state_.num_input_tokens_seen;
-    tokens_pending_ = 0;
-    const MemoryTracker memory("train", !args_.skip_memory_metrics, device_);
-    in_train_ = true;
-    PreemptionWatch preemption(engine_->comm(), device_);
-    bool preempted = false;
-    fire<event::on_train_begin>();
-    if (args_.eval_on_start) (void)evaluate();  // HF: without stepping ReduceLROnPlateau
-
-    torch::Tensor grad_norm;
-    double last_lr = 0.0;
-    std::vector<Batch> group;
-    std::vector<int64_t> items;
-    data::BatchPrefetcher<Batch> batches(loader, prefetch_options());
-    for (int64_t epoch = epochs_trained; epoch < plan.num_epochs; ++epoch) {
-      // Resuming mid-epoch starts at the first batch not yet trained; nothing before it is read.
-      const int64_t first_update = epoch == epochs_trained ? batches_to_skip / ga : 0;
-      batches.start(epoch, first_update * ga, len);
-      fire<event::on_epoch_begin>();
-      int64_t step = first_update * ga - 1;
-      for (int64_t update = first_update; update < plan.updates_per_epoch; ++update) {
-        const int64_t first = update * ga;
-        const int64_t count = std::min(ga, len - first);
-        // Gather the whole accumulation group first: the loss weights need its item count.
-        group.clear();
-        items.clear();
-        int64_t group_items = 0;
-        for (int64_t i = 0; i < count; ++i) {
-          group.push_back(batches.next());  // batch first + i
-          // Counted on the host batch, so a token count never waits for the device.
-          items.push_back(call_hook<hook::num_items>(self(), std::as_const(group.back())));
-          if (args_.include_num_input_tokens_seen != "no") tokens_pending_ += input_tokens(group.back());
-          state_.total_flos += call_hook<hook::floating_point_ops>(self(), std::as_const(group.back()));
-          data::to_device(group.back(), device_);
-          group_items += items.back();
-          loop_.items_seen += items.back();
-        }
-        // Distributed: each rank's gradients are scaled by its share of the group's items.
-        this->begin_accumulation(group_items);
-        for (int64_t i = 0; i < count; ++i) {
-          ++step;
-          if (step % ga == 0) fire<event::on_step_begin>();
-          const double divisor = group_items > 0 ? static_cast<double>(group_items) / static_cast<double>(items[i])
-                                                 : static_cast<double>(count);
-          this->begin_micro_step(i + 1 == count);
-          torch::Tensor loss_step = call_hook<hook::training_step>(self(), model_, group[i], divisor);
-          this->end_micro_step();
-          if (engine_->item_factor().defined()) loss_step = loss_step * engine_->item_factor();
-          loop_.tr_loss.add(loss_step, state_.global_step - loop_.last_logged);
-          if (i + 1 == count) {
-            grad_norm = this->clip_grad_norm(args_.max_grad_norm);  // unscale, clip
-            fire<event::on_pre_optimizer_step>();
-            last_lr = this->optimizer_step();
-            fire<event::on_optimizer_step>();
-            this->finish_step();  // scaler update, scheduler, zero_grad
-            state_.global_step += 1;
-            state_.epoch = static_cast<double>(epoch) + static_cast<double>(step + 1) / static_cast<double>(len);
-            fire<event::on_step_end>();
-            maybe_log_save_evaluate<Batch>(grad_norm, last_lr);
-            if (preemption.should_stop()) preempted = control_.should_training_stop = true;
-          } else {
-            fire<event::on_substep_end>();
-          }
-          if (control_.should_epoch_stop || control_.should_training_stop) break;
-        }
-        if (control_.should_epoch_stop || control_.should_training_stop) break;
-      }
-      fire<event::on_epoch_end>();
-      maybe_log_save_evaluate<Batch>(grad_norm, last_lr);
-      if (control_.should_training_stop) break;
-    }
-
-    steps_->settle_skip();
-    if (preempted || preemption.got_signal_at_end()) stop_for_preemption(preemption.stop_signal());
-    in_train_ = false;
-    if (args_.load_best_model_at_end && state_.best_model_checkpoint) {
-      log_message(LogLevel::info, "loading the best model from {} ({} = {})", *state_.best_model_checkpoint,
-                  args_.metric_for_best_model.value_or("loss"), state_.best_metric.value_or(0.0));
-      checkpointer_->load_weights(*state_.best_model_checkpoint);
-    }
-    loop_.total_loss += loop_.tr_loss.total(args_.logging_nan_inf_filter);
-    sync_tokens();
-    TrainOutput out;
-    out.global_step = state_.global_step;
-    out.training_loss = loop_.total_loss / static_cast<double>(std::max<int64_t>(state_.global_step, 1));
-    out.metrics = speed_metrics("train", start, plan.num_train_samples, static_cast<double>(plan.max_steps));
-    if (args_.include_tokens_per_second)
-      out.metrics.set("train_tokens_per_second", detail::round_to(static_cast<double>(loop_.items_seen) /
-                                                                      out.metrics.get("train_runtime").value(), 3));
-    out.metrics.set("total_flos", state_.total_flos);
-    out.metrics.set("train_loss", out.training_loss);
-    memory.stop(out.metrics);
-    call_hook<hook::log>(self(), std::as_const(out.metrics));
-    out.metrics.set("epoch", state_.epoch);
-    fire<event::on_train_end>();
-    save_state();
-    save_metrics("train", out.metrics);
-    return out;
-  }
+  TrainOutput train_impl();
 
   // Fires `Event` on every callback with HF's keyword arguments (and the event's extra).
   template <class Event, class... X>
   void fire(const X&... x) {
-    callbacks_.template fire<Event>(args_, state_, control_, kwargs_, x...);
+    callbacks_.template fire<Event>(args_, acc_->state(), control_, kwargs_, x...);
   }
 
   // The stateful callbacks' states and the TrainerControl flags, as trainer_state.json keeps them.
   void record_callback_states() {
-    callbacks_.save_states(state_.stateful_callbacks);
-    state_.stateful_callbacks["TrainerControl"] = control_.state();
-  }
-
-  // HF's TrainingArguments.should_log: informational lines come from the main process of
-  // each node (log_on_each_node, the default) or of the whole job.
-  [[nodiscard]] bool should_log() const {
-    return args_.log_on_each_node ? state_.is_local_process_zero : state_.is_world_process_zero;
+    callbacks_.save_states(acc_->state().stateful_callbacks);
+    acc_->state().stateful_callbacks["TrainerControl"] = control_.state();
   }
 
   // Input tokens of a training batch (include_num_input_tokens_seen): the attention_mask's
   // sum for non_padding when the batch has one, else the main input's elements (HF's rule).
   template <class Batch>
-  int64_t input_tokens(const Batch& batch) const {
-    if (args_.include_num_input_tokens_seen == "non_padding")
-      if (const torch::Tensor* mask = data::field_named(batch, "attention_mask"); mask && mask->defined())
-        return mask->sum().template item<int64_t>();
-    return main_input(batch).numel();
-  }
+  int64_t input_tokens(const Batch& batch) const;
 
   // Adds the tokens counted since the last call, summed over ranks, to num_input_tokens_seen.
   // Called on logging, evaluation and saving steps and at the end (the same steps on every
@@ -662,15 +453,7 @@ class Trainer : private Accelerator<typename PolicyBundle<Policies...>::sharding
   // TrainingArguments' dataloader_* flags (pinned memory only helps copies to a GPU).
   [[nodiscard]] data::PrefetchOptions prefetch_options() const {
     return {args_.dataloader_num_workers, args_.dataloader_prefetch_factor.value_or(2),
-            args_.dataloader_pin_memory && device_.is_cuda()};
-  }
-
-  // The floating-point fields of `batch` in `dtype` (full-precision evaluation in bf16/fp16).
-  template <class Batch>
-  static void cast_floating(Batch& batch, torch::ScalarType dtype) {
-    boost::pfr::for_each_field(batch, [&](torch::Tensor& t) {
-      if (t.defined() && t.is_floating_point()) t = t.to(dtype);
-    });
+            args_.dataloader_pin_memory && acc_->device().is_cuda()};
   }
 
   // HF's evaluation_loop over this rank's batches (evaluation.hpp does the sums and the
@@ -695,6 +478,9 @@ class Trainer : private Accelerator<typename PolicyBundle<Policies...>::sharding
   int64_t tokens_at_start_ = 0;           // num_input_tokens_seen when this train() began (resumed runs)
   std::chrono::steady_clock::time_point train_start_{};
   LoaderInfo train_loader_info_, eval_loader_info_;
+  // The job's parts (trainer/accelerator.hpp), reached through their public API only. Last, so
+  // it goes first: its engine unhooks the model's parameters while model_ lives.
+  std::optional<accelerator_type> acc_;
 };
 
 /// A Trainer with no overrides.
@@ -703,5 +489,6 @@ using DefaultTrainer = Trainer<void, Model, Policies...>;
 
 }  // namespace loom
 
-// The member functions defined out of line: trainer_steps.hpp.
+// The member functions defined out of line: trainer_steps.hpp, and the training loop.
 #include <loom/trainer/trainer_steps.hpp>
+#include <loom/trainer/training_loop.hpp>

@@ -62,14 +62,14 @@ template <class Batch>
 torch::Tensor Trainer<Derived, Model, Policies...>::training_step(Model& model, Batch& batch, double loss_divisor) {
   torch::Tensor loss;
   {
-    auto autocast = precision_->autocast();
+    auto autocast = acc_->autocast();
     loss = loss_of(call_hook<hook::compute_loss>(self(), model, batch));
   }
   check(loss.defined() && loss.numel() == 1, "compute_loss must return a scalar loss, got shape {}",
         loss.defined() ? c10::str(loss.sizes()) : std::string("undefined"));
   if (loss.scalar_type() != torch::kFloat) loss = loss.to(torch::kFloat);
   if (loss_divisor != 1.0) loss = loss / loss_divisor;
-  backward(loss);
+  acc_->backward(loss);
   return loss.detach();
 }
 
@@ -77,7 +77,7 @@ template <class Derived, class Model, class... Policies>
 template <class Batch>
 PredictionOutput Trainer<Derived, Model, Policies...>::prediction_step(Model& model, Batch& batch) {
   torch::NoGradGuard no_grad;
-  auto autocast = precision_->autocast();
+  auto autocast = acc_->autocast();
   auto out = call_hook<hook::compute_loss>(self(), model, batch);
   PredictionOutput p;
   if (torch::Tensor loss = loss_of(out); loss.defined()) p.loss = loss.detach();
@@ -97,10 +97,10 @@ PredictionOutput Trainer<Derived, Model, Policies...>::prediction_step(Model& mo
 template <class Derived, class Model, class... Policies>
 void Trainer<Derived, Model, Policies...>::log(const Metrics& logs) {
   Metrics entry = logs;
-  entry.set("epoch", state_.epoch);
+  entry.set("epoch", acc_->state().epoch);
   if (args_.include_num_input_tokens_seen != "no")
-    entry.set("num_input_tokens_seen", static_cast<double>(state_.num_input_tokens_seen));
-  state_.append_log(entry);
+    entry.set("num_input_tokens_seen", static_cast<double>(acc_->state().num_input_tokens_seen));
+  acc_->state().append_log(entry);
   fire<event::on_log>(entry);
 }
 
@@ -112,10 +112,10 @@ PredictResult Trainer<Derived, Model, Policies...>::predict(D test_dataset, cons
                 "loom: the test dataset yields another batch type than compute_loss takes");
   const data::AnyDataset<Batch> dataset(std::move(test_dataset));
   auto loader = call_hook<hook::get_test_dataloader>(self(), dataset);
-  const MemoryTracker memory(metric_key_prefix, !args_.skip_memory_metrics && !in_train_, device_);
-  engine_->begin_forward_only();
+  const MemoryTracker memory(metric_key_prefix, !args_.skip_memory_metrics && !in_train_, acc_->device());
+  acc_->begin_evaluation();
   auto result = evaluation_loop<Batch>(loader, metric_key_prefix);
-  engine_->end_forward_only();
+  acc_->end_evaluation();
   memory.stop(result.metrics);
   fire<event::on_predict>(result.metrics);
   return result;
@@ -129,7 +129,7 @@ void Trainer<Derived, Model, Policies...>::save_model(std::optional<std::string>
     using Config = std::decay_t<decltype(model_->config)>;
     if constexpr (std::is_aggregate_v<Config>) config = loom::to_json(model_->config);
   }
-  checkpointer_->save_model(dir, config);
+  acc_->save_model(dir, config);
 }
 
 template <class Derived, class Model, class... Policies>
@@ -156,11 +156,13 @@ void Trainer<Derived, Model, Policies...>::init(Train train_dataset) {
   static_assert(schedule::Schedule<scheduler_type>,
                 "loom: the scheduler does not provide the Schedule interface (schedule/schedule_decl.hpp)");
   if (!data_) data_ = std::make_unique<datasets_type>();
-  auto up = start_up(args_, accelerator_type::compiled_policies(schedule_policy::name), !data_->eval.empty());
+  // Start-up: the arguments checked against the policies, the world, device, precision, seed
+  // and engine.
+  acc_.emplace(args_, schedule_policy::name, !data_->eval.empty());
   if constexpr (!std::is_same_v<Train, NoTrainDataset> && known) {
     if (args_.train_sampling_strategy == "group_by_length")
       train_lengths_ = std::make_shared<const std::vector<int64_t>>(
-          detail::example_lengths(train_dataset, args_.length_column_name));
+          data::example_lengths(train_dataset, args_.length_column_name));
     data_->train.emplace(std::move(train_dataset));
   }
   label_names_ = detail::label_names_of(args_);
@@ -169,9 +171,18 @@ void Trainer<Derived, Model, Policies...>::init(Train train_dataset) {
         "on the module, applied to the token embeddings in forward (core/neftune.hpp; loom's GPT-2 and BERT "
         "have it)");
   if constexpr (known) check_label_names<Batch>();
-  accelerator_type::start(args_, std::move(up));  // world, device, precision, seed, engine
+  // Only the default compute_loss applies --label_smoothing_factor (HF's rule too); an
+  // override that does not would silently train without it.
+  if constexpr (requires { &Self::compute_loss; }) {
+    static bool warned = false;  // once per Trainer type in a process (a search builds many)
+    if (args_.label_smoothing_factor != 0 && !std::exchange(warned, true))
+      log_message(LogLevel::warning,
+                  "--label_smoothing_factor {} is applied by the default compute_loss only, and this Trainer "
+                  "overrides compute_loss: apply it there (loom::label_smoothed_loss), or drop the flag",
+                  args_.label_smoothing_factor);
+  }
   // checkpointer, --model_name_or_path, device, --gradient_checkpointing, engine set-up
-  this->prepare_module(detail::module_of(model_));
+  acc_->prepare_module(detail::module_of(model_));
   kwargs_.model = &detail::module_of(model_);
   add_reporters();
   fire<event::on_init_end>();
@@ -204,28 +215,28 @@ void Trainer<Derived, Model, Policies...>::sync_tokens() {
   if (args_.include_num_input_tokens_seen == "no") return;
   int64_t delta = tokens_pending_;
   tokens_pending_ = 0;
-  if (world_.size > 1) {
-    auto t = torch::full({1}, delta, torch::TensorOptions().dtype(torch::kLong).device(device_));
-    engine_->all_reduce(t, "the input-token all-reduce");
+  if (acc_->world().size > 1) {
+    auto t = torch::full({1}, delta, torch::TensorOptions().dtype(torch::kLong).device(acc_->device()));
+    t = acc_->reduce_sum(t);
     delta = t.cpu().template item<int64_t>();
   }
-  state_.num_input_tokens_seen += delta;
+  acc_->state().num_input_tokens_seen += delta;
 }
 
 template <class Derived, class Model, class... Policies>
 template <class Batch>
 void Trainer<Derived, Model, Policies...>::maybe_log_save_evaluate(const torch::Tensor& grad_norm, double lr) {
   if (control_.should_log || control_.should_evaluate || control_.should_save) sync_tokens();
-  if (control_.should_log && state_.global_step > loop_.last_logged) {
-    const double loss = loop_.tr_loss.total(args_.logging_nan_inf_filter);
-    loop_.tr_loss.reset();
+  if (control_.should_log && acc_->state().global_step > acc_->loop().last_logged) {
+    const double loss = acc_->loop().tr_loss.total(args_.logging_nan_inf_filter);
+    acc_->loop().tr_loss.reset();
     Metrics logs;
-    logs.set("loss", loss / static_cast<double>(state_.global_step - loop_.last_logged));
+    logs.set("loss", loss / static_cast<double>(acc_->state().global_step - acc_->loop().last_logged));
     if constexpr (precision::ScalesLoss<precision_type>) {
       // fp16: how many of the window's steps the scaler skipped (their loss still counts).
-      settle_skip();
-      logs.set("skipped_steps", static_cast<double>(steps_->skipped_steps() - loop_.skipped_logged));
-      loop_.skipped_logged = steps_->skipped_steps();
+      acc_->settle_skip();
+      logs.set("skipped_steps", static_cast<double>(acc_->skipped_steps() - acc_->loop().skipped_logged));
+      acc_->loop().skipped_logged = acc_->skipped_steps();
     }
     if (grad_norm.defined()) logs.set("grad_norm", grad_norm.item<double>());
     logs.set("learning_rate", lr);
@@ -233,17 +244,17 @@ void Trainer<Derived, Model, Policies...>::maybe_log_save_evaluate(const torch::
       // HF's log(logs, start_time): this session's tokens per second so far.
       logs.merge(speed_metrics("train", train_start_));
       logs.set("train_tokens_per_second",
-               detail::round_to(static_cast<double>(state_.num_input_tokens_seen - tokens_at_start_) /
+               detail::round_to(static_cast<double>(acc_->state().num_input_tokens_seen - tokens_at_start_) /
                                     logs.get("train_runtime").value(), 3));
     }
-    loop_.total_loss += loss;
-    loop_.last_logged = state_.global_step;
+    acc_->loop().total_loss += loss;
+    acc_->loop().last_logged = acc_->state().global_step;
     call_hook<hook::log>(self(), std::as_const(logs));
   }
   if (control_.should_evaluate) {
     const Metrics metrics = evaluate();
     step_plateau(metrics);
-    const bool new_best = best_.update(metrics, state_);
+    const bool new_best = best_.update(metrics, acc_->state());
     if (args_.save_strategy == "best") control_.should_save = new_best;
   }
   if (control_.should_save) save_checkpoint();
@@ -251,23 +262,23 @@ void Trainer<Derived, Model, Policies...>::maybe_log_save_evaluate(const torch::
 
 template <class Derived, class Model, class... Policies>
 void Trainer<Derived, Model, Policies...>::save_checkpoint() {
-  steps_->settle_skip();
-  best_.before_save(state_);
+  acc_->settle_skip();
+  best_.before_save(acc_->state());
   record_callback_states();
-  accelerator_type::save_state();
-  last_saved_step_ = state_.global_step;
+  acc_->save_state();
+  last_saved_step_ = acc_->state().global_step;
   fire<event::on_save>();
 }
 
 template <class Derived, class Model, class... Policies>
 void Trainer<Derived, Model, Policies...>::stop_for_preemption(int signal) {
   sync_tokens();
-  if (last_saved_step_ != state_.global_step) save_checkpoint();
+  if (last_saved_step_ != acc_->state().global_step) save_checkpoint();
   in_train_ = false;
   fire<event::on_train_end>();
   save_state();
-  throw Preempted(signal, state_.global_step,
-                  checkpoint::checkpoint_dir(args_.output_dir, state_.global_step).string());
+  throw Preempted(signal, acc_->state().global_step,
+                  checkpoint::checkpoint_dir(args_.output_dir, acc_->state().global_step).string());
 }
 
 template <class Derived, class Model, class... Policies>
@@ -286,13 +297,13 @@ template <class Derived, class Model, class... Policies>
 template <class Batch>
 Metrics Trainer<Derived, Model, Policies...>::evaluate_impl(const data::AnyDataset<Batch>& dataset, const std::string& prefix) {
   auto loader = call_hook<hook::get_eval_dataloader>(self(), dataset);
-  const MemoryTracker memory(prefix, !args_.skip_memory_metrics && !in_train_, device_);
-  engine_->begin_forward_only();
+  const MemoryTracker memory(prefix, !args_.skip_memory_metrics && !in_train_, acc_->device());
+  acc_->begin_evaluation();
   Metrics metrics = evaluation_loop<Batch>(loader, prefix).metrics;
-  engine_->end_forward_only();
+  acc_->end_evaluation();
   memory.stop(metrics);
   call_hook<hook::log>(self(), std::as_const(metrics));
-  metrics.set("epoch", state_.epoch);  // HF's log() adds it to the caller's metrics
+  metrics.set("epoch", acc_->state().epoch);  // HF's log() adds it to the caller's metrics
   fire<event::on_evaluate>(metrics);
   return metrics;
 }
@@ -312,7 +323,7 @@ PredictResult Trainer<Derived, Model, Policies...>::evaluation_loop(data::DataLo
   module.eval();
   const auto start = std::chrono::steady_clock::now();
   torch::NoGradGuard no_grad;
-  EvalAccumulator acc(args_, world_, *engine_, device_, loader.size());
+  EvalAccumulator acc(args_, acc_->world(), acc_->sharding(), acc_->device(), loader.size());
   eval_loader_info_ = {loader.size(), loader.num_examples(), loader.batch_size()};
   kwargs_.eval_dataloader = &eval_loader_info_;
   std::vector<int64_t> own;  // this rank's batches, in round order
@@ -323,17 +334,17 @@ PredictResult Trainer<Derived, Model, Policies...>::evaluation_loop(data::DataLo
   for (int64_t k = 0; k < acc.rounds(); ++k) {
     const auto b = acc.batch_of(k);
     if (!b) {
-      if constexpr (sharding_type::forward_is_collective) {
+      if constexpr (accelerator_type::forward_is_collective) {
         Batch dummy = loader.batch(0);
-        data::to_device(dummy, device_);
-        if (full_eval) cast_floating(dummy, *full_eval);
+        data::to_device(dummy, acc_->device());
+        if (full_eval) data::cast_floating(dummy, *full_eval);
         (void)call_hook<hook::prediction_step>(self(), model_, dummy);
       }
       continue;
     }
     Batch batch = batches.next();  // loader.batch(*b)
-    data::to_device(batch, device_);
-    if (full_eval) cast_floating(batch, *full_eval);
+    data::to_device(batch, acc_->device());
+    if (full_eval) data::cast_floating(batch, *full_eval);
     const int64_t n = data::batch_rows(batch);
     acc.add(call_hook<hook::prediction_step>(self(), model_, batch), n, main_input(batch));
     acc.end_round(k);
@@ -349,6 +360,71 @@ PredictResult Trainer<Derived, Model, Policies...>::evaluation_loop(data::DataLo
   result.metrics = acc.metrics(std::move(raw), prefix, start);
   if (was_training) module.train();
   return result;
+}
+
+template <class Derived, class Model, class... Policies>
+template <class Cb>
+void Trainer<Derived, Model, Policies...>::add_callback() {
+  if constexpr (callbacks_type::template compiled<Cb>) {
+    callbacks_.template enable<Cb>(true);
+  } else {
+    static_assert(std::is_base_of_v<TrainerCallback, Cb>,
+                  "loom: add_callback<Cb>: Cb must derive from loom::TrainerCallback (or be a compiled callback)");
+    callbacks_.add(std::make_shared<Cb>());
+  }
+}
+
+template <class Derived, class Model, class... Policies>
+template <class Cb>
+std::shared_ptr<Cb> Trainer<Derived, Model, Policies...>::pop_callback() {
+  static_assert(std::is_base_of_v<TrainerCallback, Cb>,
+                "loom: pop_callback<Cb>: only run-time callbacks (loom::TrainerCallback) can be popped; "
+                "remove_callback<Cb>() switches a compiled one off");
+  return std::static_pointer_cast<Cb>(
+      callbacks_.pop_if([](const std::shared_ptr<TrainerCallback>& c) { return dynamic_cast<Cb*>(c.get()) != nullptr; }));
+}
+
+template <class Derived, class Model, class... Policies>
+template <class Cb>
+void Trainer<Derived, Model, Policies...>::remove_callback() {
+  if constexpr (callbacks_type::template compiled<Cb>) callbacks_.template enable<Cb>(false);
+  else (void)pop_callback<Cb>();
+}
+
+template <class Derived, class Model, class... Policies>
+Metrics Trainer<Derived, Model, Policies...>::evaluate(const std::string& metric_key_prefix) {
+  using Batch = batch_type<>;
+  check(!data_->eval.empty(), "evaluate() needs an evaluation dataset; pass one to the Trainer or to evaluate()");
+  Metrics metrics;
+  for (const auto& [name, dataset] : data_->eval)
+    metrics.merge(evaluate_impl<Batch>(dataset, name.empty() ? metric_key_prefix : metric_key_prefix + "_" + name));
+  return metrics;
+}
+
+template <class Derived, class Model, class... Policies>
+template <data::Dataset D>
+Metrics Trainer<Derived, Model, Policies...>::evaluate(D dataset, const std::string& metric_key_prefix) {
+  using Batch = batch_type<D>;
+  static_assert(std::is_same_v<data::batch_t<D>, Batch>,
+                "loom: the evaluation dataset yields another batch type than compute_loss takes");
+  return evaluate_impl<Batch>(data::AnyDataset<Batch>(std::move(dataset)), metric_key_prefix);
+}
+
+template <class Derived, class Model, class... Policies>
+template <data::Dataset D>
+Metrics Trainer<Derived, Model, Policies...>::evaluate(EvalDatasets<D> datasets, const std::string& metric_key_prefix) {
+  Metrics metrics;
+  for (auto& [name, dataset] : datasets) metrics.merge(evaluate(std::move(dataset), metric_key_prefix + "_" + name));
+  return metrics;
+}
+
+template <class Derived, class Model, class... Policies>
+template <class Batch>
+int64_t Trainer<Derived, Model, Policies...>::input_tokens(const Batch& batch) const {
+  if (args_.include_num_input_tokens_seen == "non_padding")
+    if (const torch::Tensor* mask = data::field_named(batch, "attention_mask"); mask && mask->defined())
+      return mask->sum().template item<int64_t>();
+  return main_input(batch).numel();
 }
 
 }  // namespace loom

@@ -7,7 +7,9 @@
 #include <loom/callbacks/default_flow.hpp>
 #include <loom/callbacks/progress.hpp>
 #include <loom/core/error.hpp>
+#include <loom/config/training_arguments.hpp>
 #include <loom/core/metrics.hpp>
+#include <loom/core/neftune.hpp>
 #include <loom/data/collate.hpp>
 #include <loom/data/dataset.hpp>
 #include <loom/policy/bundle.hpp>
@@ -58,6 +60,26 @@ torch::nn::Module& module_of(Model& model) {
   else return *model;
 }
 
+// --neftune_noise_alpha for the length of train() (HF activates NEFTune in train() and
+// deactivates it when training ends); nothing for a model without NEFTune.
+template <class Model>
+struct NeftuneScope {
+  NeftuneScope(const TrainingArguments& args, Model& model) {
+    if constexpr (ExposesNEFTune<Model>) {
+      if (args.neftune_noise_alpha) {
+        noise = &neftune_of(model);
+        noise->noise_alpha = *args.neftune_noise_alpha;
+      }
+    }
+  }
+  NeftuneScope(const NeftuneScope&) = delete;
+  NeftuneScope& operator=(const NeftuneScope&) = delete;
+  ~NeftuneScope() {
+    if (noise) noise->noise_alpha = 0;
+  }
+  NEFTune* noise = nullptr;
+};
+
 // The datasets of a Trainer, typed by its batch type. Named (not instantiated) in the class
 // body, where Derived is still incomplete; instantiated in the member functions. `eval`: the
 // evaluation sets in order, by name ("" for a single unnamed set).
@@ -70,35 +92,6 @@ struct Datasets {
 
 template <class T>
 concept TrainSource = data::Dataset<T> || std::is_same_v<T, NoTrainDataset>;
-
-// Each example's length for group_by_length: the dataset's lengths() when it has one, else
-// its `column` field (HF's length_column_name), read over the whole dataset.
-template <data::Dataset D>
-std::vector<int64_t> example_lengths(const D& dataset, const std::string& column) {
-  std::vector<int64_t> out;
-  const auto assign_from = [&out](const torch::Tensor& lengths) {
-    const auto host = lengths.to(torch::kCPU, torch::kLong).reshape({-1}).contiguous();
-    out.assign(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
-  };
-  if constexpr (requires { { dataset.lengths() } -> std::convertible_to<torch::Tensor>; }) {
-    assign_from(dataset.lengths());  // a tensor of lengths (TokenSequenceDataset's)
-  } else if constexpr (requires { dataset.lengths(); }) {
-    for (auto len : dataset.lengths()) out.push_back(static_cast<int64_t>(len));
-  } else {
-    const int64_t n = dataset.size();
-    std::vector<int64_t> all(static_cast<std::size_t>(n));
-    for (int64_t i = 0; i < n; ++i) all[static_cast<std::size_t>(i)] = i;
-    const auto batch = data::fetch(dataset, all);
-    const torch::Tensor* field = data::field_named(batch, column);
-    check(field != nullptr && field->defined(),
-          "--train_sampling_strategy group_by_length needs each example's length: a lengths() member of the "
-          "training dataset, or a field named {} (--length_column_name)", column);
-    assign_from(*field);
-  }
-  check(static_cast<int64_t>(out.size()) == dataset.size(), "group_by_length: {} lengths for {} examples",
-        out.size(), dataset.size());
-  return out;
-}
 
 }  // namespace detail
 

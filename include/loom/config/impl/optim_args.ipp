@@ -3,6 +3,7 @@
 
 #include <loom/config/error.hpp>
 #include <loom/config/optim_args.hpp>
+#include <loom/policy/catalog.hpp>
 
 #include <algorithm>
 #include <array>
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -19,33 +21,12 @@ namespace loom {
 
 namespace detail {
 
-// One key an optimizer reads from --optim_args, and the values it accepts.
-struct OptimArgKey {
-  std::string_view optim, key;
-  bool boolean;
-  double low, high;    // accepted range
-  bool high_included;  // [low, high] or [low, high)
-};
-
-inline constexpr double kNoLimit = 1e300;
-
-inline constexpr std::array<OptimArgKey, 15> kOptimArgKeys = {{
-    {"sgd", "momentum", false, 0.0, kNoLimit, true},
-    {"sgd", "dampening", false, -kNoLimit, kNoLimit, true},
-    {"sgd", "nesterov", true, 0.0, 1.0, true},
-    {"adagrad", "lr_decay", false, 0.0, kNoLimit, true},
-    {"adagrad", "eps", false, 0.0, kNoLimit, true},
-    {"adagrad", "initial_accumulator_value", false, 0.0, kNoLimit, true},
-    {"rmsprop", "momentum", false, 0.0, kNoLimit, true},
-    {"rmsprop", "alpha", false, 0.0, kNoLimit, true},
-    {"rmsprop", "eps", false, 0.0, kNoLimit, true},
-    {"rmsprop", "centered", true, 0.0, 1.0, true},
-    {"lion", "beta1", false, 0.0, 1.0, true},
-    {"lion", "beta2", false, 0.0, 1.0, true},
-    {"adafactor", "beta1", false, 0.0, 1.0, false},
-    {"adafactor", "decay_rate", false, -kNoLimit, kNoLimit, true},
-    {"adafactor", "clip_threshold", false, 0.0, kNoLimit, true},
-}};
+// The keys `optim` reads from --optim_args (its catalog entry's), empty for an unknown name.
+LOOM_INLINE std::span<const OptimArg> optim_arg_keys(std::string_view optim) {
+  std::span<const OptimArg> keys;
+  visit_member<OptimizerCatalog>(optim, [&]<class Tag>() { keys = Tag::optim_args; });
+  return keys;
+}
 
 LOOM_INLINE std::string short_number(double v) {
   char buf[32];
@@ -68,8 +49,8 @@ LOOM_INLINE std::vector<std::pair<std::string, double>> parse_optim_args(std::st
   std::vector<std::pair<std::string, double>> out;
   if (compact.empty()) return out;
   std::string known;
-  for (const auto& k : detail::kOptimArgKeys)
-    if (k.optim == optim) known += (known.empty() ? "" : ", ") + std::string(k.key);
+  const auto keys = detail::optim_arg_keys(optim);
+  for (const auto& k : keys) known += (known.empty() ? "" : ", ") + std::string(k.key);
   std::size_t start = 0;
   while (start <= compact.size()) {
     const auto comma = std::min(compact.find(',', start), compact.size());
@@ -83,9 +64,9 @@ LOOM_INLINE std::vector<std::pair<std::string, double>> parse_optim_args(std::st
     if (key == "weight_decay")
       throw Error("loom: --optim_args weight_decay has no effect (the decay groups carry their own, as in HF); "
                   "use --weight_decay");
-    const detail::OptimArgKey* spec = nullptr;
-    for (const auto& k : detail::kOptimArgKeys)
-      if (k.optim == optim && k.key == key) spec = &k;
+    const OptimArg* spec = nullptr;
+    for (const auto& k : keys)
+      if (k.key == key) spec = &k;
     if (spec == nullptr)
       throw Error("loom: --optim_args key '" + key + "' is not read by --optim " + std::string(optim) +
                   (known.empty() ? std::string(", which takes no --optim_args") : "; it reads " + known));
@@ -105,19 +86,25 @@ LOOM_INLINE std::vector<std::pair<std::string, double>> parse_optim_args(std::st
       const bool above = spec->high_included ? number > spec->high : number >= spec->high;
       if (number < spec->low || above)
         throw Error("loom: --optim_args " + key + " must be " +
-                    (spec->high >= detail::kNoLimit ? ">= " + detail::short_number(spec->low)
+                    (spec->high >= optimizer::kNoLimit ? ">= " + detail::short_number(spec->low)
                                                     : "in [" + detail::short_number(spec->low) + ", " + detail::short_number(spec->high) +
                                                           (spec->high_included ? "]" : ")")) +
                     ", got " + value);
     }
     out.emplace_back(key, number);
   }
-  if (optim == "sgd") {  // torch.optim.SGD's rule
-    double momentum = 0.0, dampening = 0.0, nesterov = 0.0;
-    for (const auto& [k, v] : out) (k == "momentum" ? momentum : k == "dampening" ? dampening : nesterov) = v;
-    if (nesterov != 0.0 && (momentum <= 0.0 || dampening != 0.0))
-      throw Error("loom: --optim_args nesterov=True needs momentum > 0 and dampening 0 (as torch.optim.SGD)");
-  }
+  // A rule across keys, where the optimizer's catalog entry has one (SGD's nesterov).
+  visit_member<OptimizerCatalog>(optim, [&]<class Tag>() {
+    auto value = [&](std::string_view key) {
+      for (const auto& [k, v] : out)
+        if (k == key) return v;
+      return 0.0;
+    };
+    if constexpr (requires { Tag::check_args(value); }) {
+      const std::string_view problem = Tag::check_args(value);
+      if (!problem.empty()) throw Error("loom: --optim_args " + std::string(problem));
+    }
+  });
   return out;
 }
 

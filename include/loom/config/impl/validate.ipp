@@ -96,6 +96,43 @@ LOOM_INLINE void check_list(std::string_view name, std::string_view list, std::s
   }
 }
 
+// Each precision policy selected by a flag names a bool field of TrainingArguments.
+static_assert(
+    [] {
+      constexpr auto names = boost::pfr::names_as_array<TrainingArguments>();
+      bool ok = true;
+      for_each_member<PrecisionCatalog>([&]<class Tag>() {
+        if constexpr (Tag::facts.has_flag) ok = ok && std::ranges::find(names, Tag::facts.name) != names.end();
+      });
+      return ok;
+    }(),
+    "loom: a precision policy's flag (PrecisionFacts::name with has_flag) must be a bool field of TrainingArguments");
+
+LOOM_INLINE bool* bool_field(TrainingArguments& args, std::string_view name) {
+  bool* found = nullptr;
+  constexpr auto names = boost::pfr::names_as_array<TrainingArguments>();
+  boost::pfr::for_each_field(args, [&]<class F>(F& field, std::size_t index) {
+    if constexpr (std::is_same_v<F, bool>)
+      if (names[index] == name) found = &field;
+  });
+  return found;
+}
+
+LOOM_INLINE const bool* bool_field(const TrainingArguments& args, std::string_view name) {
+  return bool_field(const_cast<TrainingArguments&>(args), name);
+}
+
+LOOM_INLINE std::vector<std::string_view> precision_flags_set(const TrainingArguments& args) {
+  std::vector<std::string_view> set;
+  for_each_member<PrecisionCatalog>([&]<class Tag>() {
+    if constexpr (Tag::facts.has_flag) {
+      const bool* flag = bool_field(args, Tag::facts.name);
+      if (flag != nullptr && *flag) set.push_back(Tag::facts.name);
+    }
+  });
+  return set;
+}
+
 LOOM_INLINE bool is_multiple_of(double save, double eval) {
   const double ratio = save / eval;
   return std::fabs(ratio - std::round(ratio)) <= 1e-9 * std::max(1.0, std::fabs(ratio)) &&
@@ -208,7 +245,8 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
   }
 
   // --- precision -----------------------------------------------------------------------
-  if (args.bf16 && args.fp16) throw Error("loom: --bf16 and --fp16 cannot both be set; pick one");
+  if (const auto set = precision_flags_set(args); set.size() > 1)
+    throw Error("loom: " + flag(set[0]) + " and " + flag(set[1]) + " cannot both be set; pick one");
   if (args.bf16_full_eval && args.fp16_full_eval)
     throw Error("loom: --bf16_full_eval and --fp16_full_eval cannot both be set; pick one");
 

@@ -1,69 +1,61 @@
 #pragma once
-// make_engine and the NoShard engine; the only place that names every engine.
+// make_engine and check_sharding: a fold over ShardingCatalog, the only place that includes
+// every engine (each with its ShardingImpl).
 
 #include <loom/core/error.hpp>
 #include <loom/distributed/bucket_engine.hpp>
 #include <loom/distributed/engine.hpp>
 #include <loom/distributed/full_shard.hpp>
+#include <loom/distributed/no_shard.hpp>
+#include <loom/distributed/sharding.hpp>
+#include <loom/policy/catalog.hpp>
+
+#include <map>
+#include <vector>
 
 namespace loom::dist {
+
 namespace detail {
-
-// One process holding everything: no process group, autograd's own gradients.
-class NoShardEngine final : public Engine {
- public:
-  void setup(torch::nn::Module& module) override { module_ = &module; }
-  std::optional<Piece> piece_of(const torch::Tensor& param, const std::string& name) override {
-    return Piece{name, param, param.grad(), 0, param.numel(), param.numel()};
-  }
-  [[nodiscard]] bool shards_optimizer() const override { return false; }
-  [[nodiscard]] bool grads_sharded() const override { return false; }
-  void begin_group(int64_t, const torch::Device&) override {}
-  [[nodiscard]] const torch::Tensor& item_factor() const override { return none_; }
-  void begin_micro_step(bool) override {}
-  // One process: a parameter without a gradient keeps it undefined, and the optimizer skips it.
-  void before_backward(const torch::Tensor&) override {}
-  void after_backward() override {}
-  void after_step() override {}
-  void zero_grad() override {}
-  void with_full_params(const std::function<void()>& fn) override { fn(); }
-  void begin_forward_only() override {}
-  void end_forward_only() override {}
-  void all_reduce(torch::Tensor&, const char*) override {}
-  [[nodiscard]] Comm* comm() const override { return nullptr; }
-  [[nodiscard]] StateBytes state_bytes() const override {
-    StateBytes s;
-    if (module_ == nullptr) return s;
-    for (const auto& p : module_->parameters(true)) {
-      s.params += static_cast<double>(p.nbytes());
-      if (p.grad().defined()) s.grads += static_cast<double>(p.grad().nbytes());
-    }
-    return s;
-  }
-  [[nodiscard]] GradLaunches grad_launches() const override { return {}; }
-
- private:
-  torch::nn::Module* module_ = nullptr;
-  torch::Tensor none_;
-};
-
+// Calls f.template operator()<ShardingImpl<Tag>>() for the catalog member called `name`.
+template <class F>
+void with_sharding_impl(std::string_view name, F&& f) {
+  const bool found = visit_member<ShardingCatalog>(name, [&]<class Tag>() {
+    static_assert(ShardingEngine<ShardingImpl<Tag>>,
+                  "loom: a sharding policy's ShardingImpl needs make_engine(comm, options) and "
+                  "can_implement(args, world)");
+    f.template operator()<ShardingImpl<Tag>>();
+  });
+  check(found, "--sharding {} is not one of {}", name, joined_names<ShardingCatalog>("|"));
+}
 }  // namespace detail
 
-LOOM_INLINE std::unique_ptr<Engine> make_engine(EngineKind kind, std::shared_ptr<Comm> comm,
+LOOM_INLINE std::unique_ptr<Engine> make_engine(std::string_view sharding, std::shared_ptr<Comm> comm,
                                                 const EngineOptions& options) {
-  switch (kind) {
-    case EngineKind::none:
-      return std::make_unique<detail::NoShardEngine>();
-    case EngineKind::ddp:
-      return std::make_unique<BucketEngine>(Stage::ddp, std::move(comm), options);
-    case EngineKind::zero1:
-      return std::make_unique<BucketEngine>(Stage::zero1, std::move(comm), options);
-    case EngineKind::zero2:
-      return std::make_unique<BucketEngine>(Stage::zero2, std::move(comm), options);
-    case EngineKind::full_shard:
-      return std::make_unique<FullShardEngine>(std::move(comm));
+  std::unique_ptr<Engine> engine;
+  detail::with_sharding_impl(sharding, [&]<class Impl>() { engine = Impl::make_engine(std::move(comm), options); });
+  return engine;
+}
+
+LOOM_INLINE void check_sharding(std::string_view sharding, const TrainingArguments& args, const World& world) {
+  detail::with_sharding_impl(sharding, [&]<class Impl>() { Impl::can_implement(args, world); });
+}
+
+LOOM_INLINE void broadcast_buffers(Comm& comm, torch::nn::Module& module) {
+  std::map<c10::ScalarType, std::vector<torch::Tensor>> by_dtype;
+  for (const auto& b : module.buffers(/*recurse=*/true))
+    if (b.defined() && b.numel() > 0) by_dtype[b.scalar_type()].push_back(b);
+  for (auto& [dtype, buffers] : by_dtype) {
+    std::vector<torch::Tensor> flat;
+    for (const auto& b : buffers) flat.push_back(b.detach().reshape({-1}));
+    auto all = torch::cat(flat);
+    comm.broadcast({all}, 0, "the buffer broadcast (ddp_broadcast_buffers)").wait();
+    int64_t at = 0;
+    torch::NoGradGuard no_grad;
+    for (auto& b : buffers) {
+      b.detach().copy_(all.narrow(0, at, b.numel()).view(b.sizes()));
+      at += b.numel();
+    }
   }
-  fail("unknown sharding engine {}", static_cast<int>(kind));
 }
 
 }  // namespace loom::dist

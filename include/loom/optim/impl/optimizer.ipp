@@ -4,6 +4,7 @@
 #include <loom/config/optim_args.hpp>
 #include <loom/core/error.hpp>
 #include <loom/optim/optimizer.hpp>
+#include <loom/policy/catalog.hpp>
 #include <loom/optim/param_groups.hpp>
 
 #include <nlohmann/json.hpp>
@@ -24,13 +25,14 @@ namespace loom::optim {
 namespace detail {
 // HF optim names, in Algorithm's order.
 inline constexpr std::array<std::string_view, 8> kAlgorithmNames = {
-    "adamw_torch_fused", "adamw_torch", "sgd", "adagrad", "rmsprop", "adafactor", "lion", "torch"};
+    optimizer::AdamWTorchFused::name, optimizer::AdamWTorch::name, optimizer::SGD::name,  optimizer::Adagrad::name,
+    optimizer::RMSprop::name,         optimizer::Adafactor::name,  optimizer::Lion::name, "torch"};
 }  // namespace detail
 
 LOOM_INLINE Algorithm algorithm_from_name(std::string_view name) {
   for (std::size_t i = 0; i + 1 < detail::kAlgorithmNames.size(); ++i)
     if (detail::kAlgorithmNames[i] == name) return static_cast<Algorithm>(i);
-  fail("--optim '{}' is not one of adamw_torch_fused, adamw_torch, adafactor, sgd, adagrad, rmsprop, lion", name);
+  fail("--optim '{}' is not one of {}", name, joined_names<OptimizerCatalog>(", "));
 }
 
 LOOM_INLINE std::string_view algorithm_name(Algorithm algorithm) {

@@ -10,19 +10,17 @@
 
 namespace loom {
 
-LOOM_INLINE void AcceleratorBase::start(TrainingArguments& args, Startup up, dist::EngineKind kind,
-                                        bool engine_owns_grads) {
+LOOM_INLINE void AcceleratorBase::start(TrainingArguments& args, Startup up, const ShardingFacts& sharding) {
   run_args_ = &args;
   world_ = up.world;
   device_ = up.device;
   state_.is_world_process_zero = world_.is_main();
   state_.is_local_process_zero = world_.is_local_main();
-  kind_ = kind;
-  engine_owns_grads_ = engine_owns_grads;
+  sharding_ = sharding;
   set_seed(args.seed);
   // ddp_find_unused_parameters unset is off, not HF's rule (on unless gradient checkpointing):
   // its per-step all-reduce measured 0.7-4.6 % of a step on the CPU (docs/semantics.md).
-  engine_ = dist::make_engine(kind, std::move(up.comm),
+  engine_ = dist::make_engine(sharding.name, std::move(up.comm),
                               {.bucket_cap_mb = static_cast<double>(args.ddp_bucket_cap_mb.value_or(25)),
                                .find_unused_parameters = args.ddp_find_unused_parameters.value_or(false)});
 }
@@ -39,12 +37,10 @@ LOOM_INLINE void AcceleratorBase::prepare_module(torch::nn::Module& module) {
     check(dist::enable_gradient_checkpointing(module) > 0,
           "--gradient_checkpointing needs blocks wrapped in loom::FullShardUnit or loom::Checkpointed");
   engine_->setup(module);
-  steps_.emplace(*engine_, device_, engine_owns_grads_);
+  steps_.emplace(*engine_, device_, engine_->owns_grads());
   // DDP's broadcast_buffers (HF's ddp_broadcast_buffers, default on) for the policies that
   // keep a whole replica of the model on every rank.
-  const bool replicated =
-      kind_ == dist::EngineKind::ddp || kind_ == dist::EngineKind::zero1 || kind_ == dist::EngineKind::zero2;
-  sync_buffers_ = replicated && world_.size > 1 && args.ddp_broadcast_buffers.value_or(true) && !module.buffers().empty();
+  sync_buffers_ = sharding_.replicates_model && world_.size > 1 && args.ddp_broadcast_buffers.value_or(true) && !module.buffers().empty();
 }
 
 LOOM_INLINE void AcceleratorBase::prepare_optimizer(optim::Optimizer optimizer, schedule::LRSchedulerBase& scheduler) {
@@ -58,18 +54,6 @@ LOOM_INLINE void AcceleratorBase::prepare_optimizer(optim::Optimizer optimizer, 
 LOOM_INLINE optim::Optimizer& AcceleratorBase::optimizer() {
   check(steps_ && steps_->has_optimizer(), "there is no optimizer yet: it is created by train() (or prepare_optimizer)");
   return steps_->optimizer();
-}
-
-LOOM_INLINE data::Sampler AcceleratorBase::train_sampler(std::shared_ptr<const std::vector<int64_t>> lengths) const {
-  const auto& args = *run_args_;
-  const int64_t seed = args.data_seed.value_or(args.seed);
-  if (args.train_sampling_strategy == "sequential") return data::SequentialSampler{};
-  if (args.train_sampling_strategy == "group_by_length") {
-    check(lengths != nullptr, "--train_sampling_strategy group_by_length needs each example's length");
-    return data::LengthGroupedSampler{seed, args.per_device_train_batch_size * args.gradient_accumulation_steps,
-                                      std::move(lengths)};
-  }
-  return data::RandomSampler{seed};
 }
 
 LOOM_INLINE std::vector<std::optional<int64_t>> AcceleratorBase::eval_batches(int64_t num_batches) const {
@@ -86,7 +70,7 @@ LOOM_INLINE void AcceleratorBase::begin_accumulation(int64_t local_items) { engi
 
 LOOM_INLINE void AcceleratorBase::begin_micro_step(bool last) {
   engine_->begin_micro_step(last);
-  if (sync_buffers_) broadcast_buffers(*engine_->comm(), *module_);
+  if (sync_buffers_) dist::broadcast_buffers(*engine_->comm(), *module_);
 }
 
 LOOM_INLINE void AcceleratorBase::end_micro_step() { engine_->after_backward(); }

@@ -3,32 +3,39 @@
 #include <loom/core/error.hpp>
 #include <loom/core/log.hpp>
 #include <loom/distributed/comm.hpp>
+#include <loom/distributed/engine.hpp>
+#include <loom/policy/catalog.hpp>
 #include <loom/trainer/startup.hpp>
 
 #include <algorithm>
 #include <chrono>
-#include <map>
-#include <vector>
+#include <string>
+#include <string_view>
 
 namespace loom {
 
 LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& policies, bool has_eval_dataset) {
-  // The precision policy named in the type decides; --bf16 / --fp16 must agree with it (the
-  // runtime selector, loom::select_policies, picks the type from those flags).
-  check(!(args.bf16 && args.fp16), "--bf16 and --fp16 are both set; choose one");
-  const std::string_view flag = args.bf16 ? "bf16" : args.fp16 ? "fp16" : "";
-  check(flag.empty() || flag == policies.precision,
-        "--{} is set but this Trainer was compiled with precision::{}; name precision::{} in its type, "
-        "or build it through loom::select_policies", flag, policies.precision_type, args.bf16 ? "BF16" : "FP16");
-  args.bf16 = policies.precision == "bf16";
-  args.fp16 = policies.precision == "fp16";
+  // The precision policy named in the type decides; its flag (--bf16 / --fp16) must agree with
+  // it (the runtime selector, loom::select_policies, picks the type from those flags).
+  const auto set = detail::precision_flags_set(args);
+  check(set.size() <= 1, "--{} and --{} are both set; choose one", set.size() > 1 ? set[0] : "",
+        set.size() > 1 ? set[1] : "");
+  if (!set.empty() && set[0] != policies.precision.name) {
+    std::string_view wanted;
+    visit_member<PrecisionCatalog>(set[0], [&]<class Tag>() { wanted = Tag::facts.type_name; });
+    fail("--{} is set but this Trainer was compiled with precision::{}; name precision::{} in its type, or build it "
+         "through loom::select_policies", set[0], policies.precision.type_name, wanted);
+  }
+  for_each_member<PrecisionCatalog>([&]<class Tag>() {
+    if constexpr (Tag::facts.has_flag) *detail::bool_field(args, Tag::facts.name) = Tag::facts.name == policies.precision.name;
+  });
   // --sharding and --lr_scheduler_type: a flag at its default takes the compiled policy; a
   // flag set to something else was meant for another Trainer type.
   const TrainingArguments defaults;
-  if (args.sharding == defaults.sharding) args.sharding = std::string(policies.sharding);
-  check(args.sharding == policies.sharding,
+  if (args.sharding == defaults.sharding) args.sharding = std::string(policies.sharding.name);
+  check(args.sharding == policies.sharding.name,
         "--sharding {} is not available in this build; the Trainer's sharding policy is \"{}\" (name it in the "
-        "Trainer's type, or build it through loom::select_policies)", args.sharding, policies.sharding);
+        "Trainer's type, or build it through loom::select_policies)", args.sharding, policies.sharding.name);
   // A schedule tag outside HF's names (a user's own) is written back after validation, which
   // checks --lr_scheduler_type against HF's names.
   bool custom_schedule = false;
@@ -49,16 +56,7 @@ LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& po
   Startup s;
   s.world = dist::world_from_env();
   set_log_level(process_log_level(args, args.log_on_each_node ? s.world.is_local_main() : s.world.is_main()));
-  // HF ignores the flag outside DDP; loom says so when it was asked for explicitly.
-  if (args.ddp_find_unused_parameters.value_or(false) && args.sharding == "full_shard")
-    log_message(LogLevel::warning,
-                "--ddp_find_unused_parameters has no effect under --sharding full_shard: a unit whose gradients did "
-                "not all arrive is reduced after backward, and a parameter no rank used is stepped with a zero "
-                "gradient");
-  if (!policies.uses_comm)
-    check(s.world.size == 1,
-          "WORLD_SIZE is {} but this Trainer does not shard (--sharding no); pass --sharding ddp, zero1, zero2 "
-          "or full_shard, or start one process", s.world.size);
+  dist::check_sharding(policies.sharding.name, args, s.world);
   // An out-of-memory error on one rank would leave the others waiting in a collective.
   check(!args.auto_find_batch_size || s.world.size == 1,
         "--auto_find_batch_size runs in a single process: under WORLD_SIZE {} an out-of-memory error on one rank "
@@ -79,27 +77,9 @@ LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& po
     at::globalContext().setAllowTF32CuBLAS(*args.tf32);
     at::globalContext().setAllowTF32CuDNN(*args.tf32);
   }
-  if (policies.uses_comm)
+  if (policies.sharding.uses_comm)
     s.comm = std::make_shared<dist::Comm>(s.world, s.device, std::chrono::seconds(args.ddp_timeout));
   return s;
-}
-
-LOOM_INLINE void broadcast_buffers(dist::Comm& comm, torch::nn::Module& module) {
-  std::map<c10::ScalarType, std::vector<torch::Tensor>> by_dtype;
-  for (const auto& b : module.buffers(/*recurse=*/true))
-    if (b.defined() && b.numel() > 0) by_dtype[b.scalar_type()].push_back(b);
-  for (auto& [dtype, buffers] : by_dtype) {
-    std::vector<torch::Tensor> flat;
-    for (const auto& b : buffers) flat.push_back(b.detach().reshape({-1}));
-    auto all = torch::cat(flat);
-    comm.broadcast({all}, 0, "the buffer broadcast (ddp_broadcast_buffers)").wait();
-    int64_t at = 0;
-    torch::NoGradGuard no_grad;
-    for (auto& b : buffers) {
-      b.detach().copy_(all.narrow(0, at, b.numel()).view(b.sizes()));
-      at += b.numel();
-    }
-  }
 }
 
 }  // namespace loom

@@ -1,0 +1,153 @@
+#pragma once
+// The Trainer's training loop (HF's _inner_training_loop), read top to bottom: the plan, the
+// optimizer and scheduler, resuming, then per epoch and accumulation group the micro-steps
+// (forward, backward, gradient exchange), the optimizer step and what follows it (logging,
+// evaluation, saving, preemption), and the end of training. Every step goes through the
+// Trainer's Accelerator's public API. Included by trainer.hpp.
+
+#include <loom/trainer/trainer.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace loom {
+
+template <class Derived, class Model, class... Policies>
+template <class Batch>
+TrainOutput Trainer<Derived, Model, Policies...>::train_impl() {
+  auto loader = call_hook<hook::get_train_dataloader>(self());
+  const auto plan = TrainingPlan::make(args_, loader.size(), loader.num_examples(), acc_->world().size);
+  const int64_t len = plan.batches_per_epoch, ga = args_.gradient_accumulation_steps;
+  acc_->state() = plan.initial_state(args_, acc_->world().is_main(), acc_->world().is_local_main());
+  control_ = TrainerControl{};
+
+  auto optimizer = call_hook<hook::create_optimizer>(self());
+  scheduler_.emplace(call_hook<hook::create_scheduler>(self(), plan.max_steps));
+  auto& module = detail::module_of(model_);
+  acc_->prepare_optimizer(std::move(optimizer), *scheduler_);  // resets the loop's totals too
+  module.train();
+  kwargs_.optimizer = &acc_->optimizer();
+  kwargs_.lr_scheduler = &*scheduler_;
+  train_loader_info_ = {loader.size(), loader.num_examples(), loader.batch_size()};
+  kwargs_.train_dataloader = &train_loader_info_;
+
+  last_saved_step_ = -1;
+  int64_t epochs_trained = 0, batches_to_skip = 0;
+  record_callback_states();  // HF's TrainerState(stateful_callbacks=...) at the start of training
+  if (auto resume = acc_->resume_dir()) {
+    acc_->load_state(*resume);
+    if (args_.restore_callback_states_from_checkpoint) {
+      callbacks_.load_states(acc_->state().stateful_callbacks);
+      if (acc_->state().stateful_callbacks.contains("TrainerControl"))
+        control_ = TrainerControl::from_state(nlohmann::json(acc_->state().stateful_callbacks["TrainerControl"]));
+    }
+    epochs_trained = acc_->state().global_step / plan.updates_per_epoch;
+    batches_to_skip = (acc_->state().global_step % plan.updates_per_epoch) * ga;
+  }
+
+  const auto start = std::chrono::steady_clock::now();
+  train_start_ = start;
+  tokens_at_start_ = acc_->state().num_input_tokens_seen;
+  tokens_pending_ = 0;
+  const MemoryTracker memory("train", !args_.skip_memory_metrics, acc_->device());
+  in_train_ = true;
+  PreemptionWatch preemption(acc_->comm(), acc_->device());
+  bool preempted = false;
+  fire<event::on_train_begin>();
+  if (args_.eval_on_start) (void)evaluate();  // HF: without stepping ReduceLROnPlateau
+
+  torch::Tensor grad_norm;
+  double last_lr = 0.0;
+  std::vector<Batch> group;
+  std::vector<int64_t> items;
+  data::BatchPrefetcher<Batch> batches(loader, prefetch_options());
+  for (int64_t epoch = epochs_trained; epoch < plan.num_epochs; ++epoch) {
+    // Resuming mid-epoch starts at the first batch not yet trained; nothing before it is read.
+    const int64_t first_update = epoch == epochs_trained ? batches_to_skip / ga : 0;
+    batches.start(epoch, first_update * ga, len);
+    fire<event::on_epoch_begin>();
+    int64_t step = first_update * ga - 1;
+    for (int64_t update = first_update; update < plan.updates_per_epoch; ++update) {
+      const int64_t first = update * ga;
+      const int64_t count = std::min(ga, len - first);
+      // Gather the whole accumulation group first: the loss weights need its item count.
+      group.clear();
+      items.clear();
+      int64_t group_items = 0;
+      for (int64_t i = 0; i < count; ++i) {
+        group.push_back(batches.next());  // batch first + i
+        // Counted on the host batch, so a token count never waits for the device.
+        items.push_back(call_hook<hook::num_items>(self(), std::as_const(group.back())));
+        if (args_.include_num_input_tokens_seen != "no") tokens_pending_ += input_tokens(group.back());
+        acc_->state().total_flos += call_hook<hook::floating_point_ops>(self(), std::as_const(group.back()));
+        data::to_device(group.back(), acc_->device());
+        group_items += items.back();
+        acc_->loop().items_seen += items.back();
+      }
+      // Distributed: each rank's gradients are scaled by its share of the group's items.
+      acc_->begin_accumulation(group_items);
+      for (int64_t i = 0; i < count; ++i) {
+        ++step;
+        if (step % ga == 0) fire<event::on_step_begin>();
+        const double divisor = group_items > 0 ? static_cast<double>(group_items) / static_cast<double>(items[i])
+                                               : static_cast<double>(count);
+        acc_->begin_micro_step(i + 1 == count);
+        torch::Tensor loss_step = call_hook<hook::training_step>(self(), model_, group[i], divisor);
+        acc_->end_micro_step();
+        if (acc_->item_factor().defined()) loss_step = loss_step * acc_->item_factor();
+        acc_->loop().tr_loss.add(loss_step, acc_->state().global_step - acc_->loop().last_logged);
+        if (i + 1 == count) {
+          grad_norm = acc_->clip_grad_norm(args_.max_grad_norm);  // unscale, clip
+          fire<event::on_pre_optimizer_step>();
+          last_lr = acc_->optimizer_step();
+          fire<event::on_optimizer_step>();
+          acc_->finish_step();  // scaler update, scheduler, zero_grad
+          acc_->state().global_step += 1;
+          acc_->state().epoch = static_cast<double>(epoch) + static_cast<double>(step + 1) / static_cast<double>(len);
+          fire<event::on_step_end>();
+          maybe_log_save_evaluate<Batch>(grad_norm, last_lr);
+          if (preemption.should_stop()) preempted = control_.should_training_stop = true;
+        } else {
+          fire<event::on_substep_end>();
+        }
+        if (control_.should_epoch_stop || control_.should_training_stop) break;
+      }
+      if (control_.should_epoch_stop || control_.should_training_stop) break;
+    }
+    fire<event::on_epoch_end>();
+    maybe_log_save_evaluate<Batch>(grad_norm, last_lr);
+    if (control_.should_training_stop) break;
+  }
+
+  acc_->settle_skip();
+  if (preempted || preemption.got_signal_at_end()) stop_for_preemption(preemption.stop_signal());
+  in_train_ = false;
+  if (args_.load_best_model_at_end && acc_->state().best_model_checkpoint) {
+    log_message(LogLevel::info, "loading the best model from {} ({} = {})", *acc_->state().best_model_checkpoint,
+                args_.metric_for_best_model.value_or("loss"), acc_->state().best_metric.value_or(0.0));
+    acc_->load_model(*acc_->state().best_model_checkpoint);
+  }
+  acc_->loop().total_loss += acc_->loop().tr_loss.total(args_.logging_nan_inf_filter);
+  sync_tokens();
+  TrainOutput out;
+  out.global_step = acc_->state().global_step;
+  out.training_loss = acc_->loop().total_loss / static_cast<double>(std::max<int64_t>(acc_->state().global_step, 1));
+  out.metrics = speed_metrics("train", start, plan.num_train_samples, static_cast<double>(plan.max_steps));
+  if (args_.include_tokens_per_second)
+    out.metrics.set("train_tokens_per_second", detail::round_to(static_cast<double>(acc_->loop().items_seen) /
+                                                                    out.metrics.get("train_runtime").value(), 3));
+  out.metrics.set("total_flos", acc_->state().total_flos);
+  out.metrics.set("train_loss", out.training_loss);
+  memory.stop(out.metrics);
+  call_hook<hook::log>(self(), std::as_const(out.metrics));
+  out.metrics.set("epoch", acc_->state().epoch);
+  fire<event::on_train_end>();
+  save_state();
+  save_metrics("train", out.metrics);
+  return out;
+}
+
+}  // namespace loom
