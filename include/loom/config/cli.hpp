@@ -15,15 +15,14 @@
 //   descriptions of config/field_help.hpp.
 //   A field name present in two of the structs parsed together is a compile error naming the
 //   field and both structs, and so is a field named `help`.
+//   Each flag given, and each key of the JSON settings file, is recorded in its struct's
+//   GivenFlags field when it has one (config/given_flags.hpp): args.given.contains("seed").
 
 #include <loom/config/error.hpp>
 #include <loom/config/fields.hpp>
 #include <loom/config/inline.hpp>
 #include <loom/config/json_io.hpp>
 #include <loom/config/text.hpp>
-
-#include <boost/pfr.hpp>
-
 
 #include <span>
 #include <string>
@@ -90,7 +89,8 @@ LOOM_INLINE std::vector<std::string> collect_args(int argc, const char* const* a
 }  // namespace detail
 
 /// Parses argv without the program name over `initial`: a first argument ending in .json is
-/// read as a JSON object of settings, then the flags are applied. Throws loom::Error.
+/// read as a JSON object of settings, then the flags are applied; each is recorded in its
+/// struct's GivenFlags field (added to what `initial` holds there). Throws loom::Error.
 template <class... Ts>
 ParseResult<Ts...> try_parse_args(std::span<const std::string> args, std::tuple<Ts...> initial) {
   detail::check_parseable<Ts...>();
@@ -102,7 +102,7 @@ ParseResult<Ts...> try_parse_args(std::span<const std::string> args, std::tuple<
 
   const std::vector<detail::FieldInfo> table = detail::field_table<Ts...>();
   if (!args.empty() && detail::is_json_file_argument(args.front())) {
-    detail::apply_json_file(result.values, args.front(), table);
+    detail::apply_json_file(result.values, args.front(), table, detail::RecordGiven::yes);
     args = args.subspan(1);
   }
   detail::parse_flags(args, table,
@@ -110,6 +110,7 @@ ParseResult<Ts...> try_parse_args(std::span<const std::string> args, std::tuple<
                          auto& values = *static_cast<std::tuple<Ts...>*>(context);
                          detail::visit_field(values, info,
                                              [&](auto& field) { detail::set_from_text(field, text, info.name); });
+                         detail::record_given(values, info);
                        }});
   return result;
 }
@@ -127,12 +128,12 @@ std::string help_text(std::string_view program, const std::tuple<Ts...>& default
   detail::check_parseable<Ts...>();
   std::string out = detail::help_usage(program);
   auto list = [&]<class T>(const T& defaults) {
-    constexpr auto names = boost::pfr::names_as_array<T>();
+    constexpr auto names = detail::setting_names<T>();
     constexpr auto descriptions = detail::field_descriptions<T>();
     out += '\n';
     out += detail::help_heading<T>();
     out += ":\n";
-    boost::pfr::for_each_field(defaults, [&]<class F>(const F& field, std::size_t index) {
+    detail::for_each_setting(defaults, [&]<class F>(const F& field, std::size_t index) {
       detail::append_help_line(out, names[index], detail::kind_short<typename detail::field_traits<F>::scalar>(),
                                detail::field_to_text(field), descriptions[index]);
     });

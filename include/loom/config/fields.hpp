@@ -7,10 +7,13 @@
 //
 // Supported field types: bool, integer types (not the character types char, wchar_t,
 // char8_t, char16_t, char32_t; int8_t/uint8_t are fine), float/double/long double,
-// std::string, and std::optional of any of those. Any other field type, a const field, or a
-// non-aggregate is a compile error whose message starts with "loom:".
+// std::string, and std::optional of any of those. A loom::GivenFlags field
+// (config/given_flags.hpp) is no setting: it is skipped (no flag, no --help line, no JSON
+// key) and the parsers fill it. Any other field type, a const field, or a non-aggregate is a
+// compile error whose message starts with "loom:".
 
 #include <loom/config/field_help.hpp>
+#include <loom/config/given_flags.hpp>
 #include <loom/config/inline.hpp>
 #include <loom/config/meta.hpp>
 
@@ -68,16 +71,84 @@ template <class F>
 inline constexpr bool is_supported_field_v =
     std::is_same_v<F, std::remove_cv_t<F>> && is_scalar_field_v<typename field_traits<F>::scalar>;
 
+/// True for a GivenFlags field (of any constness): no setting, skipped by reflection.
+template <class F>
+inline constexpr bool is_given_flags_v = std::is_same_v<std::remove_cv_t<F>, GivenFlags>;
+
+// ---- the settings of a struct: its fields less the GivenFlags ones ------------------------
+
+/// How many fields of T are settings.
+template <class T>
+consteval std::size_t setting_count() {
+  return []<std::size_t... I>(std::index_sequence<I...>) {
+    return ((is_given_flags_v<boost::pfr::tuple_element_t<I, T>> ? std::size_t{0} : std::size_t{1}) + ... +
+            std::size_t{0});
+  }(std::make_index_sequence<boost::pfr::tuple_size_v<T>>{});
+}
+
+/// True when T holds a GivenFlags field.
+template <class T>
+inline constexpr bool has_given_flags_v = setting_count<T>() != boost::pfr::tuple_size_v<T>;
+
+/// Boost.PFR's field index of each setting of T, in declaration order.
+template <class T>
+consteval std::array<std::size_t, setting_count<T>()> setting_fields() {
+  std::array<std::size_t, setting_count<T>()> out{};
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    std::size_t k = 0;
+    ((is_given_flags_v<boost::pfr::tuple_element_t<I, T>> ? void() : void(out[k++] = I)), ...);
+    (void)k;
+  }(std::make_index_sequence<boost::pfr::tuple_size_v<T>>{});
+  return out;
+}
+
+/// The names of T's settings, by setting index.
+template <class T>
+consteval std::array<std::string_view, setting_count<T>()> setting_names() {
+  constexpr auto names = boost::pfr::names_as_array<T>();
+  constexpr auto fields = setting_fields<T>();
+  std::array<std::string_view, fields.size()> out{};
+  for (std::size_t i = 0; i < fields.size(); ++i) out[i] = names[fields[i]];
+  return out;
+}
+
+/// The type of T's setting number S.
+template <class T, std::size_t S>
+using setting_t = boost::pfr::tuple_element_t<setting_fields<T>()[S], T>;
+
+// The setting index of T's field number `field` (a setting): the settings before it.
+template <class T>
+consteval std::size_t setting_index(std::size_t field) {
+  std::size_t before = 0;
+  for (std::size_t f : setting_fields<T>()) before += f < field ? 1 : 0;
+  return before;
+}
+
+/// Calls f(field, std::integral_constant<std::size_t, S>{}) for each setting of `value` in
+/// declaration order, S its setting index (boost::pfr::for_each_field less the GivenFlags fields).
+template <class T, class F>
+constexpr void for_each_setting(T&& value, F&& f) {
+  using U = std::remove_cvref_t<T>;
+  boost::pfr::for_each_field(value, [&]<class Field, std::size_t I>(Field&& field, std::integral_constant<std::size_t, I>) {
+    if constexpr (!is_given_flags_v<std::remove_reference_t<Field>>)
+      f(field, std::integral_constant<std::size_t, setting_index<U>(I)>{});
+  });
+}
+
+// ---- compile-time checks of a struct ----------------------------------------------------
+
 template <class T>
 consteval bool all_fields_supported() {
   return []<std::size_t... I>(std::index_sequence<I...>) {
-    return (is_supported_field_v<boost::pfr::tuple_element_t<I, T>> && ... && true);
+    return ((is_supported_field_v<boost::pfr::tuple_element_t<I, T>> ||
+             std::is_same_v<boost::pfr::tuple_element_t<I, T>, GivenFlags>) &&
+            ... && true);
   }(std::make_index_sequence<boost::pfr::tuple_size_v<T>>{});
 }
 
 template <class T>
 consteval bool has_field_named_help() {
-  for (std::string_view name : boost::pfr::names_as_array<T>())
+  for (std::string_view name : setting_names<T>())
     if (name == "help") return true;
   return false;
 }
@@ -102,9 +173,9 @@ Name<Source::value[I]...> spell(std::index_sequence<I...>);
 template <class Source>
 using spelled = decltype(spell<Source>(std::make_index_sequence<Source::value.size()>{}));
 
-template <class T, std::size_t Field>
+template <class T, std::size_t Setting>
 struct FieldNameOf {
-  static constexpr std::string_view value = boost::pfr::get_name<Field, T>();
+  static constexpr std::string_view value = setting_names<T>()[Setting];
 };
 
 // Instantiated only for a clash; the template arguments are what the message is about.
@@ -115,7 +186,7 @@ struct flag_defined_by_two_structs {
                 "the template arguments of flag_defined_by_two_structs above); rename one of the fields");
 };
 
-// Where a field name first appears in two structs of the pack.
+// Where a setting name first appears in two structs of the pack (first_field: a setting index).
 struct NameClash {
   bool found = false;
   std::size_t first_type = 0, first_field = 0, second_type = 0;
@@ -123,14 +194,14 @@ struct NameClash {
 
 template <class... Ts>
 consteval NameClash find_name_clash() {
-  constexpr std::size_t total = (boost::pfr::tuple_size_v<Ts> + ... + 0);
+  constexpr std::size_t total = (setting_count<Ts>() + ... + 0);
   std::array<std::string_view, total> names{};
   std::array<std::size_t, total> type_of{}, field_of{};
   std::size_t k = 0, t = 0;
   (
       [&] {
         std::size_t f = 0;
-        for (std::string_view name : boost::pfr::names_as_array<Ts>()) {
+        for (std::string_view name : setting_names<Ts>()) {
           names[k] = name;
           type_of[k] = t;
           field_of[k++] = f++;
@@ -144,7 +215,7 @@ consteval NameClash find_name_clash() {
   return {};
 }
 
-/// True when no field name appears in two of Ts.
+/// True when no setting name appears in two of Ts.
 template <class... Ts>
 consteval bool field_names_unique() {
   return !find_name_clash<Ts...>().found;
@@ -212,11 +283,11 @@ struct field_help_names_a_field_twice {
 
 inline constexpr std::size_t no_index = static_cast<std::size_t>(-1);
 
-// The first entry that names no field of T, or names one an earlier entry named; no_index if none.
+// The first entry that names no setting of T, or names one an earlier entry named; no_index if none.
 template <class T>
 consteval std::size_t bad_field_help_entry(bool duplicates) {
   constexpr auto entries = field_help_entries<T>();
-  constexpr auto names = boost::pfr::names_as_array<T>();
+  constexpr auto names = setting_names<T>();
   for (std::size_t e = 0; e < entries.size(); ++e) {
     bool known = false;
     for (std::string_view name : names) known = known || name == entries[e].name;
@@ -242,10 +313,10 @@ constexpr void check_field_help() {
     (void)sizeof(field_help_names_a_field_twice<spelled<HelpEntryNameOf<T, repeated>>, T>);
 }
 
-/// The description of each field of T, by field index ("" where T gives none).
+/// The description of each setting of T, by setting index ("" where T gives none).
 template <class T>
-consteval std::array<std::string_view, boost::pfr::tuple_size_v<T>> field_descriptions() {
-  constexpr auto names = boost::pfr::names_as_array<T>();
+consteval std::array<std::string_view, setting_count<T>()> field_descriptions() {
+  constexpr auto names = setting_names<T>();
   std::array<std::string_view, names.size()> out{};
   for (const FieldHelp& entry : field_help_entries<T>())
     for (std::size_t i = 0; i < names.size(); ++i)
@@ -336,26 +407,25 @@ std::string field_kind_phrase() {
   return phrase;
 }
 
-// ---- the flat table of every field of every struct ---------------------------------------
+// ---- the flat table of every setting of every struct ---------------------------------------
 
 struct FieldInfo {
   std::string_view name;    // canonical field name (static storage, from Boost.PFR)
   std::size_t type_index;   // which struct of the pack
-  std::size_t field_index;  // which field of that struct
+  std::size_t field_index;  // which setting of that struct (setting index)
   bool is_bool;             // bool or optional<bool>: may be given bare
   std::string kind;         // "an integer", "a number or none", ...
 };
 
 template <class T, std::size_t TI>
 void append_fields(std::vector<FieldInfo>& table) {
-  constexpr auto names = boost::pfr::names_as_array<T>();
+  constexpr auto names = setting_names<T>();
   [&]<std::size_t... I>(std::index_sequence<I...>) {
-    (table.push_back(FieldInfo{
-         names[I], TI, I,
-         std::is_same_v<typename field_traits<boost::pfr::tuple_element_t<I, T>>::scalar, bool>,
-         field_kind_phrase<boost::pfr::tuple_element_t<I, T>>()}),
+    (table.push_back(FieldInfo{names[I], TI, I,
+                               std::is_same_v<typename field_traits<setting_t<T, I>>::scalar, bool>,
+                               field_kind_phrase<setting_t<T, I>>()}),
      ...);
-  }(std::make_index_sequence<boost::pfr::tuple_size_v<T>>{});
+  }(std::make_index_sequence<setting_count<T>()>{});
 }
 
 template <class... Ts>
@@ -372,9 +442,24 @@ template <std::size_t TI = 0, class Tuple, class F>
 void visit_field(Tuple& values, const FieldInfo& info, F&& f) {
   if constexpr (TI < std::tuple_size_v<Tuple>) {
     if (info.type_index != TI) return visit_field<TI + 1>(values, info, std::forward<F>(f));
-    boost::pfr::for_each_field(std::get<TI>(values), [&](auto& field, std::size_t index) {
+    for_each_setting(std::get<TI>(values), [&](auto& field, std::size_t index) {
       if (index == info.field_index) f(field);
     });
+  }
+}
+
+/// Records `info`'s name in the GivenFlags fields of its struct in `values` (a tuple of
+/// structs); nothing for a struct without one.
+template <std::size_t TI = 0, class Tuple>
+void record_given(Tuple& values, const FieldInfo& info) {
+  if constexpr (TI < std::tuple_size_v<Tuple>) {
+    using T = std::tuple_element_t<TI, Tuple>;
+    if (info.type_index != TI) return record_given<TI + 1>(values, info);
+    if constexpr (has_given_flags_v<T>) {
+      boost::pfr::for_each_field(std::get<TI>(values), [&]<class F>(F& field) {
+        if constexpr (is_given_flags_v<F>) field.insert(info.name);
+      });
+    }
   }
 }
 

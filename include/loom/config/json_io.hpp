@@ -1,13 +1,14 @@
 #pragma once
 // JSON <-> reflected structs (config/fields.hpp), in the style of HfArgumentParser's
 // parse_json_file and TrainingArguments.to_json_string:
-//   loom::to_json(args) / loom::from_json<T>(j)      every field in declaration order; an
+//   loom::to_json(args) / loom::from_json<T>(j)      every setting in declaration order; an
 //                                                    empty optional is null
 //   loom::save_json(args, path) / loom::load_json<T>(path)   the same through a file
 //   loom::parse_json_file<Ts...>(path)               one object of settings for several structs
 // Reading goes through the strict reader (config/json.hpp): a key given twice, an unknown key
 // (with the nearest name), a wrong type or a bad null is a loom::Error naming the file and
-// the key. Writing is atomic (loom::json::write_file).
+// the key. Writing is atomic (loom::json::write_file). GivenFlags fields are never written or
+// read; parse_json_file records the keys it read in them.
 
 #include <loom/config/error.hpp>
 #include <loom/config/fields.hpp>
@@ -15,7 +16,6 @@
 #include <loom/config/json.hpp>
 #include <loom/config/meta.hpp>
 
-#include <boost/pfr.hpp>
 #include <nlohmann/json.hpp>
 
 #include <cstddef>
@@ -121,25 +121,32 @@ nlohmann::ordered_json scalar_to_json(const S& value) {
 /// Re-says `e` with the file in front: "loom: <path>: unknown JSON key ...".
 [[noreturn]] LOOM_INLINE void rethrow_with_path(const std::filesystem::path& path, const Error& e);
 
+/// Whether apply_json_object records the keys it reads in the structs' GivenFlags fields
+/// (settings given by the user, not a file loom wrote).
+enum class RecordGiven : bool { no, yes };
+
 /// Sets the fields that the keys of `json` (an object) name, in `values` (a tuple of structs
 /// over `table`); an unknown key, a wrong type or a bad null throws loom::Error.
 template <class Json, class Tuple>
-void apply_json_object(Tuple& values, const Json& json, const std::vector<FieldInfo>& table) {
+void apply_json_object(Tuple& values, const Json& json, const std::vector<FieldInfo>& table,
+                       RecordGiven record = RecordGiven::no) {
   if (!json.is_object()) throw Error("loom: expected a JSON object of settings, got " + loom::json::describe(json));
   for (auto it = json.begin(); it != json.end(); ++it) {
     const FieldInfo* info = find_field(table, it.key());
     if (info == nullptr) throw unknown_key_error(it.key(), table);
     visit_field(values, *info, [&](auto& field) { set_from_json(field, it.value(), info->name); });
+    if (record == RecordGiven::yes) record_given(values, *info);
   }
 }
 
 /// apply_json_object over the file at `path` (read strictly: a key given twice is an error);
 /// every message names the file.
 template <class Tuple>
-void apply_json_file(Tuple& values, const std::filesystem::path& path, const std::vector<FieldInfo>& table) {
+void apply_json_file(Tuple& values, const std::filesystem::path& path, const std::vector<FieldInfo>& table,
+                     RecordGiven record = RecordGiven::no) {
   const nlohmann::json json = loom::json::read_file(path);
   try {
-    apply_json_object(values, json, table);
+    apply_json_object(values, json, table, record);
   } catch (const Error& e) {
     rethrow_with_path(path, e);
   }
@@ -150,15 +157,15 @@ void apply_json_file(Tuple& values, const std::filesystem::path& path, const std
 namespace loom {
 
 /// Reads a JSON object of settings for all of Ts at once (HF's parse_json_file): each key
-/// sets the field of that name in whichever struct has it. Returns T (one type) or
-/// std::tuple<Ts...>; an unknown key (with the nearest name), a wrong type or a key given
-/// twice throws loom::Error naming the file.
+/// sets the field of that name in whichever struct has it, and is recorded in that struct's
+/// GivenFlags field if it has one. Returns T (one type) or std::tuple<Ts...>; an unknown key
+/// (with the nearest name), a wrong type or a key given twice throws loom::Error naming the file.
 template <class... Ts>
   requires(sizeof...(Ts) > 0)
 auto parse_json_file(const std::filesystem::path& path) {
   detail::check_parseable<Ts...>();
   std::tuple<Ts...> values{};
-  detail::apply_json_file(values, path, detail::field_table<Ts...>());
+  detail::apply_json_file(values, path, detail::field_table<Ts...>(), detail::RecordGiven::yes);
   if constexpr (sizeof...(Ts) == 1) {
     return std::get<0>(std::move(values));
   } else {
@@ -166,13 +173,13 @@ auto parse_json_file(const std::filesystem::path& path) {
   }
 }
 
-/// Every field in declaration order; an empty optional becomes null.
+/// Every setting in declaration order; an empty optional becomes null (GivenFlags fields are left out).
 template <class T>
 nlohmann::ordered_json to_json(const T& value) {
   detail::check_reflectable<T>();
-  constexpr auto names = boost::pfr::names_as_array<T>();
+  constexpr auto names = detail::setting_names<T>();
   nlohmann::ordered_json out = nlohmann::ordered_json::object();
-  boost::pfr::for_each_field(value, [&]<class F>(const F& field, std::size_t index) {
+  detail::for_each_setting(value, [&]<class F>(const F& field, std::size_t index) {
     const std::string key(names[index]);
     if constexpr (detail::field_traits<F>::is_optional) {
       out[key] = field ? detail::scalar_to_json(*field) : nlohmann::ordered_json(nullptr);
