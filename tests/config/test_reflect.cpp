@@ -251,9 +251,9 @@ TEST_CASE("help_text: usage line and every TrainingArguments field with its defa
   CHECK(help.find("\n  --lr_scheduler_kwargs <string>  (default: {})\n") != std::string::npos);
 
   // Every field, with the default the struct really has.
-  constexpr auto names = boost::pfr::names_as_array<loom::TrainingArguments>();
+  constexpr auto names = loom::detail::setting_names<loom::TrainingArguments>();
   std::size_t listed = 0;
-  boost::pfr::for_each_field(loom::TrainingArguments{}, [&](const auto& field, std::size_t i) {
+  loom::detail::for_each_setting(loom::TrainingArguments{}, [&](const auto& field, std::size_t i) {
     const std::string line_start = "\n  --" + std::string(names[i]) + " <";
     const auto at = help.find(line_start);
     INFO("field " << names[i]);
@@ -334,7 +334,7 @@ TEST_CASE("TrainingArguments: every field has a description, the same as its ///
     std::smatch m;
     if (std::regex_match(line, m, field_line)) comments[m[1]] = m[3];
   }
-  constexpr auto names = boost::pfr::names_as_array<loom::TrainingArguments>();
+  constexpr auto names = loom::detail::setting_names<loom::TrainingArguments>();
   constexpr auto descriptions = loom::detail::field_descriptions<loom::TrainingArguments>();
   CHECK(comments.size() == names.size());
   for (std::size_t i = 0; i < names.size(); ++i) {
@@ -516,7 +516,7 @@ loom::TrainingArguments modified_arguments() {
 
 TEST_CASE("to_json: fields in declaration order, nullopt as null") {
   const auto j = loom::to_json(loom::TrainingArguments{});
-  constexpr auto names = boost::pfr::names_as_array<loom::TrainingArguments>();
+  constexpr auto names = loom::detail::setting_names<loom::TrainingArguments>();
   REQUIRE(j.size() == names.size());
   std::size_t i = 0;
   for (auto it = j.begin(); it != j.end(); ++it, ++i) CHECK(it.key() == names[i]);
@@ -761,6 +761,120 @@ TEST_CASE("parse_args: a first argument ending in .json is read before the flags
     CHECK_THROWS_WITH_AS(loom::try_parse_args<loom::TrainingArguments>(std::vector<std::string>{"a.json.bak"}),
                          "loom: unexpected argument 'a.json.bak'; flags look like --name value", loom::Error);
   }
+}
+
+// ---- which settings were given: GivenFlags ----------------------------------------------
+
+namespace reflect_test {
+
+// A user struct recording its own given flags, in the middle of its fields.
+struct Recorded {
+  int64_t depth = 2;
+  loom::GivenFlags given_here;
+  std::string mode = "fast";
+};
+
+// A field_help entry naming the GivenFlags field: it is no setting, so the entry names no field.
+struct HelpForGiven {
+  int64_t depth = 2;
+  loom::GivenFlags given;
+  static constexpr loom::FieldHelp field_help[] = {{"depth", "how deep"}, {"given", "not a flag"}};
+};
+
+}  // namespace reflect_test
+
+TEST_CASE("GivenFlags: an explicit default is recorded, an absent flag is not") {
+  const auto args = parse_one<loom::TrainingArguments>(
+      {"--lr_scheduler_type", "linear", "--fp16", "--learning-rate=0.001", "--eval_steps", "none"});
+  CHECK(args.lr_scheduler_type == loom::TrainingArguments{}.lr_scheduler_type);  // the default, given explicitly
+  CHECK(args.given.contains("lr_scheduler_type"));
+  CHECK(args.given.contains("fp16"));           // bare bool
+  CHECK(args.given.contains("learning_rate"));  // --learning-rate=: the field's name
+  CHECK(args.given.contains("eval_steps"));     // reset to none
+  CHECK(args.given.names() == std::vector<std::string>{"eval_steps", "fp16", "learning_rate", "lr_scheduler_type"});
+  CHECK_FALSE(args.given.contains("seed"));
+  CHECK_FALSE(args.given.contains("learning-rate"));
+  CHECK(parse_one<loom::TrainingArguments>({}).given.empty());
+  CHECK(loom::TrainingArguments{}.given.empty());
+
+  // Copies keep it.
+  const loom::TrainingArguments copy = args;
+  loom::TrainingArguments assigned;
+  assigned = args;
+  CHECK(copy.given == args.given);
+  CHECK(assigned.given.contains("fp16"));
+}
+
+TEST_CASE("GivenFlags: each struct records its own flags; the field may stand anywhere") {
+  const auto r = parse<loom::TrainingArguments, ModelArgs, reflect_test::Recorded>(
+      {"--seed", "1", "--hidden_size", "3", "--mode", "fast", "--depth=4"});
+  REQUIRE_FALSE(r.help);
+  const auto& [training, model, recorded] = r.values;
+  CHECK(training.given.names() == std::vector<std::string>{"seed"});
+  CHECK(model.hidden_size == 3);
+  CHECK(recorded.depth == 4);
+  CHECK(recorded.mode == "fast");
+  CHECK(recorded.given_here.names() == std::vector<std::string>{"depth", "mode"});
+
+  // Not a flag: --given and --given_here are unknown.
+  CHECK_THROWS_WITH_AS(parse<loom::TrainingArguments>({"--given", "x"}), "loom: unknown argument --given; see --help",
+                       loom::Error);
+  CHECK_THROWS_AS(parse<reflect_test::Recorded>({"--given_here", "x"}), loom::Error);
+
+  // Flags add to what the starting values record.
+  loom::TrainingArguments start;
+  start.given.insert("output_dir");
+  const auto more = loom::try_parse_args(reflect_test::argv_of({"--seed", "3"}), std::tuple<loom::TrainingArguments>{start});
+  CHECK(std::get<0>(more.values).given.names() == std::vector<std::string>{"output_dir", "seed"});
+}
+
+TEST_CASE("GivenFlags: the keys of a JSON settings file are recorded") {
+  reflect_test::TempDir dir;
+  const std::string path =
+      write_text(dir.path / "args.json", R"({"lr_scheduler_type": "linear", "model_name": "m", "depth": 5})").string();
+
+  const auto r = loom::try_parse_args<loom::TrainingArguments, ModelArgs, reflect_test::Recorded>(
+      std::vector<std::string>{path, "--seed", "1"});
+  const auto& [training, model, recorded] = r.values;
+  CHECK(training.given.names() == std::vector<std::string>{"lr_scheduler_type", "seed"});
+  CHECK(model.model_name == "m");
+  CHECK(recorded.given_here.names() == std::vector<std::string>{"depth"});
+
+  // parse_json_file records them too.
+  const auto [from_file, model2] = loom::parse_json_file<loom::TrainingArguments, ModelArgs>(
+      write_text(dir.path / "two.json", R"({"seed": 42, "hidden_size": 8})"));
+  CHECK(from_file.given.names() == std::vector<std::string>{"seed"});
+  CHECK(model2.hidden_size == 8);
+
+  // load_json / from_json read a file loom wrote: nothing is recorded.
+  loom::save_json(from_file, dir.path / "training_args.json");
+  CHECK(loom::load_json<loom::TrainingArguments>(dir.path / "training_args.json").given.empty());
+  CHECK(loom::from_json<loom::TrainingArguments>(nlohmann::json::parse(R"({"seed": 1})")).given.empty());
+}
+
+TEST_CASE("GivenFlags: not written by to_json, not read by from_json, not in --help") {
+  const auto args = parse_one<loom::TrainingArguments>({"--seed", "7", "--bf16"});
+  REQUIRE_FALSE(args.given.empty());
+  const auto j = loom::to_json(args);
+  CHECK_FALSE(j.contains("given"));
+  CHECK(j.size() == loom::to_json(loom::TrainingArguments{}).size());
+  CHECK(std::prev(j.end()).key() == "fsdp");  // the last setting
+  CHECK_THROWS_WITH_AS(loom::from_json<loom::TrainingArguments>(nlohmann::json::parse(R"({"given": ["seed"]})")),
+                       "loom: unknown JSON key 'given'", loom::Error);
+  const auto recorded = loom::to_json(reflect_test::Recorded{});
+  CHECK(recorded == nlohmann::ordered_json::parse(R"({"depth": 2, "mode": "fast"})"));
+
+  const std::string help = loom::help_text<loom::TrainingArguments, reflect_test::Recorded>("run");
+  CHECK(help.find("--given") == std::string::npos);
+  CHECK(help.find("\n  --depth <int>  (default: 2)\n  --mode <string>  (default: fast)\n") != std::string::npos);
+
+  // The field checks skip it: it is counted as no setting, and a field_help entry naming it names no field.
+  static_assert(loom::detail::setting_count<loom::TrainingArguments>() ==
+                boost::pfr::tuple_size_v<loom::TrainingArguments> - 1);
+  static_assert(loom::detail::setting_names<reflect_test::Recorded>() ==
+                std::array<std::string_view, 2>{"depth", "mode"});
+  static_assert(loom::detail::bad_field_help_entry<reflect_test::HelpForGiven>(false) == 1);
+  static_assert(loom::detail::field_names_unique<loom::TrainingArguments, reflect_test::HelpForGiven>());
 }
 
 // ---- nearest name -------------------------------------------------------------------------

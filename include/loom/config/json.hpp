@@ -9,6 +9,8 @@
 //   loom::json::Fields f(j, (dir / "loop_state.json").string());
 //   const int64_t last = f.integer("globalstep_last_logged", /*min=*/0);
 //   // loom: RUN/checkpoint-3/loop_state.json: field 'globalstep_last_logged' must be an integer >= 0, got -5
+//
+// Writing is loom::json::write_file (config/json_io.hpp): indent 2, atomically.
 
 #include <loom/config/inline.hpp>
 

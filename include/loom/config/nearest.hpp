@@ -1,5 +1,5 @@
 #pragma once
-// "Did you mean ...?" support shared by config/reflect.hpp (unknown flags and JSON keys) and
+// "Did you mean ...?" support shared by config/fields.hpp (unknown flags and JSON keys) and
 // config/validate.hpp (unknown strategy / optimizer / scheduler names).
 
 #include <loom/config/inline.hpp>

@@ -5,6 +5,7 @@
 // --help descriptions: field_help() below repeats them as data.
 
 #include <loom/config/field_help.hpp>
+#include <loom/config/given_flags.hpp>
 #include <loom/policy/catalog.hpp>
 
 #include <cstdint>
@@ -122,6 +123,11 @@ struct TrainingArguments {
   int64_t local_rank = -1;                    ///< accepted from torch.distributed.launch; the rank comes from LOCAL_RANK
   std::optional<std::string> deepspeed;       ///< not supported: loom's ZeRO is --sharding zero1 / zero2 / full_shard
   std::optional<std::string> fsdp;            ///< not supported: loom's FSDP is --sharding full_shard (shard_grad_op: zero2)
+
+  // --- not a setting -------------------------------------------------------------------
+  /// The settings the command line or a JSON settings file gave explicitly (filled by
+  /// loom::parse_args; no flag, no --help line, not in training_args.json).
+  GivenFlags given;
 };
 
 namespace detail {

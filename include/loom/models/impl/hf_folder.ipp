@@ -56,7 +56,7 @@ LOOM_INLINE std::string dtype_name(torch::ScalarType t) {
 // Writes `j` with indent 2 and its keys in sorted order (nlohmann::json keeps them sorted),
 // atomically.
 LOOM_INLINE void write_sorted_json(const nlohmann::json& j, const std::filesystem::path& path) {
-  loom::detail::save_json_value(nlohmann::ordered_json::parse(j.dump()), path);
+  loom::json::write_file(nlohmann::ordered_json::parse(j.dump()), path);
 }
 
 LOOM_INLINE std::map<int64_t, std::string> read_id2label(const nlohmann::json& value) {
@@ -64,14 +64,14 @@ LOOM_INLINE std::map<int64_t, std::string> read_id2label(const nlohmann::json& v
     return Error("loom: JSON key 'id2label' expects an object of \"<integer>\": \"<label>\" pairs; " + why);
   };
   if (value.is_null()) return {};  // transformers writes null for an absent map
-  if (!value.is_object()) throw bad("got " + loom::detail::describe_json(value));
+  if (!value.is_object()) throw bad("got " + loom::json::describe(value));
   std::map<int64_t, std::string> out;
   for (auto it = value.begin(); it != value.end(); ++it) {
     const std::string& key = it.key();
     int64_t id = 0;
     const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
     if (ec != std::errc() || end != key.data() + key.size()) throw bad("the key \"" + key + "\" is not an integer");
-    if (!it->is_string()) throw bad("the value of \"" + key + "\" is " + loom::detail::describe_json(*it));
+    if (!it->is_string()) throw bad("the value of \"" + key + "\" is " + loom::json::describe(*it));
     out[id] = it->get<std::string>();
   }
   return out;
@@ -82,10 +82,10 @@ LOOM_INLINE std::map<std::string, int64_t> read_label2id(const nlohmann::json& v
     return Error("loom: JSON key 'label2id' expects an object of \"<label>\": <integer> pairs; " + why);
   };
   if (value.is_null()) return {};  // transformers writes null for an absent map
-  if (!value.is_object()) throw bad("got " + loom::detail::describe_json(value));
+  if (!value.is_object()) throw bad("got " + loom::json::describe(value));
   std::map<std::string, int64_t> out;
   for (auto it = value.begin(); it != value.end(); ++it) {
-    if (!it->is_number_integer()) throw bad("the value of \"" + it.key() + "\" is " + loom::detail::describe_json(*it));
+    if (!it->is_number_integer()) throw bad("the value of \"" + it.key() + "\" is " + loom::json::describe(*it));
     out[it.key()] = it->get<int64_t>();
   }
   return out;

@@ -1,0 +1,221 @@
+#pragma once
+// JSON <-> reflected structs (config/fields.hpp), in the style of HfArgumentParser's
+// parse_json_file and TrainingArguments.to_json_string:
+//   loom::to_json(args) / loom::from_json<T>(j)      every setting in declaration order; an
+//                                                    empty optional is null
+//   loom::save_json(args, path) / loom::load_json<T>(path)   the same through a file
+//   loom::parse_json_file<Ts...>(path)               one object of settings for several structs
+// Reading goes through the strict reader (config/json.hpp): a key given twice, an unknown key
+// (with the nearest name), a wrong type or a bad null is a loom::Error naming the file and
+// the key. Writing is atomic (loom::json::write_file). GivenFlags fields are never written or
+// read; parse_json_file records the keys it read in them.
+
+#include <loom/config/error.hpp>
+#include <loom/config/fields.hpp>
+#include <loom/config/inline.hpp>
+#include <loom/config/json.hpp>
+#include <loom/config/meta.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace loom::json {
+
+/// A JSON value as error messages show it: "an object", "an array", "null", or its dump
+/// (cut to 60 characters). Any nlohmann::basic_json; the two usual ones are compiled once.
+template <class Json>
+std::string describe(const Json& value) {
+  if (value.is_object() || value.is_array()) return std::string("an ") + value.type_name();
+  if (value.is_null()) return "null";
+  std::string text = value.dump();
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return text;
+}
+LOOM_INLINE std::string describe(const nlohmann::json& value);
+LOOM_INLINE std::string describe(const nlohmann::ordered_json& value);
+
+/// Writes json.dump(2) and a newline to `path` atomically (path.tmp, then rename); creates
+/// parent folders. Throws loom::Error.
+LOOM_INLINE void write_file(const nlohmann::ordered_json& json, const std::filesystem::path& path);
+
+}  // namespace loom::json
+
+namespace loom::detail {
+
+/// Writes `text` to `path` atomically: to path.tmp (removed on failure), then renamed over
+/// `path`; creates parent folders. No fsync. Throws loom::Error.
+LOOM_INLINE void write_text_atomically(const std::filesystem::path& path, std::string_view text);
+
+// ---- JSON value -> field ------------------------------------------------------------------
+
+/// "loom: JSON key '<key>' expects <kind>, got <got><note>".
+LOOM_INLINE Error json_type_error(std::string_view key, std::string_view kind, std::string_view got,
+                                  std::string_view note);
+
+/// "loom: JSON key '<key>' is null, but the field is not optional (expects <kind>)".
+LOOM_INLINE Error json_null_error(std::string_view key, std::string_view kind);
+
+/// "loom: unknown JSON key '<key>'", with the nearest field of `table` when one is close.
+LOOM_INLINE Error unknown_key_error(const std::string& key, const std::vector<FieldInfo>& table);
+
+template <class F, class Json>
+void set_from_json(F& field, const Json& value, std::string_view key) {
+  using Traits = field_traits<F>;
+  using S = typename Traits::scalar;
+  auto wrong = [&](std::string_view note = {}) {
+    return json_type_error(key, field_kind_phrase<F>(), loom::json::describe(value), note);
+  };
+  if (value.is_null()) {
+    if constexpr (Traits::is_optional) {
+      field.reset();
+      return;
+    } else {
+      throw json_null_error(key, field_kind_phrase<F>());
+    }
+  }
+  S parsed{};
+  if constexpr (std::is_same_v<S, bool>) {
+    if (!value.is_boolean()) throw wrong();
+    parsed = value.template get<bool>();
+  } else if constexpr (is_integer_field_v<S>) {
+    if (value.is_number_unsigned()) {
+      const auto v = value.template get<std::uint64_t>();
+      if (!std::in_range<S>(v)) throw wrong(" (out of range)");
+      parsed = static_cast<S>(v);
+    } else if (value.is_number_integer()) {
+      const auto v = value.template get<std::int64_t>();
+      if (!std::in_range<S>(v)) throw wrong(" (out of range)");
+      parsed = static_cast<S>(v);
+    } else {
+      throw wrong();
+    }
+  } else if constexpr (std::is_floating_point_v<S>) {
+    if (!value.is_number()) throw wrong();
+    parsed = static_cast<S>(value.template get<double>());
+  } else if constexpr (std::is_same_v<S, std::string>) {
+    if (!value.is_string()) throw wrong();
+    parsed = value.template get<std::string>();
+  } else {
+    static_assert(dependent_false_v<S>, "loom: unsupported field type");
+  }
+  field = std::move(parsed);
+}
+
+template <class S>
+nlohmann::ordered_json scalar_to_json(const S& value) {
+  if constexpr (is_integer_field_v<S> && std::is_unsigned_v<S>) return static_cast<std::uint64_t>(value);
+  else if constexpr (is_integer_field_v<S>) return static_cast<std::int64_t>(value);
+  else if constexpr (std::is_floating_point_v<S>) return static_cast<double>(value);
+  else return value;  // bool, std::string
+}
+
+/// Re-says `e` with the file in front: "loom: <path>: unknown JSON key ...".
+[[noreturn]] LOOM_INLINE void rethrow_with_path(const std::filesystem::path& path, const Error& e);
+
+/// Whether apply_json_object records the keys it reads in the structs' GivenFlags fields
+/// (settings given by the user, not a file loom wrote).
+enum class RecordGiven : bool { no, yes };
+
+/// Sets the fields that the keys of `json` (an object) name, in `values` (a tuple of structs
+/// over `table`); an unknown key, a wrong type or a bad null throws loom::Error.
+template <class Json, class Tuple>
+void apply_json_object(Tuple& values, const Json& json, const std::vector<FieldInfo>& table,
+                       RecordGiven record = RecordGiven::no) {
+  if (!json.is_object()) throw Error("loom: expected a JSON object of settings, got " + loom::json::describe(json));
+  for (auto it = json.begin(); it != json.end(); ++it) {
+    const FieldInfo* info = find_field(table, it.key());
+    if (info == nullptr) throw unknown_key_error(it.key(), table);
+    visit_field(values, *info, [&](auto& field) { set_from_json(field, it.value(), info->name); });
+    if (record == RecordGiven::yes) record_given(values, *info);
+  }
+}
+
+/// apply_json_object over the file at `path` (read strictly: a key given twice is an error);
+/// every message names the file.
+template <class Tuple>
+void apply_json_file(Tuple& values, const std::filesystem::path& path, const std::vector<FieldInfo>& table,
+                     RecordGiven record = RecordGiven::no) {
+  const nlohmann::json json = loom::json::read_file(path);
+  try {
+    apply_json_object(values, json, table, record);
+  } catch (const Error& e) {
+    rethrow_with_path(path, e);
+  }
+}
+
+}  // namespace loom::detail
+
+namespace loom {
+
+/// Reads a JSON object of settings for all of Ts at once (HF's parse_json_file): each key
+/// sets the field of that name in whichever struct has it, and is recorded in that struct's
+/// GivenFlags field if it has one. Returns T (one type) or std::tuple<Ts...>; an unknown key
+/// (with the nearest name), a wrong type or a key given twice throws loom::Error naming the file.
+template <class... Ts>
+  requires(sizeof...(Ts) > 0)
+auto parse_json_file(const std::filesystem::path& path) {
+  detail::check_parseable<Ts...>();
+  std::tuple<Ts...> values{};
+  detail::apply_json_file(values, path, detail::field_table<Ts...>(), detail::RecordGiven::yes);
+  if constexpr (sizeof...(Ts) == 1) {
+    return std::get<0>(std::move(values));
+  } else {
+    return values;
+  }
+}
+
+/// Every setting in declaration order; an empty optional becomes null (GivenFlags fields are left out).
+template <class T>
+nlohmann::ordered_json to_json(const T& value) {
+  detail::check_reflectable<T>();
+  constexpr auto names = detail::setting_names<T>();
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  detail::for_each_setting(value, [&]<class F>(const F& field, std::size_t index) {
+    const std::string key(names[index]);
+    if constexpr (detail::field_traits<F>::is_optional) {
+      out[key] = field ? detail::scalar_to_json(*field) : nlohmann::ordered_json(nullptr);
+    } else {
+      out[key] = detail::scalar_to_json(field);
+    }
+  });
+  return out;
+}
+
+/// A default-constructed T with the keys present set; unknown key, wrong type or bad null throws loom::Error.
+template <class T, class Json = nlohmann::json>
+T from_json(const Json& json) {
+  detail::check_reflectable<T>();
+  std::tuple<T> value{};
+  detail::apply_json_object(value, json, detail::field_table<T>());
+  return std::get<0>(std::move(value));
+}
+
+/// Writes to_json(value) with json::write_file: indent 2, atomically, parent folders created.
+template <class T>
+void save_json(const T& value, const std::filesystem::path& path) {
+  json::write_file(to_json(value), path);
+}
+
+/// Reads a JSON object written by save_json (or by hand) into T; errors name the path.
+template <class T>
+T load_json(const std::filesystem::path& path) {
+  detail::check_reflectable<T>();
+  std::tuple<T> value{};
+  detail::apply_json_file(value, path, detail::field_table<T>());
+  return std::get<0>(std::move(value));
+}
+
+}  // namespace loom
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/config/impl/json_io.ipp>
+#endif
