@@ -8,7 +8,9 @@
 
 include_guard(GLOBAL)
 
-file(GLOB_RECURSE LOOM_IMPL_FILES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/include/loom/*/impl/*.ipp")
+# Every impl/*.ipp, at any depth (optim/rules/impl/ too).
+file(GLOB_RECURSE LOOM_IMPL_FILES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/include/loom/*.ipp")
+list(FILTER LOOM_IMPL_FILES INCLUDE REGEX "/impl/[^/]+\\.ipp$")
 list(SORT LOOM_IMPL_FILES)
 # Each unit pays ~2 s of CPU to load the precompiled header and instantiates nlohmann/{fmt}
 # again, so the library compiles as a few units: the files whose edits must relink in

@@ -1,18 +1,13 @@
 #pragma once
-// Optimizers stepped over all parameters at once with ATen's multi-tensor kernels, each
-// matching its torch.optim (or HF) counterpart step by step:
-//   adamw_torch_fused  at::_fused_adamw_ (one fused kernel per group and device)
-//   adamw_torch        the _foreach_ formulation of torch.optim.AdamW(foreach=True)
-//   sgd                torch.optim.SGD: momentum, dampening, nesterov, L2 weight decay (_foreach_)
-//   adagrad            torch.optim.Adagrad: lr_decay, initial_accumulator_value, eps (_foreach_)
-//   rmsprop            torch.optim.RMSprop: alpha, eps, momentum, centered (_foreach_)
-//   lion               update = sign(beta1*m + (1-beta1)*g), m = beta2*m + (1-beta2)*g,
-//                      decoupled weight decay (Chen et al. 2023; torch has none) (_foreach_)
-//   adafactor          transformers.optimization.Adafactor (factored second moments of
-//                      matrices; per tensor, since its norms and row/column means are per tensor)
-//   torch              any torch::optim::Optimizer, through Optimizer::wrap
+// Optimizer: the one class every update rule is stepped through, over all parameters at once
+// with ATen's multi-tensor kernels, each rule matching its torch.optim (or HF) counterpart step
+// by step. The rules live one per file in optim/rules/ (AdamW fused and foreach, SGD, Adagrad,
+// RMSprop, Lion, Adafactor), behind the interface of optim/rule.hpp, listed once in
+// optim/catalog.hpp; Optimizer::wrap steps any torch::optim::Optimizer instead. Optimizer keeps
+// what every rule shares: the groups and their learning rates, the step count, the state and its
+// checkpoint I/O, what sharded pieces need.
 // The learning rate is a host double passed per step, so nothing here syncs with the device
-// (except the documented fp16 skip read of the non-fused rules).
+// (except the documented fp16 skip read of the rules that do not skip on the device).
 //
 // Learning rates of groups follow torch: a group may carry its own peak lr; the scheduler
 // scales every group by the same factor, lr_now / base_lr (set_base_lr; the Trainer passes
@@ -21,12 +16,13 @@
 #include <loom/config/inline.hpp>
 #include <loom/config/training_arguments.hpp>
 #include <loom/core/error.hpp>
+#include <loom/optim/catalog.hpp>
 #include <loom/optim/param_groups.hpp>
+#include <loom/optim/rule.hpp>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -36,37 +32,6 @@
 #include <vector>
 
 namespace loom::optim {
-
-/// Which update rule an Optimizer applies (the values are written to checkpoints; append only).
-enum class Algorithm { adamw_fused, adamw_foreach, sgd, adagrad, rmsprop, adafactor, lion, torch };
-
-/// Algorithm for an HF `optim` name; unknown names are a loom::Error.
-LOOM_INLINE Algorithm algorithm_from_name(std::string_view name);
-/// The HF `optim` name of `algorithm` ("torch" for a wrapped torch::optim::Optimizer).
-LOOM_INLINE std::string_view algorithm_name(Algorithm algorithm);
-
-/// Hyper-parameters shared by every group. Defaults are torch.optim's / HF's for each rule;
-/// fields a rule does not read are ignored.
-struct OptimizerOptions {
-  Algorithm algorithm = Algorithm::adamw_fused;  ///< update rule
-  double beta1 = 0.9;                            ///< AdamW and Lion beta1
-  double beta2 = 0.999;                          ///< AdamW beta2; Lion's is 0.99 (options_from_args)
-  double eps = 1e-8;                             ///< AdamW and RMSprop epsilon; Adagrad's is 1e-10
-  double momentum = 0.0;                         ///< SGD and RMSprop momentum
-  double dampening = 0.0;                        ///< SGD dampening
-  bool nesterov = false;                         ///< SGD Nesterov momentum
-  double lr_decay = 0.0;                         ///< Adagrad learning-rate decay
-  double initial_accumulator_value = 0.0;        ///< Adagrad's initial sum of squares
-  double alpha = 0.99;                           ///< RMSprop smoothing constant
-  bool centered = false;                         ///< RMSprop: normalize by the centered variance
-  std::array<double, 2> adafactor_eps = {1e-30, 1e-3};  ///< Adafactor (eps1, eps2)
-  double clip_threshold = 1.0;                   ///< Adafactor update clipping
-  double decay_rate = -0.8;                      ///< Adafactor second-moment decay exponent
-  std::optional<double> adafactor_beta1;         ///< Adafactor first moment (none: not kept)
-  bool scale_parameter = false;                  ///< Adafactor: scale lr by the parameter's RMS (HF Trainer: false)
-  bool relative_step = false;                    ///< Adafactor: time-dependent lr instead of lr (HF Trainer: false)
-  bool warmup_init = false;                      ///< Adafactor: warm-up relative steps
-};
 
 /// The options --optim, --optim_args and the adam_* arguments select, with HF Trainer's
 /// defaults (Adafactor: scale_parameter, relative_step and warmup_init off).
@@ -87,7 +52,7 @@ class Optimizer {
   /// Applies one update to every parameter that has a gradient: groups without their own lr at
   /// `lr`, the others at their lr times lr / base_lr(). With `found_inf` (a device flag from the
   /// fp16 scaler) the update is skipped when it is nonzero: on the device for the fused kernel;
-  /// the other rules read the flag on the host (one sync per step, documented in
+  /// for the other rules Optimizer reads the flag on the host (one sync per step, documented in
   /// docs/semantics.md).
   void step(double lr, const torch::Tensor& found_inf = {});
 
@@ -109,17 +74,13 @@ class Optimizer {
   [[nodiscard]] const OptimizerOptions& options() const { return options_; }
   /// The wrapped torch optimizer, null unless built by wrap().
   [[nodiscard]] torch::optim::Optimizer* wrapped() const { return wrapped_.get(); }
-  /// False for Adafactor (its factored moments need whole matrices) and a wrapped optimizer
-  /// (its state is keyed by whole parameters): they cannot step flat pieces of parameters.
-  [[nodiscard]] bool steps_pieces() const {
-    return options_.algorithm != Algorithm::adafactor && options_.algorithm != Algorithm::torch;
-  }
+  /// Whether the rule can step flat pieces of parameters: not Adafactor (its factored moments
+  /// need whole matrices) nor a wrapped optimizer (its state is keyed by whole parameters).
+  [[nodiscard]] bool steps_pieces() const { return rule_ != nullptr && rule_->steps_pieces; }
 
-  /// Optimizer state as named tensors "<kind>.<param>" with torch's state names as kinds
-  /// (AdamW: exp_avg, exp_avg_sq, step; SGD: momentum_buffer; Adagrad: sum, step; RMSprop:
-  /// square_avg, momentum_buffer, grad_avg, step; Lion: exp_avg; Adafactor: exp_avg_sq_row,
-  /// exp_avg_sq_col or exp_avg_sq, exp_avg, step), for checkpoints; empty before the first step,
-  /// for plain SGD and for a wrapped optimizer.
+  /// Optimizer state as named tensors "<kind>.<param>" with torch's state names as kinds (each
+  /// rule's file lists its own: AdamW exp_avg, exp_avg_sq, step; SGD momentum_buffer; ...), for
+  /// checkpoints; empty before the first step, for plain SGD and for a wrapped optimizer.
   [[nodiscard]] std::vector<std::pair<std::string, torch::Tensor>> state_tensors() const;
   /// Scalars of the state (steps taken, hyper-parameters) for checkpoints.
   [[nodiscard]] nlohmann::json state_meta() const;
@@ -131,18 +92,14 @@ class Optimizer {
   [[nodiscard]] std::vector<torch::Tensor> parameters() const;
 
  private:
-  // Per parameter: its state tensors by kind, empty until created.
-  using ParamState = std::vector<std::pair<std::string, torch::Tensor>>;
-
   [[nodiscard]] ParamState initial_state(const torch::Tensor& p) const;
   void ensure_state(std::size_t g);
   [[nodiscard]] double group_lr(std::size_t g, double lr) const;
   void step_group(std::size_t g, double lr, const torch::Tensor& found_inf);
-  void step_adafactor(std::size_t g, double lr, const std::vector<std::size_t>& slots,
-                      const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads);
 
   std::vector<ParamGroup> groups_;
   OptimizerOptions options_;
+  const Rule* rule_ = nullptr;  // options_.algorithm's entry in kOptimizerRules; null when wrapped
   std::vector<std::vector<ParamState>> state_;  // [group][param]
   std::shared_ptr<torch::optim::Optimizer> wrapped_;
   std::optional<double> base_lr_;
