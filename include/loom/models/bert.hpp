@@ -135,7 +135,7 @@ class BertIntermediateImpl : public torch::nn::Module {
   torch::nn::Linear dense{nullptr};
 
  private:
-  std::string activation_;
+  ActivationFn activation_;  // hidden_act, resolved once
 };
 TORCH_MODULE(BertIntermediate);
 

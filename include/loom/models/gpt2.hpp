@@ -116,7 +116,7 @@ class GPT2MLPImpl : public torch::nn::Module {
   torch::nn::Dropout dropout{nullptr};
 
  private:
-  std::string activation_;
+  ActivationFn activation_;  // activation_function, resolved once
 };
 TORCH_MODULE(GPT2MLP);
 

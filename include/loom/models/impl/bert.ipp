@@ -141,12 +141,12 @@ LOOM_INLINE torch::Tensor BertAttentionImpl::forward(const torch::Tensor& x, con
   return output(self(x, mask), x);
 }
 
-LOOM_INLINE BertIntermediateImpl::BertIntermediateImpl(const BertConfig& c) : activation_(c.hidden_act) {
+LOOM_INLINE BertIntermediateImpl::BertIntermediateImpl(const BertConfig& c) : activation_(activation_fn(c.hidden_act)) {
   dense = register_module("dense", torch::nn::Linear(c.hidden_size, c.intermediate_size));
 }
 
 LOOM_INLINE torch::Tensor BertIntermediateImpl::forward(const torch::Tensor& x) {
-  return activation(activation_, dense(x));
+  return activation_(dense(x));
 }
 
 LOOM_INLINE BertLayerImpl::BertLayerImpl(const BertConfig& c) {

@@ -85,7 +85,7 @@ LOOM_INLINE torch::Tensor GPT2AttentionImpl::forward(const torch::Tensor& x) {
   return resid_dropout(c_proj(y));
 }
 
-LOOM_INLINE GPT2MLPImpl::GPT2MLPImpl(const GPT2Config& c) : activation_(c.activation_function) {
+LOOM_INLINE GPT2MLPImpl::GPT2MLPImpl(const GPT2Config& c) : activation_(activation_fn(c.activation_function)) {
   const int64_t inner = c.n_inner.value_or(4 * c.n_embd);
   c_fc = register_module("c_fc", Conv1D(c.n_embd, inner));
   c_proj = register_module("c_proj", Conv1D(inner, c.n_embd));
@@ -93,7 +93,7 @@ LOOM_INLINE GPT2MLPImpl::GPT2MLPImpl(const GPT2Config& c) : activation_(c.activa
 }
 
 LOOM_INLINE torch::Tensor GPT2MLPImpl::forward(const torch::Tensor& x) {
-  return dropout(c_proj(activation(activation_, c_fc(x))));
+  return dropout(c_proj(activation_(c_fc(x))));
 }
 
 LOOM_INLINE GPT2BlockImpl::GPT2BlockImpl(const GPT2Config& c, int64_t layer_idx) {
