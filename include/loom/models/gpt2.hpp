@@ -16,12 +16,14 @@
 // at::scaled_dot_product_attention with is_causal, the activation named by
 // activation_function (gelu_new: the tanh approximation written as HF writes it), dropout
 // from the config's *_pdrop in training mode, and the causal LM loss of HF's
-// ForCausalLMLoss (labels shifted by one, -100 ignored, mean over the counted tokens).
+// ForCausalLMLoss (causal_lm.hpp: labels shifted by one, -100 ignored, mean over the counted
+// tokens).
 
 #include <loom/config/inline.hpp>
 #include <loom/data/text.hpp>
 #include <loom/distributed/full_shard_unit.hpp>
 #include <loom/models/activations.hpp>
+#include <loom/models/causal_lm.hpp>
 #include <loom/models/hf_folder.hpp>
 #include <loom/core/neftune.hpp>
 
@@ -71,17 +73,6 @@ struct GPT2Config {
 /// Checks `config` (positive sizes, n_embd a multiple of n_head, a known activation, the
 /// features this implementation has); errors name `where` (the config file, or "GPT2Config").
 LOOM_INLINE void validate(const GPT2Config& config, std::string_view where);
-
-/// What GPT2LMHeadModel's forward(batch) returns (loom's default compute_loss and
-/// prediction_step read `loss` and `logits`).
-struct CausalLMOutput {
-  torch::Tensor loss;    ///< HF's causal LM loss (undefined when the batch has no labels)
-  torch::Tensor logits;  ///< [batch, seq, vocab_size]
-};
-
-/// HF's causal LM loss: logits at position t predict labels[t + 1]; -100 is ignored; the mean
-/// over the counted tokens, in float32.
-LOOM_INLINE torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels);
 
 /// HF's Conv1D: a linear layer whose weight is stored [in, out]; out = bias + x @ weight.
 class Conv1DImpl : public torch::nn::Module {

@@ -3,6 +3,7 @@
 
 #include <loom/core/error.hpp>
 #include <loom/models/activations.hpp>
+#include <loom/models/causal_lm.hpp>
 #include <loom/models/gpt2.hpp>
 #include <loom/models/hf_folder.hpp>
 
@@ -32,18 +33,6 @@ LOOM_INLINE void validate(const GPT2Config& c, std::string_view where) {
   check(c.layer_norm_epsilon > 0.0, "{}: field 'layer_norm_epsilon' must be positive, got {}", where,
         c.layer_norm_epsilon);
   check(!c.add_cross_attention, "{}: field 'add_cross_attention' is true; loom's GPT-2 has no cross-attention", where);
-}
-
-LOOM_INLINE torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels) {
-  // ForCausalLMLoss: pad the labels with -100 on the right and drop the first, so position t
-  // is scored against token t + 1 and the last position against nothing.
-  const int64_t vocab = logits.size(-1);
-  auto shifted = torch::constant_pad_nd(labels, {0, 1}, static_cast<double>(data::ignore_index))
-                     .narrow(-1, 1, labels.size(-1))
-                     .contiguous();
-  return torch::nn::functional::cross_entropy(
-      logits.to(torch::kFloat).view({-1, vocab}), shifted.view({-1}).to(logits.device()),
-      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(data::ignore_index));
 }
 
 // ---- Conv1D ------------------------------------------------------------------------------
@@ -175,10 +164,7 @@ LOOM_INLINE torch::Tensor GPT2LMHeadModelImpl::logits(const torch::Tensor& input
 }
 
 LOOM_INLINE CausalLMOutput GPT2LMHeadModelImpl::forward(const data::CausalLMBatch& batch) {
-  CausalLMOutput out;
-  out.logits = logits(batch.input_ids);
-  if (batch.labels.defined()) out.loss = causal_lm_loss(out.logits, batch.labels);
-  return out;
+  return causal_lm_output(logits(batch.input_ids), batch.labels);
 }
 
 LOOM_INLINE int64_t GPT2LMHeadModelImpl::num_parameters(bool exclude_embeddings) const {
