@@ -6,6 +6,7 @@
 #include <loom/models/causal_lm.hpp>
 #include <loom/models/gpt2.hpp>
 #include <loom/models/hf_folder.hpp>
+#include <loom/models/pretrained.hpp>
 
 #include <torch/torch.h>
 
@@ -123,8 +124,8 @@ LOOM_INLINE torch::Tensor GPT2ModelImpl::forward(const torch::Tensor& input_ids)
   return ln_f(x);
 }
 
-LOOM_INLINE GPT2LMHeadModelImpl::GPT2LMHeadModelImpl(GPT2Config config) : config_(std::move(config)) {
-  validate(config_, "GPT2Config");
+LOOM_INLINE GPT2LMHeadModelImpl::GPT2LMHeadModelImpl(GPT2Config config)
+    : PreTrainedModel(std::move(config), "GPT2Config") {
   transformer = register_module("transformer", GPT2Model(config_));
   if (!config_.tie_word_embeddings)
     lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(config_.n_embd, config_.vocab_size)
@@ -167,19 +168,6 @@ LOOM_INLINE CausalLMOutput GPT2LMHeadModelImpl::forward(const data::CausalLMBatc
   return causal_lm_output(logits(batch.input_ids), batch.labels);
 }
 
-LOOM_INLINE int64_t GPT2LMHeadModelImpl::num_parameters(bool exclude_embeddings) const {
-  int64_t n = 0;
-  for (const auto& p : named_parameters(true)) {
-    if (exclude_embeddings && (p.key() == "transformer.wte.weight" || p.key() == "transformer.wpe.weight")) continue;
-    n += p.value().numel();
-  }
-  return n;
-}
-
-LOOM_INLINE double GPT2LMHeadModelImpl::floating_point_ops(const data::CausalLMBatch& batch) const {
-  return 6.0 * static_cast<double>(batch.input_ids.numel()) * static_cast<double>(num_parameters(true));
-}
-
 LOOM_INLINE HfNameRules GPT2LMHeadModelImpl::name_rules() const {
   HfNameRules rules;
   rules.base_prefix = "transformer";
@@ -189,22 +177,8 @@ LOOM_INLINE HfNameRules GPT2LMHeadModelImpl::name_rules() const {
   return rules;
 }
 
-LOOM_INLINE void GPT2LMHeadModelImpl::save_pretrained(const std::filesystem::path& dir,
-                                                      const SaveOptions& options) const {
-  save_hf_weights(*this, dir, options);
-  write_hf_config(config_, dir, "GPT2LMHeadModel", transformer->wte->weight.scalar_type());
-}
-
-LOOM_INLINE void GPT2LMHeadModelImpl::load_weights(const std::filesystem::path& dir) {
-  load_hf_weights(*this, dir, name_rules());
-}
-
 LOOM_INLINE GPT2LMHeadModel GPT2LMHeadModel::from_pretrained(const std::filesystem::path& dir) {
-  auto config = read_hf_config<GPT2Config>(dir);
-  validate(config, (dir / config_file).string());
-  GPT2LMHeadModel model(std::move(config));
-  model->load_weights(dir);
-  return model;
+  return load_pretrained<GPT2LMHeadModel>(dir);
 }
 
 }  // namespace loom::models
