@@ -16,12 +16,14 @@
 // activation is hidden_act (gelu: the exact erf form), the pooler is tanh(dense(h[:, 0])).
 // Loss as HF's: problem_type, or when unset regression (MSE) for num_labels == 1, single-label
 // cross-entropy for integer labels, multi-label BCE-with-logits for float labels.
+// from_pretrained, save_pretrained, num_parameters and floating_point_ops are pretrained.hpp's.
 
 #include <loom/config/inline.hpp>
 #include <loom/data/text.hpp>
 #include <loom/distributed/full_shard_unit.hpp>
 #include <loom/models/activations.hpp>
 #include <loom/models/hf_folder.hpp>
+#include <loom/models/pretrained.hpp>
 #include <loom/core/neftune.hpp>
 
 #include <torch/torch.h>
@@ -135,7 +137,7 @@ class BertIntermediateImpl : public torch::nn::Module {
   torch::nn::Linear dense{nullptr};
 
  private:
-  std::string activation_;
+  ActivationFn activation_;  // hidden_act, resolved once
 };
 TORCH_MODULE(BertIntermediate);
 
@@ -175,8 +177,11 @@ class BertModelImpl : public torch::nn::Module {
 TORCH_MODULE(BertModel);
 
 /// BERT with a classification (or regression) head on the pooled output.
-class BertForSequenceClassificationImpl : public torch::nn::Module {
+class BertForSequenceClassificationImpl
+    : public PreTrainedModel<BertForSequenceClassificationImpl, BertConfig, data::SequenceBatch> {
  public:
+  static constexpr std::string_view architecture = "BertForSequenceClassification";  ///< config.json's architectures
+
   /// A model with HF's random initialization (Linear and Embedding weights normal(0,
   /// initializer_range), the padding row 0, biases 0, LayerNorms 1 and 0), drawn from torch's
   /// default generator.
@@ -189,17 +194,12 @@ class BertForSequenceClassificationImpl : public torch::nn::Module {
                                    const torch::Tensor& token_type_ids = {});
   /// HF's loss for `logits` and `labels` under the config's problem_type.
   LOOM_INLINE torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& labels) const;
-  /// transformers.Trainer's FLOPs estimate (total_flos): 6 x tokens x non-embedding parameters.
-  LOOM_INLINE double floating_point_ops(const data::SequenceBatch& batch) const;
-  /// Parameters; exclude_embeddings leaves out the three embedding tables.
-  LOOM_INLINE int64_t num_parameters(bool exclude_embeddings = false) const;
+  /// The names beyond the parameters that an HF BERT file may hold (none; bare BertModel
+  /// files are read under "bert").
+  LOOM_INLINE HfNameRules name_rules() const;
+  /// HF's label rule (complete_labels), applied before every validation.
+  static void complete_config(BertConfig& config) { complete_labels(config); }
 
-  /// Writes config.json and the weights (model.safetensors, or shards with an index).
-  LOOM_INLINE void save_pretrained(const std::filesystem::path& dir, const SaveOptions& options = {}) const;
-  /// Reads the weights of an HF folder into this model (same config), strictly.
-  LOOM_INLINE void load_weights(const std::filesystem::path& dir);
-
-  [[nodiscard]] const BertConfig& config() const { return config_; }
   /// NEFTune's noise on the word embeddings (the Trainer sets it from --neftune_noise_alpha).
   NEFTune& neftune() { return bert->embeddings->embedding_noise; }
 
@@ -209,7 +209,6 @@ class BertForSequenceClassificationImpl : public torch::nn::Module {
 
  private:
   LOOM_INLINE void init_weights();
-  BertConfig config_;
 };
 
 /// Module holder of BertForSequenceClassificationImpl, with HF's from_pretrained.

@@ -16,13 +16,17 @@
 // at::scaled_dot_product_attention with is_causal, the activation named by
 // activation_function (gelu_new: the tanh approximation written as HF writes it), dropout
 // from the config's *_pdrop in training mode, and the causal LM loss of HF's
-// ForCausalLMLoss (labels shifted by one, -100 ignored, mean over the counted tokens).
+// ForCausalLMLoss (causal_lm.hpp: labels shifted by one, -100 ignored, mean over the counted
+// tokens). from_pretrained, save_pretrained, num_parameters and floating_point_ops are
+// pretrained.hpp's.
 
 #include <loom/config/inline.hpp>
 #include <loom/data/text.hpp>
 #include <loom/distributed/full_shard_unit.hpp>
 #include <loom/models/activations.hpp>
+#include <loom/models/causal_lm.hpp>
 #include <loom/models/hf_folder.hpp>
+#include <loom/models/pretrained.hpp>
 #include <loom/core/neftune.hpp>
 
 #include <torch/torch.h>
@@ -72,17 +76,6 @@ struct GPT2Config {
 /// features this implementation has); errors name `where` (the config file, or "GPT2Config").
 LOOM_INLINE void validate(const GPT2Config& config, std::string_view where);
 
-/// What GPT2LMHeadModel's forward(batch) returns (loom's default compute_loss and
-/// prediction_step read `loss` and `logits`).
-struct CausalLMOutput {
-  torch::Tensor loss;    ///< HF's causal LM loss (undefined when the batch has no labels)
-  torch::Tensor logits;  ///< [batch, seq, vocab_size]
-};
-
-/// HF's causal LM loss: logits at position t predict labels[t + 1]; -100 is ignored; the mean
-/// over the counted tokens, in float32.
-LOOM_INLINE torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels);
-
 /// HF's Conv1D: a linear layer whose weight is stored [in, out]; out = bias + x @ weight.
 class Conv1DImpl : public torch::nn::Module {
  public:
@@ -116,7 +109,7 @@ class GPT2MLPImpl : public torch::nn::Module {
   torch::nn::Dropout dropout{nullptr};
 
  private:
-  std::string activation_;
+  ActivationFn activation_;  // activation_function, resolved once
 };
 TORCH_MODULE(GPT2MLP);
 
@@ -147,8 +140,10 @@ class GPT2ModelImpl : public torch::nn::Module {
 TORCH_MODULE(GPT2Model);
 
 /// GPT-2 with its language-modeling head (transformers' GPT2LMHeadModel).
-class GPT2LMHeadModelImpl : public torch::nn::Module {
+class GPT2LMHeadModelImpl : public PreTrainedModel<GPT2LMHeadModelImpl, GPT2Config, data::CausalLMBatch> {
  public:
+  static constexpr std::string_view architecture = "GPT2LMHeadModel";  ///< config.json's architectures
+
   /// A model with HF's random initialization (normal(0, initializer_range), the residual
   /// projections c_proj scaled by 1/sqrt(2 n_layer), LayerNorms 1 and 0, biases 0), drawn
   /// from torch's default generator (seed it with torch::manual_seed).
@@ -158,19 +153,9 @@ class GPT2LMHeadModelImpl : public torch::nn::Module {
   LOOM_INLINE CausalLMOutput forward(const data::CausalLMBatch& batch);
   /// Logits [batch, seq, vocab_size] of int64 token ids [batch, seq].
   LOOM_INLINE torch::Tensor logits(const torch::Tensor& input_ids);
-  /// transformers.Trainer's FLOPs estimate (total_flos): 6 x tokens x non-embedding parameters.
-  LOOM_INLINE double floating_point_ops(const data::CausalLMBatch& batch) const;
-  /// Parameters, counted once (tied ones once); exclude_embeddings leaves out wte and wpe.
-  LOOM_INLINE int64_t num_parameters(bool exclude_embeddings = false) const;
-
-  /// Writes config.json and the weights (model.safetensors, or shards with an index).
-  LOOM_INLINE void save_pretrained(const std::filesystem::path& dir, const SaveOptions& options = {}) const;
-  /// Reads the weights of an HF folder into this model (same config), strictly.
-  LOOM_INLINE void load_weights(const std::filesystem::path& dir);
   /// The names beyond the parameters that an HF GPT-2 file may hold.
   LOOM_INLINE HfNameRules name_rules() const;
 
-  [[nodiscard]] const GPT2Config& config() const { return config_; }
   /// NEFTune's noise on the token embeddings (the Trainer sets it from --neftune_noise_alpha).
   NEFTune& neftune() { return transformer->embedding_noise; }
 
@@ -179,7 +164,6 @@ class GPT2LMHeadModelImpl : public torch::nn::Module {
 
  private:
   LOOM_INLINE void init_weights();
-  GPT2Config config_;
 };
 
 /// Module holder of GPT2LMHeadModelImpl, with HF's from_pretrained.

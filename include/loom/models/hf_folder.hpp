@@ -2,8 +2,8 @@
 // Hugging Face model folders: `config.json` read into (and written from) a model's config
 // struct, and the weights in `model.safetensors` or in the shards that
 // `model.safetensors.index.json` lists, checked strictly against the module's names and
-// shapes. The model families (gpt2.hpp, bert.hpp) build their from_pretrained /
-// save_pretrained on these.
+// shapes. pretrained.hpp's PreTrainedModel, which every family (gpt2.hpp, bert.hpp) derives
+// from, builds from_pretrained / save_pretrained on these.
 //
 // config.json: each field of the config struct is read from the key of its name (HF's names
 // and defaults live in the struct); keys the struct does not know (architectures,

@@ -5,6 +5,7 @@
 #include <loom/models/activations.hpp>
 #include <loom/models/bert.hpp>
 #include <loom/models/hf_folder.hpp>
+#include <loom/models/pretrained.hpp>
 
 #include <torch/torch.h>
 
@@ -141,12 +142,12 @@ LOOM_INLINE torch::Tensor BertAttentionImpl::forward(const torch::Tensor& x, con
   return output(self(x, mask), x);
 }
 
-LOOM_INLINE BertIntermediateImpl::BertIntermediateImpl(const BertConfig& c) : activation_(c.hidden_act) {
+LOOM_INLINE BertIntermediateImpl::BertIntermediateImpl(const BertConfig& c) : activation_(activation_fn(c.hidden_act)) {
   dense = register_module("dense", torch::nn::Linear(c.hidden_size, c.intermediate_size));
 }
 
 LOOM_INLINE torch::Tensor BertIntermediateImpl::forward(const torch::Tensor& x) {
-  return activation(activation_, dense(x));
+  return activation_(dense(x));
 }
 
 LOOM_INLINE BertLayerImpl::BertLayerImpl(const BertConfig& c) {
@@ -200,9 +201,7 @@ LOOM_INLINE torch::Tensor BertModelImpl::forward(const torch::Tensor& input_ids,
 }
 
 LOOM_INLINE BertForSequenceClassificationImpl::BertForSequenceClassificationImpl(BertConfig config)
-    : config_(std::move(config)) {
-  complete_labels(config_);
-  validate(config_, "BertConfig");
+    : PreTrainedModel(std::move(config), "BertConfig") {
   bert = register_module("bert", BertModel(config_));
   dropout = register_module("dropout", torch::nn::Dropout(config_.classifier_dropout.value_or(config_.hidden_dropout_prob)));
   classifier = register_module("classifier", torch::nn::Linear(config_.hidden_size, config_.num_labels));
@@ -258,37 +257,13 @@ LOOM_INLINE SequenceClassifierOutput BertForSequenceClassificationImpl::forward(
   return out;
 }
 
-LOOM_INLINE int64_t BertForSequenceClassificationImpl::num_parameters(bool exclude_embeddings) const {
-  int64_t n = 0;
-  for (const auto& p : named_parameters(true)) {
-    if (exclude_embeddings && p.key().starts_with("bert.embeddings.") && p.key().ends_with("_embeddings.weight")) continue;
-    n += p.value().numel();
-  }
-  return n;
-}
-
-LOOM_INLINE double BertForSequenceClassificationImpl::floating_point_ops(const data::SequenceBatch& batch) const {
-  return 6.0 * static_cast<double>(batch.input_ids.numel()) * static_cast<double>(num_parameters(true));
-}
-
-LOOM_INLINE void BertForSequenceClassificationImpl::save_pretrained(const std::filesystem::path& dir,
-                                                                    const SaveOptions& options) const {
-  save_hf_weights(*this, dir, options);
-  write_hf_config(config_, dir, "BertForSequenceClassification", classifier->weight.scalar_type());
-}
-
-LOOM_INLINE void BertForSequenceClassificationImpl::load_weights(const std::filesystem::path& dir) {
-  load_hf_weights(*this, dir, HfNameRules{.base_prefix = "bert", .derived = {}, .ignored_suffixes = {}});
+LOOM_INLINE HfNameRules BertForSequenceClassificationImpl::name_rules() const {
+  return HfNameRules{.base_prefix = "bert", .derived = {}, .ignored_suffixes = {}};
 }
 
 LOOM_INLINE BertForSequenceClassification BertForSequenceClassification::from_pretrained(
     const std::filesystem::path& dir) {
-  auto config = read_hf_config<BertConfig>(dir);
-  complete_labels(config);
-  validate(config, (dir / config_file).string());
-  BertForSequenceClassification model(std::move(config));
-  model->load_weights(dir);
-  return model;
+  return load_pretrained<BertForSequenceClassification>(dir);
 }
 
 }  // namespace loom::models

@@ -3,8 +3,10 @@
 
 #include <loom/core/error.hpp>
 #include <loom/models/activations.hpp>
+#include <loom/models/causal_lm.hpp>
 #include <loom/models/gpt2.hpp>
 #include <loom/models/hf_folder.hpp>
+#include <loom/models/pretrained.hpp>
 
 #include <torch/torch.h>
 
@@ -32,18 +34,6 @@ LOOM_INLINE void validate(const GPT2Config& c, std::string_view where) {
   check(c.layer_norm_epsilon > 0.0, "{}: field 'layer_norm_epsilon' must be positive, got {}", where,
         c.layer_norm_epsilon);
   check(!c.add_cross_attention, "{}: field 'add_cross_attention' is true; loom's GPT-2 has no cross-attention", where);
-}
-
-LOOM_INLINE torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels) {
-  // ForCausalLMLoss: pad the labels with -100 on the right and drop the first, so position t
-  // is scored against token t + 1 and the last position against nothing.
-  const int64_t vocab = logits.size(-1);
-  auto shifted = torch::constant_pad_nd(labels, {0, 1}, static_cast<double>(data::ignore_index))
-                     .narrow(-1, 1, labels.size(-1))
-                     .contiguous();
-  return torch::nn::functional::cross_entropy(
-      logits.to(torch::kFloat).view({-1, vocab}), shifted.view({-1}).to(logits.device()),
-      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(data::ignore_index));
 }
 
 // ---- Conv1D ------------------------------------------------------------------------------
@@ -85,7 +75,7 @@ LOOM_INLINE torch::Tensor GPT2AttentionImpl::forward(const torch::Tensor& x) {
   return resid_dropout(c_proj(y));
 }
 
-LOOM_INLINE GPT2MLPImpl::GPT2MLPImpl(const GPT2Config& c) : activation_(c.activation_function) {
+LOOM_INLINE GPT2MLPImpl::GPT2MLPImpl(const GPT2Config& c) : activation_(activation_fn(c.activation_function)) {
   const int64_t inner = c.n_inner.value_or(4 * c.n_embd);
   c_fc = register_module("c_fc", Conv1D(c.n_embd, inner));
   c_proj = register_module("c_proj", Conv1D(inner, c.n_embd));
@@ -93,7 +83,7 @@ LOOM_INLINE GPT2MLPImpl::GPT2MLPImpl(const GPT2Config& c) : activation_(c.activa
 }
 
 LOOM_INLINE torch::Tensor GPT2MLPImpl::forward(const torch::Tensor& x) {
-  return dropout(c_proj(activation(activation_, c_fc(x))));
+  return dropout(c_proj(activation_(c_fc(x))));
 }
 
 LOOM_INLINE GPT2BlockImpl::GPT2BlockImpl(const GPT2Config& c, int64_t layer_idx) {
@@ -134,8 +124,8 @@ LOOM_INLINE torch::Tensor GPT2ModelImpl::forward(const torch::Tensor& input_ids)
   return ln_f(x);
 }
 
-LOOM_INLINE GPT2LMHeadModelImpl::GPT2LMHeadModelImpl(GPT2Config config) : config_(std::move(config)) {
-  validate(config_, "GPT2Config");
+LOOM_INLINE GPT2LMHeadModelImpl::GPT2LMHeadModelImpl(GPT2Config config)
+    : PreTrainedModel(std::move(config), "GPT2Config") {
   transformer = register_module("transformer", GPT2Model(config_));
   if (!config_.tie_word_embeddings)
     lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(config_.n_embd, config_.vocab_size)
@@ -175,23 +165,7 @@ LOOM_INLINE torch::Tensor GPT2LMHeadModelImpl::logits(const torch::Tensor& input
 }
 
 LOOM_INLINE CausalLMOutput GPT2LMHeadModelImpl::forward(const data::CausalLMBatch& batch) {
-  CausalLMOutput out;
-  out.logits = logits(batch.input_ids);
-  if (batch.labels.defined()) out.loss = causal_lm_loss(out.logits, batch.labels);
-  return out;
-}
-
-LOOM_INLINE int64_t GPT2LMHeadModelImpl::num_parameters(bool exclude_embeddings) const {
-  int64_t n = 0;
-  for (const auto& p : named_parameters(true)) {
-    if (exclude_embeddings && (p.key() == "transformer.wte.weight" || p.key() == "transformer.wpe.weight")) continue;
-    n += p.value().numel();
-  }
-  return n;
-}
-
-LOOM_INLINE double GPT2LMHeadModelImpl::floating_point_ops(const data::CausalLMBatch& batch) const {
-  return 6.0 * static_cast<double>(batch.input_ids.numel()) * static_cast<double>(num_parameters(true));
+  return causal_lm_output(logits(batch.input_ids), batch.labels);
 }
 
 LOOM_INLINE HfNameRules GPT2LMHeadModelImpl::name_rules() const {
@@ -203,22 +177,8 @@ LOOM_INLINE HfNameRules GPT2LMHeadModelImpl::name_rules() const {
   return rules;
 }
 
-LOOM_INLINE void GPT2LMHeadModelImpl::save_pretrained(const std::filesystem::path& dir,
-                                                      const SaveOptions& options) const {
-  save_hf_weights(*this, dir, options);
-  write_hf_config(config_, dir, "GPT2LMHeadModel", transformer->wte->weight.scalar_type());
-}
-
-LOOM_INLINE void GPT2LMHeadModelImpl::load_weights(const std::filesystem::path& dir) {
-  load_hf_weights(*this, dir, name_rules());
-}
-
 LOOM_INLINE GPT2LMHeadModel GPT2LMHeadModel::from_pretrained(const std::filesystem::path& dir) {
-  auto config = read_hf_config<GPT2Config>(dir);
-  validate(config, (dir / config_file).string());
-  GPT2LMHeadModel model(std::move(config));
-  model->load_weights(dir);
-  return model;
+  return load_pretrained<GPT2LMHeadModel>(dir);
 }
 
 }  // namespace loom::models

@@ -1,0 +1,33 @@
+#pragma once
+// What every causal language model here shares (GPT-2 now, the families to come): the
+// output of forward(batch) and transformers' causal LM loss (ForCausalLMLoss).
+//
+// The loss is always the mean over the scored tokens, as transformers' models compute it
+// when called without num_items_in_batch: loom's Trainer weights micro-batches and ranks by
+// their items itself (Accelerator::item_factor), so no model divides by a batch-wide count.
+
+#include <loom/config/inline.hpp>
+
+#include <torch/torch.h>
+
+namespace loom::models {
+
+/// What a causal LM's forward(batch) returns (loom's default compute_loss and
+/// prediction_step read `loss` and `logits`): transformers' CausalLMOutput.
+struct CausalLMOutput {
+  torch::Tensor loss;    ///< HF's causal LM loss (undefined when the batch has no labels)
+  torch::Tensor logits;  ///< [batch, seq, vocab_size]
+};
+
+/// HF's causal LM loss: logits at position t predict labels[t + 1]; -100 is ignored; the mean
+/// over the counted tokens, in float32.
+LOOM_INLINE torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels);
+
+/// `logits` and, when `labels` is defined, their causal_lm_loss: a causal LM's forward(batch).
+LOOM_INLINE CausalLMOutput causal_lm_output(torch::Tensor logits, const torch::Tensor& labels);
+
+}  // namespace loom::models
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/models/impl/causal_lm.ipp>
+#endif

@@ -1,0 +1,32 @@
+#pragma once
+// Definitions of models/causal_lm.hpp (compiled once with LOOM_SEPARATE_COMPILATION).
+
+#include <loom/data/text.hpp>
+#include <loom/models/causal_lm.hpp>
+
+#include <torch/torch.h>
+
+#include <utility>
+
+namespace loom::models {
+
+LOOM_INLINE torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels) {
+  // ForCausalLMLoss: pad the labels with -100 on the right and drop the first, so position t
+  // is scored against token t + 1 and the last position against nothing.
+  const int64_t vocab = logits.size(-1);
+  auto shifted = torch::constant_pad_nd(labels, {0, 1}, static_cast<double>(data::ignore_index))
+                     .narrow(-1, 1, labels.size(-1))
+                     .contiguous();
+  return torch::nn::functional::cross_entropy(
+      logits.to(torch::kFloat).view({-1, vocab}), shifted.view({-1}).to(logits.device()),
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(data::ignore_index));
+}
+
+LOOM_INLINE CausalLMOutput causal_lm_output(torch::Tensor logits, const torch::Tensor& labels) {
+  CausalLMOutput out;
+  out.logits = std::move(logits);
+  if (labels.defined()) out.loss = causal_lm_loss(out.logits, labels);
+  return out;
+}
+
+}  // namespace loom::models

@@ -1,0 +1,109 @@
+#pragma once
+// What every Hugging Face model family here shares, as transformers' PreTrainedModel: the
+// config the model was built from, save_pretrained / load_weights on an HF folder
+// (hf_folder.hpp), from_pretrained, num_parameters and the Trainer's FLOPs estimate. A family
+// writes only what differs: its config struct (HF's fields, `model_type`) with a
+// `validate(config, where)`, its modules, and on its top module the architecture name and
+// the names its files may hold beyond the parameters:
+//
+//   class GPT2LMHeadModelImpl : public PreTrainedModel<GPT2LMHeadModelImpl, GPT2Config, data::CausalLMBatch> {
+//    public:
+//     static constexpr std::string_view architecture = "GPT2LMHeadModel";  // config.json's architectures
+//     explicit GPT2LMHeadModelImpl(GPT2Config config) : PreTrainedModel(std::move(config), "GPT2Config") { ... }
+//     HfNameRules name_rules() const;  // tied copies, legacy buffers
+//   };
+//   class GPT2LMHeadModel : public torch::nn::ModuleHolder<GPT2LMHeadModelImpl> {
+//     static GPT2LMHeadModel from_pretrained(const std::filesystem::path& dir) {
+//       return load_pretrained<GPT2LMHeadModel>(dir);
+//     }
+//   };
+//
+// A family whose config has fields filled from others (BERT's labels) hides the static
+// complete_config, which runs before every validation.
+
+#include <loom/config/inline.hpp>
+#include <loom/models/hf_folder.hpp>
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string_view>
+#include <utility>
+
+namespace loom::models {
+
+namespace detail {
+/// Parameters of `module`, each registered tensor once; exclude_embeddings leaves out those
+/// of its torch::nn::Embedding modules (HF's num_parameters).
+LOOM_INLINE int64_t count_parameters(const torch::nn::Module& module, bool exclude_embeddings);
+/// HF's PreTrainedModel.dtype, written to config.json: the first floating-point parameter's
+/// dtype (float32 when there is none).
+LOOM_INLINE torch::ScalarType weights_dtype(const torch::nn::Module& module);
+}  // namespace detail
+
+/// transformers' PreTrainedModel for the module `Derived` (CRTP) built from a `ConfigT` and
+/// called on a `BatchT`: Derived declares `architecture` and `name_rules()`.
+template <class Derived, class ConfigT, class BatchT>
+class PreTrainedModel : public torch::nn::Module {
+ public:
+  using Config = ConfigT;  ///< the family's config struct (config.json)
+  using Batch = BatchT;    ///< what forward(batch) takes
+
+  /// The config, completed and validated.
+  [[nodiscard]] const Config& config() const { return config_; }
+
+  /// Parameters, counted once (tied ones once); exclude_embeddings leaves out the embedding
+  /// tables (torch::nn::Embedding modules), as HF's num_parameters.
+  [[nodiscard]] int64_t num_parameters(bool exclude_embeddings = false) const {
+    return detail::count_parameters(*this, exclude_embeddings);
+  }
+  /// transformers.Trainer's FLOPs estimate (total_flos): 6 x tokens x non-embedding parameters.
+  [[nodiscard]] double floating_point_ops(const Batch& batch) const {
+    return 6.0 * static_cast<double>(batch.input_ids.numel()) * static_cast<double>(num_parameters(true));
+  }
+
+  /// Writes config.json and the weights (model.safetensors, or shards with an index).
+  void save_pretrained(const std::filesystem::path& dir, const SaveOptions& options = {}) const {
+    save_hf_weights(*this, dir, options);
+    write_hf_config(config_, dir, Derived::architecture, detail::weights_dtype(*this));
+  }
+  /// Reads the weights of an HF folder into this model (same config), strictly, allowing the
+  /// family's name_rules().
+  void load_weights(const std::filesystem::path& dir) {
+    load_hf_weights(*this, dir, static_cast<const Derived&>(*this).name_rules());
+  }
+
+  /// Fills the config's fields that follow from others before validation (none here; a
+  /// family hides it with its own).
+  static void complete_config(Config& /*config*/) {}
+
+ protected:
+  /// Keeps `config`, completed and validated (`validate(config, where)` of the family).
+  PreTrainedModel(Config config, std::string_view where) : config_(std::move(config)) {
+    Derived::complete_config(config_);
+    validate(config_, where);
+  }
+
+  Config config_;
+};
+
+/// HF's from_pretrained for `Model`, a module holder of a PreTrainedModel: config.json read
+/// into its Config, completed and validated (errors name the file), the model built from it,
+/// then the weights (model.safetensors or sharded) read into it strictly.
+template <class Model>
+Model load_pretrained(const std::filesystem::path& dir) {
+  using Impl = typename Model::ContainedType;
+  auto config = read_hf_config<typename Impl::Config>(dir);
+  Impl::complete_config(config);
+  validate(config, (dir / config_file).string());
+  Model model(std::move(config));
+  model->load_weights(dir);
+  return model;
+}
+
+}  // namespace loom::models
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/models/impl/pretrained.ipp>
+#endif
