@@ -12,7 +12,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 // A namespace of its own: the Trainer test files build as a few unity units (tests/CMakeLists.txt).
@@ -287,6 +289,33 @@ TEST_CASE("the compiled policies are written back into the arguments; a flag tha
   ddp.sharding = "zero2";
   CHECK(error_of([&] { Classifier<> c(ddp, loom_test::fresh_model(), make_data(8, 1)); })
             .rfind("loom: --sharding zero2 is not available in this build; the Trainer's sharding policy is \"no\"", 0) == 0);
+}
+
+TEST_CASE("a flag given on the command line disagrees with a compiled policy even at its default value") {
+  // The parser records the flags it was given (TrainingArguments::given), so an explicit
+  // `--lr_scheduler_type linear` (HF's default) is told from a flag left out.
+  auto with_flags = [](const std::string& name, std::vector<std::string> flags) {
+    const auto parsed = loom::try_parse_args(std::span<const std::string>(flags),
+                                             std::tuple<loom::TrainingArguments>{quiet_args(name)});
+    return std::get<0>(parsed.values);
+  };
+  const auto linear = with_flags("api/given_linear", {"--lr_scheduler_type", "linear"});
+  CHECK(error_of([&] { Classifier<loom::schedule::Cosine> t(linear, loom_test::fresh_model(), make_data(8, 1)); })
+            .rfind("loom: --lr_scheduler_type linear disagrees with the Trainer's compiled schedule \"cosine\"", 0) == 0);
+  // Left out, the compiled schedule is taken; under FromArgs the explicit default is simply used.
+  Classifier<loom::schedule::Cosine> cosine(with_flags("api/given_none", {}), loom_test::fresh_model(), make_data(8, 1));
+  CHECK(cosine.args().lr_scheduler_type == "cosine");
+  Classifier<> from_args(linear, loom_test::fresh_model(), make_data(8, 1));
+  CHECK(from_args.args().lr_scheduler_type == "linear");
+  // `--bf16 false` for a Trainer compiled with BF16; the same flag agrees with an FP32 one.
+  const auto no_bf16 = with_flags("api/given_bf16", {"--bf16", "false"});
+  CHECK(error_of([&] { Classifier<loom::precision::BF16> t(no_bf16, loom_test::fresh_model(), make_data(8, 1)); })
+            .rfind("loom: --bf16 false disagrees with this Trainer's compiled precision::BF16", 0) == 0);
+  Classifier<> fp32(no_bf16, loom_test::fresh_model(), make_data(8, 1));
+  CHECK_FALSE(fp32.args().bf16);
+  // An explicit --sharding of another policy was already refused; `auto` leaves the choice.
+  Classifier<> automatic(with_flags("api/given_auto", {"--sharding", "auto"}), loom_test::fresh_model(), make_data(8, 1));
+  CHECK(automatic.args().sharding == "no");
 }
 
 }  // namespace trainer_test_api

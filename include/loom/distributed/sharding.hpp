@@ -11,7 +11,6 @@
 
 #include <loom/config/meta.hpp>
 #include <loom/config/training_arguments.hpp>
-#include <loom/distributed/engine.hpp>
 #include <loom/distributed/env.hpp>
 #include <loom/policy/tags.hpp>
 
@@ -19,6 +18,12 @@
 #include <memory>
 
 namespace loom::dist {
+
+// engine.hpp's types, declared: in header-only mode engine.hpp includes the engines (and so
+// this file) at its end, so this file must not include it back.
+class Comm;
+class Engine;
+struct EngineOptions;
 
 /// Specialized per sharding tag, in its engine's file.
 template <class Tag>

@@ -40,7 +40,6 @@
 #include <loom/trainer/loop_state.hpp>
 #include <loom/trainer/optimizer_step.hpp>
 #include <loom/trainer/startup.hpp>
-#include <loom/trainer/trainer_types.hpp>
 
 #include <torch/torch.h>
 

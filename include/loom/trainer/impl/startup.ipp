@@ -26,11 +26,18 @@ LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& po
     fail("--{} is set but this Trainer was compiled with precision::{}; name precision::{} in its type, or build it "
          "through loom::select_policies", set[0], policies.precision.type_name, wanted);
   }
+  // An explicit `--bf16 false` for a Trainer compiled with BF16 disagrees as well (the parser
+  // records which flags were given: TrainingArguments::given).
+  if (policies.precision.has_flag && args.given.contains(policies.precision.name) && set.empty())
+    fail("--{} false disagrees with this Trainer's compiled precision::{}; drop the flag, or build the Trainer "
+         "through loom::select_policies", policies.precision.name, policies.precision.type_name);
   for_each_member<PrecisionCatalog>([&]<class Tag>() {
     if constexpr (Tag::facts.has_flag) *detail::bool_field(args, Tag::facts.name) = Tag::facts.name == policies.precision.name;
   });
-  // --sharding and --lr_scheduler_type: a flag at its default takes the compiled policy; a
-  // flag set to something else was meant for another Trainer type.
+  // --sharding and --lr_scheduler_type: a flag left out takes the compiled policy; a flag given
+  // with another value was meant for another Trainer type. "Left out": not among the flags the
+  // parser recorded and at its default (arguments built in code record nothing). --sharding
+  // auto, given or not, leaves the choice to the program (select_policies resolves it).
   const TrainingArguments defaults;
   if (args.sharding == defaults.sharding) args.sharding = std::string(policies.sharding.name);
   check(args.sharding == policies.sharding.name,
@@ -40,7 +47,8 @@ LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& po
   // checks --lr_scheduler_type against HF's names.
   bool custom_schedule = false;
   if (!policies.schedule.empty()) {
-    check(args.lr_scheduler_type == defaults.lr_scheduler_type || args.lr_scheduler_type == policies.schedule,
+    const bool given = args.given.contains("lr_scheduler_type") || args.lr_scheduler_type != defaults.lr_scheduler_type;
+    check(!given || args.lr_scheduler_type == policies.schedule,
           "--lr_scheduler_type {} disagrees with the Trainer's compiled schedule \"{}\"; drop the flag, or name "
           "loom::schedule::FromArgs (the default) in the Trainer's type to choose the schedule by flag",
           args.lr_scheduler_type, policies.schedule);
