@@ -7,14 +7,22 @@
 // time: <ratio>`, the median over all steps of (trainer step / the hand-written step run
 // right after it).
 //
-//   build/benchmarks/overhead [--steps 200] [--rounds 5] [--batch 64] [--threads 0]
+//   build/benchmarks/overhead [--steps 200] [--rounds 5] [--batch 64] [--threads 0] [--count_ops]
 
 #include <loom/loom.hpp>
 
 #include <fmt/format.h>
 
+#include <ATen/record_function.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace {
@@ -28,7 +36,18 @@ struct BenchArguments {
   int64_t warmup = 20;   ///< unmeasured steps at the start of each block
   int64_t threads = 0;   ///< torch intra-op threads (0: torch's default)
   std::string data_dir = "/usr/share/datasets/fashion-mnist";  ///< Fashion-MNIST IDX folder
+  bool count_ops = false;  ///< count the ATen ops of each loop's steps (RecordFunction) and list what the Trainer adds; the timings then include the counting
 };
+
+// Where the ATen ops recorded now are counted (--count_ops): the Trainer's map, or the
+// hand-written loop's while its step runs inside on_step_end.
+std::map<std::string, int64_t>* g_ops = nullptr;
+// The time spent inside top-level ATen ops, in the same loop's account (--count_ops).
+double* g_op_us = nullptr;
+std::map<std::string, double>* g_op_time = nullptr;  // the same per top-level op name
+thread_local int g_depth = 0;
+thread_local Clock::time_point g_op_start{};
+thread_local std::string g_op_name;
 
 struct Batch {
   torch::Tensor images, labels;
@@ -128,10 +147,22 @@ struct Interleave {
   int64_t skip = 0;
   std::vector<double> trainer, handwritten, gather;
   Clock::time_point last{};
+  bool count_ops = false;
+  std::map<std::string, int64_t> trainer_ops, hand_ops;  // --count_ops, over the measured steps
+  double trainer_op_us = 0, hand_op_us = 0;               // time inside top-level ATen ops
+  std::map<std::string, double> trainer_op_time, hand_op_time;  // ... per op
   void on_train_begin(const loom::TrainingArguments&, loom::TrainerState&, loom::TrainerControl&) { last = Clock::now(); }
   void on_step_end(const loom::TrainingArguments&, loom::TrainerState& s, loom::TrainerControl&) {
     const double t = std::chrono::duration<double, std::micro>(Clock::now() - last).count();
+    const bool measured = s.global_step > skip;
+    if (count_ops)
+      g_ops = measured ? &hand_ops : nullptr, g_op_us = measured ? &hand_op_us : nullptr,
+      g_op_time = measured ? &hand_op_time : nullptr;
     const auto [h, g] = hand->step();
+    if (count_ops)
+      g_ops = s.global_step >= skip ? &trainer_ops : nullptr,
+      g_op_us = s.global_step >= skip ? &trainer_op_us : nullptr,
+      g_op_time = s.global_step >= skip ? &trainer_op_time : nullptr;
     if (s.global_step > skip) {
       trainer.push_back(t);
       handwritten.push_back(h);
@@ -166,6 +197,28 @@ int main(int argc, char** argv) {
                bench.batch, bench.rounds, bench.steps, torch::get_num_threads());
 
     std::vector<double> trainer_times, hand_times, fetch_times;
+    std::map<std::string, int64_t> trainer_ops, hand_ops;
+    double trainer_op_us = 0, hand_op_us = 0;
+    std::map<std::string, double> trainer_op_time, hand_op_time;
+    std::optional<at::CallbackHandle> counter;
+    if (bench.count_ops)
+      counter = at::addGlobalCallback(
+          at::RecordFunctionCallback(
+              [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+                if (g_ops != nullptr) ++(*g_ops)[fn.name()];
+                if (g_depth++ == 0) {
+                  g_op_start = Clock::now();
+                  g_op_name = fn.name();
+                }
+                return nullptr;
+              },
+              [](const at::RecordFunction&, at::ObserverContext*) {
+                if (--g_depth != 0 || g_op_us == nullptr) return;
+                const double us = std::chrono::duration<double, std::micro>(Clock::now() - g_op_start).count();
+                *g_op_us += us;
+                (*g_op_time)[g_op_name] += us;
+              })
+              .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
     for (int64_t r = 0; r < bench.rounds; ++r) {
       loom::TrainingArguments args;
       args.output_dir = "output/bench_overhead";
@@ -183,7 +236,17 @@ int main(int argc, char** argv) {
       auto& probe = trainer.callback<Interleave>();
       probe.hand = &hand;
       probe.skip = bench.warmup;
+      probe.count_ops = bench.count_ops;
       trainer.train();
+      g_ops = nullptr;
+      g_op_us = nullptr;
+      g_op_time = nullptr;
+      for (const auto& [name, us] : probe.trainer_op_time) trainer_op_time[name] += us;
+      for (const auto& [name, us] : probe.hand_op_time) hand_op_time[name] += us;
+      trainer_op_us += probe.trainer_op_us;
+      hand_op_us += probe.hand_op_us;
+      for (const auto& [name, n] : probe.trainer_ops) trainer_ops[name] += n;
+      for (const auto& [name, n] : probe.hand_ops) hand_ops[name] += n;
       fmt::print("round {}: trainer {:.1f} us/step, hand-written {:.1f} us/step, ratio {:.4f}\n", r,
                  median(probe.trainer), median(probe.handwritten), median(probe.trainer) / median(probe.handwritten));
       trainer_times.insert(trainer_times.end(), probe.trainer.begin(), probe.trainer.end());
@@ -199,6 +262,33 @@ int main(int argc, char** argv) {
     fmt::print("data loading (gather one batch): {:.1f} us = {:.2f}% of a hand-written step\n", f, 100.0 * f / h);
     fmt::print("ratio of pooled medians: {:.4f}\n", t / h);
     fmt::print("trainer/handwritten step time: {:.4f}\n", median(paired));
+    if (counter) {
+      at::removeCallback(*counter);
+      // Per measured step: every op whose count differs between the loops.
+      const double steps = static_cast<double>(trainer_times.size());
+      double trainer_total = 0, hand_total = 0;
+      for (const auto& [name, n] : trainer_ops) trainer_total += static_cast<double>(n) / steps;
+      for (const auto& [name, n] : hand_ops) hand_total += static_cast<double>(n) / steps;
+      fmt::print("time inside ATen ops per step: trainer {:.1f} us, hand-written {:.1f} us; outside them: trainer {:.1f} "
+                 "us, hand-written {:.1f} us\n", trainer_op_us / steps, hand_op_us / steps,
+                 std::accumulate(trainer_times.begin(), trainer_times.end(), 0.0) / steps - trainer_op_us / steps,
+                 std::accumulate(hand_times.begin(), hand_times.end(), 0.0) / steps - hand_op_us / steps);
+      std::vector<std::pair<double, std::string>> slower;
+      for (const auto& [name, us] : trainer_op_time) slower.emplace_back(us / steps - hand_op_time[name] / steps, name);
+      std::sort(slower.rbegin(), slower.rend());
+      fmt::print("top-level ops the Trainer spends more time in (us per step, trainer - hand-written):\n");
+      for (std::size_t i = 0; i < std::min<std::size_t>(6, slower.size()); ++i)
+        fmt::print("  {:<40} {:+8.1f}  (trainer {:.1f})\n", slower[i].second, slower[i].first,
+                   trainer_op_time[slower[i].second] / steps);
+      fmt::print("ATen ops per step: trainer {:.1f}, hand-written {:.1f}; the ops whose counts differ:\n", trainer_total,
+                 hand_total);
+      std::map<std::string, int64_t> names = trainer_ops;
+      names.insert(hand_ops.begin(), hand_ops.end());
+      for (const auto& [name, unused] : names) {
+        const double a = static_cast<double>(trainer_ops[name]) / steps, b = static_cast<double>(hand_ops[name]) / steps;
+        if (std::abs(a - b) >= 0.01) fmt::print("  {:<40} trainer {:6.2f}  hand-written {:6.2f}\n", name, a, b);
+      }
+    }
     return 0;
   });
 }

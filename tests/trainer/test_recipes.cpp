@@ -2,6 +2,7 @@
 // label_names and include_for_metrics, label_smoothing_factor against transformers'
 // LabelSmoother, include_num_input_tokens_seen, and the HF command-line names.
 #include <loom/loom.hpp>
+#include <loom/models/gpt2.hpp>
 
 #include <doctest/doctest.h>
 
@@ -256,6 +257,21 @@ TEST_CASE("label_smoothing_factor: transformers' LabelSmoother on the logits, la
         "`logits`, such as loom::ModelOutput), or a compute_loss override that applies it");
   args.label_smoothing_factor = 1.5;
   CHECK(loom_test::error_of([&] { loom::validate(args); }) == "loom: --label_smoothing_factor must be in [0, 1], got 1.5");
+}
+
+TEST_CASE("label_smoothing_factor on loom's GPT-2 shifts the labels, as HF does for a causal LM") {
+  torch::manual_seed(3);
+  const loom::models::GPT2Config config{.vocab_size = 32, .n_positions = 16, .n_embd = 16, .n_layer = 1, .n_head = 2};
+  auto args = quiet_args("recipes/smoothing_gpt2");
+  args.label_smoothing_factor = 0.1;
+  loom::DefaultTrainer<loom::models::GPT2LMHeadModel> t(args, loom::models::GPT2LMHeadModel(config),
+                                                        loom::no_train_dataset);
+  loom::data::CausalLMBatch b{torch::randint(32, {2, 8}), {}};
+  b.labels = b.input_ids.clone();
+  const loom::data::CausalLMBatch original = b;
+  const auto out = t.compute_loss(t.model(), b);
+  CHECK(torch::equal(out.loss, loom::label_smoothed_loss(out.logits, original.labels, 0.1, /*shift_labels=*/true)));
+  CHECK_FALSE(torch::equal(out.loss, loom::label_smoothed_loss(out.logits, original.labels, 0.1)));
 }
 
 TEST_CASE("include_num_input_tokens_seen counts the attention mask (non_padding) or the main input (all)") {

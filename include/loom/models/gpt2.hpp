@@ -143,6 +143,8 @@ TORCH_MODULE(GPT2Model);
 class GPT2LMHeadModelImpl : public PreTrainedModel<GPT2LMHeadModelImpl, GPT2Config, data::CausalLMBatch> {
  public:
   static constexpr std::string_view architecture = "GPT2LMHeadModel";  ///< config.json's architectures
+  /// A causal LM (HF's MODEL_FOR_CAUSAL_LM_MAPPING): --label_smoothing_factor shifts the labels.
+  static constexpr bool is_causal_lm = true;
 
   /// A model with HF's random initialization (normal(0, initializer_range), the residual
   /// projections c_proj scaled by 1/sqrt(2 n_layer), LayerNorms 1 and 0, biases 0), drawn

@@ -1,4 +1,5 @@
 #pragma once
+#include <loom/config/json_io.hpp>
 #include <loom/core/error.hpp>
 #include <loom/trainer/run_files.hpp>
 
@@ -7,14 +8,7 @@
 namespace loom::detail {
 
 LOOM_INLINE void write_json_file(const std::filesystem::path& path, const nlohmann::json& j, int indent) {
-  const auto tmp = std::filesystem::path(path.string() + ".tmp");
-  {
-    std::ofstream out(tmp);
-    check(static_cast<bool>(out), "cannot write {}", tmp.string());
-    out << j.dump(indent) << '\n';
-    check(static_cast<bool>(out), "cannot write {}", tmp.string());
-  }
-  std::filesystem::rename(tmp, path);
+  loom::detail::write_text_atomically(path, j.dump(indent) + "\n");  // config/json_io.hpp's one atomic writer
 }
 
 LOOM_INLINE void save_metrics(const std::filesystem::path& dir, const std::string& split, const Metrics& metrics) {
