@@ -20,7 +20,7 @@ list(SORT LOOM_IMPL_FILES)
 set(LOOM_COMPILED_UNITS
     distributed/impl/comm.ipp=loom_distributed distributed/impl/engine.ipp=loom_distributed
     distributed/impl/env.ipp=loom_distributed checkpoint/impl/safetensors.ipp=loom_checkpoint
-    checkpoint/impl/folders.ipp=loom_checkpoint trainer/impl/checkpointer.ipp=loom_checkpointer)
+    checkpoint/impl/folders.ipp=loom_checkpoint accelerate/impl/checkpointer.ipp=loom_checkpointer)
 set(_loom_compiled_sources)
 set(_loom_units)
 foreach(_ipp IN LISTS LOOM_IMPL_FILES)
@@ -28,7 +28,7 @@ foreach(_ipp IN LISTS LOOM_IMPL_FILES)
   string(REGEX MATCH "^loom/([a-z_]+)/" _m "${_rel}")
   set(_area "${CMAKE_MATCH_1}")
   string(REGEX REPLACE "^loom/" "" _short "${_rel}")
-  if(_area STREQUAL "trainer")
+  if(_area STREQUAL "trainer" OR _area STREQUAL "accelerate")
     set(_unit "loom_trainer")
   else()
     set(_unit "loom_base")

@@ -23,7 +23,7 @@
 #include <loom/distributed/full_shard_unit.hpp>
 #include <loom/optim/optimizer.hpp>
 #include <loom/schedule/from_args.hpp>
-#include <loom/trainer/accelerator.hpp>
+#include <loom/accelerate/accelerator.hpp>
 #include <loom/trainer/run_files.hpp>
 #include <loom/trainer/run_main.hpp>
 #include <loom/trainer/selector.hpp>

@@ -55,6 +55,10 @@ namespace loom::detail {
 /// `path`; creates parent folders. No fsync. Throws loom::Error.
 LOOM_INLINE void write_text_atomically(const std::filesystem::path& path, std::string_view text);
 
+/// `j.dump(indent)` and a newline through write_text_atomically (sorted keys, as HF's
+/// json.dumps(sort_keys=True)): the Trainer's run files and the checkpoint's JSON files.
+LOOM_INLINE void write_json_file(const std::filesystem::path& path, const nlohmann::json& j, int indent);
+
 // ---- JSON value -> field ------------------------------------------------------------------
 
 /// "loom: JSON key '<key>' expects <kind>, got <got><note>".

@@ -1,6 +1,6 @@
 #pragma once
-// The JSON files a run writes outside checkpoints (HF's save_metrics and save_state), and the
-// JSON file helpers the trainer components share.
+// The JSON files a run writes outside checkpoints (HF's save_metrics and save_state), through
+// config/json_io.hpp's atomic writer.
 
 #include <loom/config/inline.hpp>
 #include <loom/core/metrics.hpp>
@@ -13,8 +13,6 @@
 
 namespace loom::detail {
 
-/// Writes `j` (sorted keys, as HF's json.dumps(sort_keys=True)) through a temporary file.
-LOOM_INLINE void write_json_file(const std::filesystem::path& path, const nlohmann::json& j, int indent);
 /// `<split>_results.json` in `output_dir`, merged into all_results.json (HF's save_metrics).
 LOOM_INLINE void save_metrics(const std::filesystem::path& output_dir, const std::string& split, const Metrics& metrics);
 /// trainer_state.json in `output_dir` (HF's save_state).

@@ -51,20 +51,20 @@
 #include <loom/precision/fp16.hpp>
 #include <loom/precision/fp32.hpp>
 #include <loom/schedule/from_args.hpp>
-#include <loom/trainer/accelerator.hpp>
+#include <loom/accelerate/accelerator.hpp>
 #include <loom/trainer/batch_size_finder.hpp>
 #include <loom/trainer/best_model.hpp>
-#include <loom/trainer/checkpointer.hpp>
-#include <loom/trainer/evaluation.hpp>
+#include <loom/accelerate/checkpointer.hpp>
+#include <loom/accelerate/evaluation.hpp>
 #include <loom/trainer/events.hpp>
 #include <loom/trainer/hooks.hpp>
 #include <loom/trainer/label_smoother.hpp>
-#include <loom/trainer/loop_state.hpp>
-#include <loom/trainer/optimizer_step.hpp>
+#include <loom/accelerate/loop_state.hpp>
+#include <loom/accelerate/optimizer_step.hpp>
 #include <loom/trainer/preemption.hpp>
 #include <loom/trainer/report_to.hpp>
 #include <loom/trainer/run_files.hpp>
-#include <loom/trainer/startup.hpp>
+#include <loom/accelerate/startup.hpp>
 #include <loom/trainer/trainer_types.hpp>
 
 #include <torch/torch.h>
@@ -97,7 +97,7 @@ class Trainer {
   using precision_type = precision::PrecisionImpl<precision_policy>;
   /// This base class, as the hooks' dispatch calls the defaults (`self.loom_trainer::name`).
   using loom_trainer = Trainer;
-  /// The parts the Trainer is built from (trainer/accelerator.hpp): accelerator().
+  /// The parts the Trainer is built from (accelerate/accelerator.hpp): accelerator().
   using accelerator_type = Accelerator<sharding_policy, precision_policy>;
 
   /// A trainer without datasets: evaluate(dataset) and predict(dataset) only.
@@ -478,7 +478,7 @@ class Trainer {
   int64_t tokens_at_start_ = 0;           // num_input_tokens_seen when this train() began (resumed runs)
   std::chrono::steady_clock::time_point train_start_{};
   LoaderInfo train_loader_info_, eval_loader_info_;
-  // The job's parts (trainer/accelerator.hpp), reached through their public API only. Last, so
+  // The job's parts (accelerate/accelerator.hpp), reached through their public API only. Last, so
   // it goes first: its engine unhooks the model's parameters while model_ lives.
   std::optional<accelerator_type> acc_;
 };

@@ -30,6 +30,10 @@ LOOM_INLINE void write_file(const nlohmann::ordered_json& json, const std::files
 
 namespace loom::detail {
 
+LOOM_INLINE void write_json_file(const std::filesystem::path& path, const nlohmann::json& j, int indent) {
+  write_text_atomically(path, j.dump(indent) + "\n");
+}
+
 LOOM_INLINE void write_text_atomically(const std::filesystem::path& path, std::string_view text) {
   std::filesystem::path tmp = path;
   tmp += ".tmp";

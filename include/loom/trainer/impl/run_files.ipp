@@ -7,10 +7,6 @@
 
 namespace loom::detail {
 
-LOOM_INLINE void write_json_file(const std::filesystem::path& path, const nlohmann::json& j, int indent) {
-  loom::detail::write_text_atomically(path, j.dump(indent) + "\n");  // config/json_io.hpp's one atomic writer
-}
-
 LOOM_INLINE void save_metrics(const std::filesystem::path& dir, const std::string& split, const Metrics& metrics) {
   std::filesystem::create_directories(dir);
   nlohmann::json j = nlohmann::json::object();

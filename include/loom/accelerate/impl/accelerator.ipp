@@ -3,8 +3,8 @@
 #include <loom/core/log.hpp>
 #include <loom/distributed/checkpointed.hpp>
 #include <loom/distributed/comm.hpp>
-#include <loom/trainer/accelerator.hpp>
-#include <loom/trainer/evaluation.hpp>
+#include <loom/accelerate/accelerator.hpp>
+#include <loom/accelerate/evaluation.hpp>
 
 #include <cstdio>
 

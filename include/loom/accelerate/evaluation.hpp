@@ -14,7 +14,7 @@
 #include <loom/core/metrics.hpp>
 #include <loom/distributed/engine.hpp>
 #include <loom/distributed/env.hpp>
-#include <loom/trainer/hooks.hpp>
+#include <loom/accelerate/outputs.hpp>
 
 #include <torch/torch.h>
 
@@ -114,5 +114,5 @@ class EvalAccumulator {
 }  // namespace loom
 
 #if defined(LOOM_HEADER_ONLY)
-#include <loom/trainer/impl/evaluation.ipp>
+#include <loom/accelerate/impl/evaluation.ipp>
 #endif

@@ -1,5 +1,5 @@
 #pragma once
-#include <loom/trainer/loop_state.hpp>
+#include <loom/accelerate/loop_state.hpp>
 
 #include <loom/config/json.hpp>
 #include <loom/core/error.hpp>

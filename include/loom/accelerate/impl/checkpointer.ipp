@@ -5,8 +5,8 @@
 #include <loom/config/reflect.hpp>
 #include <loom/core/error.hpp>
 #include <loom/distributed/comm.hpp>
-#include <loom/trainer/checkpointer.hpp>
-#include <loom/trainer/run_files.hpp>
+#include <loom/accelerate/checkpointer.hpp>
+#include <loom/config/json_io.hpp>
 
 #include <algorithm>
 #include <map>

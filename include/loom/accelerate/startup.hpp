@@ -44,5 +44,5 @@ LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& po
 }  // namespace loom
 
 #if defined(LOOM_HEADER_ONLY)
-#include <loom/trainer/impl/startup.ipp>
+#include <loom/accelerate/impl/startup.ipp>
 #endif

@@ -82,5 +82,5 @@ struct TrainingPlan {
 }  // namespace loom
 
 #if defined(LOOM_HEADER_ONLY)
-#include <loom/trainer/impl/loop_state.ipp>
+#include <loom/accelerate/impl/loop_state.ipp>
 #endif

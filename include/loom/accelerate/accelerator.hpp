@@ -36,10 +36,10 @@
 #include <loom/precision/fp16.hpp>
 #include <loom/precision/fp32.hpp>
 #include <loom/schedule/schedule_decl.hpp>
-#include <loom/trainer/checkpointer.hpp>
-#include <loom/trainer/loop_state.hpp>
-#include <loom/trainer/optimizer_step.hpp>
-#include <loom/trainer/startup.hpp>
+#include <loom/accelerate/checkpointer.hpp>
+#include <loom/accelerate/loop_state.hpp>
+#include <loom/accelerate/optimizer_step.hpp>
+#include <loom/accelerate/startup.hpp>
 
 #include <torch/torch.h>
 
@@ -365,5 +365,5 @@ class Accelerator : public AcceleratorBase {
 }  // namespace loom
 
 #if defined(LOOM_HEADER_ONLY)
-#include <loom/trainer/impl/accelerator.ipp>
+#include <loom/accelerate/impl/accelerator.ipp>
 #endif

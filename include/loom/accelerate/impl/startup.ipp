@@ -5,7 +5,7 @@
 #include <loom/distributed/comm.hpp>
 #include <loom/distributed/engine.hpp>
 #include <loom/policy/catalog.hpp>
-#include <loom/trainer/startup.hpp>
+#include <loom/accelerate/startup.hpp>
 
 #include <algorithm>
 #include <chrono>

@@ -87,5 +87,5 @@ class OptimizerStep {
 }  // namespace loom
 
 #if defined(LOOM_HEADER_ONLY)
-#include <loom/trainer/impl/optimizer_step.ipp>
+#include <loom/accelerate/impl/optimizer_step.ipp>
 #endif

@@ -1,6 +1,6 @@
 #pragma once
 #include <loom/core/error.hpp>
-#include <loom/trainer/optimizer_step.hpp>
+#include <loom/accelerate/optimizer_step.hpp>
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 

@@ -28,7 +28,7 @@
 #include <loom/core/state.hpp>
 #include <loom/distributed/engine.hpp>
 #include <loom/distributed/env.hpp>
-#include <loom/trainer/optimizer_step.hpp>
+#include <loom/accelerate/optimizer_step.hpp>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -105,5 +105,5 @@ LOOM_INLINE std::optional<std::filesystem::path> detect_last_checkpoint(const Tr
 }  // namespace loom
 
 #if defined(LOOM_HEADER_ONLY)
-#include <loom/trainer/impl/checkpointer.ipp>
+#include <loom/accelerate/impl/checkpointer.ipp>
 #endif

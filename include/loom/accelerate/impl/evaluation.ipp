@@ -3,7 +3,7 @@
 #include <loom/core/error.hpp>
 #include <loom/distributed/comm.hpp>
 #include <loom/metrics/speed.hpp>
-#include <loom/trainer/evaluation.hpp>
+#include <loom/accelerate/evaluation.hpp>
 
 #include <algorithm>
 #include <cmath>
