@@ -177,6 +177,31 @@ auto parse_json_file(const std::filesystem::path& path) {
   }
 }
 
+namespace json {
+/// True for a field type reflection reads from and writes to JSON (bool, integers, floating
+/// point, strings, and their optionals): what a config struct of models/ may hold.
+template <class F>
+inline constexpr bool is_field = ::loom::detail::is_supported_field_v<F>;
+/// Sets `field` from `value`, the JSON at key `key`, as parse_json_file does: a loom::Error
+/// naming the key when the value does not fit the field's type.
+template <class F, class Json>
+void read_field(F& field, const Json& value, std::string_view key) {
+  ::loom::detail::set_from_json(field, value, key);
+}
+/// `field` as JSON, as to_json writes it (an empty optional: null).
+template <class F>
+nlohmann::ordered_json field_to_json(const F& field) {
+  if constexpr (::loom::detail::field_traits<F>::is_optional)
+    return field ? ::loom::detail::scalar_to_json(*field) : nlohmann::ordered_json(nullptr);
+  else
+    return ::loom::detail::scalar_to_json(field);
+}
+/// Rethrows `e` with `path`, the file its value came from, named in the message.
+[[noreturn]] inline void rethrow_with_path(const std::filesystem::path& path, const Error& e) {
+  ::loom::detail::rethrow_with_path(path, e);
+}
+}  // namespace json
+
 /// Every setting in declaration order; an empty optional becomes null (GivenFlags fields are left out).
 template <class T>
 nlohmann::ordered_json to_json(const T& value) {
@@ -184,12 +209,7 @@ nlohmann::ordered_json to_json(const T& value) {
   constexpr auto names = detail::setting_names<T>();
   nlohmann::ordered_json out = nlohmann::ordered_json::object();
   detail::for_each_setting(value, [&]<class F>(const F& field, std::size_t index) {
-    const std::string key(names[index]);
-    if constexpr (detail::field_traits<F>::is_optional) {
-      out[key] = field ? detail::scalar_to_json(*field) : nlohmann::ordered_json(nullptr);
-    } else {
-      out[key] = detail::scalar_to_json(field);
-    }
+    out[std::string(names[index])] = json::field_to_json(field);
   });
   return out;
 }

@@ -132,14 +132,14 @@ Config read_hf_config(const std::filesystem::path& dir) {
         field = detail::read_id2label(*it);
       } else if constexpr (detail::is_label2id_v<F>) {
         field = detail::read_label2id(*it);
-      } else if constexpr (loom::detail::is_supported_field_v<F>) {
-        loom::detail::set_from_json(field, *it, key);
+      } else if constexpr (loom::json::is_field<F>) {
+        loom::json::read_field(field, *it, key);
       } else {
         static_assert(dependent_false_v<F>, "loom: a config field must be a scalar, an optional scalar, or a label map");
       }
     });
   } catch (const Error& e) {
-    loom::detail::rethrow_with_path(path, e);
+    loom::json::rethrow_with_path(path, e);
   }
   return config;
 }
@@ -161,10 +161,8 @@ void write_hf_config(const Config& config, const std::filesystem::path& dir, std
       nlohmann::json m = nlohmann::json::object();
       for (const auto& [label, id] : field) m[label] = id;
       fields[key] = std::move(m);
-    } else if constexpr (loom::detail::field_traits<F>::is_optional) {
-      fields[key] = field ? nlohmann::json(loom::detail::scalar_to_json(*field)) : nlohmann::json(nullptr);
     } else {
-      fields[key] = nlohmann::json(loom::detail::scalar_to_json(field));
+      fields[key] = nlohmann::json(loom::json::field_to_json(field));
     }
   });
   detail::write_config_json(std::move(fields), dir / config_file, Config::model_type, architecture, dtype);
