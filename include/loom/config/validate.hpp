@@ -48,6 +48,10 @@ LOOM_INLINE const bool* bool_field(const TrainingArguments& args, std::string_vi
 /// The names of the precision flags set in `args` (--bf16, --fp16), in the catalog's order.
 LOOM_INLINE std::vector<std::string_view> precision_flags_set(const TrainingArguments& args);
 
+/// The one precision flag set in `args` ("" when none is); two set is a loom::Error ("--bf16
+/// and --fp16 are both set; choose one"), as the selector and start-up say it.
+LOOM_INLINE std::string_view precision_flag_chosen(const TrainingArguments& args);
+
 /// "--<name>".
 LOOM_INLINE std::string flag(std::string_view name);
 

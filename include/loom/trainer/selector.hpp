@@ -29,23 +29,30 @@
 
 namespace loom {
 
+namespace detail {
+// Calls g.template operator()<Tag>() for the member of Catalog called `name` and returns its
+// result by value (each member's call returns the type the first one's does; returning a
+// reference into the local optional would dangle). `unknown`, which must throw, runs when no
+// member has that name.
+template <class Catalog, class G, class Unknown>
+decltype(auto) call_member(std::string_view name, G& g, Unknown&& unknown) {
+  using Result = decltype(g.template operator()<std::tuple_element_t<0, Catalog>>());
+  if constexpr (std::is_void_v<Result>) {
+    if (!visit_member<Catalog>(name, [&]<class Tag>() { g.template operator()<Tag>(); })) unknown();
+  } else {
+    std::optional<Result> result;
+    if (!visit_member<Catalog>(name, [&]<class Tag>() { result.emplace(g.template operator()<Tag>()); })) unknown();
+    return Result(std::move(*result));
+  }
+}
+}  // namespace detail
+
 /// Calls `f.template operator()<Precision>()` with the precision tag the arguments name.
 template <class F>
 decltype(auto) select_precision(const TrainingArguments& args, F&& f) {
-  const auto set = detail::precision_flags_set(args);
-  check(set.size() <= 1, "--{} and --{} are both set; choose one", set.size() > 1 ? set[0] : "",
-        set.size() > 1 ? set[1] : "");
-  using Default = std::tuple_element_t<0, PrecisionCatalog>;
-  const std::string_view chosen = set.empty() ? Default::facts.name : set[0];
-  // Every member but the chosen one returns through the same type: the default's call.
-  using Result = decltype(std::forward<F>(f).template operator()<Default>());
-  if constexpr (std::is_void_v<Result>) {
-    visit_member<PrecisionCatalog>(chosen, [&]<class P>() { std::forward<F>(f).template operator()<P>(); });
-  } else {
-    std::optional<Result> result;
-    visit_member<PrecisionCatalog>(chosen, [&]<class P>() { result.emplace(std::forward<F>(f).template operator()<P>()); });
-    return Result(std::move(*result));  // by value: a decltype(auto) return of *result would dangle
-  }
+  std::string_view chosen = detail::precision_flag_chosen(args);
+  if (chosen.empty()) chosen = std::tuple_element_t<0, PrecisionCatalog>::facts.name;  // the default
+  return detail::call_member<PrecisionCatalog>(chosen, f, [&] { fail("no precision policy is called {}", chosen); });
 }
 
 /// The --sharding a program runs: `auto` (the default) is ddp when torchrun started several
@@ -59,24 +66,14 @@ inline std::string resolved_sharding(const TrainingArguments& args) {
 template <class F>
 decltype(auto) select_policies(const TrainingArguments& args, F&& f) {
   const std::string s = resolved_sharding(args);
-  using Default = std::tuple_element_t<0, ShardingCatalog>;
   auto with_sharding = [&]<class Sharding>() -> decltype(auto) {
     return select_precision(args, [&]<class Precision>() -> decltype(auto) {
       return std::forward<F>(f).template operator()<Sharding, Precision>();
     });
   };
-  using Result = decltype(with_sharding.template operator()<Default>());
-  auto unknown = [&] {
+  return detail::call_member<ShardingCatalog>(s, with_sharding, [&] {
     fail("--sharding {} is not one of {}|{}", s, joined_names<ShardingCatalog>("|"), detail::kAutoSharding);
-  };
-  if constexpr (std::is_void_v<Result>) {
-    if (!visit_member<ShardingCatalog>(s, [&]<class S>() { with_sharding.template operator()<S>(); })) unknown();
-  } else {
-    std::optional<Result> result;
-    if (!visit_member<ShardingCatalog>(s, [&]<class S>() { result.emplace(with_sharding.template operator()<S>()); }))
-      unknown();
-    return Result(std::move(*result));  // by value: a decltype(auto) return of *result would dangle
-  }
+  });
 }
 
 }  // namespace loom

@@ -17,14 +17,12 @@ namespace loom {
 LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& policies, bool has_eval_dataset) {
   // The precision policy named in the type decides; its flag (--bf16 / --fp16) must agree with
   // it (the runtime selector, loom::select_policies, picks the type from those flags).
-  const auto set = detail::precision_flags_set(args);
-  check(set.size() <= 1, "--{} and --{} are both set; choose one", set.size() > 1 ? set[0] : "",
-        set.size() > 1 ? set[1] : "");
-  if (!set.empty() && set[0] != policies.precision.name) {
+  const std::string_view set = detail::precision_flag_chosen(args);
+  if (!set.empty() && set != policies.precision.name) {
     std::string_view wanted;
-    visit_member<PrecisionCatalog>(set[0], [&]<class Tag>() { wanted = Tag::facts.type_name; });
+    visit_member<PrecisionCatalog>(set, [&]<class Tag>() { wanted = Tag::facts.type_name; });
     fail("--{} is set but this Trainer was compiled with precision::{}; name precision::{} in its type, or build it "
-         "through loom::select_policies", set[0], policies.precision.type_name, wanted);
+         "through loom::select_policies", set, policies.precision.type_name, wanted);
   }
   // An explicit `--bf16 false` for a Trainer compiled with BF16 disagrees as well (the parser
   // records which flags were given: TrainingArguments::given).

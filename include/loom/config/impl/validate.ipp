@@ -133,6 +133,13 @@ LOOM_INLINE std::vector<std::string_view> precision_flags_set(const TrainingArgu
   return set;
 }
 
+LOOM_INLINE std::string_view precision_flag_chosen(const TrainingArguments& args) {
+  const auto set = precision_flags_set(args);
+  if (set.size() > 1)
+    throw Error("loom: " + flag(set[0]) + " and " + flag(set[1]) + " are both set; choose one");
+  return set.empty() ? std::string_view() : set[0];
+}
+
 LOOM_INLINE bool is_multiple_of(double save, double eval) {
   const double ratio = save / eval;
   return std::fabs(ratio - std::round(ratio)) <= 1e-9 * std::max(1.0, std::fabs(ratio)) &&
