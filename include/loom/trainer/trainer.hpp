@@ -54,17 +54,14 @@
 #include <loom/accelerate/accelerator.hpp>
 #include <loom/trainer/batch_size_finder.hpp>
 #include <loom/trainer/best_model.hpp>
-#include <loom/accelerate/checkpointer.hpp>
 #include <loom/accelerate/evaluation.hpp>
 #include <loom/trainer/events.hpp>
 #include <loom/trainer/hooks.hpp>
 #include <loom/trainer/label_smoother.hpp>
 #include <loom/accelerate/loop_state.hpp>
-#include <loom/accelerate/optimizer_step.hpp>
 #include <loom/trainer/preemption.hpp>
 #include <loom/trainer/report_to.hpp>
 #include <loom/trainer/run_files.hpp>
-#include <loom/accelerate/startup.hpp>
 #include <loom/trainer/trainer_types.hpp>
 
 #include <torch/torch.h>

@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include <string_view>
 #include <vector>
 
 namespace loom::optim {
@@ -19,8 +20,11 @@ LOOM_INLINE void SGD::read_args(OptimizerOptions& o, const TrainingArguments&, c
 }
 
 LOOM_INLINE void SGD::validate(const OptimizerOptions& o, const std::vector<ParamGroup>&) {
-  check(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
-        "SGD's Nesterov momentum needs momentum > 0 and dampening 0 (as torch.optim.SGD)");
+  // The rule of the catalog entry, which --optim_args is checked by too (config/optim_args).
+  const std::string_view problem = loom::optimizer::SGD::check_args([&](std::string_view key) {
+    return key == "momentum" ? o.momentum : key == "dampening" ? o.dampening : o.nesterov ? 1.0 : 0.0;
+  });
+  check(problem.empty(), "SGD's options: {}", problem);
 }
 
 LOOM_INLINE ParamState SGD::initial_state(const torch::Tensor& p, const OptimizerOptions& o) {
