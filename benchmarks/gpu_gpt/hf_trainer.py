@@ -52,6 +52,7 @@ def main():
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--peak_tflops", type=float, default=989.0)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--torch_compile", action="store_true", help="TrainingArguments(torch_compile=True)")
     p.add_argument("--result", default="")
     a = p.parse_args()
     layers, width, heads = SIZES[a.size]
@@ -66,7 +67,8 @@ def main():
         max_steps=a.max_steps, learning_rate=6e-4, weight_decay=0.1, adam_beta2=0.95, lr_scheduler_type="cosine",
         warmup_steps=5, bf16=True, optim="adamw_torch_fused", max_grad_norm=1.0, save_strategy="no",
         logging_steps=1_000_000, report_to="none", disable_tqdm=True, use_cpu=cpu,
-        train_sampling_strategy="sequential", dataloader_num_workers=0, seed=0)
+        train_sampling_strategy="sequential", dataloader_num_workers=0, seed=0,
+        torch_compile=a.torch_compile)
     window = Window(a.warmup, a.max_steps, not cpu)
     data = Windows(a.per_device_train_batch_size * a.max_steps, a.block_size, vocab)
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[window])
@@ -78,7 +80,7 @@ def main():
     tokens_per_second = timed * a.per_device_train_batch_size * a.block_size / seconds
     n = sum(p.numel() for p in model.parameters()) - model.transformer.wpe.weight.numel()
     per_token = 6.0 * n + 12.0 * layers * width * a.block_size
-    result = {"mode": "hf", "size": a.size, "device": a.device, "batch": a.per_device_train_batch_size,
+    result = {"mode": "hf_compile" if a.torch_compile else "hf", "size": a.size, "device": a.device, "batch": a.per_device_train_batch_size,
               "block_size": a.block_size, "timed_steps": timed, "step_ms": 1e3 * seconds / timed,
               "tokens_per_second": tokens_per_second,
               "peak_allocated_gib": 0.0 if cpu else torch.cuda.max_memory_allocated() / 2**30,

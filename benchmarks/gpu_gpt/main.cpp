@@ -15,6 +15,10 @@
 // d T: PaLM's appendix B, as nanoGPT; N without the position table) x tokens/s / --peak_tflops
 // (dense bf16: 989 for the H100 SXM and the H200).
 //
+// --profile runs Kineto over the timed window and prints, per step, the device's busy time, the
+// top kernels by time, host synchronizations and device-to-host copies (the timing is then
+// the profiled run's, slightly slower).
+//
 // On the CPU (--device cpu, a tiny --size) it runs too: a smoke test of both loops.
 
 #include <loom/loom.hpp>
@@ -28,12 +32,17 @@
 #define GPU_GPT_HAS_ALLOCATOR_STATS 1
 #endif
 
+#include <torch/csrc/autograd/profiler_kineto.h>
+
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <map>
 #include <cmath>
 #include <fstream>
 #include <numbers>
+#include <numeric>
+#include <set>
 #include <optional>
 #include <string>
 #include <vector>
@@ -50,6 +59,8 @@ struct BenchArguments {
   double peak_tflops = 989.0;  ///< the device's dense bf16 peak, for MFU
   std::string device = "cuda"; ///< cuda or cpu
   std::string result;          ///< JSON file for run.py (optional)
+  bool profile = false;        ///< profile the timed window (Kineto): top kernels, host syncs, copies
+  int64_t profile_top = 25;    ///< kernels listed by --profile
 };
 
 loom::models::GPT2Config config_for(const BenchArguments& b) {
@@ -95,19 +106,84 @@ double peak_bytes(const torch::Device& device) {
   return 0.0;
 }
 
+// --profile: what the device ran in the timed window, per step. Kernels by total time; host
+// synchronizations (the CUDA runtime's *Synchronize calls and blocking cudaMemcpy) and
+// device-to-host copies counted, the figure the GPU issue asks to be zero on non-logging steps.
+nlohmann::json profile_summary(const torch::autograd::profiler::ProfilerResult& result, int64_t steps, int64_t top,
+                               double wall_ms) {
+  struct Kernel {
+    double ns = 0;
+    int64_t calls = 0;
+  };
+  std::map<std::string, Kernel> kernels;
+  std::map<std::string, int64_t> syncs;
+  double device_ns = 0;
+  int64_t d2h = 0, h2d = 0;
+  for (const auto& e : result.events()) {
+    const std::string name = e.name();
+    if (e.deviceType() == c10::DeviceType::CUDA) {
+      if (name.starts_with("Memcpy DtoH")) ++d2h;
+      if (name.starts_with("Memcpy HtoD")) ++h2d;
+      auto& k = kernels[name];
+      k.ns += static_cast<double>(e.durationNs());
+      ++k.calls;
+      device_ns += static_cast<double>(e.durationNs());
+    } else if (name.find("Synchronize") != std::string::npos || name == "cudaMemcpy" || name == "cuMemcpyDtoH_v2") {
+      ++syncs[name];
+    }
+  }
+  std::vector<std::pair<std::string, Kernel>> sorted(kernels.begin(), kernels.end());
+  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
+  const double per = static_cast<double>(steps);
+  fmt::print("profile of {} steps: device busy {:.2f} ms of {:.2f} ms wall per step ({:.0f}%), {} kernels/copies per step\n",
+             steps, device_ns / per / 1e6, wall_ms, 100.0 * device_ns / per / 1e6 / wall_ms,
+             std::accumulate(kernels.begin(), kernels.end(), int64_t{0}, [](int64_t n, const auto& k) { return n + k.second.calls; }) / steps);
+  fmt::print("host syncs per step:");
+  for (const auto& [name, n] : syncs) fmt::print(" {} {:.2f}", name, static_cast<double>(n) / per);
+  fmt::print("{}; device-to-host copies {:.2f}, host-to-device {:.2f} per step\n", syncs.empty() ? " none" : "",
+             static_cast<double>(d2h) / per, static_cast<double>(h2d) / per);
+  fmt::print("{:>9} {:>6} {:>7}  kernel\n", "ms/step", "share", "calls");
+  nlohmann::json top_list = nlohmann::json::array();
+  for (std::size_t i = 0; i < sorted.size() && static_cast<int64_t>(i) < top; ++i) {
+    const auto& [name, k] = sorted[i];
+    fmt::print("{:9.3f} {:5.1f}% {:7.1f}  {}\n", k.ns / per / 1e6, 100.0 * k.ns / device_ns,
+               static_cast<double>(k.calls) / per, name.substr(0, 110));
+    top_list.push_back({{"kernel", name}, {"ms_per_step", k.ns / per / 1e6}, {"calls_per_step", static_cast<double>(k.calls) / per}});
+  }
+  nlohmann::json sync_json = nlohmann::json::object();
+  for (const auto& [name, n] : syncs) sync_json[name] = static_cast<double>(n) / per;
+  return {{"device_busy_ms_per_step", device_ns / per / 1e6}, {"syncs_per_step", sync_json},
+          {"d2h_copies_per_step", static_cast<double>(d2h) / per}, {"top_kernels", top_list}};
+}
+
 // Starts the timed window after step `warmup` and ends it after the last step.
 struct Window {
   int64_t warmup = 0, last = 0;
   torch::Device device = torch::kCPU;
   Clock::time_point start, end;
+  bool profile = false;
+  int64_t profile_top = 25;
+  nlohmann::json profiled;
   void at_step_end(int64_t step) {  // step: steps done so far
+    namespace prof = torch::profiler::impl;
     if (step == warmup) {
       synchronize(device);
+      if (profile) {
+        const prof::ProfilerConfig config(prof::ProfilerState::KINETO);
+        std::set<prof::ActivityType> activities{prof::ActivityType::CPU};
+        if (device.is_cuda()) activities.insert(prof::ActivityType::CUDA);
+        torch::autograd::profiler::prepareProfiler(config, activities);
+        torch::autograd::profiler::enableProfiler(config, activities);
+      }
       start = Clock::now();
     }
     if (step == last) {
       synchronize(device);
       end = Clock::now();
+      if (profile) {
+        const auto result = torch::autograd::profiler::disableProfiler();
+        profiled = profile_summary(*result, last - warmup, profile_top, 1e3 * seconds() / static_cast<double>(last - warmup));
+      }
     }
   }
   [[nodiscard]] double seconds() const { return std::chrono::duration<double>(end - start).count(); }
@@ -231,7 +307,7 @@ int main(int argc, char** argv) {
     const double per_token = flops_per_token(model, config, bench.block_size);
     const int64_t rows = args.per_device_train_batch_size * args.max_steps;
     auto data = windows(rows, bench.block_size, config.vocab_size);
-    Window window{bench.warmup, args.max_steps, device, {}, {}};
+    Window window{bench.warmup, args.max_steps, device, {}, {}, bench.profile, bench.profile_top, {}};
     const double loss =
         bench.mode == "loom" ? run_loom(args, model, data, window) : run_manual(args, model, data, window, device);
     const double seconds = window.seconds();
@@ -251,6 +327,7 @@ int main(int argc, char** argv) {
                        {"flops_per_token", per_token},
                        {"mfu", mfu},
                        {"loss", loss}};
+    if (bench.profile) out["profile"] = window.profiled;
     fmt::print("{}\n", out.dump());
     if (!bench.result.empty()) std::ofstream(bench.result) << out.dump() << "\n";
     return 0;

@@ -1,10 +1,16 @@
-"""Runs benchmarks/gpu_gpt's three sides (loom, the hand-written loop, transformers.Trainer)
-round by round, the order rotating, each a fresh process, and prints a markdown table of the
-medians: step time, tokens/s, peak allocated memory, MFU, and the ratios the GPU issue asks
-for (loom / hand-written step time, loom / HF tokens per second).
+"""Runs benchmarks/gpu_gpt's sides (loom, the hand-written loop, transformers.Trainer, and
+transformers.Trainer with torch.compile) round by round, the order rotating, each a fresh
+process, and prints a markdown table of the medians: step time, tokens/s, peak allocated
+memory, MFU, and the ratios the GPU issue asks for (loom / hand-written step time, loom / HF
+tokens per second).
 
-  python benchmarks/gpu_gpt/run.py --bench build/benchmarks/gpu_gpt --sizes 124m,350m --rounds 3
-      [--batch 8] [--max_steps 60] [--warmup 10] [--device cuda]      (one line)
+  python benchmarks/gpu_gpt/run.py --bench build/benchmarks/gpu_gpt --sizes 124m,350m --rounds 1
+      [--sides loom,manual,hf,hf_compile] [--batch 8] [--max_steps 60] [--warmup 10]
+      [--device cuda] [--timeout 300] [--deadline UNIX_SECONDS] [--json figures.json]
+
+A side that fails or runs past --timeout is reported with the tail of its output and the
+others go on; a side that would start after --deadline is skipped and said so. --json writes
+every run and the medians, for tests/gpu/run_on_gpu.sh.
 """
 
 import argparse
@@ -13,46 +19,80 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
+import time
+
+KEYS = ("step_ms", "tokens_per_second", "mfu", "peak_allocated_gib", "loss")
 
 
-def run(cmd):
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads([line for line in out.splitlines() if line.startswith("{\"")][-1])
+def run(cmd, timeout):
+    """The side's JSON line, or (None, why) when it failed: its exit status and last lines."""
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        tail = (e.stderr or b"")[-2000:]
+        return None, f"timed out after {timeout} s; stderr tail:\n{tail.decode(errors='replace') if isinstance(tail, bytes) else tail}"
+    lines = [line for line in p.stdout.splitlines() if line.startswith("{\"")]
+    if p.returncode != 0 or not lines:
+        return None, f"exit status {p.returncode}; stderr tail:\n{p.stderr[-3000:]}\nstdout tail:\n{p.stdout[-1000:]}"
+    return json.loads(lines[-1]), ""
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--bench", default="build/benchmarks/gpu_gpt")
     p.add_argument("--sizes", default="124m")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--sides", default="loom,manual,hf,hf_compile")
+    p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--block_size", type=int, default=1024)
     p.add_argument("--max_steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--peak_tflops", type=float, default=989.0)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds one side may run")
+    p.add_argument("--deadline", type=float, default=0.0, help="no side starts after this time.time()")
+    p.add_argument("--json", default="", help="write every run and the medians here")
+    p.add_argument("--extra", default="", help="extra flags for the C++ sides, one string")
     a = p.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
     common = ["--per_device_train_batch_size", str(a.batch), "--block_size", str(a.block_size),
               "--max_steps", str(a.max_steps), "--warmup", str(a.warmup), "--peak_tflops", str(a.peak_tflops),
               "--device", a.device]
+    extra = a.extra.split() if a.extra else []
+    hf = [sys.executable, os.path.join(here, "hf_trainer.py")]
+    report = {"runs": [], "failures": [], "skipped": [], "medians": {}}
     rows = []
     for size in a.sizes.split(","):
-        sides = {"loom": [a.bench, "--mode", "loom", "--size", size] + common,
-                 "manual": [a.bench, "--mode", "manual", "--size", size] + common,
-                 "hf": [sys.executable, os.path.join(here, "hf_trainer.py"), "--size", size] + common}
-        results = {k: [] for k in sides}
-        order = list(sides)
+        every = {"loom": [a.bench, "--mode", "loom", "--size", size] + common + extra,
+                 "manual": [a.bench, "--mode", "manual", "--size", size] + common + extra,
+                 "hf": hf + ["--size", size] + common,
+                 "hf_compile": hf + ["--size", size, "--torch_compile"] + common}
+        order = [s for s in a.sides.split(",") if s]
+        for s in order:
+            if s not in every:
+                sys.exit(f"run.py: unknown side {s!r}; the sides are {', '.join(every)}")
+        results = {s: [] for s in order}
         for r in range(a.rounds):
-            for side in order[r % 3:] + order[:r % 3]:
-                res = run(sides[side])
+            k = r % len(order)
+            for side in order[k:] + order[:k]:
+                if a.deadline and time.time() > a.deadline:
+                    print(f"size {size} round {r} {side}: skipped, the time budget is spent", flush=True)
+                    report["skipped"].append({"size": size, "round": r, "side": side})
+                    continue
+                t0 = time.time()
+                res, why = run(every[side], a.timeout)
+                if res is None:
+                    print(f"size {size} round {r} {side}: FAILED ({why.splitlines()[0]})\n{why}", flush=True)
+                    report["failures"].append({"size": size, "round": r, "side": side, "why": why})
+                    continue
+                res["wall_s"] = time.time() - t0
                 print(f"size {size} round {r} {side}: {res['step_ms']:.1f} ms/step, "
-                      f"{res['tokens_per_second']:.0f} tokens/s, MFU {100 * res['mfu']:.1f}%", flush=True)
+                      f"{res['tokens_per_second']:.0f} tokens/s, MFU {100 * res['mfu']:.1f}%, "
+                      f"peak {res['peak_allocated_gib']:.2f} GiB ({res['wall_s']:.0f} s in all)", flush=True)
+                report["runs"].append(res)
                 results[side].append(res)
-        med = {s: {k: statistics.median(x[k] for x in v) for k in ("step_ms", "tokens_per_second", "mfu",
-                                                                     "peak_allocated_gib", "loss")}
-               for s, v in results.items()}
+        med = {s: {k: statistics.median(x[k] for x in v) for k in KEYS} for s, v in results.items() if v}
+        report["medians"][size] = med
         rows.append((size, med))
     print("\n| size | side | ms/step | tokens/s | peak GiB | MFU | mean loss |")
     print("|---|---|---|---|---|---|---|")
@@ -60,8 +100,19 @@ def main():
         for side, m in med.items():
             print(f"| {size} | {side} | {m['step_ms']:.1f} | {m['tokens_per_second']:.0f} | "
                   f"{m['peak_allocated_gib']:.2f} | {100 * m['mfu']:.1f}% | {m['loss']:.4f} |")
-        print(f"| {size} | loom / hand-written step time | {med['loom']['step_ms'] / med['manual']['step_ms']:.3f} "
-              f"| loom / HF tokens/s | {med['loom']['tokens_per_second'] / med['hf']['tokens_per_second']:.3f} | | |")
+        ratios = {}
+        if "loom" in med and "manual" in med:
+            ratios["loom_over_manual_step_time"] = med["loom"]["step_ms"] / med["manual"]["step_ms"]
+        for h in ("hf", "hf_compile"):
+            if "loom" in med and h in med:
+                ratios[f"loom_over_{h}_tokens_per_second"] = med["loom"]["tokens_per_second"] / med[h]["tokens_per_second"]
+        for k, v in ratios.items():
+            print(f"| {size} | {k} | {v:.3f} | | | | |")
+        report["medians"][size]["ratios"] = ratios
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=1)
+    sys.exit(1 if report["failures"] else 0)
 
 
 if __name__ == "__main__":

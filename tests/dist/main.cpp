@@ -30,7 +30,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,10 +56,12 @@ struct WorkerArguments {
   bool partly_used = false;  ///< the MLP also holds a layer the loss never reaches (spare) and one it reaches for rare rows only (rare)
   bool backward_twice = false;  ///< training_step backpropagates two losses one after the other
   std::string loop = "trainer";  ///< trainer, or accelerator: the same run as a loop written on loom::Accelerator
+  int64_t poison_step = -1;  ///< every rank's loss is infinite in this optimizer step (an fp16 overflow everywhere)
 };
 
-// --backward_twice, for DistTrainer (set by run()).
+// --backward_twice and --poison_step, for DistTrainer (set by run()).
 inline bool g_backward_twice = false;
+inline int64_t g_poison_step = -1;
 
 using loom_test::Batch;  // x: float [N, 16]; labels: int64 [N]
 
@@ -108,7 +112,12 @@ template <class Sharding, class Precision>
 struct DistTrainer : loom::Trainer<DistTrainer<Sharding, Precision>, Mlp, Sharding, Precision, loom::Callbacks<Killer>> {
   using Base = loom::Trainer<DistTrainer<Sharding, Precision>, Mlp, Sharding, Precision, loom::Callbacks<Killer>>;
   using Base::Base;
-  loom::ModelOutput compute_loss(Mlp& model, Batch& batch) { return loom_test::cross_entropy(model, batch); }
+  loom::ModelOutput compute_loss(Mlp& model, Batch& batch) {
+    auto out = loom_test::cross_entropy(model, batch);
+    if (model->is_training() && this->state().global_step == g_poison_step)
+      out.loss = out.loss * std::numeric_limits<float>::infinity();
+    return out;
+  }
   torch::Tensor training_step(Mlp& model, Batch& batch, double divisor) {
     if (!g_backward_twice) return Base::training_step(model, batch, divisor);
     torch::Tensor total;
@@ -200,6 +209,7 @@ inline int run(int argc, char** argv) {
     auto [w, args] = loom::parse_args(argc, argv, WorkerArguments{}, defaults);
     loom::validate(args);
     g_backward_twice = w.backward_twice;
+    g_poison_step = w.poison_step;
     if (w.task == "buffers") {
       CountingTrainer trainer(args, Counting(), make_data(w.rows));
       trainer.train();
@@ -469,6 +479,35 @@ TEST_CASE("fp16 and bf16 train under every sharding policy close to one process"
       check_losses(logged_losses(out), logged_losses(ref), 2e-2);
       CHECK(weight_difference(out, ref) < 2e-2);
     }
+  }
+}
+
+TEST_CASE("fp16: an overflow on every rank skips the step under ZeRO-2 and FullShard, as in one process") {
+  // The overflow flag is summed over ranks; the fused optimizer skips only on exactly 1, so
+  // with both ranks overflowing it must be clamped, or the step applies inf gradients.
+  const auto ref = dist_dir("poison_ref");
+  auto ref_args = base_args("no", 8, ref, 6);
+  set_flags(ref_args, {{"--fp16", "true"}, {"--poison_step", "2"}, {"--eval_strategy", "no"}});
+  require_success(launch(1, ref_args, ref / "logs", false));
+  const auto total = [](const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0); };
+  REQUIRE(total(logged(ref, "skipped_steps")) == 1.0);
+  for (const std::string policy : {"zero2", "full_shard"}) {
+    CAPTURE(policy);
+    const auto out = dist_dir("poison_" + policy);
+    auto args = base_args(policy, 4, out, 6);
+    set_flags(args, {{"--fp16", "true"}, {"--poison_step", "2"}, {"--eval_strategy", "no"}});
+    require_success(launch(2, args, out / "logs"));
+    CHECK(total(logged(out, "skipped_steps")) == 1.0);
+    for (const auto& [name, t] : weights(out)) {
+      CAPTURE(name);
+      CHECK(torch::isfinite(t).all().item<bool>());
+    }
+    // Skipped there as in one process: the runs go on together.
+    const auto losses = logged_losses(out);
+    for (double l : losses) CHECK(std::isfinite(l));
+    const double diff = weight_difference(out, ref);
+    MESSAGE(policy << ": final weights differ from one process by " << diff << " (relative)");
+    CHECK(diff < 2e-2);
   }
 }
 

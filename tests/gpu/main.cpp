@@ -12,6 +12,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <loom/distributed/comm.hpp>
 #include <loom/loom.hpp>
 
 #include "../trainer/token_support.hpp"
@@ -19,6 +20,7 @@
 
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -250,6 +252,43 @@ TEST_CASE("every sharding policy in a world of one over NCCL trains as without s
     MESSAGE(name << ": largest weight difference from no sharding " << diff);
     CHECK(diff <= 1e-6);
   }
+}
+
+TEST_CASE("NCCL in a world of one: every collective loom uses, values checked on the host") {
+  // The engines skip collectives at world one, so nothing else here makes ProcessGroupNCCL
+  // create its communicator; this runs each collective Comm offers on CUDA tensors.
+  loom::dist::World world;  // rank 0 of 1, no launcher: an in-process store
+  loom::dist::Comm comm(world, torch::Device(torch::kCUDA, 0), std::chrono::seconds(120));
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA, 0);
+  for (const auto dtype : {torch::kFloat, torch::kDouble, torch::kLong, torch::kInt, torch::kBFloat16, torch::kHalf}) {
+    CAPTURE(dtype);
+    const auto expected = torch::arange(1, 7, torch::TensorOptions().dtype(dtype));
+    auto a = expected.to(cuda), b = (expected * 2).to(cuda);
+    comm.all_reduce(a).wait();  // a sum over one rank: unchanged
+    comm.all_reduce(b).wait();
+    CHECK(torch::equal(a.cpu(), expected));
+    CHECK(torch::equal(b.cpu(), expected * 2));
+
+    auto scattered = torch::full({6}, -1, cuda.dtype(dtype));
+    comm.reduce_scatter(scattered, expected.to(cuda)).wait();
+    CHECK(torch::equal(scattered.cpu(), expected));
+
+    auto gathered = torch::full({6}, -1, cuda.dtype(dtype));
+    comm.all_gather(gathered, expected.to(cuda)).wait();
+    CHECK(torch::equal(gathered.cpu(), expected));
+
+    auto root = expected.to(cuda);
+    comm.broadcast(root, 0).wait();
+    CHECK(torch::equal(root.cpu(), expected));
+  }
+  // NCCL runs on its own stream; wait() makes the current stream wait, so the sum reads the result.
+  auto big = torch::ones({1 << 22}, cuda);
+  comm.all_reduce(big).wait();
+  CHECK(big.sum().item<double>() == doctest::Approx(static_cast<double>(1 << 22)));
+  comm.barrier();  // blocks the host (it reads the result back) and returns at world one
+  // At world one the ring moves nothing: the byte counters stay at zero except broadcast's.
+  CHECK(comm.counters().all_reduce == 0.0);
+  CHECK(comm.counters().broadcast > 0.0);
 }
 
 // --under-torchrun=PYTHON: run the sharding case again as `PYTHON -m torch.distributed.run

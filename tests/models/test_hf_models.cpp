@@ -5,6 +5,7 @@
 #include <loom/config/json.hpp>
 #include <loom/models/bert.hpp>
 #include <loom/models/gpt2.hpp>
+#include <loom/precision/precision_decl.hpp>
 
 #include <doctest/doctest.h>
 
@@ -366,4 +367,60 @@ TEST_CASE("config.json round trip: every field, label maps and unknown keys") {
   CHECK(loom::models::parse_shard_size("50GB") == 50'000'000'000);
   CHECK(loom::models::parse_shard_size("20KiB") == 20 * 1024);
   CHECK(loom_test::error_of([] { loom::models::parse_shard_size("5 parsecs"); }).starts_with("loom: "));
+}
+
+TEST_CASE("GPT-2's fast kernels compute the reference's function: padded LM head, fused GELU") {
+  // Kernels::fast on the CPU: the vocabulary (50, not a multiple of 64) padded in the LM
+  // head's product, gelu_new as torch's fused tanh GELU. Logits keep vocab_size columns, and
+  // logits, loss and gradients agree with the reference operations to float32 rounding.
+  for (const bool tied : {true, false}) {
+    CAPTURE(tied);
+    auto config = tiny_gpt2(50, 16, 32, 2, 4);
+    config.tie_word_embeddings = tied;
+    torch::manual_seed(3);
+    GPT2LMHeadModel model(config);
+    model->eval();  // no dropout: every forward computes the same function
+    REQUIRE((model->kernels() == loom::models::Kernels::automatic));
+    const auto ids = torch::randint(50, {3, 16});
+    const loom::data::CausalLMBatch batch{ids, ids};
+    const auto run = [&](loom::models::Kernels kernels) {
+      model->set_kernels(kernels);
+      model->zero_grad();
+      auto out = model->forward(batch);
+      out.loss.backward();
+      std::vector<torch::Tensor> grads;
+      for (const auto& p : model->parameters()) grads.push_back(p.grad().clone());
+      return std::tuple{out.logits.detach().clone(), out.loss.item<double>(), grads};
+    };
+    const auto [ref_logits, ref_loss, ref_grads] = run(loom::models::Kernels::reference);
+    const auto [fast_logits, fast_loss, fast_grads] = run(loom::models::Kernels::fast);
+    REQUIRE(fast_logits.sizes() == ref_logits.sizes());
+    CHECK(fast_logits.size(-1) == 50);
+    CHECK(relative(fast_logits, ref_logits) < 1e-5);
+    CHECK(fast_loss == doctest::Approx(ref_loss).epsilon(1e-6));
+    for (std::size_t i = 0; i < ref_grads.size(); ++i) {
+      CAPTURE(i);
+      CHECK(relative(fast_grads[i], ref_grads[i]) < 1e-4);
+    }
+    // On the CPU the automatic choice is the reference: bitwise.
+    const auto [auto_logits, auto_loss, auto_grads] = run(loom::models::Kernels::automatic);
+    CHECK(torch::equal(auto_logits, ref_logits));
+  }
+  // Under bf16 autocast the padded product runs in bf16, as the unpadded one would.
+  auto config = tiny_gpt2(50, 16, 32, 1, 4);
+  torch::manual_seed(4);
+  GPT2LMHeadModel model(config);
+  model->eval();
+  const auto ids = torch::randint(50, {2, 16});
+  torch::Tensor ref, fast;
+  {
+    const loom::precision::Autocast autocast(torch::kCPU, torch::kBFloat16);
+    model->set_kernels(loom::models::Kernels::reference);
+    ref = model->logits(ids);
+    model->set_kernels(loom::models::Kernels::fast);
+    fast = model->logits(ids);
+  }
+  CHECK((fast.scalar_type() == torch::kBFloat16));
+  CHECK((ref.scalar_type() == torch::kBFloat16));
+  CHECK(relative(fast.to(torch::kFloat), ref.to(torch::kFloat)) < 2e-2);
 }

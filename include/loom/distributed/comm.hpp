@@ -89,14 +89,15 @@ class Comm {
   [[nodiscard]] const CommCounters& counters() const { return counters_; }
   void reset_counters() { counters_ = {}; }
 
-  /// In-place SUM over ranks of each tensor.
-  Work all_reduce(std::vector<at::Tensor> tensors, const char* what = "all_reduce");
+  /// In-place SUM over ranks of `tensor`. One tensor a call: ProcessGroupNCCL refuses several
+  /// (it reads a list as one tensor per device of this process, a mode it no longer supports).
+  Work all_reduce(at::Tensor tensor, const char* what = "all_reduce");
   /// `out` (numel n) = SUM over ranks of in[rank*n : (rank+1)*n].
   Work reduce_scatter(at::Tensor out, at::Tensor in, const char* what = "reduce_scatter");
   /// `out` = concatenation over ranks of `in`.
   Work all_gather(at::Tensor out, at::Tensor in, const char* what = "all_gather");
-  /// `tensors` of rank `root` copied to every rank.
-  Work broadcast(std::vector<at::Tensor> tensors, int root = 0, const char* what = "broadcast");
+  /// `tensor` of rank `root` copied to every rank.
+  Work broadcast(at::Tensor tensor, int root = 0, const char* what = "broadcast");
   /// Returns when every rank has called it.
   void barrier(const char* what = "barrier");
 

@@ -107,9 +107,11 @@ class GPT2MLPImpl : public torch::nn::Module {
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
   Conv1D c_fc{nullptr}, c_proj{nullptr};
   torch::nn::Dropout dropout{nullptr};
+  Kernels kernels = Kernels::automatic;  ///< set by GPT2LMHeadModelImpl::set_kernels
 
  private:
-  ActivationFn activation_;  // activation_function, resolved once
+  ActivationFn activation_;       // activation_function, resolved once
+  ActivationFn fast_activation_;  // the same function as one fused kernel where torch has one
 };
 TORCH_MODULE(GPT2MLP);
 
@@ -161,11 +163,16 @@ class GPT2LMHeadModelImpl : public PreTrainedModel<GPT2LMHeadModelImpl, GPT2Conf
   /// NEFTune's noise on the token embeddings (the Trainer sets it from --neftune_noise_alpha).
   NEFTune& neftune() { return transformer->embedding_noise; }
 
+  /// Chooses the kernels of the forward (Kernels: automatic, the default, is fast on CUDA).
+  LOOM_INLINE void set_kernels(Kernels kernels);
+  [[nodiscard]] Kernels kernels() const { return kernels_; }
+
   GPT2Model transformer{nullptr};
   torch::nn::Linear lm_head{nullptr};  ///< only when tie_word_embeddings is false
 
  private:
   LOOM_INLINE void init_weights();
+  Kernels kernels_ = Kernels::automatic;
 };
 
 /// Module holder of GPT2LMHeadModelImpl, with HF's from_pretrained.

@@ -33,6 +33,22 @@
 
 namespace loom::models {
 
+/// Which kernels a model's forward calls where transformers' operation-by-operation form and a
+/// faster form compute the same function. Nothing here changes a file the model reads or
+/// writes, or the shapes a caller sees.
+///   reference  transformers' operations in its order: bitwise equal to transformers on the CPU
+///   fast       fused kernels and cuBLAS-friendly shapes (the same function, rounded otherwise):
+///              GPT-2's gelu_new as torch's fused tanh-approximation GELU, and the LM head's
+///              products over a vocabulary padded to a multiple of 64 (logits keep vocab_size
+///              columns; the padding is a zero block added in the product, not a parameter)
+///   automatic  fast for CUDA tensors, reference on the CPU (the default)
+enum class Kernels { automatic, reference, fast };
+
+/// True when `kernels` asks for the fast form for a forward on `x`.
+inline bool fast_kernels(Kernels kernels, const torch::Tensor& x) {
+  return kernels == Kernels::fast || (kernels == Kernels::automatic && x.is_cuda());
+}
+
 namespace detail {
 /// Parameters of `module`, each registered tensor once; exclude_embeddings leaves out those
 /// of its torch::nn::Embedding modules (HF's num_parameters).

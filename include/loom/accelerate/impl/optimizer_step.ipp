@@ -65,8 +65,11 @@ LOOM_INLINE void OptimizerStep::reset(optim::Optimizer full, schedule::LRSchedul
 LOOM_INLINE torch::Tensor OptimizerStep::clip(const std::vector<torch::Tensor>& params, const torch::Tensor& found_inf,
                                               double max_grad_norm) {
   if (engine_->grads_sharded() && found_inf.defined()) {
-    torch::Tensor inf = found_inf;
+    torch::Tensor inf = found_inf;  // the same storage: the sum lands in found_inf
     engine_->all_reduce(inf, "the fp16 overflow all-reduce");
+    // The sum counts the ranks that overflowed (0..N); the fused optimizers skip only on
+    // exactly 1, so two ranks overflowing would otherwise apply inf gradients.
+    inf.clamp_max_(1.0);
   }
   if (!engine_->grads_sharded()) return optim::clip_grad_norm(params, max_grad_norm);
   torch::NoGradGuard no_grad;

@@ -18,6 +18,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -26,6 +27,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace loom::dist {
@@ -69,8 +71,9 @@ LOOM_INLINE Comm::Comm(const World& world, torch::Device device, std::chrono::mi
 // Here, where c10d::Store and c10d::Backend are complete.
 LOOM_INLINE Comm::~Comm() = default;
 
-LOOM_INLINE Work Comm::all_reduce(std::vector<at::Tensor> tensors, const char* what) {
-  for (const auto& t : tensors) counters_.all_reduce += ring_factor(2) * bytes(t);
+LOOM_INLINE Work Comm::all_reduce(at::Tensor tensor, const char* what) {
+  counters_.all_reduce += ring_factor(2) * bytes(tensor);
+  std::vector<at::Tensor> tensors{std::move(tensor)};
   return guarded(what, [&] { return pg_->allreduce(tensors); });
 }
 
@@ -84,8 +87,9 @@ LOOM_INLINE Work Comm::all_gather(at::Tensor out, at::Tensor in, const char* wha
   return guarded(what, [&] { return pg_->_allgather_base(out, in); });
 }
 
-LOOM_INLINE Work Comm::broadcast(std::vector<at::Tensor> tensors, int root, const char* what) {
-  for (const auto& t : tensors) counters_.broadcast += bytes(t);
+LOOM_INLINE Work Comm::broadcast(at::Tensor tensor, int root, const char* what) {
+  counters_.broadcast += bytes(tensor);
+  std::vector<at::Tensor> tensors{std::move(tensor)};
   c10d::BroadcastOptions o;
   o.rootRank = root;
   return guarded(what, [&] { return pg_->broadcast(tensors, o); });
@@ -96,6 +100,10 @@ LOOM_INLINE void Comm::barrier(const char* what) {
   // guess), left out of the counters: it moves no model data.
   std::vector<at::Tensor> t{torch::zeros({1}, torch::TensorOptions().device(device_))};
   guarded(what, [&] { return pg_->allreduce(t); }).wait();
+  // Under NCCL, wait() orders the current stream after the collective but returns at once on
+  // the host; reading the result blocks the host until every rank has arrived, which is what
+  // callers rely on (a checkpoint in place before any rank reads it).
+  if (t[0].is_cuda()) (void)t[0].to(torch::kCPU);
 }
 
 LOOM_INLINE void Comm::fail_collective(const char* what, const std::string& cause) {
@@ -148,8 +156,13 @@ LOOM_INLINE c10::intrusive_ptr<c10d::Store> Comm::make_store() {
   c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(world_.master_addr, o);
   if (world_.agent_store)
     store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(world_.restart_count), store);
-  // The job's keys under their own prefix, so a store shared with torchrun stays tidy.
-  return c10::make_intrusive<c10d::PrefixStore>("loom", store);
+  // The job's keys under their own prefix, so a store shared with torchrun stays tidy, and one
+  // prefix per Comm of this process: ProcessGroupNCCL keys its unique id by a per-instance
+  // counter from 0, so a second group under the same prefix could read the first one's id.
+  // Every rank creates its Comms in the same order, so the n-th Comm agrees across ranks.
+  static std::atomic<int> generation{0};
+  const int n = generation.fetch_add(1);
+  return c10::make_intrusive<c10d::PrefixStore>(n == 0 ? std::string("loom") : "loom/" + std::to_string(n), store);
 }
 
 LOOM_INLINE std::shared_ptr<::gloo::transport::Device> Comm::gloo_device() const {

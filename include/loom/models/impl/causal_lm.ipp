@@ -18,7 +18,7 @@ LOOM_INLINE torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torc
                      .narrow(-1, 1, labels.size(-1))
                      .contiguous();
   return torch::nn::functional::cross_entropy(
-      logits.to(torch::kFloat).view({-1, vocab}), shifted.view({-1}).to(logits.device()),
+      logits.to(torch::kFloat).reshape({-1, vocab}), shifted.view({-1}).to(logits.device()),
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(data::ignore_index));
 }
 

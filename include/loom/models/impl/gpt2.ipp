@@ -8,6 +8,7 @@
 #include <loom/models/hf_folder.hpp>
 #include <loom/models/pretrained.hpp>
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -75,7 +76,9 @@ LOOM_INLINE torch::Tensor GPT2AttentionImpl::forward(const torch::Tensor& x) {
   return resid_dropout(c_proj(y));
 }
 
-LOOM_INLINE GPT2MLPImpl::GPT2MLPImpl(const GPT2Config& c) : activation_(activation_fn(c.activation_function)) {
+LOOM_INLINE GPT2MLPImpl::GPT2MLPImpl(const GPT2Config& c)
+    : activation_(activation_fn(c.activation_function)),
+      fast_activation_(activation_fn(c.activation_function == "gelu_new" ? "gelu_pytorch_tanh" : c.activation_function)) {
   const int64_t inner = c.n_inner.value_or(4 * c.n_embd);
   c_fc = register_module("c_fc", Conv1D(c.n_embd, inner));
   c_proj = register_module("c_proj", Conv1D(inner, c.n_embd));
@@ -83,7 +86,8 @@ LOOM_INLINE GPT2MLPImpl::GPT2MLPImpl(const GPT2Config& c) : activation_(activati
 }
 
 LOOM_INLINE torch::Tensor GPT2MLPImpl::forward(const torch::Tensor& x) {
-  return dropout(c_proj(activation_(c_fc(x))));
+  const auto act = fast_kernels(kernels, x) ? fast_activation_ : activation_;
+  return dropout(c_proj(act(c_fc(x))));
 }
 
 LOOM_INLINE GPT2BlockImpl::GPT2BlockImpl(const GPT2Config& c, int64_t layer_idx) {
@@ -159,9 +163,23 @@ LOOM_INLINE void GPT2LMHeadModelImpl::init_weights() {
   if (lm_head) lm_head->weight.normal_(0.0, std);
 }
 
+LOOM_INLINE void GPT2LMHeadModelImpl::set_kernels(Kernels kernels) {
+  kernels_ = kernels;
+  for (auto& block : transformer->blocks) block->inner()->mlp->kernels = kernels;
+}
+
 LOOM_INLINE torch::Tensor GPT2LMHeadModelImpl::logits(const torch::Tensor& input_ids) {
   const auto hidden = transformer(input_ids);
-  return lm_head ? lm_head(hidden) : torch::nn::functional::linear(hidden, transformer->wte->weight);
+  const torch::Tensor& weight = lm_head ? lm_head->weight : transformer->wte->weight;
+  const int64_t vocab = weight.size(0), padded = (vocab + 63) / 64 * 64;
+  if (padded == vocab || !fast_kernels(kernels_, hidden)) return torch::nn::functional::linear(hidden, weight);
+  // cuBLAS picks slow kernels for a leading dimension like 50257: multiply by the matrix with
+  // zero rows appended (cast first, as autocast would, so the copy is the narrow one) and
+  // keep the vocabulary's columns.
+  const auto device = hidden.device().type();
+  auto w = at::autocast::is_autocast_enabled(device) ? weight.to(at::autocast::get_autocast_dtype(device)) : weight;
+  w = torch::constant_pad_nd(w, {0, 0, 0, padded - vocab});
+  return torch::nn::functional::linear(hidden, w).narrow(-1, 0, vocab);
 }
 
 LOOM_INLINE CausalLMOutput GPT2LMHeadModelImpl::forward(const data::CausalLMBatch& batch) {
