@@ -14,6 +14,7 @@
 
 #include <loom/distributed/comm.hpp>
 #include <loom/loom.hpp>
+#include <loom/models/gpt2.hpp>
 
 #include "../trainer/token_support.hpp"
 #include "../trainer_support.hpp"
@@ -21,10 +22,13 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <optional>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -251,6 +255,53 @@ TEST_CASE("every sharding policy in a world of one over NCCL trains as without s
     const double diff = max_difference(weights, plain);
     MESSAGE(name << ": largest weight difference from no sharding " << diff);
     CHECK(diff <= 1e-6);
+  }
+}
+
+TEST_CASE("GPT-2 on CUDA: the fast kernels agree with the reference ones in float32, bf16 and fp16") {
+  // Kernels::automatic is fast on CUDA: the LM head over a vocabulary padded to 64 with -inf
+  // columns, gelu_new as the fused kernel, and (fp16) the log-softmax reading half directly.
+  loom::models::GPT2Config c;
+  c.vocab_size = 1000, c.n_positions = 64, c.n_embd = 64, c.n_layer = 2, c.n_head = 4;
+  c.bos_token_id = c.eos_token_id = 0;
+  c.resid_pdrop = c.embd_pdrop = c.attn_pdrop = 0;
+  torch::manual_seed(0);
+  loom::models::GPT2LMHeadModel model(c);
+  model->to(torch::kCUDA);
+  const auto ids = torch::randint(1000, {4, 64}, torch::TensorOptions().device(torch::kCUDA).dtype(torch::kLong));
+  const loom::data::CausalLMBatch batch{ids, ids};
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    CAPTURE(dtype);
+    const auto run = [&](loom::models::Kernels kernels) {
+      model->set_kernels(kernels);
+      model->zero_grad();
+      loom::models::CausalLMOutput out;
+      {
+        std::optional<loom::precision::Autocast> autocast;
+        if (dtype != torch::kFloat) autocast.emplace(torch::Device(torch::kCUDA), dtype);
+        out = model->forward(batch);
+      }
+      out.loss.backward();
+      std::vector<torch::Tensor> grads;
+      for (const auto& p : model->parameters()) grads.push_back(p.grad().clone());
+      return std::tuple{out.logits.detach().to(torch::kFloat), out.loss.item<double>(), grads};
+    };
+    const auto [ref_logits, ref_loss, ref_grads] = run(loom::models::Kernels::reference);
+    const auto [fast_logits, fast_loss, fast_grads] = run(loom::models::Kernels::automatic);
+    REQUIRE(fast_logits.sizes() == ref_logits.sizes());
+    CHECK(fast_logits.size(-1) == 1000);
+    const double tol = dtype == torch::kFloat ? 1e-4 : 3e-2;
+    const double logits_diff = max_difference({fast_logits}, {ref_logits}) / ref_logits.abs().max().item<double>();
+    MESSAGE("relative logits difference " << logits_diff << ", losses " << fast_loss << " vs " << ref_loss);
+    CHECK(logits_diff < tol);
+    CHECK(std::isfinite(fast_loss));
+    CHECK(std::abs(fast_loss - ref_loss) < tol * std::abs(ref_loss));
+    for (std::size_t i = 0; i < ref_grads.size(); ++i) {
+      CAPTURE(i);
+      CHECK(torch::isfinite(fast_grads[i]).all().item<bool>());
+      const double scale = ref_grads[i].abs().max().item<double>();
+      if (scale > 0) CHECK(max_difference({fast_grads[i]}, {ref_grads[i]}) / scale < 10 * tol);
+    }
   }
 }
 

@@ -20,8 +20,12 @@ struct CausalLMOutput {
 };
 
 /// HF's causal LM loss: logits at position t predict labels[t + 1]; -100 is ignored; the mean
-/// over the counted tokens, in float32.
-LOOM_INLINE torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels);
+/// over the counted tokens, in float32. With `fused_upcast`, float16 CUDA logits go into the
+/// log-softmax kernel as they are and come out in float32 (the same function as
+/// transformers' upcast first, without a float32 copy of the logits); the logits may carry
+/// extra columns of -inf (a padded vocabulary), which change nothing.
+LOOM_INLINE torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels,
+                                         bool fused_upcast = false);
 
 /// `logits` and, when `labels` is defined, their causal_lm_loss: a causal LM's forward(batch).
 LOOM_INLINE CausalLMOutput causal_lm_output(torch::Tensor logits, const torch::Tensor& labels);

@@ -10,13 +10,20 @@
 
 namespace loom::models {
 
-LOOM_INLINE torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels) {
+LOOM_INLINE torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels, bool fused_upcast) {
   // ForCausalLMLoss: pad the labels with -100 on the right and drop the first, so position t
   // is scored against token t + 1 and the last position against nothing.
   const int64_t vocab = logits.size(-1);
   auto shifted = torch::constant_pad_nd(labels, {0, 1}, static_cast<double>(data::ignore_index))
                      .narrow(-1, 1, labels.size(-1))
                      .contiguous();
+  // torch's CUDA log-softmax reads half and writes float32 in one kernel (half only: for
+  // bfloat16 it refuses, and the upcast below is a copy of a contiguous tensor).
+  if (fused_upcast && logits.is_cuda() && logits.scalar_type() == torch::kHalf) {
+    const auto log_probs = at::_log_softmax(logits.reshape({-1, vocab}), 1, /*half_to_float=*/true);
+    return at::nll_loss_nd(log_probs, shifted.view({-1}).to(logits.device()), {}, at::Reduction::Mean,
+                           data::ignore_index);
+  }
   return torch::nn::functional::cross_entropy(
       logits.to(torch::kFloat).reshape({-1, vocab}), shifted.view({-1}).to(logits.device()),
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(data::ignore_index));

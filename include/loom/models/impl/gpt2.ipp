@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 namespace loom::models {
@@ -168,22 +169,36 @@ LOOM_INLINE void GPT2LMHeadModelImpl::set_kernels(Kernels kernels) {
   for (auto& block : transformer->blocks) block->inner()->mlp->kernels = kernels;
 }
 
-LOOM_INLINE torch::Tensor GPT2LMHeadModelImpl::logits(const torch::Tensor& input_ids) {
-  const auto hidden = transformer(input_ids);
+LOOM_INLINE torch::Tensor GPT2LMHeadModelImpl::head(const torch::Tensor& hidden) {
   const torch::Tensor& weight = lm_head ? lm_head->weight : transformer->wte->weight;
   const int64_t vocab = weight.size(0), padded = (vocab + 63) / 64 * 64;
   if (padded == vocab || !fast_kernels(kernels_, hidden)) return torch::nn::functional::linear(hidden, weight);
   // cuBLAS picks slow kernels for a leading dimension like 50257: multiply by the matrix with
-  // zero rows appended (cast first, as autocast would, so the copy is the narrow one) and
-  // keep the vocabulary's columns.
+  // zero rows appended (cast first, as autocast would, so the copy is the narrow one), with a
+  // bias of -inf on the extra columns, so a softmax over all of them is the vocabulary's.
   const auto device = hidden.device().type();
   auto w = at::autocast::is_autocast_enabled(device) ? weight.to(at::autocast::get_autocast_dtype(device)) : weight;
   w = torch::constant_pad_nd(w, {0, 0, 0, padded - vocab});
-  return torch::nn::functional::linear(hidden, w).narrow(-1, 0, vocab);
+  auto bias = torch::zeros({padded}, w.options());
+  bias.narrow(0, vocab, padded - vocab).fill_(-std::numeric_limits<double>::infinity());
+  // addmm on the rows: cuBLAS adds the bias in the product's epilogue (linear on a 3-d input
+  // would add it in a separate pass over the logits).
+  auto sizes = hidden.sizes().vec();
+  sizes.back() = padded;
+  return torch::addmm(bias, hidden.reshape({-1, hidden.size(-1)}), w.t()).view(sizes);
+}
+
+LOOM_INLINE torch::Tensor GPT2LMHeadModelImpl::logits(const torch::Tensor& input_ids) {
+  return head(transformer(input_ids)).narrow(-1, 0, config_.vocab_size);
 }
 
 LOOM_INLINE CausalLMOutput GPT2LMHeadModelImpl::forward(const data::CausalLMBatch& batch) {
-  return causal_lm_output(logits(batch.input_ids), batch.labels);
+  const auto hidden = transformer(batch.input_ids);
+  const auto all = head(hidden);
+  CausalLMOutput out;
+  out.logits = all.narrow(-1, 0, config_.vocab_size);
+  if (batch.labels.defined()) out.loss = causal_lm_loss(all, batch.labels, fast_kernels(kernels_, hidden));
+  return out;
 }
 
 LOOM_INLINE HfNameRules GPT2LMHeadModelImpl::name_rules() const {
