@@ -342,6 +342,40 @@ TEST_CASE("NCCL in a world of one: every collective loom uses, values checked on
   CHECK(comm.counters().broadcast > 0.0);
 }
 
+TEST_CASE("--full_determinism on CUDA: GPT-2 resumed from a checkpoint equals the uninterrupted run bitwise") {
+  // Process-wide settings, as in HF: this case puts torch's back at its end.
+  auto& ctx = at::globalContext();
+  const bool algorithms = ctx.deterministicAlgorithms(), warn_only = ctx.deterministicAlgorithmsWarnOnly(),
+             cudnn = ctx.deterministicCuDNN(), benchmark = ctx.benchmarkCuDNN();
+  loom::models::GPT2Config c;
+  c.vocab_size = 1000, c.n_positions = 64, c.n_embd = 64, c.n_layer = 2, c.n_head = 4;
+  c.bos_token_id = c.eos_token_id = 0;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  const auto ids = torch::randint(1000, {64, 64}, gen);
+  const loom::data::TensorDataset<loom::data::CausalLMBatch> data({ids, ids});
+  using T = loom::Trainer<void, loom::models::GPT2LMHeadModel, loom::precision::BF16>;
+  auto run = [&](const std::string& name, std::optional<fs::path> resume) {
+    auto args = gpu_args(name, 8);
+    args.full_determinism = true;
+    args.save_strategy = "steps";
+    args.save_steps = 4;
+    if (resume) args.resume_from_checkpoint = resume->string();
+    torch::manual_seed(1);
+    T t(args, loom::models::GPT2LMHeadModel(c), data);  // dropout on: the CUDA generator is resumed too
+    t.train();
+    return std::pair{loom_test::weights(t.model()), fs::path(args.output_dir) / "checkpoint-4"};
+  };
+  const auto [straight, checkpoint] = run("determinism_straight", std::nullopt);
+  const auto again = run("determinism_again", std::nullopt).first;
+  const auto resumed = run("determinism_resumed", checkpoint).first;
+  CHECK(ctx.deterministicAlgorithms());
+  CHECK(max_difference(again, straight) == 0.0);    // two runs: the same bits
+  CHECK(max_difference(resumed, straight) == 0.0);  // resumed at step 4: the same bits
+  ctx.setDeterministicAlgorithms(algorithms, warn_only);
+  ctx.setDeterministicCuDNN(cudnn);
+  ctx.setBenchmarkCuDNN(benchmark);
+}
+
 // --under-torchrun=PYTHON: run the sharding case again as `PYTHON -m torch.distributed.run
 // --standalone --nproc_per_node 1` would (after the CUDA check, so CI still sees 77).
 int main(int argc, char** argv) {

@@ -10,8 +10,11 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 // A namespace of its own: the Trainer test files build as a few unity units (tests/CMakeLists.txt).
@@ -57,15 +60,17 @@ loom::TrainingArguments base_args(const std::string& name) {
 using loom_test::weights;
 
 template <class Precision>
-void straight_vs_resumed(const std::string& name) {
+void straight_vs_resumed(const std::string& name, bool full_determinism = false) {
   INFO(name);
   // Straight: 12 steps.
   auto a = base_args(name + "_straight");
+  a.full_determinism = full_determinism;
   torch::manual_seed(5);
   T<Precision> straight(a, Mlp{}, data(40, 1), data(12, 2));
   straight.train();
   // Interrupted at 6 (checkpoint-6 written by save_steps), then resumed from "latest".
   auto b = base_args(name + "_resumed");
+  b.full_determinism = full_determinism;
   {
     torch::manual_seed(5);
     T<Precision> first(b, Mlp{}, data(40, 1), data(12, 2));
@@ -108,6 +113,30 @@ TEST_CASE("resume: N straight steps equal N/2 + resume to N, bitwise (FP32)") {
 TEST_CASE("resume: N straight steps equal N/2 + resume to N, bitwise (BF16)") {
   straight_vs_resumed<loom::precision::BF16>("resume_bf16");
 }
+TEST_CASE("--full_determinism: torch's deterministic algorithms, cuDNN and cuBLAS set as HF does; the resume is bitwise") {
+  auto& ctx = at::globalContext();
+  const bool algorithms = ctx.deterministicAlgorithms(), warn_only = ctx.deterministicAlgorithmsWarnOnly(),
+             cudnn = ctx.deterministicCuDNN(), benchmark = ctx.benchmarkCuDNN();
+  const char* names[] = {"CUDA_LAUNCH_BLOCKING", "CUBLAS_WORKSPACE_CONFIG", "FLASH_ATTENTION_DETERMINISTIC"};
+  std::vector<std::optional<std::string>> before;
+  for (const char* n : names) before.push_back(std::getenv(n) ? std::optional<std::string>(std::getenv(n)) : std::nullopt);
+  ctx.setDeterministicAlgorithms(false, false);
+  straight_vs_resumed<loom::precision::FP32>("resume_full_determinism", true);
+  CHECK(ctx.deterministicAlgorithms());
+  CHECK_FALSE(ctx.deterministicAlgorithmsWarnOnly());
+  CHECK(ctx.deterministicCuDNN());
+  CHECK_FALSE(ctx.benchmarkCuDNN());
+  CHECK(std::string(std::getenv("CUBLAS_WORKSPACE_CONFIG")) == ":16:8");
+  CHECK(std::string(std::getenv("CUDA_LAUNCH_BLOCKING")) == "1");
+  // A process-wide setting (as HF's): put back what the other tests run with.
+  ctx.setDeterministicAlgorithms(algorithms, warn_only);
+  ctx.setDeterministicCuDNN(cudnn);
+  ctx.setBenchmarkCuDNN(benchmark);
+  for (std::size_t i = 0; i < before.size(); ++i)
+    if (before[i]) ::setenv(names[i], before[i]->c_str(), 1);
+    else ::unsetenv(names[i]);
+}
+
 TEST_CASE("resume: N straight steps equal N/2 + resume to N, bitwise (FP16, scaler state restored)") {
   straight_vs_resumed<loom::precision::FP16>("resume_fp16");
 }

@@ -43,6 +43,7 @@
 
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -54,6 +55,20 @@ namespace loom {
 
 /// Seeds torch's CPU and CUDA generators (HF's set_seed).
 inline void set_seed(int64_t seed) { torch::manual_seed(static_cast<uint64_t>(seed)); }
+
+/// HF's enable_full_determinism (--full_determinism): set_seed, then torch's deterministic
+/// algorithms (a kernel without one is an error naming it), cuDNN deterministic and not
+/// benchmarking, and the variables cuBLAS and CUDA read when they start: a deterministic
+/// cuBLAS workspace (:16:8) and blocking launches. For the whole process, as in HF.
+inline void enable_full_determinism(int64_t seed) {
+  set_seed(seed);
+  ::setenv("CUDA_LAUNCH_BLOCKING", "1", 1);
+  ::setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8", 1);
+  ::setenv("FLASH_ATTENTION_DETERMINISTIC", "1", 1);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  at::globalContext().setDeterministicCuDNN(true);
+  at::globalContext().setBenchmarkCuDNN(false);
+}
 
 /// The non-template part of an Accelerator (see the file comment). Not constructed directly:
 /// make an Accelerator<Policies...>.

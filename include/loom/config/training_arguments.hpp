@@ -103,6 +103,7 @@ struct TrainingArguments {
   // --- reproducibility -----------------------------------------------------------------
   int64_t seed = 42;                 ///< seed for initialization and shuffling
   std::optional<int64_t> data_seed;  ///< seed for shuffling only
+  bool full_determinism = false;     ///< deterministic algorithms only, cuDNN deterministic, CUBLAS_WORKSPACE_CONFIG=:16:8, CUDA_LAUNCH_BLOCKING=1 (HF's enable_full_determinism)
 
   // --- precision and devices -----------------------------------------------------------
   bool bf16 = false;               ///< bfloat16 autocast (precision::BF16)
@@ -201,6 +202,7 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"model_name_or_path", "start from DIR/model.safetensors (strict match)"},
     {"seed", "seed for initialization and shuffling"},
     {"data_seed", "seed for shuffling only"},
+    {"full_determinism", "deterministic algorithms only, cuDNN deterministic, CUBLAS_WORKSPACE_CONFIG=:16:8, CUDA_LAUNCH_BLOCKING=1 (HF's enable_full_determinism)"},
     {precision::BF16::name, "bfloat16 autocast (precision::BF16)"},
     {precision::FP16::name, "float16 autocast with loss scaling (precision::FP16)"},
     {"use_cpu", "train on the CPU even when CUDA is available"},

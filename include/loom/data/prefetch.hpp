@@ -13,6 +13,7 @@
 //
 // With 0 workers, next() reads the batch on the caller's thread: the loop has one code path.
 
+#include <loom/core/device.hpp>
 #include <loom/core/error.hpp>
 #include <loom/data/collate.hpp>
 #include <loom/data/dataloader.hpp>
@@ -36,6 +37,7 @@ struct PrefetchOptions {
   int64_t num_workers = 0;      ///< background threads (0: each batch read when asked for)
   int64_t prefetch_factor = 2;  ///< batches in flight per worker
   bool pin_memory = false;      ///< page-lock each prepared batch (for asynchronous copies to a GPU)
+  torch::Device device = torch::kCPU;  ///< made current on each worker thread (pinned memory uses its context)
 };
 
 /// Batches of a DataLoader, read ahead on `num_workers` threads.
@@ -106,6 +108,7 @@ class BatchPrefetcher {
   }
 
   void work() {
+    make_current(options_.device);
     const auto in_flight = options_.num_workers * options_.prefetch_factor;
     for (;;) {
       int64_t k = 0;

@@ -11,6 +11,7 @@
 
 #include <torch/torch.h>
 
+#include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/variable.h>
@@ -82,6 +83,9 @@ inline void free_storage(const torch::Tensor& t) {
 inline void alloc_storage(const torch::Tensor& t, std::size_t nbytes) {
   auto* s = t.storage().unsafeGetStorageImpl();
   if (s->nbytes() == nbytes) return;
+  // The allocator allocates on the thread's current device: make it the tensor's (on rank
+  // r > 0 the forward's thread may not have cuda:r current; backward's threads do).
+  const c10::DeviceGuard guard(t.device());
   s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
   s->set_nbytes(nbytes);
 }

@@ -450,7 +450,7 @@ class Trainer {
   // TrainingArguments' dataloader_* flags (pinned memory only helps copies to a GPU).
   [[nodiscard]] data::PrefetchOptions prefetch_options() const {
     return {args_.dataloader_num_workers, args_.dataloader_prefetch_factor.value_or(2),
-            args_.dataloader_pin_memory && acc_->device().is_cuda()};
+            args_.dataloader_pin_memory && acc_->device().is_cuda(), acc_->device()};
   }
 
   // HF's evaluation_loop over this rank's batches (evaluation.hpp does the sums and the

@@ -17,7 +17,8 @@ LOOM_INLINE void AcceleratorBase::start(TrainingArguments& args, Startup up, con
   state_.is_world_process_zero = world_.is_main();
   state_.is_local_process_zero = world_.is_local_main();
   sharding_ = sharding;
-  set_seed(args.seed);
+  if (args.full_determinism) enable_full_determinism(args.seed);
+  else set_seed(args.seed);
   // ddp_find_unused_parameters unset is off, not HF's rule (on unless gradient checkpointing):
   // its per-step all-reduce measured 0.7-4.6 % of a step on the CPU (docs/semantics.md).
   engine_ = dist::make_engine(sharding.name, std::move(up.comm),

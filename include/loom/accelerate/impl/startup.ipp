@@ -1,5 +1,6 @@
 #pragma once
 #include <loom/config/validate.hpp>
+#include <loom/core/device.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/log.hpp>
 #include <loom/distributed/comm.hpp>
@@ -73,6 +74,7 @@ LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& po
           "LOCAL_RANK {} has no GPU: this node has {}; start at most that many processes per node",
           s.world.local_rank, torch::cuda::device_count());
     s.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(s.world.local_rank));
+    make_current(s.device);  // else every rank's first context and pinned memory land on GPU 0
   }
   // HF's --tf32: TF32 tensor-core math for float32 matrix multiplies and convolutions
   // (unset: torch's own setting stays).
