@@ -15,8 +15,8 @@ list(SORT LOOM_IMPL_FILES)
 # Each unit pays ~2 s of CPU to load the precompiled header and instantiates nlohmann/{fmt}
 # again, so the library compiles as a few units: the files whose edits must relink in
 # seconds get small units of their own (the process group and engines, the safetensors and
-# folder code, the checkpointer), the rest of trainer/ is loom_trainer, everything else
-# loom_base. docs/building.md has the figures.
+# folder code, the checkpointer), the rest of trainer/ is loom_trainer, the model families
+# loom_models, everything else loom_base. docs/building.md has the figures.
 set(LOOM_COMPILED_UNITS
     distributed/impl/comm.ipp=loom_distributed distributed/impl/engine.ipp=loom_distributed
     distributed/impl/env.ipp=loom_distributed checkpoint/impl/safetensors.ipp=loom_checkpoint
@@ -30,6 +30,8 @@ foreach(_ipp IN LISTS LOOM_IMPL_FILES)
   string(REGEX REPLACE "^loom/" "" _short "${_rel}")
   if(_area STREQUAL "trainer" OR _area STREQUAL "accelerate")
     set(_unit "loom_trainer")
+  elseif(_area STREQUAL "models")
+    set(_unit "loom_models")
   else()
     set(_unit "loom_base")
   endif()

@@ -27,6 +27,13 @@ struct CausalLMOutput {
 LOOM_INLINE torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels,
                                          bool fused_upcast = false);
 
+/// The LM head's logits of `hidden` [.., hidden] by `weight` [vocab, hidden] (no bias). With
+/// `fast` and a vocabulary not a multiple of 64, the product runs over the vocabulary padded
+/// to one (cuBLAS's fast kernels need the alignment): [.., padded] whose extra columns are
+/// -inf, so a softmax over all of them is the vocabulary's; callers show the first vocab
+/// columns and give the whole to causal_lm_loss. Else [.., vocab], as a linear layer.
+LOOM_INLINE torch::Tensor lm_head_logits(const torch::Tensor& hidden, const torch::Tensor& weight, bool fast);
+
 /// `logits` and, when `labels` is defined, their causal_lm_loss: a causal LM's forward(batch).
 LOOM_INLINE CausalLMOutput causal_lm_output(torch::Tensor logits, const torch::Tensor& labels);
 

@@ -97,6 +97,27 @@ template <class F>
 inline constexpr bool is_id2label_v = std::is_same_v<F, std::map<int64_t, std::string>>;
 template <class F>
 inline constexpr bool is_label2id_v = std::is_same_v<F, std::map<std::string, int64_t>>;
+/// A field kept as JSON (a nested object such as rope_parameters, or a value HF types loosely:
+/// eos_token_id may be a list): read and written as it is; the family's validate checks it.
+template <class F>
+inline constexpr bool is_json_v = std::is_same_v<F, nlohmann::json>;
+
+/// The model_type values Config reads: Config::model_types when the family serves several
+/// (then model_type is a field of the config), else Config::model_type.
+template <class Config>
+std::vector<std::string_view> model_types() {
+  if constexpr (requires { Config::model_types; })
+    return {Config::model_types.begin(), Config::model_types.end()};
+  else
+    return {Config::model_type};
+}
+
+/// The model_type `config` is written with.
+template <class Config>
+std::string model_type_of(const Config& config) {
+  if constexpr (requires { Config::model_types; }) return config.model_type;
+  else return std::string(Config::model_type);
+}
 
 /// id2label from a JSON object {"0": "neg", ...}; a key that is not an integer, or a value
 /// that is not a string, throws "loom: JSON key 'id2label' ...".
@@ -104,8 +125,10 @@ LOOM_INLINE std::map<int64_t, std::string> read_id2label(const nlohmann::json& v
 /// label2id from a JSON object {"neg": 0, ...}.
 LOOM_INLINE std::map<std::string, int64_t> read_label2id(const nlohmann::json& value);
 
-/// Reads config.json (strict JSON) and checks model_type; the object comes back.
-LOOM_INLINE nlohmann::json read_config_json(const std::filesystem::path& path, std::string_view model_type);
+/// Reads config.json (strict JSON) and checks model_type (one of `model_types`); the object
+/// comes back.
+LOOM_INLINE nlohmann::json read_config_json(const std::filesystem::path& path,
+                                            const std::vector<std::string_view>& model_types);
 
 /// Writes `fields` plus model_type and architectures as config.json, keys sorted as HF does.
 LOOM_INLINE void write_config_json(nlohmann::json fields, const std::filesystem::path& path,
@@ -120,7 +143,7 @@ LOOM_INLINE void write_config_json(nlohmann::json fields, const std::filesystem:
 template <class Config>
 Config read_hf_config(const std::filesystem::path& dir) {
   const auto path = dir / config_file;
-  const nlohmann::json j = detail::read_config_json(path, Config::model_type);
+  const nlohmann::json j = detail::read_config_json(path, detail::model_types<Config>());
   Config config{};
   constexpr auto names = boost::pfr::names_as_array<Config>();
   try {
@@ -128,7 +151,9 @@ Config read_hf_config(const std::filesystem::path& dir) {
       const std::string key(names[index]);
       const auto it = j.find(key);
       if (it == j.end()) return;
-      if constexpr (detail::is_id2label_v<F>) {
+      if constexpr (detail::is_json_v<F>) {
+        field = *it;
+      } else if constexpr (detail::is_id2label_v<F>) {
         field = detail::read_id2label(*it);
       } else if constexpr (detail::is_label2id_v<F>) {
         field = detail::read_label2id(*it);
@@ -144,8 +169,9 @@ Config read_hf_config(const std::filesystem::path& dir) {
   return config;
 }
 
-/// Writes `config` as `dir`/config.json: every field (an empty optional as null), plus
-/// model_type, architectures = [architecture] and dtype (the weights' dtype, as HF writes it).
+/// Writes `config` as `dir`/config.json: every field (an empty optional as null; a config
+/// with `written(key)` leaves out the keys it declines), plus model_type, architectures =
+/// [architecture] and dtype (the weights' dtype, as HF writes it).
 template <class Config>
 void write_hf_config(const Config& config, const std::filesystem::path& dir, std::string_view architecture,
                      torch::ScalarType dtype = torch::kFloat32) {
@@ -153,7 +179,11 @@ void write_hf_config(const Config& config, const std::filesystem::path& dir, std
   constexpr auto names = boost::pfr::names_as_array<Config>();
   boost::pfr::for_each_field(config, [&]<class F>(const F& field, std::size_t index) {
     const std::string key(names[index]);
-    if constexpr (detail::is_id2label_v<F>) {
+    if constexpr (requires { config.written(key); })
+      if (!config.written(key)) return;
+    if constexpr (detail::is_json_v<F>) {
+      fields[key] = field;
+    } else if constexpr (detail::is_id2label_v<F>) {
       nlohmann::json m = nlohmann::json::object();
       for (const auto& [id, label] : field) m[std::to_string(id)] = label;
       fields[key] = std::move(m);
@@ -165,7 +195,7 @@ void write_hf_config(const Config& config, const std::filesystem::path& dir, std
       fields[key] = nlohmann::json(loom::json::field_to_json(field));
     }
   });
-  detail::write_config_json(std::move(fields), dir / config_file, Config::model_type, architecture, dtype);
+  detail::write_config_json(std::move(fields), dir / config_file, detail::model_type_of(config), architecture, dtype);
 }
 
 }  // namespace loom::models

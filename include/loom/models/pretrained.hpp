@@ -82,12 +82,19 @@ class PreTrainedModel : public torch::nn::Module {
   /// Writes config.json and the weights (model.safetensors, or shards with an index).
   void save_pretrained(const std::filesystem::path& dir, const SaveOptions& options = {}) const {
     save_hf_weights(*this, dir, options);
-    write_hf_config(config_, dir, Derived::architecture, detail::weights_dtype(*this));
+    write_hf_config(config_, dir, architecture_name(), detail::weights_dtype(*this));
   }
   /// Reads the weights of an HF folder into this model (same config), strictly, allowing the
   /// family's name_rules().
   void load_weights(const std::filesystem::path& dir) {
     load_hf_weights(*this, dir, static_cast<const Derived&>(*this).name_rules());
+  }
+
+  /// config.json's architectures entry: Derived::architecture, or what a family serving
+  /// several HF classes (Llama, Qwen2, Mistral) answers for its config.
+  [[nodiscard]] std::string_view architecture_name() const {
+    if constexpr (requires { Derived::architecture; }) return Derived::architecture;
+    else return static_cast<const Derived&>(*this).architecture_name();
   }
 
   /// Fills the config's fields that follow from others before validation (none here; a

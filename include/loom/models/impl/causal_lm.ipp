@@ -4,7 +4,10 @@
 #include <loom/data/text.hpp>
 #include <loom/models/causal_lm.hpp>
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
+
+#include <limits>
 
 #include <utility>
 
@@ -27,6 +30,22 @@ LOOM_INLINE torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torc
   return torch::nn::functional::cross_entropy(
       logits.to(torch::kFloat).reshape({-1, vocab}), shifted.view({-1}).to(logits.device()),
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(data::ignore_index));
+}
+
+LOOM_INLINE torch::Tensor lm_head_logits(const torch::Tensor& hidden, const torch::Tensor& weight, bool fast) {
+  const int64_t vocab = weight.size(0), padded = (vocab + 63) / 64 * 64;
+  if (padded == vocab || !fast) return torch::nn::functional::linear(hidden, weight);
+  // Zero rows appended to the weight (cast first, as autocast would, so the copy is the
+  // narrow one) and a bias of -inf on the extra columns, added by addmm in cuBLAS's epilogue
+  // (linear on a 3-d input would add it in a separate pass over the logits).
+  const auto device = hidden.device().type();
+  auto w = at::autocast::is_autocast_enabled(device) ? weight.to(at::autocast::get_autocast_dtype(device)) : weight;
+  w = torch::constant_pad_nd(w, {0, 0, 0, padded - vocab});
+  auto bias = torch::zeros({padded}, w.options());
+  bias.narrow(0, vocab, padded - vocab).fill_(-std::numeric_limits<double>::infinity());
+  auto sizes = hidden.sizes().vec();
+  sizes.back() = padded;
+  return torch::addmm(bias, hidden.reshape({-1, hidden.size(-1)}), w.t()).view(sizes);
 }
 
 LOOM_INLINE CausalLMOutput causal_lm_output(torch::Tensor logits, const torch::Tensor& labels) {

@@ -8,7 +8,6 @@
 #include <loom/models/hf_folder.hpp>
 #include <loom/models/pretrained.hpp>
 
-#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -171,21 +170,7 @@ LOOM_INLINE void GPT2LMHeadModelImpl::set_kernels(Kernels kernels) {
 
 LOOM_INLINE torch::Tensor GPT2LMHeadModelImpl::head(const torch::Tensor& hidden) {
   const torch::Tensor& weight = lm_head ? lm_head->weight : transformer->wte->weight;
-  const int64_t vocab = weight.size(0), padded = (vocab + 63) / 64 * 64;
-  if (padded == vocab || !fast_kernels(kernels_, hidden)) return torch::nn::functional::linear(hidden, weight);
-  // cuBLAS picks slow kernels for a leading dimension like 50257: multiply by the matrix with
-  // zero rows appended (cast first, as autocast would, so the copy is the narrow one), with a
-  // bias of -inf on the extra columns, so a softmax over all of them is the vocabulary's.
-  const auto device = hidden.device().type();
-  auto w = at::autocast::is_autocast_enabled(device) ? weight.to(at::autocast::get_autocast_dtype(device)) : weight;
-  w = torch::constant_pad_nd(w, {0, 0, 0, padded - vocab});
-  auto bias = torch::zeros({padded}, w.options());
-  bias.narrow(0, vocab, padded - vocab).fill_(-std::numeric_limits<double>::infinity());
-  // addmm on the rows: cuBLAS adds the bias in the product's epilogue (linear on a 3-d input
-  // would add it in a separate pass over the logits).
-  auto sizes = hidden.sizes().vec();
-  sizes.back() = padded;
-  return torch::addmm(bias, hidden.reshape({-1, hidden.size(-1)}), w.t()).view(sizes);
+  return lm_head_logits(hidden, weight, fast_kernels(kernels_, hidden));
 }
 
 LOOM_INLINE torch::Tensor GPT2LMHeadModelImpl::logits(const torch::Tensor& input_ids) {

@@ -91,7 +91,8 @@ LOOM_INLINE std::map<std::string, int64_t> read_label2id(const nlohmann::json& v
   return out;
 }
 
-LOOM_INLINE nlohmann::json read_config_json(const std::filesystem::path& path, std::string_view model_type) {
+LOOM_INLINE nlohmann::json read_config_json(const std::filesystem::path& path,
+                                            const std::vector<std::string_view>& model_types) {
   check(std::filesystem::is_regular_file(path), "{} does not exist (an HF model folder holds config.json and "
                                                 "model.safetensors)",
         path.string());
@@ -99,8 +100,11 @@ LOOM_INLINE nlohmann::json read_config_json(const std::filesystem::path& path, s
   const json::Fields f(j, path.string());
   if (f.has("model_type")) {
     const std::string found = f.string("model_type");
-    if (found != model_type)
-      f.fail("model_type", "is \"" + found + "\", but this model reads \"" + std::string(model_type) + "\"");
+    if (std::find(model_types.begin(), model_types.end(), found) == model_types.end()) {
+      std::string known;
+      for (const auto& t : model_types) known += (known.empty() ? "\"" : ", \"") + std::string(t) + "\"";
+      f.fail("model_type", "is \"" + found + "\", but this model reads " + known);
+    }
   }
   return j;
 }

@@ -1,0 +1,335 @@
+#pragma once
+// Definitions of models/llama.hpp (compiled once with LOOM_SEPARATE_COMPILATION).
+
+#include <loom/core/error.hpp>
+#include <loom/models/activations.hpp>
+#include <loom/models/causal_lm.hpp>
+#include <loom/models/hf_folder.hpp>
+#include <loom/models/llama.hpp>
+#include <loom/models/pretrained.hpp>
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <set>
+#include <string>
+
+namespace loom::models {
+
+namespace detail {
+
+// The keys of rope_parameters loom computes; any other changes the rope and is refused.
+inline const std::set<std::string, std::less<>> rope_keys = {
+    "rope_type", "type", "rope_theta", "factor", "low_freq_factor", "high_freq_factor",
+    "original_max_position_embeddings"};
+
+inline double rope_number(const nlohmann::json& rope, const char* key, std::string_view where) {
+  const auto it = rope.find(key);
+  check(it != rope.end() && it->is_number(), "{}: field 'rope_parameters.{}' must be a number for rope_type llama3",
+        where, key);
+  return it->get<double>();
+}
+
+inline std::string rope_type(const nlohmann::json& rope) {
+  if (rope.contains("rope_type") && rope["rope_type"].is_string()) return rope["rope_type"].get<std::string>();
+  if (rope.contains("type") && rope["type"].is_string()) return rope["type"].get<std::string>();
+  return "default";
+}
+
+}  // namespace detail
+
+LOOM_INLINE bool LlamaConfig::written(std::string_view key) const {
+  if (key == "rope_theta" || key == "rope_scaling") return false;  // folded into rope_parameters
+  if (key == "use_sliding_window" || key == "max_window_layers" || key == "layer_types") return model_type == "qwen2";
+  if (key == "sliding_window") return model_type == "qwen2" || model_type == "mistral";
+  if (key == "attention_bias" || key == "mlp_bias" || key == "pretraining_tp") return model_type == "llama";
+  if (key == "head_dim") return model_type != "qwen2";
+  return true;
+}
+
+LOOM_INLINE void complete_config(LlamaConfig& c) {
+  if (c.rope_parameters.is_null()) {
+    nlohmann::json rope = c.rope_scaling.is_object() ? c.rope_scaling : nlohmann::json::object();
+    if (rope.contains("type") && !rope.contains("rope_type")) rope["rope_type"] = rope["type"];
+    rope.erase("type");
+    if (!rope.contains("rope_type")) rope["rope_type"] = "default";
+    rope["rope_theta"] = c.rope_theta.value_or(10000.0);
+    c.rope_parameters = rope;
+  }
+  if (!c.num_key_value_heads) c.num_key_value_heads = c.num_attention_heads;
+  if (!c.head_dim && c.num_attention_heads > 0) c.head_dim = c.hidden_size / c.num_attention_heads;
+}
+
+LOOM_INLINE void validate(const LlamaConfig& c, std::string_view where) {
+  check(c.model_type == "llama" || c.model_type == "qwen2" || c.model_type == "mistral",
+        "{}: field 'model_type' is \"{}\"; loom's Llama architecture reads llama, qwen2 and mistral", where,
+        c.model_type);
+  const auto positive = [&](int64_t v, const char* field) {
+    check(v > 0, "{}: field '{}' must be a positive integer, got {}", where, field, v);
+  };
+  positive(c.vocab_size, "vocab_size");
+  positive(c.hidden_size, "hidden_size");
+  positive(c.intermediate_size, "intermediate_size");
+  positive(c.num_hidden_layers, "num_hidden_layers");
+  positive(c.num_attention_heads, "num_attention_heads");
+  positive(c.max_position_embeddings, "max_position_embeddings");
+  const int64_t kv = c.num_key_value_heads.value_or(c.num_attention_heads);
+  positive(kv, "num_key_value_heads");
+  check(c.num_attention_heads % kv == 0, "{}: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
+        where, c.num_attention_heads, kv);
+  if (c.head_dim) {
+    positive(*c.head_dim, "head_dim");
+    check(*c.head_dim % 2 == 0, "{}: field 'head_dim' must be even (the rotary embedding pairs its halves), got {}",
+          where, *c.head_dim);
+  } else {
+    check(c.hidden_size % c.num_attention_heads == 0,
+          "{}: hidden_size ({}) must be a multiple of num_attention_heads ({}) when head_dim is not given", where,
+          c.hidden_size, c.num_attention_heads);
+  }
+  check(is_known_activation(c.hidden_act), "{}: field 'hidden_act' is \"{}\"; loom knows {}", where, c.hidden_act,
+        known_activations);
+  check(c.rms_norm_eps > 0.0, "{}: field 'rms_norm_eps' must be positive, got {}", where, c.rms_norm_eps);
+  check(c.attention_dropout >= 0.0 && c.attention_dropout < 1.0,
+        "{}: field 'attention_dropout' must be in [0, 1), got {}", where, c.attention_dropout);
+  check(!c.pretraining_tp || *c.pretraining_tp == 1,
+        "{}: field 'pretraining_tp' is {}; loom computes the plain product (only 1 is supported)", where,
+        c.pretraining_tp.value_or(1));
+  check(!c.use_sliding_window.value_or(false),
+        "{}: field 'use_sliding_window' is true; loom's Llama architecture has no sliding-window attention", where);
+  if (c.sliding_window) positive(*c.sliding_window, "sliding_window");
+  check(c.eos_token_id.is_null() || c.eos_token_id.is_number_integer() ||
+            (c.eos_token_id.is_array() &&
+             std::all_of(c.eos_token_id.begin(), c.eos_token_id.end(), [](const auto& e) { return e.is_number_integer(); })),
+        "{}: field 'eos_token_id' must be an integer, a list of integers or null", where);
+  if (!c.layer_types.is_null()) {
+    check(c.layer_types.is_array(), "{}: field 'layer_types' must be a list", where);
+    for (const auto& t : c.layer_types)
+      check(t == "full_attention", "{}: field 'layer_types' holds {}; loom's Llama architecture has full attention only",
+            where, t.dump());
+  }
+  // The rope (complete_config made rope_parameters from the older keys).
+  const auto& rope = c.rope_parameters;
+  check(rope.is_object(), "{}: field 'rope_parameters' must be an object", where);
+  for (const auto& [key, value] : rope.items())
+    check(detail::rope_keys.contains(key),
+          "{}: field 'rope_parameters.{}' is not supported (loom computes rope_type default and llama3)", where, key);
+  const std::string type = detail::rope_type(rope);
+  check(type == "default" || type == "llama3",
+        "{}: field 'rope_parameters.rope_type' is \"{}\"; loom computes \"default\" and \"llama3\"", where, type);
+  check(rope.contains("rope_theta") && rope["rope_theta"].is_number() && rope["rope_theta"].get<double>() > 0,
+        "{}: field 'rope_parameters.rope_theta' must be a positive number", where);
+  if (type == "llama3") {
+    const double factor = detail::rope_number(rope, "factor", where);
+    const double low = detail::rope_number(rope, "low_freq_factor", where);
+    const double high = detail::rope_number(rope, "high_freq_factor", where);
+    const double original = detail::rope_number(rope, "original_max_position_embeddings", where);
+    check(factor >= 1.0, "{}: field 'rope_parameters.factor' must be at least 1, got {}", where, factor);
+    check(high > low && low > 0, "{}: rope_parameters needs high_freq_factor > low_freq_factor > 0, got {} and {}",
+          where, high, low);
+    check(original > 0, "{}: field 'rope_parameters.original_max_position_embeddings' must be positive", where);
+  }
+}
+
+// ---- norm, attention, MLP, layer ----------------------------------------------------------
+
+LOOM_INLINE LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t hidden_size, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({hidden_size}));
+}
+
+LOOM_INLINE torch::Tensor LlamaRMSNormImpl::forward(const torch::Tensor& x) {
+  const auto dtype = x.scalar_type();
+  const auto h = x.to(torch::kFloat);
+  const auto variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  const auto normed = h * torch::rsqrt(variance + eps_);
+  return weight * normed.to(dtype);
+}
+
+LOOM_INLINE LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
+    : heads_(c.num_attention_heads),
+      kv_heads_(c.num_key_value_heads.value_or(c.num_attention_heads)),
+      head_dim_(c.head_dim.value_or(c.hidden_size / c.num_attention_heads)),
+      dropout_(c.attention_dropout),
+      scaling_(std::pow(static_cast<double>(head_dim_), -0.5)),
+      window_(c.model_type == "mistral" ? c.sliding_window : std::nullopt) {
+  const bool qkv_bias = c.attention_bias || c.model_type == "qwen2";
+  const auto linear = [&](int64_t in, int64_t out, bool bias) {
+    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+  };
+  q_proj = register_module("q_proj", linear(c.hidden_size, heads_ * head_dim_, qkv_bias));
+  k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
+  v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
+  o_proj = register_module("o_proj", linear(heads_ * head_dim_, c.hidden_size, c.attention_bias));
+}
+
+namespace detail {
+// rotate_half: the second half of the last dimension, negated, then the first half.
+inline torch::Tensor rotate_half(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  const auto x1 = x.narrow(-1, 0, half);
+  const auto x2 = x.narrow(-1, half, half);
+  return torch::cat({-x2, x1}, -1);
+}
+}  // namespace detail
+
+LOOM_INLINE torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                                      const torch::Tensor& sin) {
+  const int64_t batch = x.size(0), seq = x.size(1);
+  check(!window_ || seq <= *window_,
+        "a sequence of {} tokens is longer than the config's sliding_window ({}); loom's Llama architecture has no "
+        "sliding-window attention, so use sequences of at most {} tokens",
+        seq, *window_, *window_);
+  const auto heads = [&](const torch::Tensor& t) { return t.view({batch, seq, -1, head_dim_}).transpose(1, 2); };
+  auto q = heads(q_proj(x));
+  auto k = heads(k_proj(x));
+  const auto v = heads(v_proj(x));
+  // apply_rotary_pos_emb: cos/sin [batch, seq, head_dim] broadcast over the heads.
+  const auto c = cos.unsqueeze(1), s = sin.unsqueeze(1);
+  q = (q * c) + (detail::rotate_half(q) * s);
+  k = (k * c) + (detail::rotate_half(k) * s);
+  auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, is_training() ? dropout_ : 0.0,
+                                            /*is_causal=*/seq > 1, scaling_, /*enable_gqa=*/kv_heads_ != heads_);
+  y = y.transpose(1, 2).contiguous().reshape({batch, seq, -1}).contiguous();
+  return o_proj(y);
+}
+
+LOOM_INLINE LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) : activation_(activation_fn(c.hidden_act)) {
+  const auto linear = [&](int64_t in, int64_t out) {
+    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(c.mlp_bias));
+  };
+  gate_proj = register_module("gate_proj", linear(c.hidden_size, c.intermediate_size));
+  up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size));
+  down_proj = register_module("down_proj", linear(c.intermediate_size, c.hidden_size));
+}
+
+LOOM_INLINE torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
+  const auto gated = activation_(gate_proj(x));
+  return down_proj(gated * up_proj(x));
+}
+
+LOOM_INLINE LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) {
+  self_attn = register_module("self_attn", LlamaAttention(c));
+  mlp = register_module("mlp", LlamaMLP(c));
+  input_layernorm = register_module("input_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
+  post_attention_layernorm = register_module("post_attention_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+LOOM_INLINE torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                                         const torch::Tensor& sin) {
+  auto h = x + self_attn(input_layernorm(x), cos, sin);
+  return h + mlp(post_attention_layernorm(h));
+}
+
+// ---- the body ------------------------------------------------------------------------------
+
+LOOM_INLINE LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) {
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    units.push_back(full_shard_unit(LlamaDecoderLayer(c)));
+    layers->push_back(units.back());
+  }
+  norm = register_module("norm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
+  // The rope's inverse frequencies (transformers' rope init functions), in float32.
+  const int64_t dim = c.head_dim.value_or(c.hidden_size / c.num_attention_heads);
+  const auto& rope = c.rope_parameters;
+  const double theta = rope.value("rope_theta", 10000.0);
+  auto inv_freq = 1.0 / torch::pow(theta, torch::arange(0, dim, 2, torch::kLong).to(torch::kFloat) / dim);
+  if (detail::rope_type(rope) == "llama3") {
+    const double factor = rope["factor"].get<double>(), low = rope["low_freq_factor"].get<double>(),
+                 high = rope["high_freq_factor"].get<double>(),
+                 old_len = rope["original_max_position_embeddings"].get<double>();
+    const double low_wavelen = old_len / low, high_wavelen = old_len / high;
+    const auto wavelen = 2 * std::numbers::pi / inv_freq;
+    auto scaled = torch::where(wavelen > low_wavelen, inv_freq / factor, inv_freq);
+    const auto smooth = (old_len / wavelen - low) / (high - low);
+    const auto smoothed = (1 - smooth) * scaled / factor + smooth * scaled;
+    const auto medium = wavelen.ge(high_wavelen).logical_and(wavelen.le(low_wavelen));
+    inv_freq = torch::where(medium, smoothed, scaled);
+  }
+  inv_freq_ = inv_freq;
+}
+
+LOOM_INLINE std::pair<torch::Tensor, torch::Tensor> LlamaModelImpl::rotary(int64_t seq, const torch::Device& device) {
+  if (inv_freq_.device() != device) inv_freq_ = inv_freq_.to(device);
+  // LlamaRotaryEmbedding.forward: float32, autocast off; [1, seq, dim].
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const auto positions = torch::arange(seq, torch::TensorOptions().device(device).dtype(torch::kLong)).to(torch::kFloat);
+  const auto freqs = positions.unsqueeze(1).matmul(inv_freq_.unsqueeze(0)).unsqueeze(0);  // [1, seq, dim/2]
+  const auto emb = torch::cat({freqs, freqs}, -1);
+  return {emb.cos() * attention_scaling_, emb.sin() * attention_scaling_};
+}
+
+LOOM_INLINE torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids) {
+  check(input_ids.dim() == 2, "the Llama architecture takes input_ids of shape [batch, seq], got {}",
+        c10::str(input_ids.sizes()));
+  auto x = embedding_noise(embed_tokens(input_ids), is_training());
+  auto [cos, sin] = rotary(input_ids.size(1), x.device());
+  cos = cos.to(x.scalar_type());
+  sin = sin.to(x.scalar_type());
+  for (auto& layer : units) x = layer->forward(x, cos, sin);
+  return norm(x);
+}
+
+// ---- the causal LM -------------------------------------------------------------------------
+
+LOOM_INLINE LlamaForCausalLMImpl::LlamaForCausalLMImpl(LlamaConfig config)
+    : PreTrainedModel(std::move(config), "LlamaConfig") {
+  model = register_module("model", LlamaModel(config_));
+  if (!config_.tie_word_embeddings)
+    lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(config_.hidden_size,
+                                                                                    config_.vocab_size)
+                                                               .bias(false)));
+  init_weights();
+}
+
+LOOM_INLINE void LlamaForCausalLMImpl::init_weights() {
+  torch::NoGradGuard no_grad;
+  const double std = config_.initializer_range;
+  for (auto& m : modules(/*include_self=*/false)) {
+    if (auto* linear = m->as<torch::nn::Linear>()) {
+      linear->weight.normal_(0.0, std);
+      if (linear->bias.defined()) linear->bias.zero_();
+    } else if (auto* embedding = m->as<torch::nn::Embedding>()) {
+      embedding->weight.normal_(0.0, std);
+      if (config_.pad_token_id && *config_.pad_token_id >= 0 && *config_.pad_token_id < config_.vocab_size)
+        embedding->weight[*config_.pad_token_id].zero_();
+    }
+  }
+}
+
+LOOM_INLINE torch::Tensor LlamaForCausalLMImpl::logits(const torch::Tensor& input_ids) {
+  const auto hidden = model(input_ids);
+  const torch::Tensor& weight = lm_head ? lm_head->weight : model->embed_tokens->weight;
+  return lm_head_logits(hidden, weight, fast_kernels(kernels_, hidden)).narrow(-1, 0, config_.vocab_size);
+}
+
+LOOM_INLINE CausalLMOutput LlamaForCausalLMImpl::forward(const data::CausalLMBatch& batch) {
+  const auto hidden = model(batch.input_ids);
+  const torch::Tensor& weight = lm_head ? lm_head->weight : model->embed_tokens->weight;
+  const bool fast = fast_kernels(kernels_, hidden);
+  const auto all = lm_head_logits(hidden, weight, fast);
+  CausalLMOutput out;
+  out.logits = all.narrow(-1, 0, config_.vocab_size);
+  if (batch.labels.defined()) out.loss = causal_lm_loss(all, batch.labels, fast);
+  return out;
+}
+
+LOOM_INLINE std::string_view LlamaForCausalLMImpl::architecture_name() const {
+  if (config_.model_type == "qwen2") return "Qwen2ForCausalLM";
+  if (config_.model_type == "mistral") return "MistralForCausalLM";
+  return "LlamaForCausalLM";
+}
+
+LOOM_INLINE HfNameRules LlamaForCausalLMImpl::name_rules() const {
+  HfNameRules rules;
+  rules.base_prefix = "model";
+  if (config_.tie_word_embeddings) rules.derived.emplace_back("lm_head.weight", "model.embed_tokens.weight");
+  // Older transformers versions saved the rotary table's frequencies.
+  rules.ignored_suffixes = {".rotary_emb.inv_freq"};
+  return rules;
+}
+
+}  // namespace loom::models

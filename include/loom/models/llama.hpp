@@ -1,0 +1,216 @@
+#pragma once
+// The Llama architecture (transformers' LlamaForCausalLM), which also serves the Qwen2 and
+// Mistral configs: the three differ only in config fields (Qwen2: bias on q/k/v; Mistral: a
+// sliding window). HF's parameter names and config.json, so an HF folder loads into it and
+// what it saves opens in transformers as the same class.
+//
+//   auto model = loom::models::LlamaForCausalLM::from_pretrained("llama-folder");
+//   loom::models::LlamaConfig c;  c.hidden_size = 256; ...;  loom::models::LlamaForCausalLM model(c);
+//   model->save_pretrained("out");  // config.json (model_type llama/qwen2/mistral) + model.safetensors
+//
+// Names: model.embed_tokens, model.layers.{i}.input_layernorm, self_attn.{q,k,v,o}_proj,
+// post_attention_layernorm, mlp.{gate,up,down}_proj, model.norm, and lm_head.weight unless
+// tie_word_embeddings. Each decoder layer is a loom::FullShardUnit (name-transparent).
+//
+// Arithmetic follows transformers' sdpa path op by op: RMSNorm in float32 then the weight
+// times the input's dtype, rotary embeddings computed in float32 (rope_type default or
+// llama3), grouped-query attention through at::scaled_dot_product_attention with
+// enable_gqa and is_causal, the SwiGLU MLP down(act(gate(x)) * up(x)), and the causal LM loss
+// of causal_lm.hpp.
+//
+// Supported: model_type llama, qwen2, mistral; rope_parameters (or the older rope_theta /
+// rope_scaling keys) of rope_type "default" or "llama3"; any num_key_value_heads dividing
+// num_attention_heads; head_dim; attention_bias / mlp_bias (Llama); tie_word_embeddings both
+// ways; hidden_act of models/activations.hpp. Refused with a loom: line naming the field:
+// other rope types or rope keys, pretraining_tp other than 1, Qwen2's use_sliding_window true,
+// and (at forward) a sequence longer than a Mistral sliding_window (sliding-window attention
+// is not implemented; shorter sequences are exact).
+
+#include <loom/config/inline.hpp>
+#include <loom/core/neftune.hpp>
+#include <loom/data/text.hpp>
+#include <loom/distributed/full_shard_unit.hpp>
+#include <loom/models/activations.hpp>
+#include <loom/models/causal_lm.hpp>
+#include <loom/models/hf_folder.hpp>
+#include <loom/models/pretrained.hpp>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom::models {
+
+/// transformers' LlamaConfig, with the fields Qwen2Config and MistralConfig add: HF's field
+/// names and Llama's defaults (config.json reads into it; model_type says which family).
+struct LlamaConfig {
+  std::string model_type = "llama";                  ///< llama, qwen2 or mistral
+  int64_t vocab_size = 32000;                        ///< tokens in the vocabulary
+  int64_t hidden_size = 4096;                        ///< hidden size
+  int64_t intermediate_size = 11008;                 ///< MLP width
+  int64_t num_hidden_layers = 32;                    ///< decoder layers
+  int64_t num_attention_heads = 32;                  ///< query heads
+  std::optional<int64_t> num_key_value_heads;        ///< key/value heads (grouped-query attention; none: num_attention_heads)
+  std::optional<int64_t> head_dim;                   ///< width of a head (none: hidden_size / num_attention_heads)
+  std::string hidden_act = "silu";                   ///< see models/activations.hpp
+  int64_t max_position_embeddings = 2048;            ///< longest sequence the rotary table is meant for
+  double initializer_range = 0.02;                   ///< std of the random initialization
+  double rms_norm_eps = 1e-6;                        ///< RMSNorm eps
+  bool use_cache = true;                             ///< (generation; kept for the round trip)
+  std::optional<int64_t> pad_token_id;               ///< padding token
+  std::optional<int64_t> bos_token_id = 1;           ///< beginning-of-text token
+  nlohmann::json eos_token_id = 2;                   ///< end-of-text token, or a list of them (Llama 3)
+  std::optional<int64_t> pretraining_tp = 1;         ///< (Llama; must be 1)
+  bool tie_word_embeddings = false;                  ///< lm_head shares embed_tokens' weight
+  nlohmann::json rope_parameters;                    ///< {"rope_type": "default" | "llama3", "rope_theta": ..., llama3's factors}
+  std::optional<double> rope_theta;                  ///< older files' key (read into rope_parameters)
+  nlohmann::json rope_scaling;                       ///< older files' key (read into rope_parameters)
+  bool attention_bias = false;                       ///< bias on q, k, v and o (Llama)
+  double attention_dropout = 0.0;                    ///< dropout on the attention weights (training)
+  bool mlp_bias = false;                             ///< bias on gate, up and down (Llama)
+  std::optional<bool> use_sliding_window;            ///< (Qwen2; must be false)
+  std::optional<int64_t> sliding_window;             ///< (Mistral: window of the attention; Qwen2: unused)
+  std::optional<int64_t> max_window_layers;          ///< (Qwen2; unused without a sliding window)
+  nlohmann::json layer_types;                        ///< (Qwen2: "full_attention" per layer)
+
+  /// The model types this struct reads (config.json's model_type).
+  static constexpr std::array<std::string_view, 3> model_types = {"llama", "qwen2", "mistral"};
+  /// Whether config.json gets `key` (each family writes the keys its HF config has).
+  LOOM_INLINE bool written(std::string_view key) const;
+};
+
+/// Fills what follows from other fields: rope_parameters from the older rope_theta and
+/// rope_scaling keys, Qwen2's bias on q/k/v, num_key_value_heads and head_dim.
+LOOM_INLINE void complete_config(LlamaConfig& config);
+
+/// Checks `config` (sizes, heads, rope, the features implemented here); errors name `where`.
+LOOM_INLINE void validate(const LlamaConfig& config, std::string_view where);
+
+/// Llama's RMSNorm: weight * (x / sqrt(mean(x^2) + eps)), computed in float32.
+class LlamaRMSNormImpl : public torch::nn::Module {
+ public:
+  LOOM_INLINE LlamaRMSNormImpl(int64_t hidden_size, double eps);
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(LlamaRMSNorm);
+
+/// Grouped-query self-attention with rotary position embeddings.
+class LlamaAttentionImpl : public torch::nn::Module {
+ public:
+  LOOM_INLINE explicit LlamaAttentionImpl(const LlamaConfig& config);
+  /// `cos`, `sin`: [batch, seq, head_dim] (the model's rotary table for these positions).
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+  double dropout_, scaling_;
+  std::optional<int64_t> window_;
+};
+TORCH_MODULE(LlamaAttention);
+
+/// The SwiGLU feed-forward part: down(act(gate(x)) * up(x)).
+class LlamaMLPImpl : public torch::nn::Module {
+ public:
+  LOOM_INLINE explicit LlamaMLPImpl(const LlamaConfig& config);
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+
+ private:
+  ActivationFn activation_;
+};
+TORCH_MODULE(LlamaMLP);
+
+/// One decoder layer: x + attn(input_layernorm(x)), then + mlp(post_attention_layernorm(.)).
+class LlamaDecoderLayerImpl : public torch::nn::Module {
+ public:
+  LOOM_INLINE explicit LlamaDecoderLayerImpl(const LlamaConfig& config);
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  LlamaAttention self_attn{nullptr};
+  LlamaMLP mlp{nullptr};
+  LlamaRMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+};
+TORCH_MODULE(LlamaDecoderLayer);
+
+/// The body (HF's LlamaModel, "model"): embeddings, decoder layers, final norm.
+class LlamaModelImpl : public torch::nn::Module {
+ public:
+  LOOM_INLINE explicit LlamaModelImpl(const LlamaConfig& config);
+  /// Hidden states [batch, seq, hidden_size] of int64 token ids [batch, seq].
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& input_ids);
+  /// The rotary table (cos, sin) for positions 0 .. seq-1, [1, seq, head_dim] each, in float32.
+  LOOM_INLINE std::pair<torch::Tensor, torch::Tensor> rotary(int64_t seq, const torch::Device& device);
+  torch::nn::Embedding embed_tokens{nullptr};
+  NEFTune embedding_noise;                               ///< on embed_tokens' output while training
+  torch::nn::ModuleList layers{nullptr};                 ///< registered as "layers"
+  std::vector<FullShardUnit<LlamaDecoderLayer>> units;   ///< the same layers, typed
+  LlamaRMSNorm norm{nullptr};
+
+ private:
+  torch::Tensor inv_freq_;  // the rope's frequencies (float32, on the device of the last forward)
+  double attention_scaling_ = 1.0;
+};
+TORCH_MODULE(LlamaModel);
+
+/// A Llama-architecture causal LM (transformers' LlamaForCausalLM, Qwen2ForCausalLM,
+/// MistralForCausalLM by the config's model_type).
+class LlamaForCausalLMImpl : public PreTrainedModel<LlamaForCausalLMImpl, LlamaConfig, data::CausalLMBatch> {
+ public:
+  /// A causal LM (HF's MODEL_FOR_CAUSAL_LM_MAPPING): --label_smoothing_factor shifts the labels.
+  static constexpr bool is_causal_lm = true;
+
+  /// A model with HF's random initialization (normal(0, initializer_range) for linear and
+  /// embedding weights, zero biases, norms 1), drawn from torch's default generator.
+  LOOM_INLINE explicit LlamaForCausalLMImpl(LlamaConfig config = {});
+
+  /// Loss (when batch.labels is defined) and logits: the Trainer's default compute_loss.
+  LOOM_INLINE CausalLMOutput forward(const data::CausalLMBatch& batch);
+  /// Logits [batch, seq, vocab_size] of int64 token ids [batch, seq].
+  LOOM_INLINE torch::Tensor logits(const torch::Tensor& input_ids);
+  /// config.json's architectures: LlamaForCausalLM, Qwen2ForCausalLM or MistralForCausalLM.
+  LOOM_INLINE std::string_view architecture_name() const;
+  /// The names beyond the parameters that an HF file may hold (lm_head.weight when tied).
+  LOOM_INLINE HfNameRules name_rules() const;
+  static void complete_config(LlamaConfig& config) { models::complete_config(config); }
+
+  /// NEFTune's noise on the token embeddings (the Trainer sets it from --neftune_noise_alpha).
+  NEFTune& neftune() { return model->embedding_noise; }
+  /// Chooses the kernels of the forward (Kernels: automatic, the default, is fast on CUDA).
+  void set_kernels(Kernels kernels) { kernels_ = kernels; }
+  [[nodiscard]] Kernels kernels() const { return kernels_; }
+
+  LlamaModel model{nullptr};
+  torch::nn::Linear lm_head{nullptr};  ///< only when tie_word_embeddings is false
+
+ private:
+  LOOM_INLINE void init_weights();
+  Kernels kernels_ = Kernels::automatic;
+};
+
+/// Module holder of LlamaForCausalLMImpl, with HF's from_pretrained.
+class LlamaForCausalLM : public torch::nn::ModuleHolder<LlamaForCausalLMImpl> {
+ public:
+  using torch::nn::ModuleHolder<LlamaForCausalLMImpl>::ModuleHolder;
+  /// Reads an HF folder (model_type llama, qwen2 or mistral): config.json, then the weights
+  /// (model.safetensors or sharded), checked strictly against the model built from it.
+  static LlamaForCausalLM from_pretrained(const std::filesystem::path& dir) {
+    return load_pretrained<LlamaForCausalLM>(dir);
+  }
+};
+
+}  // namespace loom::models
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/models/impl/llama.ipp>
+#endif

@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""transformers' side of tests/models/test_llama.cpp (run through $LOOM_PYTHON).
+
+  hf_llama.py make DIR
+      Builds tiny random Llama-architecture models with transformers itself (seeded, nothing
+      downloaded) and saves each with save_pretrained:
+        llama          grouped-query attention (4 heads, 2 key/value heads), rope llama3, untied head
+        llama_tied     tied embeddings, default rope, attention_bias and mlp_bias, head_dim 12 (not
+                       hidden_size / heads)
+        qwen2          Qwen2ForCausalLM (bias on q, k, v), tied, rope_theta 1e6
+        mistral        MistralForCausalLM (sliding_window 64, longer than the inputs)
+        llama_sharded  llama again, in shards with an index
+        llama_bf16     llama saved in bfloat16
+      and DIR/expected.safetensors: the inputs (labels with ignored tokens) and transformers'
+      logits and loss for each (llama_bf16's read back in float32 by transformers).
+
+  hf_llama.py check NAME,FOLDER,INPUTS ...
+      Opens FOLDER (written by loom) with AutoModelForCausalLM.from_pretrained, which must
+      report no missing, unexpected or mismatched weights and be of NAME's class, runs it on
+      INPUTS' inputs and prints the difference from INPUTS' NAME_logits. Exit status 0 when
+      every group is within 1e-5 relative.
+"""
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+import torch
+from safetensors.torch import load_file, save_file
+
+BASE = dict(vocab_size=100, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            max_position_embeddings=128, bos_token_id=0, eos_token_id=1)
+CLASSES = {"llama": "LlamaForCausalLM", "llama_tied": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+           "mistral": "MistralForCausalLM", "llama_sharded": "LlamaForCausalLM", "llama_bf16": "LlamaForCausalLM"}
+
+
+def configs():
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+    return {
+        "llama": LlamaConfig(**BASE, num_key_value_heads=2, rope_parameters=llama3),
+        "llama_tied": LlamaConfig(**BASE, tie_word_embeddings=True, attention_bias=True, mlp_bias=True, head_dim=12),
+        "qwen2": Qwen2Config(**BASE, num_key_value_heads=2, tie_word_embeddings=True,
+                             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        "mistral": MistralConfig(**BASE, num_key_value_heads=1, sliding_window=64),
+    }
+
+
+def run(model, t, name):
+    model.eval()
+    with torch.no_grad():
+        out = model(input_ids=t["input_ids"], labels=t["labels"])
+    return out.logits.float().contiguous(), out.loss.reshape(1).float().contiguous()
+
+
+def make(folder):
+    from transformers import AutoModelForCausalLM
+    os.makedirs(folder, exist_ok=True)
+    torch.manual_seed(0)
+    t = {}
+    ids = torch.randint(0, BASE["vocab_size"], (3, 24))
+    labels = ids.clone()
+    labels[0, :5] = -100  # a prompt that is not scored
+    labels[2, 17:] = -100
+    t["input_ids"], t["labels"] = ids, labels
+    for name, config in configs().items():
+        model = AutoModelForCausalLM.from_config(config)
+        # transformers initializes norms to 1 and biases to 0: perturb them so they count.
+        with torch.no_grad():
+            for pname, p in model.named_parameters():
+                if pname.endswith("norm.weight") or pname.endswith(".bias"):
+                    p.add_(0.1 * torch.randn_like(p))
+        model.save_pretrained(os.path.join(folder, name))
+        t[f"{name}_logits"], t[f"{name}_loss"] = run(model, t, name)
+        if name == "llama":
+            model.save_pretrained(os.path.join(folder, "llama_sharded"), max_shard_size="40KB")
+            model.to(torch.bfloat16).save_pretrained(os.path.join(folder, "llama_bf16"))
+            back = AutoModelForCausalLM.from_pretrained(os.path.join(folder, "llama_bf16"), dtype=torch.float32)
+            t["llama_bf16_logits"], t["llama_bf16_loss"] = run(back, t, "llama_bf16")
+    t["llama_sharded_logits"], t["llama_sharded_loss"] = t["llama_logits"].clone(), t["llama_loss"].clone()
+    save_file(t, os.path.join(folder, "expected.safetensors"))
+    shards = [f for f in os.listdir(os.path.join(folder, "llama_sharded")) if f.startswith("model-")]
+    print(f"made {', '.join(CLASSES)} (llama sharded into {len(shards)} files)")
+
+
+def check(name, folder, inputs):
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+    logging.disable_progress_bar()
+    model, info = AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True, dtype=torch.float32)
+    problems = {k: v for k, v in info.items() if v}
+    if problems:
+        print(f"loading {folder}: {problems}")
+        return 1
+    if type(model).__name__ != CLASSES[name]:
+        print(f"{folder} opened as {type(model).__name__}, not {CLASSES[name]}")
+        return 1
+    t = load_file(inputs)
+    logits, loss = run(model, t, name)
+    want = t[f"{name}_logits"]
+    rel = ((logits - want).abs().max() / want.abs().max()).item()
+    loss_rel = ((loss - t[f"{name}_loss"]).abs() / t[f"{name}_loss"].abs()).item()
+    print(f"{name}: logits {rel:.3g} relative, loss {loss_rel:.3g} relative ({type(model).__name__})")
+    return 0 if rel <= 1e-5 and loss_rel <= 1e-5 else 1
+
+
+def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "make":
+        make(sys.argv[2])
+        return 0
+    if len(sys.argv) > 2 and sys.argv[1] == "check":
+        failed = 0
+        for group in sys.argv[2:]:
+            name, folder, inputs = group.split(",")
+            if check(name, folder, inputs) != 0:
+                print(f"FAILED {name} ({folder})")
+                failed += 1
+        return 1 if failed else 0
+    sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

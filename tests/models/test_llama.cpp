@@ -1,0 +1,206 @@
+// The Llama architecture (loom/models/llama.hpp) against transformers: Llama, Qwen2 and
+// Mistral folders that transformers itself makes (tests/models/hf_llama.py), read by loom
+// with the same logits and loss; what loom saves, opened by transformers as the same class;
+// the config's refusals.
+
+#include <loom/checkpoint/safetensors.hpp>
+#include <loom/config/json.hpp>
+#include <loom/distributed/full_shard_unit.hpp>
+#include <loom/models/llama.hpp>
+
+#include <doctest/doctest.h>
+
+#include "../support.hpp"
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace llama_test {
+
+namespace fs = std::filesystem;
+using loom::models::LlamaConfig;
+using loom::models::LlamaForCausalLM;
+using Named = std::vector<std::pair<std::string, torch::Tensor>>;
+
+inline std::string script() { return (loom_test::source_dir() / "tests/models/hf_llama.py").string(); }
+
+// The folders hf_llama.py makes, made once per run (nullptr: no Python).
+inline const fs::path* made() {
+  static std::optional<fs::path> dir;
+  static bool tried = false;
+  const char* py = loom_test::python("the comparison with transformers");
+  if (py == nullptr) return nullptr;
+  if (!tried) {
+    tried = true;
+    const auto d = loom_test::fresh_dir("models/hf_llama");
+    const auto out = loom_test::run_capture(std::string(py) + " " + script() + " make " + d.string() + " 2>&1");
+    INFO(out);
+    REQUIRE(out.find("made llama") != std::string::npos);
+    dir = d;
+  }
+  REQUIRE(dir.has_value());
+  return &*dir;
+}
+
+inline torch::Tensor named(const Named& all, const std::string& name) {
+  for (const auto& [key, t] : all)
+    if (key == name) return t;
+  FAIL("no tensor " << name);
+  return {};
+}
+
+// Largest |a - b| over the largest |b|.
+inline double relative(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a - b).abs().max().item<double>() / b.abs().max().item<double>();
+}
+
+inline LlamaConfig tiny(const std::string& model_type = "llama") {
+  LlamaConfig c;
+  c.model_type = model_type;
+  c.vocab_size = 100, c.hidden_size = 48, c.intermediate_size = 96, c.num_hidden_layers = 2;
+  c.num_attention_heads = 4, c.num_key_value_heads = 2, c.max_position_embeddings = 128;
+  c.bos_token_id = 0, c.eos_token_id = 1;
+  return c;
+}
+
+const std::vector<std::string> kFolders{"llama", "llama_tied", "qwen2", "mistral", "llama_sharded", "llama_bf16"};
+
+
+TEST_CASE("Llama, Qwen2 and Mistral folders made by transformers give its logits and loss in loom") {
+  const fs::path* dir = made();
+  if (dir == nullptr) return;
+  const auto expected = loom::checkpoint::load_safetensors(*dir / "expected.safetensors");
+  torch::NoGradGuard no_grad;
+  double worst = 0, worst_loss = 0;
+  for (const auto& name : kFolders) {
+    CAPTURE(name);
+    auto model = LlamaForCausalLM::from_pretrained(*dir / name);
+    model->eval();
+    CHECK((model->parameters()[0].scalar_type() == torch::kFloat));  // bf16 files read into float32
+    const auto out = model->forward({named(expected, "input_ids"), named(expected, "labels")});
+    const double d = relative(out.logits, named(expected, name + "_logits"));
+    const double l = relative(out.loss.reshape({1}), named(expected, name + "_loss"));
+    INFO(name << ": logits " << d << ", loss " << l);
+    CHECK(d <= 1e-5);
+    CHECK(l <= 1e-5);
+    worst = std::max(worst, d), worst_loss = std::max(worst_loss, l);
+    CHECK(torch::equal(model->logits(named(expected, "input_ids")), out.logits));
+  }
+  auto qwen = LlamaForCausalLM::from_pretrained(*dir / "qwen2");
+  CHECK(qwen->config().model_type == "qwen2");
+  auto& layer = qwen->model->units[0]->inner();
+  CHECK(layer->self_attn->q_proj->bias.defined());
+  CHECK_FALSE(layer->self_attn->o_proj->bias.defined());
+  CHECK(qwen->config().tie_word_embeddings);
+  CHECK(LlamaForCausalLM::from_pretrained(*dir / "llama")->config().rope_parameters["rope_type"] == "llama3");
+  MESSAGE("largest relative difference from transformers: logits " << worst << ", loss " << worst_loss);
+}
+
+TEST_CASE("what loom saves of a Llama-architecture model, transformers opens as the same class with the same logits") {
+  const fs::path* dir = made();
+  if (dir == nullptr) return;
+  const auto out = loom_test::fresh_dir("models/llama_saved");
+  std::string groups;
+  for (const auto& name : kFolders) {
+    auto model = LlamaForCausalLM::from_pretrained(*dir / name);
+    model->save_pretrained(out / name, {.max_shard_size = name == "llama_sharded" ? 40'000 : 50'000'000'000});
+    groups += " " + name + "," + (out / name).string() + "," + (*dir / "expected.safetensors").string();
+  }
+  const auto config = loom::json::read_file(out / "qwen2" / "config.json");
+  CHECK(config["architectures"] == nlohmann::json::array({"Qwen2ForCausalLM"}));
+  CHECK(config["model_type"] == "qwen2");
+  CHECK_FALSE(config.contains("attention_bias"));  // a Llama key, not Qwen2's
+  CHECK_FALSE(config.contains("rope_theta"));       // folded into rope_parameters
+  CHECK(fs::exists(out / "llama_sharded" / "model.safetensors.index.json"));
+  const auto result = loom_test::run_capture(std::string(loom_test::python("")) + " " + script() + " check" + groups +
+                                             " 2>&1; echo \"exit=$?\"");
+  INFO(result);
+  CHECK(result.find("exit=0") != std::string::npos);
+  for (const auto& name : kFolders) CHECK(result.find(name + ": logits ") != std::string::npos);
+}
+
+TEST_CASE("the Llama architecture's names are HF's, each decoder layer a FullShard unit; tied heads share") {
+  torch::manual_seed(0);
+  LlamaForCausalLM untied(tiny());
+  std::vector<std::string> names;
+  for (const auto& p : untied->named_parameters()) names.push_back(p.key());
+  CHECK(names.front() == "model.embed_tokens.weight");
+  CHECK(std::find(names.begin(), names.end(), "model.layers.1.self_attn.k_proj.weight") != names.end());
+  CHECK(std::find(names.begin(), names.end(), "model.layers.0.mlp.gate_proj.weight") != names.end());
+  CHECK(std::find(names.begin(), names.end(), "model.layers.0.post_attention_layernorm.weight") != names.end());
+  CHECK(std::find(names.begin(), names.end(), "model.norm.weight") != names.end());
+  CHECK(names.back() == "lm_head.weight");
+  CHECK(untied->named_parameters()["model.layers.0.self_attn.k_proj.weight"].sizes() == torch::IntArrayRef({24, 48}));
+  int units = 0;
+  for (const auto& m : untied->modules(false))
+    if (dynamic_cast<loom::dist::FullShardUnitBase*>(m.get()) != nullptr) ++units;
+  CHECK(units == 2);
+  auto c = tiny();
+  c.tie_word_embeddings = true;
+  LlamaForCausalLM tied(c);
+  CHECK(tied->lm_head.is_empty());
+  CHECK(tied->num_parameters() == untied->num_parameters() - 100 * 48);
+}
+
+TEST_CASE("Llama configs loom cannot compute are refused with a loom: line naming the field") {
+  const auto error = [](LlamaConfig c) { return loom_test::error_of([&] { LlamaForCausalLM m(std::move(c)); }); };
+  auto c = tiny();
+  c.rope_parameters = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0}};
+  CHECK(error(c).find("field 'rope_parameters.rope_type' is \"yarn\"") != std::string::npos);
+  c = tiny();
+  c.rope_parameters = {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.5}};
+  CHECK(error(c).find("'rope_parameters.partial_rotary_factor' is not supported") != std::string::npos);
+  c = tiny("qwen2");
+  c.use_sliding_window = true;
+  CHECK(error(c).find("field 'use_sliding_window' is true") != std::string::npos);
+  c = tiny();
+  c.pretraining_tp = 2;
+  CHECK(error(c).find("field 'pretraining_tp' is 2") != std::string::npos);
+  c = tiny();
+  c.num_key_value_heads = 3;
+  CHECK(error(c).find("must be a multiple of num_key_value_heads (3)") != std::string::npos);
+  c = tiny("gemma");
+  CHECK(error(c).find("field 'model_type' is \"gemma\"") != std::string::npos);
+  for (const auto& e : {error(tiny("gemma")), error(c)}) CHECK(e.starts_with("loom: "));
+  // A Mistral window shorter than the sequence: refused at the forward, not silently wrong.
+  c = tiny("mistral");
+  c.sliding_window = 8;
+  LlamaForCausalLM mistral(c);
+  const auto ids = torch::randint(100, {1, 12});
+  CHECK(loom_test::error_of([&] { mistral->logits(ids); }).find("longer than the config's sliding_window (8)") !=
+        std::string::npos);
+  CHECK(mistral->logits(ids.narrow(1, 0, 8)).size(1) == 8);
+  // Older files: rope_theta and rope_scaling (with "type") become rope_parameters.
+  const auto dir = loom_test::fresh_dir("models/llama_legacy");
+  loom_test::write_bytes(dir / "config.json", R"({"model_type": "llama", "hidden_size": 48, "num_attention_heads": 4,
+    "rope_theta": 500000.0, "rope_scaling": {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0, "original_max_position_embeddings": 32}, "eos_token_id": [1, 2]})");
+  auto legacy = loom::models::read_hf_config<LlamaConfig>(dir);
+  loom::models::complete_config(legacy);
+  loom::models::validate(legacy, "config.json");
+  CHECK(legacy.rope_parameters["rope_type"] == "llama3");
+  CHECK(legacy.rope_parameters["rope_theta"] == 500000.0);
+  CHECK(legacy.eos_token_id == nlohmann::json::array({1, 2}));
+  loom_test::write_bytes(dir / "config.json", R"({"model_type": "bert"})");
+  CHECK(loom_test::error_of([&] { loom::models::read_hf_config<LlamaConfig>(dir); })
+            .find("reads \"llama\", \"qwen2\", \"mistral\"") != std::string::npos);
+}
+
+TEST_CASE("the Llama architecture's fast kernels compute the reference's function (padded LM head)") {
+  torch::manual_seed(2);
+  LlamaForCausalLM model(tiny());
+  model->eval();
+  const auto ids = torch::randint(100, {2, 10});
+  model->set_kernels(loom::models::Kernels::reference);
+  const auto ref = model->forward({ids, ids});
+  model->set_kernels(loom::models::Kernels::fast);
+  const auto fast = model->forward({ids, ids});
+  CHECK(fast.logits.size(-1) == 100);
+  CHECK(relative(fast.logits, ref.logits) < 1e-5);
+  CHECK(fast.loss.item<double>() == doctest::Approx(ref.loss.item<double>()).epsilon(1e-6));
+}
+
+}  // namespace llama_test
