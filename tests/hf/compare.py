@@ -86,6 +86,13 @@ MODEL_CONFIGS = {
         "--optim", "adamw_torch_fused", "--learning_rate", "2e-3", "--lr_scheduler_type", "linear",
         "--gradient_accumulation_steps", "2", "--max_grad_norm", "0.5", "--per_device_train_batch_size", "4",
         "--num_train_epochs", "2", "--eval_strategy", "epoch"]),
+    # The Llama architecture: grouped-query attention, llama3 rope, untied head. transformers
+    # counts the shifted labels itself for LlamaForCausalLM (its loss_type is ForCausalLM), so
+    # position 0 stays a label here.
+    "llama_adamw_cosine_clip": ("llama", 40, [
+        "--optim", "adamw_torch", "--learning_rate", "3e-3", "--lr_scheduler_type", "cosine", "--warmup_steps", "2",
+        "--weight_decay", "0.01", "--max_grad_norm", "1.0", "--per_device_train_batch_size", "4",
+        "--num_train_epochs", "1", "--eval_strategy", "epoch"]),
     "bert_adamw_linear_padding": ("bert", 40, [
         "--optim", "adamw_torch_fused", "--learning_rate", "2e-3", "--lr_scheduler_type", "linear",
         "--weight_decay", "0.01", "--max_grad_norm", "1.0", "--per_device_train_batch_size", "4",
@@ -93,6 +100,10 @@ MODEL_CONFIGS = {
 }
 GPT2 = dict(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
             attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+LLAMA = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=32, bos_token_id=0, eos_token_id=0,
+             rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
 BERT = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
             max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3)
 SEQ = 16
@@ -102,7 +113,7 @@ SEQ = 16
 # by num_items_in_batch, which BertForSequenceClassification ignores), so its gradients are
 # twice the true ones. Not total_flos: transformers sums it over the ranks, loom's Trainer
 # reports one rank's (a difference of the Trainer, left to it).
-DDP_MODEL_CONFIGS = ["gpt2_adamw_cosine_clip", "gpt2_accumulation_2"]
+DDP_MODEL_CONFIGS = ["gpt2_adamw_cosine_clip", "gpt2_accumulation_2", "llama_adamw_cosine_clip"]
 DDP_MODEL_SKIP = {"total_flos"}
 
 # Configurations whose run is repeated from one of its checkpoints on both sides (HF's
@@ -156,12 +167,13 @@ def merge(common, flags):
 def make_model_inputs(work, model, n_train):
     """A tiny random HF folder saved by transformers, and token data, from fixed seeds: GPT-2
     sequences (labels = inputs), or padded BERT sequences with 3 classes."""
-    from transformers import BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel
+    from transformers import (BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel, LlamaConfig,
+                              LlamaForCausalLM)
     folder = os.path.join(work, f"inputs-{model}-{n_train}")
     gen = torch.Generator().manual_seed(1234)
     n = n_train + 16
     data = {}
-    if model == "gpt2":
+    if model in ("gpt2", "llama"):
         # A learnable pattern: each sequence counts up from a random start, modulo the vocabulary.
         start = torch.randint(0, GPT2["vocab_size"], (n, 1), generator=gen)
         ids = (start + torch.arange(SEQ)) % GPT2["vocab_size"]
@@ -170,7 +182,8 @@ def make_model_inputs(work, model, n_train):
         # Trainer._loss_shifts_labels is False) and so divides the summed loss by 16 labels a
         # row instead of 15. Marking it -100 makes the count right, as for *ForCausalLM models.
         labels = ids.clone()
-        labels[:, 0] = -100
+        if model == "gpt2":
+            labels[:, 0] = -100
         cols = {"input_ids": ids, "labels": labels}
     else:
         ids = torch.randint(1, BERT["vocab_size"], (n, SEQ), generator=gen)
@@ -183,7 +196,12 @@ def make_model_inputs(work, model, n_train):
     os.makedirs(folder, exist_ok=True)
     save_file(data, os.path.join(folder, "data.safetensors"))
     torch.manual_seed(0)
-    hf = GPT2LMHeadModel(GPT2Config(**GPT2)) if model == "gpt2" else BertForSequenceClassification(BertConfig(**BERT))
+    if model == "gpt2":
+        hf = GPT2LMHeadModel(GPT2Config(**GPT2))
+    elif model == "llama":
+        hf = LlamaForCausalLM(LlamaConfig(**LLAMA))
+    else:
+        hf = BertForSequenceClassification(BertConfig(**BERT))
     hf.save_pretrained(os.path.join(folder, "init"))
     return folder
 
@@ -194,6 +212,9 @@ def hf_model(model, inputs):
     if model == "gpt2":
         from transformers import GPT2LMHeadModel
         return GPT2LMHeadModel.from_pretrained(init)
+    if model == "llama":
+        from transformers import LlamaForCausalLM
+        return LlamaForCausalLM.from_pretrained(init)
     if model == "bert":
         from transformers import BertForSequenceClassification
         return BertForSequenceClassification.from_pretrained(init)
@@ -227,7 +248,7 @@ def run_hf(flags, inputs, out, model_kind="net"):
     data = load_file(os.path.join(inputs, "data.safetensors"))
     model = hf_model(model_kind, inputs)
     trainer = Trainer(model=model, args=args, train_dataset=Rows(data, "train"), eval_dataset=Rows(data, "eval"),
-                      compute_metrics=None if model_kind == "gpt2" else accuracy)
+                      compute_metrics=None if model_kind in ("gpt2", "llama") else accuracy)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "hf.log"), "w") as log, contextlib.redirect_stdout(log), \
             contextlib.redirect_stderr(log):

@@ -14,6 +14,7 @@
 #include <loom/loom.hpp>
 #include <loom/models/bert.hpp>
 #include <loom/models/gpt2.hpp>
+#include <loom/models/llama.hpp>
 
 #include <cstdint>
 #include <filesystem>
@@ -27,7 +28,7 @@ struct PeerArguments {
   std::string data_file;    ///< safetensors with train_x, train_labels, eval_x, eval_labels
   std::string weights_out;  ///< where rank 0 writes the final weights (safetensors)
   int64_t hidden = 16;      ///< width of the hidden layer
-  std::string model = "net";  ///< net (the classifier below), gpt2 or bert (an HF folder)
+  std::string model = "net";  ///< net (the classifier below), gpt2, llama or bert (an HF folder)
 };
 
 struct Batch {
@@ -119,7 +120,10 @@ int run(const PeerArguments& peer, const loom::TrainingArguments& args) {
     if (peer.model == "gpt2")
       return run_model<loom::models::GPT2LMHeadModel, loom::data::CausalLMBatch, Sharding>(
           peer, args, loom::models::GPT2LMHeadModel::from_pretrained(*args.model_name_or_path));
-    loom::check(peer.model == "bert", "hf_peer --model is net, gpt2 or bert, got {}", peer.model);
+    if (peer.model == "llama")
+      return run_model<loom::models::LlamaForCausalLM, loom::data::CausalLMBatch, Sharding>(
+          peer, args, loom::models::LlamaForCausalLM::from_pretrained(*args.model_name_or_path));
+    loom::check(peer.model == "bert", "hf_peer --model is net, gpt2, llama or bert, got {}", peer.model);
     return run_model<loom::models::BertForSequenceClassification, loom::data::SequenceBatch, Sharding>(
         peer, args, loom::models::BertForSequenceClassification::from_pretrained(*args.model_name_or_path));
   }

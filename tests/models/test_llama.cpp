@@ -5,6 +5,7 @@
 
 #include <loom/checkpoint/safetensors.hpp>
 #include <loom/config/json.hpp>
+#include <loom/distributed/checkpointed.hpp>
 #include <loom/distributed/full_shard_unit.hpp>
 #include <loom/models/llama.hpp>
 
@@ -201,6 +202,33 @@ TEST_CASE("the Llama architecture's fast kernels compute the reference's functio
   CHECK(fast.logits.size(-1) == 100);
   CHECK(relative(fast.logits, ref.logits) < 1e-5);
   CHECK(fast.loss.item<double>() == doctest::Approx(ref.loss.item<double>()).epsilon(1e-6));
+}
+
+TEST_CASE("the Llama architecture recomputes its decoder layers (gradient checkpointing) to the same gradients; NEFTune") {
+  torch::manual_seed(5);
+  LlamaForCausalLM model(tiny());
+  model->train();  // attention_dropout is 0: training forwards are deterministic
+  const auto ids = torch::randint(100, {2, 12});
+  const auto grads = [&] {
+    model->zero_grad();
+    model->forward({ids, ids}).loss.backward();
+    std::vector<torch::Tensor> g;
+    for (const auto& p : model->parameters()) g.push_back(p.grad().clone());
+    return g;
+  };
+  const auto plain = grads();
+  CHECK(loom::dist::enable_gradient_checkpointing(*model) == 2);  // the two decoder layers
+  const auto recomputed = grads();
+  REQUIRE(plain.size() == recomputed.size());
+  for (std::size_t i = 0; i < plain.size(); ++i) CHECK(torch::equal(plain[i], recomputed[i]));
+  // NEFTune's noise reaches the embeddings in training only.
+  model->neftune().noise_alpha = 5.0;
+  const auto noisy = model->logits(ids);
+  model->eval();
+  const auto clean = model->logits(ids);
+  model->neftune().noise_alpha = 0.0;
+  CHECK_FALSE(torch::equal(noisy, clean));
+  CHECK(torch::equal(model->logits(ids), clean));
 }
 
 }  // namespace llama_test
