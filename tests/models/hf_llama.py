@@ -14,6 +14,15 @@
       and DIR/expected.safetensors: the inputs (labels with ignored tokens) and transformers'
       logits and loss for each (llama_bf16's read back in float32 by transformers).
 
+  hf_llama.py lora_make DIR
+      (after make DIR) PEFT's LoRA on DIR/llama: r 4, alpha 8, q_proj, v_proj and down_proj,
+      with B random (init_lora_weights=False), saved by PEFT to DIR/peft_adapter, and
+      DIR/lora_expected.safetensors: PeftModel's logits (lora_logits) on the inputs.
+
+  hf_llama.py lora_check BASE ADAPTER EXPECTED
+      PeftModel.from_pretrained(BASE's model, ADAPTER) (an adapter loom saved): its logits on
+      EXPECTED's input_ids must equal EXPECTED's loom_logits within 1e-5 relative.
+
   hf_llama.py check NAME,FOLDER,INPUTS ...
       Opens FOLDER (written by loom) with AutoModelForCausalLM.from_pretrained, which must
       report no missing, unexpected or mismatched weights and be of NAME's class, runs it on
@@ -22,9 +31,11 @@
 """
 import os
 import sys
+import warnings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+warnings.filterwarnings("ignore", category=FutureWarning)
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -32,7 +43,8 @@ from safetensors.torch import load_file, save_file
 BASE = dict(vocab_size=100, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             max_position_embeddings=128, bos_token_id=0, eos_token_id=1)
 CLASSES = {"llama": "LlamaForCausalLM", "llama_tied": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-           "mistral": "MistralForCausalLM", "llama_sharded": "LlamaForCausalLM", "llama_bf16": "LlamaForCausalLM"}
+           "mistral": "MistralForCausalLM", "llama_sharded": "LlamaForCausalLM", "llama_bf16": "LlamaForCausalLM",
+           "merged": "LlamaForCausalLM"}
 
 
 def configs():
@@ -85,6 +97,38 @@ def make(folder):
     print(f"made {', '.join(CLASSES)} (llama sharded into {len(shards)} files)")
 
 
+def lora_make(folder):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(1)
+    base = AutoModelForCausalLM.from_pretrained(os.path.join(folder, "llama"))
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0,
+                        init_lora_weights=False, task_type="CAUSAL_LM")
+    model = get_peft_model(base, config)
+    model.save_pretrained(os.path.join(folder, "peft_adapter"))
+    t = load_file(os.path.join(folder, "expected.safetensors"))
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=t["input_ids"]).logits.float().contiguous()
+    save_file({"input_ids": t["input_ids"], "lora_logits": logits}, os.path.join(folder, "lora_expected.safetensors"))
+    print("made peft_adapter")
+
+
+def lora_check(base_folder, adapter, expected):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    base = AutoModelForCausalLM.from_pretrained(base_folder)
+    model = PeftModel.from_pretrained(base, adapter)
+    model.eval()
+    t = load_file(expected)
+    with torch.no_grad():
+        logits = model(input_ids=t["input_ids"]).logits.float()
+    want = t["loom_logits"]
+    rel = ((logits - want).abs().max() / want.abs().max()).item()
+    print(f"peft on loom's adapter: logits {rel:.3g} relative")
+    return 0 if rel <= 1e-5 else 1
+
+
 def check(name, folder, inputs):
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
@@ -110,6 +154,11 @@ def main():
     if len(sys.argv) == 3 and sys.argv[1] == "make":
         make(sys.argv[2])
         return 0
+    if len(sys.argv) == 3 and sys.argv[1] == "lora_make":
+        lora_make(sys.argv[2])
+        return 0
+    if len(sys.argv) == 5 and sys.argv[1] == "lora_check":
+        return lora_check(sys.argv[2], sys.argv[3], sys.argv[4])
     if len(sys.argv) > 2 and sys.argv[1] == "check":
         failed = 0
         for group in sys.argv[2:]:

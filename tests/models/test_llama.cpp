@@ -8,6 +8,7 @@
 #include <loom/distributed/checkpointed.hpp>
 #include <loom/distributed/full_shard_unit.hpp>
 #include <loom/models/llama.hpp>
+#include <loom/models/lora.hpp>
 
 #include <doctest/doctest.h>
 
@@ -229,6 +230,96 @@ TEST_CASE("the Llama architecture recomputes its decoder layers (gradient checkp
   model->neftune().noise_alpha = 0.0;
   CHECK_FALSE(torch::equal(noisy, clean));
   CHECK(torch::equal(model->logits(ids), clean));
+}
+
+TEST_CASE("LoRA as PEFT: loom reads PEFT's adapter, PEFT reads loom's, merge_and_unload opens in transformers") {
+  const fs::path* dir = made();
+  if (dir == nullptr) return;
+  const char* py = loom_test::python("");
+  const auto made_lora = loom_test::run_capture(std::string(py) + " " + script() + " lora_make " + dir->string() + " 2>&1");
+  INFO(made_lora);
+  REQUIRE(made_lora.find("made peft_adapter") != std::string::npos);
+  const auto expected = loom::checkpoint::load_safetensors(*dir / "lora_expected.safetensors");
+  const auto ids = named(expected, "input_ids");
+  torch::NoGradGuard no_grad;
+  // PEFT's adapter on loom's model: PEFT's logits.
+  auto model = LlamaForCausalLM::from_pretrained(*dir / "llama");
+  model->eval();
+  const auto config = loom::models::load_adapter(*model, *dir / "peft_adapter");
+  CHECK(config.r == 4);
+  CHECK(config.target_modules.size() == 3);
+  const double peft_diff = relative(model->logits(ids), named(expected, "lora_logits"));
+  CHECK(peft_diff <= 1e-5);
+  int64_t trainable = 0;
+  for (const auto& p : model->parameters())
+    if (p.requires_grad()) trainable += p.numel();
+  // 2 layers x (q: 4x48 + 24x4... ) : A [4, in] and B [out, 4] for q_proj (48->48), v_proj (48->24), down_proj (96->48).
+  CHECK(trainable == 2 * (4 * 48 + 48 * 4 + 4 * 48 + 24 * 4 + 4 * 96 + 48 * 4));
+  // loom's adapter (B perturbed, so it counts) read by PEFT.
+  auto mine = LlamaForCausalLM::from_pretrained(*dir / "llama");
+  mine->eval();
+  loom::models::LoraConfig lora;
+  lora.r = 8, lora.lora_alpha = 16, lora.target_modules = {"k_proj", "o_proj", "up_proj"};
+  CHECK(loom::models::apply_lora(*mine, lora) == 6);
+  torch::manual_seed(9);
+  for (auto& p : mine->named_parameters())
+    if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0.0, 0.05);
+  const auto out = loom_test::fresh_dir("models/lora");
+  loom::models::save_adapter(*mine, lora, out / "adapter");
+  const auto mine_logits = mine->logits(ids);
+  loom::checkpoint::save_safetensors({{"input_ids", ids}, {"loom_logits", mine_logits.contiguous()}},
+                                     out / "loom_expected.safetensors");
+  const auto checked = loom_test::run_capture(std::string(py) + " " + script() + " lora_check " + (*dir / "llama").string() +
+                                              " " + (out / "adapter").string() + " " +
+                                              (out / "loom_expected.safetensors").string() + " 2>&1; echo \"exit=$?\"");
+  INFO(checked);
+  CHECK(checked.find("exit=0") != std::string::npos);
+  // Merged: a plain folder transformers opens, with the adapted logits.
+  loom::models::merge_and_unload(*mine);
+  for (const auto& p : mine->named_parameters()) CHECK(p.key().find("lora_") == std::string::npos);
+  const auto merged_logits = mine->logits(ids);
+  CHECK(relative(merged_logits, mine_logits) < 1e-5);
+  mine->save_pretrained(out / "merged");
+  const auto labels = named(loom::checkpoint::load_safetensors(*dir / "expected.safetensors"), "labels");
+  const auto merged_out = mine->forward({ids, labels});
+  loom::checkpoint::save_safetensors({{"input_ids", ids}, {"labels", labels}, {"merged_logits", merged_logits.contiguous()},
+                                      {"merged_loss", merged_out.loss.reshape({1})}},
+                                     out / "merged_expected.safetensors");
+  const auto opened = loom_test::run_capture(std::string(py) + " " + script() + " check merged," + (out / "merged").string() +
+                                             "," + (out / "merged_expected.safetensors").string() + " 2>&1; echo \"exit=$?\"");
+  INFO(opened);
+  CHECK(opened.find("exit=0") != std::string::npos);
+  const auto line = checked.find("peft on loom's adapter");
+  MESSAGE("loom on PEFT's adapter: logits " << peft_diff << " relative; "
+                                            << (line == std::string::npos ? checked : checked.substr(line, checked.find('\n', line) - line)));
+}
+
+TEST_CASE("LoRA's bad input: a target that matches nothing, r <= 0, an adapter for another base") {
+  torch::manual_seed(0);
+  LlamaForCausalLM model(tiny());
+  loom::models::LoraConfig lora;
+  lora.target_modules = {"c_attn"};
+  const auto none = loom_test::error_of([&] { loom::models::apply_lora(*model, lora); });
+  CHECK(none.starts_with("loom: "));
+  CHECK(none.find("match no module of the model; its linear projections are named down_proj, gate_proj, k_proj") !=
+        std::string::npos);
+  lora.target_modules = {"embed_tokens"};
+  CHECK(loom_test::error_of([&] { loom::models::apply_lora(*model, lora); }).find("LoRA target model.embed_tokens is a") !=
+        std::string::npos);
+  lora.target_modules = {"q_proj"};
+  lora.r = 0;
+  CHECK(loom_test::error_of([&] { loom::models::apply_lora(*model, lora); }).find("LoRA's r must be a positive integer, got 0") !=
+        std::string::npos);
+  lora.r = 4;
+  loom::models::apply_lora(*model, lora);
+  const auto dir = loom_test::fresh_dir("models/lora_other_base");
+  loom::models::save_adapter(*model, lora, dir);
+  auto wider = tiny();
+  wider.hidden_size = 64;
+  LlamaForCausalLM other(wider);
+  const auto mismatch = loom_test::error_of([&] { loom::models::load_adapter(*other, dir); });
+  CHECK(mismatch.find("(an adapter made for another base model)") != std::string::npos);
+  CHECK(mismatch.starts_with("loom: "));
 }
 
 }  // namespace llama_test
