@@ -16,8 +16,9 @@
 
   hf_llama.py lora_make DIR
       (after make DIR) PEFT's LoRA on DIR/llama: r 4, alpha 8, q_proj, v_proj and down_proj,
-      with B random (init_lora_weights=False), saved by PEFT to DIR/peft_adapter, and
-      DIR/lora_expected.safetensors: PeftModel's logits (lora_logits) on the inputs.
+      with B random (init_lora_weights=False), saved by PEFT to DIR/peft_adapter; the same on a
+      tiny GPT-2 (DIR/gpt2, targets c_attn and c_proj: HF's Conv1D) to DIR/gpt2_peft_adapter; and
+      DIR/lora_expected.safetensors: PeftModel's logits (lora_logits, gpt2_lora_logits).
 
   hf_llama.py lora_check BASE ADAPTER EXPECTED
       PeftModel.from_pretrained(BASE's model, ADAPTER) (an adapter loom saved): its logits on
@@ -99,19 +100,24 @@ def make(folder):
 
 def lora_make(folder):
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
     torch.manual_seed(1)
-    base = AutoModelForCausalLM.from_pretrained(os.path.join(folder, "llama"))
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0,
-                        init_lora_weights=False, task_type="CAUSAL_LM")
-    model = get_peft_model(base, config)
-    model.save_pretrained(os.path.join(folder, "peft_adapter"))
+    GPT2LMHeadModel(GPT2Config(vocab_size=100, n_positions=32, n_embd=32, n_layer=2, n_head=4, bos_token_id=0,
+                               eos_token_id=0)).save_pretrained(os.path.join(folder, "gpt2"))
     t = load_file(os.path.join(folder, "expected.safetensors"))
-    model.eval()
-    with torch.no_grad():
-        logits = model(input_ids=t["input_ids"]).logits.float().contiguous()
-    save_file({"input_ids": t["input_ids"], "lora_logits": logits}, os.path.join(folder, "lora_expected.safetensors"))
-    print("made peft_adapter")
+    out = {"input_ids": t["input_ids"]}
+    for base_name, targets, adapter, key in (("llama", ["q_proj", "v_proj", "down_proj"], "peft_adapter", "lora_logits"),
+                                             ("gpt2", ["c_attn", "c_proj"], "gpt2_peft_adapter", "gpt2_lora_logits")):
+        base = AutoModelForCausalLM.from_pretrained(os.path.join(folder, base_name))
+        config = LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0, init_lora_weights=False,
+                            task_type="CAUSAL_LM")
+        model = get_peft_model(base, config)
+        model.save_pretrained(os.path.join(folder, adapter))
+        model.eval()
+        with torch.no_grad():
+            out[key] = model(input_ids=t["input_ids"]).logits.float().contiguous()
+    save_file(out, os.path.join(folder, "lora_expected.safetensors"))
+    print("made peft_adapter, gpt2_peft_adapter")
 
 
 def lora_check(base_folder, adapter, expected):

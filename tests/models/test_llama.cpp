@@ -7,6 +7,7 @@
 #include <loom/config/json.hpp>
 #include <loom/distributed/checkpointed.hpp>
 #include <loom/distributed/full_shard_unit.hpp>
+#include <loom/models/gpt2.hpp>
 #include <loom/models/llama.hpp>
 #include <loom/models/lora.hpp>
 
@@ -66,6 +67,17 @@ inline LlamaConfig tiny(const std::string& model_type = "llama") {
   c.num_attention_heads = 4, c.num_key_value_heads = 2, c.max_position_embeddings = 128;
   c.bos_token_id = 0, c.eos_token_id = 1;
   return c;
+}
+
+// PEFT's adapters (hf_llama.py lora_make), made once per run beside made()'s folders.
+inline void made_adapters(const fs::path& dir) {
+  static bool done = false;
+  if (done) return;
+  const auto out = loom_test::run_capture(std::string(loom_test::python("")) + " " + script() + " lora_make " +
+                                          dir.string() + " 2>&1");
+  INFO(out);
+  REQUIRE(out.find("made peft_adapter, gpt2_peft_adapter") != std::string::npos);
+  done = true;
 }
 
 const std::vector<std::string> kFolders{"llama", "llama_tied", "qwen2", "mistral", "llama_sharded", "llama_bf16"};
@@ -236,9 +248,7 @@ TEST_CASE("LoRA as PEFT: loom reads PEFT's adapter, PEFT reads loom's, merge_and
   const fs::path* dir = made();
   if (dir == nullptr) return;
   const char* py = loom_test::python("");
-  const auto made_lora = loom_test::run_capture(std::string(py) + " " + script() + " lora_make " + dir->string() + " 2>&1");
-  INFO(made_lora);
-  REQUIRE(made_lora.find("made peft_adapter") != std::string::npos);
+  made_adapters(*dir);
   const auto expected = loom::checkpoint::load_safetensors(*dir / "lora_expected.safetensors");
   const auto ids = named(expected, "input_ids");
   torch::NoGradGuard no_grad;
@@ -292,6 +302,39 @@ TEST_CASE("LoRA as PEFT: loom reads PEFT's adapter, PEFT reads loom's, merge_and
   const auto line = checked.find("peft on loom's adapter");
   MESSAGE("loom on PEFT's adapter: logits " << peft_diff << " relative; "
                                             << (line == std::string::npos ? checked : checked.substr(line, checked.find('\n', line) - line)));
+}
+
+TEST_CASE("LoRA on GPT-2's Conv1D as PEFT (fan_in_fan_out): PEFT's adapter in loom, loom's in PEFT, merged") {
+  const fs::path* dir = made();
+  if (dir == nullptr) return;
+  const char* py = loom_test::python("");
+  made_adapters(*dir);
+  const auto expected = loom::checkpoint::load_safetensors(*dir / "lora_expected.safetensors");
+  const auto ids = named(expected, "input_ids");
+  torch::NoGradGuard no_grad;
+  auto model = loom::models::GPT2LMHeadModel::from_pretrained(*dir / "gpt2");
+  model->eval();
+  const auto before = model->logits(ids);
+  CHECK(loom::models::load_adapter(*model, *dir / "gpt2_peft_adapter").target_modules.size() == 2);
+  CHECK(relative(model->logits(ids), named(expected, "gpt2_lora_logits")) <= 1e-5);
+  CHECK(model->named_parameters()["transformer.h.0.attn.c_attn.lora_A.weight"].sizes() == torch::IntArrayRef({4, 32}));
+  CHECK(model->named_parameters()["transformer.h.0.attn.c_attn.lora_B.weight"].sizes() == torch::IntArrayRef({96, 4}));
+  const auto adapted = model->logits(ids);
+  CHECK_FALSE(torch::equal(adapted, before));
+  // loom's adapter (PEFT's weights, saved again) read by PEFT; merged into the Conv1D weights.
+  const auto out = loom_test::fresh_dir("models/lora_gpt2");
+  loom::models::LoraConfig lora;
+  lora.r = 4, lora.lora_alpha = 8, lora.target_modules = {"c_attn", "c_proj"};
+  loom::models::save_adapter(*model, lora, out / "adapter");
+  CHECK(loom::json::read_file(out / "adapter" / "adapter_config.json")["fan_in_fan_out"] == true);
+  loom::checkpoint::save_safetensors({{"input_ids", ids}, {"loom_logits", adapted.contiguous()}}, out / "loom.safetensors");
+  const auto checked = loom_test::run_capture(std::string(py) + " " + script() + " lora_check " + (*dir / "gpt2").string() +
+                                              " " + (out / "adapter").string() + " " + (out / "loom.safetensors").string() +
+                                              " 2>&1; echo \"exit=$?\"");
+  INFO(checked);
+  CHECK(checked.find("exit=0") != std::string::npos);
+  loom::models::merge_and_unload(*model);
+  CHECK(relative(model->logits(ids), adapted) < 1e-5);
 }
 
 TEST_CASE("LoRA's bad input: a target that matches nothing, r <= 0, an adapter for another base") {

@@ -26,6 +26,7 @@
 #include <loom/models/activations.hpp>
 #include <loom/models/causal_lm.hpp>
 #include <loom/models/hf_folder.hpp>
+#include <loom/models/lora.hpp>
 #include <loom/models/pretrained.hpp>
 #include <loom/core/neftune.hpp>
 
@@ -76,13 +77,11 @@ struct GPT2Config {
 /// features this implementation has); errors name `where` (the config file, or "GPT2Config").
 LOOM_INLINE void validate(const GPT2Config& config, std::string_view where);
 
-/// HF's Conv1D: a linear layer whose weight is stored [in, out]; out = bias + x @ weight.
-class Conv1DImpl : public torch::nn::Module {
+/// HF's Conv1D: a linear layer whose weight is stored [in, out]; out = bias + x @ weight. It
+/// can carry a LoRA adapter (an AdaptableLinear with fan_in_fan_out, as PEFT treats Conv1D).
+class Conv1DImpl : public AdaptableLinearImpl {
  public:
   LOOM_INLINE Conv1DImpl(int64_t in_features, int64_t out_features);
-  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
-  torch::Tensor weight;  ///< [in, out]
-  torch::Tensor bias;    ///< [out]
 };
 TORCH_MODULE(Conv1D);
 

@@ -49,22 +49,26 @@ struct LoraConfig {
 /// Checks `config` (r > 0, dropout in [0, 1), bias none, a target); errors name `where`.
 LOOM_INLINE void validate(const LoraConfig& config, std::string_view where);
 
-/// A linear layer (weight [out, in], optional bias: torch's Linear, HF's names) that can carry
-/// a LoRA adapter: lora_A [r, in] and lora_B [out, r], registered beside weight and bias.
+/// A linear layer (weight [out, in], optional bias: torch's Linear, HF's names; or with
+/// fan_in_fan_out the weight stored [in, out], HF's Conv1D) that can carry a LoRA adapter:
+/// lora_A [r, in] and lora_B [out, r], registered beside weight and bias. Built with zero
+/// weights: the model holding it draws them (init_weights).
 class AdaptableLinearImpl : public torch::nn::Module {
  public:
-  LOOM_INLINE AdaptableLinearImpl(int64_t in_features, int64_t out_features, bool bias);
+  LOOM_INLINE AdaptableLinearImpl(int64_t in_features, int64_t out_features, bool bias, bool fan_in_fan_out = false);
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
   /// Adds an adapter (A drawn from torch's default generator, B zero).
   LOOM_INLINE void add_adapter(int64_t r, double scaling, double dropout);
   /// W += B A * scaling, then the adapter is removed.
   LOOM_INLINE void merge_adapter();
   [[nodiscard]] bool has_adapter() const { return !lora_A.is_empty(); }
+  [[nodiscard]] bool fan_in_fan_out() const { return fan_in_fan_out_; }
 
   torch::Tensor weight, bias;
   torch::nn::Linear lora_A{nullptr}, lora_B{nullptr};  ///< the adapter (no bias), when added
 
  private:
+  bool fan_in_fan_out_ = false;
   double scaling_ = 1.0, dropout_ = 0.0;
 };
 TORCH_MODULE(AdaptableLinear);

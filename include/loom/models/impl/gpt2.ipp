@@ -39,16 +39,8 @@ LOOM_INLINE void validate(const GPT2Config& c, std::string_view where) {
 
 // ---- Conv1D ------------------------------------------------------------------------------
 
-LOOM_INLINE Conv1DImpl::Conv1DImpl(int64_t in_features, int64_t out_features) {
-  weight = register_parameter("weight", torch::empty({in_features, out_features}));
-  bias = register_parameter("bias", torch::zeros({out_features}));
-}
-
-LOOM_INLINE torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
-  auto sizes = x.sizes().vec();
-  sizes.back() = weight.size(1);
-  return torch::addmm(bias, x.view({-1, x.size(-1)}), weight).view(sizes);
-}
+LOOM_INLINE Conv1DImpl::Conv1DImpl(int64_t in_features, int64_t out_features)
+    : AdaptableLinearImpl(in_features, out_features, /*bias=*/true, /*fan_in_fan_out=*/true) {}
 
 // ---- attention, MLP, block ---------------------------------------------------------------
 

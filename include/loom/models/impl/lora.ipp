@@ -36,6 +36,13 @@ inline std::vector<std::pair<std::string, AdaptableLinearImpl*>> adaptable_layer
   return out;
 }
 
+inline bool any_fan_in_fan_out(const torch::nn::Module& model) {
+  for (const auto& m : model.modules(/*include_self=*/false))
+    if (const auto* layer = m->as<AdaptableLinear>(); layer != nullptr && layer->has_adapter() && layer->fan_in_fan_out())
+      return true;
+  return false;
+}
+
 inline bool targeted(const LoraConfig& c, const std::string& name) {
   if (c.target_regex) return std::regex_match(name, std::regex(*c.target_regex));
   for (const auto& t : c.target_modules)
@@ -64,18 +71,25 @@ LOOM_INLINE void validate(const LoraConfig& c, std::string_view where) {
   }
 }
 
-LOOM_INLINE AdaptableLinearImpl::AdaptableLinearImpl(int64_t in_features, int64_t out_features, bool with_bias) {
-  // torch's Linear initialization (its reset_parameters); models draw their own afterwards.
-  weight = register_parameter("weight", torch::empty({out_features, in_features}));
-  torch::nn::init::kaiming_uniform_(weight, std::sqrt(5.0));
-  if (with_bias) {
-    const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
-    bias = register_parameter("bias", torch::empty({out_features}).uniform_(-bound, bound));
-  }
+LOOM_INLINE AdaptableLinearImpl::AdaptableLinearImpl(int64_t in_features, int64_t out_features, bool with_bias,
+                                                     bool fan_in_fan_out)
+    : fan_in_fan_out_(fan_in_fan_out) {
+  // Zeros, drawing nothing from the generator: the model that holds the layer initializes it
+  // (its init_weights), in the order of its own draws.
+  weight = register_parameter("weight", fan_in_fan_out ? torch::zeros({in_features, out_features})
+                                                       : torch::zeros({out_features, in_features}));
+  if (with_bias) bias = register_parameter("bias", torch::zeros({out_features}));
 }
 
 LOOM_INLINE torch::Tensor AdaptableLinearImpl::forward(const torch::Tensor& x) {
-  auto result = torch::nn::functional::linear(x, weight, bias);
+  torch::Tensor result;
+  if (fan_in_fan_out_) {  // HF's Conv1D: bias + x @ weight
+    auto sizes = x.sizes().vec();
+    sizes.back() = weight.size(1);
+    result = torch::addmm(bias, x.view({-1, x.size(-1)}), weight).view(sizes);
+  } else {
+    result = torch::nn::functional::linear(x, weight, bias);
+  }
   if (lora_A.is_empty()) return result;
   // PEFT's lora.Linear.forward: the input in the adapter's dtype, then result + B(A(drop(x))) * s.
   const auto dtype = result.scalar_type();
@@ -88,8 +102,10 @@ LOOM_INLINE torch::Tensor AdaptableLinearImpl::forward(const torch::Tensor& x) {
 LOOM_INLINE void AdaptableLinearImpl::add_adapter(int64_t r, double scaling, double dropout) {
   check(!has_adapter(), "this layer already carries a LoRA adapter");
   const auto options = torch::TensorOptions().dtype(weight.scalar_type()).device(weight.device());
-  lora_A = register_module("lora_A", torch::nn::Linear(torch::nn::LinearOptions(weight.size(1), r).bias(false)));
-  lora_B = register_module("lora_B", torch::nn::Linear(torch::nn::LinearOptions(r, weight.size(0)).bias(false)));
+  const int64_t in = fan_in_fan_out_ ? weight.size(0) : weight.size(1);
+  const int64_t out = fan_in_fan_out_ ? weight.size(1) : weight.size(0);
+  lora_A = register_module("lora_A", torch::nn::Linear(torch::nn::LinearOptions(in, r).bias(false)));
+  lora_B = register_module("lora_B", torch::nn::Linear(torch::nn::LinearOptions(r, out).bias(false)));
   lora_A->to(options.device(), options.dtype().toScalarType());
   lora_B->to(options.device(), options.dtype().toScalarType());
   torch::NoGradGuard no_grad;
@@ -102,7 +118,8 @@ LOOM_INLINE void AdaptableLinearImpl::merge_adapter() {
   if (!has_adapter()) return;
   {
     torch::NoGradGuard no_grad;
-    const auto delta = lora_B->weight.matmul(lora_A->weight) * scaling_;
+    auto delta = lora_B->weight.matmul(lora_A->weight) * scaling_;  // [out, in]
+    if (fan_in_fan_out_) delta = delta.t();
     weight.add_(delta.to(weight.scalar_type()));
   }
   unregister_module("lora_A");
@@ -161,7 +178,7 @@ LOOM_INLINE void save_adapter(const torch::nn::Module& model, const LoraConfig& 
                       {"lora_dropout", config.lora_dropout},
                       {"bias", config.bias},
                       {"use_rslora", config.use_rslora},
-                      {"fan_in_fan_out", false},
+                      {"fan_in_fan_out", detail::any_fan_in_fan_out(model)},
                       {"init_lora_weights", true},
                       {"inference_mode", true},
                       {"modules_to_save", nullptr},
@@ -189,6 +206,7 @@ LOOM_INLINE LoraConfig lora_config_from_json(const nlohmann::json& j, std::strin
   number("lora_dropout", c.lora_dropout);
   if (j.contains("bias") && j["bias"].is_string()) c.bias = j["bias"].get<std::string>();
   if (j.contains("use_rslora") && j["use_rslora"].is_boolean()) c.use_rslora = j["use_rslora"].get<bool>();
+  // fan_in_fan_out follows the layer here (HF's Conv1D stores [in, out]), as PEFT sets it.
   if (j.contains("task_type") && j["task_type"].is_string()) c.task_type = j["task_type"].get<std::string>();
   if (j.contains("base_model_name_or_path") && j["base_model_name_or_path"].is_string())
     c.base_model_name_or_path = j["base_model_name_or_path"].get<std::string>();
@@ -207,7 +225,7 @@ LOOM_INLINE LoraConfig lora_config_from_json(const nlohmann::json& j, std::strin
     check(is_default, "{}: field '{}' is {}; loom's LoRA does not implement it", where, key, v.dump());
   };
   for (const char* key : {"use_dora", "modules_to_save", "layers_to_transform", "rank_pattern", "alpha_pattern",
-                          "fan_in_fan_out", "exclude_modules", "target_parameters", "trainable_token_indices",
+                          "exclude_modules", "target_parameters", "trainable_token_indices",
                           "layer_replication", "lora_bias"})
     off(key);
   // And PEFT's other variants: every use_* switch but use_rslora, every *_config block.
