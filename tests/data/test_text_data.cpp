@@ -373,7 +373,7 @@ TEST_CASE("bad token files and bad batches give loom: errors naming the file") {
     return error_of([&] { loom::data::TokenFileDataset d(path, o); });
   };
   expect(open_flat(dir / "missing.bin", {}), "missing.bin does not exist");
-  expect(open_flat(dir, {}), "is not a regular file");
+  expect(open_flat(dir, {}), "bad_tokens is a folder, not a file");
   loom_test::write_bytes(dir / "odd.bin", std::string(7, '\1'));
   expect(open_flat(dir / "odd.bin", flat(2)), "odd.bin: 7 bytes is not a whole number of uint16 token ids");
   expect(open_flat(dir / "odd.bin", flat(1, TokenDtype::uint32)), "uint32");

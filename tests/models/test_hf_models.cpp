@@ -321,7 +321,8 @@ TEST_CASE("a malformed HF folder is a loom: error naming the file and the proble
   CHECK(e.find("does not map to it") != std::string::npos);
   fs::remove(d / "model.safetensors.index.json");
   CHECK(load_gpt2(d).find("holds neither model.safetensors nor model.safetensors.index.json") != std::string::npos);
-  CHECK(load_gpt2(work / "nothing").find("config.json does not exist") != std::string::npos);
+  CHECK(load_gpt2(work / "nothing") == "loom: " + (work / "nothing").string() + " does not exist (an HF model folder "
+                                        "holds config.json and model.safetensors)");
 }
 
 TEST_CASE("the models' parameter names are HF's, with each block a FullShard unit") {

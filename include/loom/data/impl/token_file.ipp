@@ -2,6 +2,7 @@
 // Definitions of data/token_file.hpp (compiled once with LOOM_SEPARATE_COMPILATION).
 
 #include <loom/config/json.hpp>
+#include <loom/config/paths.hpp>
 #include <loom/core/error.hpp>
 #include <loom/data/token_file.hpp>
 
@@ -65,9 +66,7 @@ LOOM_INLINE TokenDtype token_dtype(std::string_view name) {
 // ---- MappedFile ------------------------------------------------------------------------
 
 LOOM_INLINE MappedFile::MappedFile(const std::filesystem::path& path) : path_(path) {
-  std::error_code ec;
-  check(std::filesystem::exists(path, ec), "{} does not exist", path.string());
-  check(std::filesystem::is_regular_file(path, ec), "{} is not a regular file", path.string());
+  check_path(path, PathKind::file);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   check(fd >= 0, "cannot open {} ({})", path.string(), std::strerror(errno));
   struct stat st {};

@@ -3,6 +3,7 @@
 
 #include <loom/checkpoint/safetensors.hpp>
 #include <loom/config/json.hpp>
+#include <loom/config/paths.hpp>
 #include <loom/config/reflect.hpp>
 #include <loom/core/error.hpp>
 #include <loom/models/hf_folder.hpp>
@@ -37,6 +38,8 @@ LOOM_INLINE std::string join_names(const std::vector<std::string>& names, std::s
   if (names.size() > limit) s += ", ... (" + std::to_string(names.size()) + " in all)";
   return s;
 }
+
+inline constexpr std::string_view kModelFolderHint = "an HF model folder holds config.json and model.safetensors";
 
 // A file name inside the folder: no separator, not "." or "..".
 LOOM_INLINE bool plain_file_name(const std::string& name) {
@@ -93,9 +96,8 @@ LOOM_INLINE std::map<std::string, int64_t> read_label2id(const nlohmann::json& v
 }
 
 LOOM_INLINE nlohmann::json read_config_json(const std::filesystem::path& path, std::string_view model_type) {
-  check(std::filesystem::is_regular_file(path), "{} does not exist (an HF model folder holds config.json and "
-                                                "model.safetensors)",
-        path.string());
+  check_path(path.parent_path(), PathKind::folder, kModelFolderHint);
+  check_path(path, PathKind::file, kModelFolderHint);
   nlohmann::json j = json::read_file(path);
   const json::Fields f(j, path.string());
   if (f.has("model_type")) {
@@ -123,14 +125,12 @@ namespace detail {
 // the index maps to it.
 LOOM_INLINE std::vector<std::pair<std::filesystem::path, std::set<std::string>>> weight_files(
     const std::filesystem::path& dir) {
-  check(std::filesystem::is_directory(dir), "{} is not a folder (an HF model folder holds config.json and "
-                                            "model.safetensors)",
-        dir.string());
+  check_path(dir, PathKind::folder, kModelFolderHint);
   const auto single = dir / weights_file;
-  if (std::filesystem::exists(single)) return {{single, {}}};
+  if (path_exists(single, PathKind::file)) return {{single, {}}};
   const auto index = dir / weights_index_file;
-  if (!std::filesystem::exists(index)) {
-    const bool bin = std::filesystem::exists(dir / "pytorch_model.bin");
+  if (!path_exists(index, PathKind::file)) {
+    const bool bin = path_exists(dir / "pytorch_model.bin", PathKind::file);
     fail("{} holds neither {} nor {}{}", dir.string(), weights_file, weights_index_file,
          bin ? " (its pytorch_model.bin is a pickle, which loom does not read: save the model with "
                "safe_serialization, as transformers does by default)"
@@ -152,7 +152,7 @@ LOOM_INLINE std::vector<std::pair<std::filesystem::path, std::set<std::string>>>
   std::vector<std::pair<std::filesystem::path, std::set<std::string>>> out;
   for (auto& [file, names] : by_file) {
     const auto path = dir / file;
-    check(std::filesystem::is_regular_file(path), "{}: weight_map names {} (for {}), which does not exist",
+    check(path_exists(path, PathKind::file), "{}: weight_map names {} (for {}), which does not exist",
           index.string(), file, *names.begin());
     out.emplace_back(path, std::move(names));
   }
@@ -215,7 +215,7 @@ LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> read_hf_weights(c
 LOOM_INLINE void load_hf_weights(torch::nn::Module& module, const std::filesystem::path& dir,
                                  const HfNameRules& rules) {
   auto file = read_hf_weights(dir);
-  const auto where = std::filesystem::exists(dir / weights_file) ? dir / weights_file : dir / weights_index_file;
+  const auto where = path_exists(dir / weights_file, PathKind::file) ? dir / weights_file : dir / weights_index_file;
 
   std::unordered_map<std::string, torch::Tensor> targets;  // the module's parameters and buffers
   std::vector<std::string> order;
