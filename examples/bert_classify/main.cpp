@@ -154,7 +154,8 @@ int main(int argc, char** argv) {
     }
 
     loom::set_seed(args.seed);
-    const auto options = meta.sequence_options(example.max_seq_length);
+    auto options = meta.sequence_options(example.max_seq_length);
+    options.num_labels = config.num_labels;  // every label checked against the model's count at open
     const loom::data::TokenSequenceDataset train_set(meta.classification_files("train"), options);
     const loom::data::TokenSequenceDataset eval_set(meta.classification_files("val"), options);
     const double baseline = majority_accuracy(eval_set);

@@ -5,8 +5,9 @@
 // from an HF folder or freshly initialized, and save_model() as an HF folder (config.json
 // beside the weights) that transformers' from_pretrained opens.
 
-#include <loom/loom.hpp>
+#include <loom/config/paths.hpp>
 #include <loom/data/token_file.hpp>
+#include <loom/loom.hpp>
 #include <loom/models/hf_folder.hpp>
 
 #include <fmt/format.h>
@@ -46,7 +47,8 @@ inline void apply_script_rules(loom::TrainingArguments& args, std::string_view p
 /// loom::Error that says how to make one.
 inline loom::data::TokenFileMeta read_token_folder(const std::filesystem::path& data_dir) {
   const auto meta = data_dir / "meta.json";
-  loom::check(std::filesystem::is_regular_file(meta),
+  loom::check(loom::path_exists(data_dir, loom::PathKind::folder, "--data_dir") &&
+                  loom::path_exists(meta, loom::PathKind::file, "--data_dir"),
               "--data_dir {}: no meta.json there; prepare the KJV token files with `make kjv-data` (writes data/kjv) "
               "or `.venv/bin/python examples/text_data/prepare.py --kjv_text build/examples/kjv_text --out {}`",
               data_dir.string(), data_dir.string());

@@ -273,7 +273,7 @@ TEST_CASE("validate_checkpoint names what is wrong") {
         "loom: checkpoint folder " + missing.string() + " does not exist");
   touch(out / "checkpoint-2");
   CHECK(error_of([&] { ck::validate_checkpoint(out / "checkpoint-2"); }) ==
-        "loom: checkpoint folder " + (out / "checkpoint-2").string() + " is not a directory");
+        "loom: " + (out / "checkpoint-2").string() + " is a file, not a folder (a checkpoint folder)");
   const auto dir = out / "checkpoint-3";
   fs::create_directories(dir);
   CHECK(error_of([&] { ck::validate_checkpoint(dir); }) ==
@@ -283,7 +283,7 @@ TEST_CASE("validate_checkpoint names what is wrong") {
         "loom: " + dir.string() + " is not a complete checkpoint: missing model.safetensors");
   fs::create_directories(dir / "model.safetensors");  // a folder is not the file
   CHECK(error_of([&] { ck::validate_checkpoint(dir); }) ==
-        "loom: " + dir.string() + " is not a complete checkpoint: missing model.safetensors");
+        "loom: " + (dir / "model.safetensors").string() + " is a folder, not a file");
   fs::remove(dir / "model.safetensors");
   touch(dir / "model.safetensors");
   CHECK_NOTHROW(ck::validate_checkpoint(dir));

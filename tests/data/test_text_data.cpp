@@ -373,7 +373,7 @@ TEST_CASE("bad token files and bad batches give loom: errors naming the file") {
     return error_of([&] { loom::data::TokenFileDataset d(path, o); });
   };
   expect(open_flat(dir / "missing.bin", {}), "missing.bin does not exist");
-  expect(open_flat(dir, {}), "is not a regular file");
+  expect(open_flat(dir, {}), "bad_tokens is a folder, not a file");
   loom_test::write_bytes(dir / "odd.bin", std::string(7, '\1'));
   expect(open_flat(dir / "odd.bin", flat(2)), "odd.bin: 7 bytes is not a whole number of uint16 token ids");
   expect(open_flat(dir / "odd.bin", flat(1, TokenDtype::uint32)), "uint32");
@@ -414,6 +414,25 @@ TEST_CASE("bad token files and bad batches give loom: errors naming the file") {
   expect(seq({files.ids, files.offsets, {}}, per_token), "labels_per_token without a labels file");
   const loom::data::TokenSequenceDataset r(files, {});
   expect(error_of([&] { (void)r.get(2); }), "r.bin: example 2 out of range [0, 2)");
+
+  // Labels against the model's label count: each example's, then per token (where -100 is ignored).
+  loom::data::TokenSequenceOptions two_labels;
+  two_labels.num_labels = 2;
+  CHECK(error_of([&] { loom::data::TokenSequenceDataset d(files, two_labels); }) == "<no loom::Error>");
+  for (const int64_t bad : {int64_t{-1}, int64_t{2}, int64_t{1} << 40}) {
+    const auto labels = loom_test::write_ragged(dir, "l", seqs, {0, bad});
+    expect(seq(labels, two_labels), "l.labels: example 1 has label " + std::to_string(bad) +
+                                        ", outside [0, 2) (the model's num_labels)");
+  }
+  two_labels.labels_per_token = true;
+  CHECK(error_of([&] {
+          loom::data::TokenSequenceDataset d(loom_test::write_ragged(dir, "t", seqs, {0, -100, 1}), two_labels);
+        }) == "<no loom::Error>");
+  expect(seq(loom_test::write_ragged(dir, "t", seqs, {0, 1, -3}), two_labels),
+         "t.labels: example 1 has label -3 at id 2, neither -100 (ignored) nor in [0, 2)");
+  two_labels.labels_per_token = false;
+  two_labels.num_labels = 0;
+  expect(seq(files, two_labels), "r.labels: num_labels must be positive, got 0");
 
   // meta.json.
   loom_test::write_bytes(dir / "meta.json", R"({"dtype": "int8", "vocab_size": 10})");

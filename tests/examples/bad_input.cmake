@@ -322,7 +322,7 @@ bad_case(model_name_or_path_missing
          ARGS --model_name_or_path /nonexistent)
 bad_case(resume_missing_folder EXPECT "checkpoint folder /nonexistent/checkpoint-5 does not exist$"
          ARGS --resume_from_checkpoint /nonexistent/checkpoint-5)
-bad_case(resume_not_a_folder EXPECT "checkpoint folder .*/run/notes.txt is not a directory$"
+bad_case(resume_not_a_folder EXPECT ".*/run/notes.txt is a file, not a folder \\(a checkpoint folder\\)$"
          ARGS --resume_from_checkpoint RUN/notes.txt)
 bad_case(resume_latest_empty_dir EXPECT "--resume_from_checkpoint latest: no complete checkpoint-N folder in .*/run$"
          SETUP empty ARGS --resume_from_checkpoint latest)

@@ -12,6 +12,8 @@
   hf_examples_check.py transformers --model DIR --data DIR --results FILE [--block_size N | --max_seq_length N]
       transformers opens the saved folder (model and tokenizer) and, in fp32, gets the held-out
       eval_loss (and for BERT eval_accuracy) that loom reported in FILE
+  hf_examples_check.py set_label --data DIR --out DIR --split NAME --example I --value V
+      a copy of the token folder DIR whose classification split NAME gives example I the label V
 
 Each prints one "... ok" line or exits non-zero with the reason.
 """
@@ -53,6 +55,18 @@ def kjv_data(opts):
     if meta["vocab_size"] != 512 or len(meta["classification"]["label_names"]) != 7:
         fail(f"unexpected meta.json: vocab_size {meta['vocab_size']}")
     print("kjv data ok")
+
+
+def set_label(opts):
+    import shutil
+    import struct
+    shutil.rmtree(opts.out, ignore_errors=True)
+    shutil.copytree(opts.data, opts.out)
+    labels = read_json(os.path.join(opts.out, "meta.json"))["classification"][opts.split]["labels"]
+    with open(os.path.join(opts.out, labels), "r+b") as f:
+        f.seek(8 * opts.example)
+        f.write(struct.pack("<q", opts.value))
+    print("set label ok")
 
 
 def losses_by_step(state):
@@ -176,8 +190,14 @@ def main():
     t.add_argument("--block_size", type=int, default=128)
     t.add_argument("--max_seq_length", type=int, default=128)
     t.add_argument("--rtol", type=float, default=1e-5)
+    b = sub.add_parser("set_label")
+    b.add_argument("--data", required=True)
+    b.add_argument("--out", required=True)
+    b.add_argument("--split", required=True)
+    b.add_argument("--example", type=int, required=True)
+    b.add_argument("--value", type=int, required=True)
     opts = p.parse_args()
-    {"kjv_data": kjv_data, "resumed": resumed, "same": same, "transformers": transformers_check}[opts.command](opts)
+    {"set_label": set_label, "kjv_data": kjv_data, "resumed": resumed, "same": same, "transformers": transformers_check}[opts.command](opts)
 
 
 if __name__ == "__main__":

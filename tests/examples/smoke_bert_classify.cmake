@@ -33,4 +33,14 @@ expect_loom_error("--hidden_size must be a positive multiple of --num_attention_
                   --data_dir "${DATA}" --hidden_size 30)
 expect_loom_error("--max_seq_length 512 exceeds --model_name_or_path [^ ]*'s max_position_embeddings 32"
                   --data_dir "${DATA}" --model_name_or_path "${base}/single" --max_seq_length 512)
+# A label outside [0, num_labels) stops the run when the data is read (libtorch aborted on a
+# negative one, and a large one gave a bare libtorch message).
+foreach(case "val;3;-1" "train;5;7")
+  list(GET case 0 split)
+  list(GET case 1 index)
+  list(GET case 2 value)
+  hf_check(set_label --data "${DATA}" --out "${base}/bad_labels" --split ${split} --example ${index} --value ${value})
+  expect_loom_error("[^ ]*/bad_labels/[^ ]*: example ${index} has label ${value}, outside \\[0, 7\\) \\(the model's num_labels\\)"
+                    --data_dir "${base}/bad_labels" --hidden_size 32 --num_attention_heads 2)
+endforeach()
 message("bert_classify smoke ok")

@@ -204,10 +204,10 @@ TEST_CASE("a malformed HF folder is a loom: error naming the file and the proble
   };
 
   auto e = load_gpt2(rewrite("missing", [](Named& t) {
-    std::erase_if(t, [](const auto& p) { return p.first == "transformer.h.1.mlp.c_fc.weight"; });
+    std::erase_if(t, [](const auto& p) { return p.first == "transformer.h.1.mlp.c_proj.weight"; });
   }));
   CHECK(e.starts_with("loom: "));
-  CHECK(e.find("missing transformer.h.1.mlp.c_fc.weight") != std::string::npos);
+  CHECK(e.find("missing transformer.h.1.mlp.c_proj.weight") != std::string::npos);
 
   e = load_gpt2(rewrite("extra", [](Named& t) { t.emplace_back("transformer.h.0.attn.extra", torch::zeros({3})); }));
   CHECK(e.find("unexpected transformer.h.0.attn.extra") != std::string::npos);
@@ -251,6 +251,49 @@ TEST_CASE("a malformed HF folder is a loom: error naming the file and the proble
   CHECK(e.find("'n_embd' expects an integer") != std::string::npos);
   loom_test::write_bytes(d / "config.json", std::regex_replace(config, std::regex("\"n_head\": 4"), "\"n_head\": 5"));
   CHECK(load_gpt2(d).find("n_embd (32) must be a multiple of n_head (5)") != std::string::npos);
+  // Sizes beyond ConfigLimits stop at the config, before any layer is built; sizes within
+  // them that the weights do not have stop at the weight files' headers, before anything is
+  // allocated (n_layer 1000 or n_embd 65536 would build gigabytes first).
+  const auto with = [&](const fs::path& from, const std::string& name, const nlohmann::json& changes) {
+    const auto to = work / name;
+    copy_folder(from, to);
+    auto j = nlohmann::json::parse(loom_test::read_bytes(from / "config.json"));
+    j.update(changes);
+    loom_test::write_bytes(to / "config.json", j.dump());
+    return to;
+  };
+  const auto config_of = [&](const fs::path& f) { return "loom: " + (f / "config.json").string() + ": "; };
+  for (const auto& [key, value, limit] : {std::tuple{"n_layer", int64_t{1000000000}, "1024"},
+                                          std::tuple{"n_embd", int64_t{1000000000}, "65536"},
+                                          std::tuple{"vocab_size", int64_t{1} << 62, "16777216"},
+                                          std::tuple{"n_positions", int64_t{-1}, "1048576"},
+                                          std::tuple{"n_inner", int64_t{1} << 40, "262144"}}) {
+    d = with(*dir / "gpt2", std::string("big_") + key, {{key, value}});
+    CHECK(load_gpt2(d) == config_of(d) + "field '" + key + "' must be a positive integer at most " + limit +
+                              ", got " + std::to_string(value));
+  }
+  d = with(*dir / "gpt2", "deeper", {{"n_layer", 1000}, {"n_embd", 65536}, {"n_head", 1}});
+  CHECK(load_gpt2(d) == "loom: " + (d / "config.json").string() + " does not match the weights in " + d.string() +
+                            ": vocab_size 128, n_embd 65536 give transformer.wte.weight the shape [128, 65536], "
+                            "the weights [128, 32]; n_positions 32, n_embd 65536 give transformer.wpe.weight the "
+                            "shape [32, 65536], the weights [32, 32]; no transformer.h.999.mlp.c_fc.weight in the "
+                            "weights (n_layer 1000, n_embd 65536, inner width 262144)");
+  d = with(*dir / "gpt2_sharded", "wider_sharded", {{"vocab_size", 200}});
+  CHECK(load_gpt2(d).find("config.json does not match the weights in " + d.string() + ": vocab_size 200, n_embd 32 "
+                          "give transformer.wte.weight the shape [200, 32], the weights [128, 32]") != std::string::npos);
+  const auto load_bert = [&](const fs::path& f) {
+    return loom_test::error_of([&] { BertForSequenceClassification::from_pretrained(f); });
+  };
+  d = with(*dir / "bert", "bert_labels", {{"id2label", nullptr}, {"label2id", nullptr}, {"num_labels", 1000000000}});
+  CHECK(load_bert(d) == config_of(d) + "field 'num_labels' must be a positive integer at most 1048576, got 1000000000");
+  d = with(*dir / "bert", "bert_layers", {{"num_hidden_layers", 1000000000}});
+  CHECK(load_bert(d) == config_of(d) + "field 'num_hidden_layers' must be a positive integer at most 1024, got 1000000000");
+  d = with(*dir / "bert", "bert_deeper", {{"num_hidden_layers", 12}, {"intermediate_size", 100000}});
+  CHECK(load_bert(d) == "loom: " + (d / "config.json").string() + " does not match the weights in " + d.string() +
+                            ": no bert.encoder.layer.11.intermediate.dense.weight in the weights (num_hidden_layers "
+                            "12, intermediate_size 100000, hidden_size 32)");
+
+  d = work / "model_type";
   loom_test::write_bytes(d / "config.json", "{\"model_type\": \"gpt2\", \"n_embd\": 1, \"n_embd\": 2}");
   CHECK(load_gpt2(d).find("key 'n_embd' appears twice") != std::string::npos);
 
@@ -278,7 +321,8 @@ TEST_CASE("a malformed HF folder is a loom: error naming the file and the proble
   CHECK(e.find("does not map to it") != std::string::npos);
   fs::remove(d / "model.safetensors.index.json");
   CHECK(load_gpt2(d).find("holds neither model.safetensors nor model.safetensors.index.json") != std::string::npos);
-  CHECK(load_gpt2(work / "nothing").find("config.json does not exist") != std::string::npos);
+  CHECK(load_gpt2(work / "nothing") == "loom: " + (work / "nothing").string() + " does not exist (an HF model folder "
+                                        "holds config.json and model.safetensors)");
 }
 
 TEST_CASE("the models' parameter names are HF's, with each block a FullShard unit") {

@@ -110,6 +110,15 @@ TEST_CASE("Llama, Qwen2 and Mistral folders made by transformers give its logits
   CHECK_FALSE(layer->self_attn->o_proj->bias.defined());
   CHECK(qwen->config().tie_word_embeddings);
   CHECK(LlamaForCausalLM::from_pretrained(*dir / "llama")->config().rope_parameters["rope_type"] == "llama3");
+  // A config that disagrees with its weights is refused before the model is built.
+  const auto wrong = loom_test::fresh_dir("models/llama_wrong_layers");
+  fs::copy(*dir / "llama", wrong, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  auto j = loom::json::read_file(wrong / "config.json");
+  j["num_hidden_layers"] = 3;
+  loom_test::write_bytes(wrong / "config.json", j.dump());
+  const auto mismatch = loom_test::error_of([&] { LlamaForCausalLM::from_pretrained(wrong); });
+  CHECK(mismatch.starts_with("loom: "));
+  CHECK(mismatch.find("model.layers.2.self_attn.k_proj.weight") != std::string::npos);
   MESSAGE("largest relative difference from transformers: logits " << worst << ", loss " << worst_loss);
 }
 
@@ -178,6 +187,9 @@ TEST_CASE("Llama configs loom cannot compute are refused with a loom: line namin
   CHECK(error(c).find("must be a multiple of num_key_value_heads (3)") != std::string::npos);
   c = tiny("gemma");
   CHECK(error(c).find("field 'model_type' is \"gemma\"") != std::string::npos);
+  c = tiny();
+  c.num_hidden_layers = 1'000'000'000;
+  CHECK(error(c).find("field 'num_hidden_layers' must be a positive integer at most 1024") != std::string::npos);
   for (const auto& e : {error(tiny("gemma")), error(c)}) CHECK(e.starts_with("loom: "));
   // A Mistral window shorter than the sequence: refused at the forward, not silently wrong.
   c = tiny("mistral");

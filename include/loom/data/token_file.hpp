@@ -142,6 +142,9 @@ struct TokenSequenceOptions {
   std::optional<int64_t> max_length;      ///< truncation: an example keeps its first max_length ids
   std::optional<int64_t> vocab_size;      ///< when given, every id must be below it (checked once at open)
   bool labels_per_token = false;          ///< the labels file holds one label per id (token classification)
+  /// When given, every label must lie in [0, num_labels) (per-token labels may also be -100,
+  /// HF's ignored index), checked once at open: the model's label count.
+  std::optional<int64_t> num_labels;
   DataCollatorWithPadding collator;       ///< how collate() pads a batch (set its pad_token_id)
 };
 
@@ -152,7 +155,8 @@ struct TokenSequenceOptions {
 class TokenSequenceDataset {
  public:
   /// Maps the files and checks them (offsets start at 0, never decrease and end at the number
-  /// of ids; one label per example or per id; ids below vocab_size): a loom::Error names the file.
+  /// of ids; one label per example or per id; ids below vocab_size; labels below num_labels):
+  /// a loom::Error names the file.
   LOOM_INLINE TokenSequenceDataset(const RaggedTokenFiles& files, TokenSequenceOptions options);
   /// Number of examples.
   [[nodiscard]] int64_t size() const { return size_; }
@@ -169,6 +173,8 @@ class TokenSequenceDataset {
 
  private:
   LOOM_INLINE std::pair<int64_t, int64_t> span_of(int64_t i) const;  // [begin, end) in the ids, truncated
+  // Fails naming `file`, the example and the label unless every label is in [0, num_labels) (or -100 per token).
+  LOOM_INLINE void check_labels_below(const std::filesystem::path& file, int64_t num_labels) const;
   std::shared_ptr<const TokenFile> ids_;
   std::shared_ptr<const MappedFile> offsets_;
   std::shared_ptr<const MappedFile> labels_;  // null without labels
@@ -200,7 +206,8 @@ struct TokenFileMeta {
   [[nodiscard]] TokenFileOptions lm_options(int64_t block_size) const {
     return {.dtype = dtype, .block_size = block_size, .stride = {}, .vocab_size = vocab_size};
   }
-  /// TokenSequenceOptions with this folder's dtype, vocab_size and pad id, truncating to `max_length`.
+  /// TokenSequenceOptions with this folder's dtype, vocab_size and pad id (and num_labels, the
+  /// number of label_names when there are any), truncating to `max_length`.
   [[nodiscard]] LOOM_INLINE TokenSequenceOptions sequence_options(std::optional<int64_t> max_length = {}) const;
 };
 

@@ -70,11 +70,16 @@ struct BertConfig {
 };
 
 /// HF's label rule: a given id2label sets num_labels; an empty one becomes LABEL_0 ...
-/// LABEL_{num_labels-1}, and an empty label2id its inverse.
+/// LABEL_{num_labels-1} (when num_labels is within ConfigLimits: validate refuses it
+/// otherwise), and an empty label2id its inverse.
 LOOM_INLINE void complete_labels(BertConfig& config);
 
-/// Checks `config`; errors name `where` (the config file, or "BertConfig").
+/// Checks `config` (sizes positive and within ConfigLimits, ...); errors name `where` (the
+/// config file, or "BertConfig").
 LOOM_INLINE void validate(const BertConfig& config, std::string_view where);
+/// The shapes `config` gives the embeddings, the last layer and the classifier, which
+/// from_pretrained compares with the weight files' headers before it builds the model.
+LOOM_INLINE std::vector<ConfigShape> config_shapes(const BertConfig& config);
 
 /// What BertForSequenceClassification's forward(batch) returns.
 struct SequenceClassifierOutput {

@@ -73,9 +73,12 @@ struct GPT2Config {
   static constexpr std::string_view model_type = "gpt2";  ///< config.json's model_type
 };
 
-/// Checks `config` (positive sizes, n_embd a multiple of n_head, a known activation, the
+/// Checks `config` (sizes positive and within ConfigLimits, n_embd a multiple of n_head, a known activation, the
 /// features this implementation has); errors name `where` (the config file, or "GPT2Config").
 LOOM_INLINE void validate(const GPT2Config& config, std::string_view where);
+/// The shapes `config` gives the embeddings and the last block, which from_pretrained compares
+/// with the weight files' headers before it builds the model.
+LOOM_INLINE std::vector<ConfigShape> config_shapes(const GPT2Config& config);
 
 /// HF's Conv1D: a linear layer whose weight is stored [in, out]; out = bias + x @ weight. It
 /// can carry a LoRA adapter (an AdaptableLinear with fan_in_fan_out, as PEFT treats Conv1D).

@@ -70,6 +70,41 @@ struct SaveOptions {
   int64_t max_shard_size = 50'000'000'000;
 };
 
+/// Bounds on config.json's sizes, far above any published model (the largest vocabularies
+/// hold about 256K tokens, the widest models 16K to 25K, the deepest about 130 layers) and low
+/// enough that the tensors they imply have sizes that fit in int64: a config beyond them is a
+/// mistake, refused before anything is allocated.
+struct ConfigLimits {
+  static constexpr int64_t vocab_size = int64_t{1} << 24;     ///< 16,777,216 tokens (also token types)
+  static constexpr int64_t width = int64_t{1} << 16;          ///< 65,536 (hidden size; heads divide it)
+  static constexpr int64_t layers = int64_t{1} << 10;         ///< 1,024 blocks
+  static constexpr int64_t feed_forward = int64_t{1} << 18;   ///< 262,144 (intermediate width)
+  static constexpr int64_t positions = int64_t{1} << 20;      ///< 1,048,576 learned positions
+  static constexpr int64_t labels = int64_t{1} << 20;         ///< 1,048,576 classifier outputs
+};
+
+/// A size field of a config: a loom::Error naming `where` and `field` unless 0 < value <= limit.
+LOOM_INLINE void check_config_size(std::string_view where, std::string_view field, int64_t value, int64_t limit);
+
+/// A tensor whose shape follows from a config (a family's config_shapes(config)), with the
+/// config fields it reads, as the message names them ("vocab_size, n_embd").
+struct ConfigShape {
+  std::string name;            ///< the tensor's name in HF's files
+  std::vector<int64_t> shape;  ///< its shape under the config
+  std::string fields;          ///< the config fields the shape comes from
+};
+
+/// The names and shapes of the tensors in an HF folder's weight files (model.safetensors, or
+/// the shards model.safetensors.index.json names), read from their headers: no data is read.
+LOOM_INLINE std::map<std::string, std::vector<int64_t>> read_hf_weight_shapes(const std::filesystem::path& dir);
+
+/// Compares `expected` with the shapes in `dir`'s weight files before a model is built: a
+/// missing tensor or another shape is one loom::Error listing every difference, naming the
+/// config fields (`config_where`, the config file). A file of the bare base model (names
+/// without the first component, HF's base_model_prefix) is matched too.
+LOOM_INLINE void check_config_shapes(const std::filesystem::path& dir, const std::vector<ConfigShape>& expected,
+                                     std::string_view config_where);
+
 /// The tensors of an HF folder's weights: model.safetensors if present, else the shards
 /// named by model.safetensors.index.json (each shard must hold exactly the names the
 /// index maps to it). CPU tensors, in file order.

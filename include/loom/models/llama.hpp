@@ -93,6 +93,9 @@ LOOM_INLINE void complete_config(LlamaConfig& config);
 
 /// Checks `config` (sizes, heads, rope, the features implemented here); errors name `where`.
 LOOM_INLINE void validate(const LlamaConfig& config, std::string_view where);
+/// The shapes the config gives the embeddings and the last layer (checked against the weight
+/// files' headers before the model is built).
+LOOM_INLINE std::vector<ConfigShape> config_shapes(const LlamaConfig& config);
 
 /// Llama's RMSNorm: weight * (x / sqrt(mean(x^2) + eps)), computed in float32.
 class LlamaRMSNormImpl : public torch::nn::Module {

@@ -3,7 +3,7 @@
 // config the model was built from, save_pretrained / load_weights on an HF folder
 // (hf_folder.hpp), from_pretrained, num_parameters and the Trainer's FLOPs estimate. A family
 // writes only what differs: its config struct (HF's fields, `model_type`) with a
-// `validate(config, where)`, its modules, and on its top module the architecture name and
+// `validate(config, where)` and `config_shapes(config)`, its modules, and on its top module the architecture name and
 // the names its files may hold beyond the parameters:
 //
 //   class GPT2LMHeadModelImpl : public PreTrainedModel<GPT2LMHeadModelImpl, GPT2Config, data::CausalLMBatch> {
@@ -112,7 +112,8 @@ class PreTrainedModel : public torch::nn::Module {
 };
 
 /// HF's from_pretrained for `Model`, a module holder of a PreTrainedModel: config.json read
-/// into its Config, completed and validated (errors name the file), the model built from it,
+/// into its Config, completed and validated (errors name the file), the shapes the config
+/// gives (the family's config_shapes) compared with the weight files' headers, the model built from it,
 /// then the weights (model.safetensors or sharded) read into it strictly.
 template <class Model>
 Model load_pretrained(const std::filesystem::path& dir) {
@@ -120,6 +121,7 @@ Model load_pretrained(const std::filesystem::path& dir) {
   auto config = read_hf_config<typename Impl::Config>(dir);
   Impl::complete_config(config);
   validate(config, (dir / config_file).string());
+  check_config_shapes(dir, config_shapes(config), (dir / config_file).string());  // before anything is allocated
   Model model(std::move(config));
   model->load_weights(dir);
   return model;

@@ -1,12 +1,13 @@
 #pragma once
+#include <loom/accelerate/checkpointer.hpp>
 #include <loom/checkpoint/folders.hpp>
 #include <loom/checkpoint/safetensors.hpp>
 #include <loom/config/json.hpp>
+#include <loom/config/json_io.hpp>
+#include <loom/config/paths.hpp>
 #include <loom/config/reflect.hpp>
 #include <loom/core/error.hpp>
 #include <loom/distributed/comm.hpp>
-#include <loom/accelerate/checkpointer.hpp>
-#include <loom/config/json_io.hpp>
 
 #include <algorithm>
 #include <map>
@@ -47,7 +48,8 @@ LOOM_INLINE void Checkpointer::load_weights(const std::filesystem::path& dir) {
 
 LOOM_INLINE void Checkpointer::load_pretrained(const std::string& name_or_path) {
   const auto file = std::filesystem::path(name_or_path) / checkpoint::kModelFile;
-  check(std::filesystem::exists(file), "--model_name_or_path {}: {} does not exist", name_or_path, file.string());
+  check(path_exists(name_or_path, PathKind::folder, "--model_name_or_path") && path_exists(file, PathKind::file),
+        "--model_name_or_path {}: {} does not exist", name_or_path, file.string());
   load_weights(name_or_path);
 }
 
@@ -319,7 +321,7 @@ LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> Checkpointer::opt
 
 LOOM_INLINE std::optional<std::filesystem::path> detect_last_checkpoint(const TrainingArguments& args) {
   const std::filesystem::path out(args.output_dir);
-  if (!args.do_train || args.overwrite_output_dir || !std::filesystem::is_directory(out)) return std::nullopt;
+  if (!args.do_train || args.overwrite_output_dir || !path_exists(out, PathKind::folder, "--output_dir")) return std::nullopt;
   auto last = checkpoint::latest_checkpoint(out);
   if (!last) {
     check(std::filesystem::is_empty(out),

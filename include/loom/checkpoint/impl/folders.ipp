@@ -2,6 +2,7 @@
 // Definitions of checkpoint/folders.hpp (compiled once with LOOM_SEPARATE_COMPILATION).
 
 #include <loom/checkpoint/folders.hpp>
+#include <loom/config/paths.hpp>
 #include <loom/core/error.hpp>
 
 #include <fcntl.h>
@@ -269,12 +270,10 @@ LOOM_INLINE std::vector<std::filesystem::path> rotate_checkpoints(const std::fil
 }
 
 LOOM_INLINE void validate_checkpoint(const std::filesystem::path& dir) {
-  std::error_code ec;
-  check(std::filesystem::exists(dir, ec), "checkpoint folder {} does not exist", dir.string());
-  check(std::filesystem::is_directory(dir, ec), "checkpoint folder {} is not a directory", dir.string());
+  check(path_exists(dir, PathKind::folder, "a checkpoint folder"), "checkpoint folder {} does not exist", dir.string());
   std::string missing;
   for (const std::string_view name : {kModelFile, kTrainerStateFile}) {
-    if (std::filesystem::is_regular_file(dir / name, ec)) continue;
+    if (path_exists(dir / name, PathKind::file)) continue;
     if (!missing.empty()) missing += ", ";
     missing += name;
   }

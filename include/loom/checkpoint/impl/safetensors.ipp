@@ -4,6 +4,7 @@
 #include <loom/checkpoint/folders.hpp>
 #include <loom/checkpoint/safetensors.hpp>
 #include <loom/config/json.hpp>
+#include <loom/config/paths.hpp>
 #include <loom/core/error.hpp>
 
 #include <nlohmann/json.hpp>
@@ -49,9 +50,8 @@ LOOM_INLINE RemoveOnExit::~RemoveOnExit() {
 
 LOOM_INLINE Parsed parse_header(const std::filesystem::path& path, std::ifstream& in) {
   const std::string where = path.string();
+  check(path_exists(path, PathKind::file), "safetensors file {} does not exist", where);
   std::error_code ec;
-  check(std::filesystem::exists(path, ec), "safetensors file {} does not exist", where);
-  check(std::filesystem::is_regular_file(path, ec), "{} is not a regular file", where);
   const uint64_t file_size = std::filesystem::file_size(path, ec);
   check(!ec, "cannot read the size of {}: {}", where, ec.message());
   in.open(path, std::ios::binary);

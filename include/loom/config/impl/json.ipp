@@ -3,6 +3,7 @@
 
 #include <loom/config/error.hpp>
 #include <loom/config/json.hpp>
+#include <loom/config/paths.hpp>
 
 #include <fstream>
 #include <iterator>
@@ -66,6 +67,7 @@ LOOM_INLINE nlohmann::ordered_json parse_ordered(std::string_view text, std::str
 }
 
 LOOM_INLINE nlohmann::json read_file(const std::filesystem::path& path) {
+  if (!path_exists(path, PathKind::file)) throw Error("loom: cannot open " + path.string() + " (missing or unreadable)");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("loom: cannot open " + path.string() + " (missing or unreadable)");
   std::ostringstream text;

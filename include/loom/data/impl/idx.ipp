@@ -1,6 +1,7 @@
 #pragma once
 // Definitions of data/idx.hpp (compiled once with LOOM_SEPARATE_COMPILATION).
 
+#include <loom/config/paths.hpp>
 #include <loom/core/error.hpp>
 #include <loom/data/idx.hpp>
 
@@ -18,7 +19,7 @@
 namespace loom::data {
 
 LOOM_INLINE torch::Tensor read_idx(const std::filesystem::path& path) {
-  check(std::filesystem::exists(path), "dataset file {} does not exist", path.string());
+  check(path_exists(path, PathKind::file), "dataset file {} does not exist", path.string());
   std::unique_ptr<gzFile_s, int (*)(gzFile)> file(gzopen(path.c_str(), "rb"), &gzclose);
   check(file != nullptr, "cannot open {}", path.string());
   auto read_exact = [&](void* dst, std::size_t n) {

@@ -2,6 +2,7 @@
 // Definitions of data/token_file.hpp (compiled once with LOOM_SEPARATE_COMPILATION).
 
 #include <loom/config/json.hpp>
+#include <loom/config/paths.hpp>
 #include <loom/core/error.hpp>
 #include <loom/data/token_file.hpp>
 
@@ -65,9 +66,7 @@ LOOM_INLINE TokenDtype token_dtype(std::string_view name) {
 // ---- MappedFile ------------------------------------------------------------------------
 
 LOOM_INLINE MappedFile::MappedFile(const std::filesystem::path& path) : path_(path) {
-  std::error_code ec;
-  check(std::filesystem::exists(path, ec), "{} does not exist", path.string());
-  check(std::filesystem::is_regular_file(path, ec), "{} is not a regular file", path.string());
+  check_path(path, PathKind::file);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   check(fd >= 0, "cannot open {} ({})", path.string(), std::strerror(errno));
   struct stat st {};
@@ -201,10 +200,31 @@ LOOM_INLINE TokenSequenceDataset::TokenSequenceDataset(const RaggedTokenFiles& f
     check(bytes % 8 == 0 && static_cast<int64_t>(bytes / 8) == expected, "{}: {} bytes, expected {} int64 labels "
           "(one per {}: {})", files.labels.string(), bytes, expected, labels_per_token_ ? "id" : "example",
           labels_per_token_ ? files.ids.string() : files.offsets.string());
+    if (options.num_labels) check_labels_below(files.labels, *options.num_labels);
   } else {
     check(!labels_per_token_, "TokenSequenceDataset({}): labels_per_token without a labels file", files.ids.string());
   }
   if (options.vocab_size) ids_->check_ids_below(*options.vocab_size);
+}
+
+LOOM_INLINE void TokenSequenceDataset::check_labels_below(const std::filesystem::path& file, int64_t num_labels) const {
+  check(num_labels > 0, "{}: num_labels must be positive, got {}", file.string(), num_labels);
+  const std::byte* bytes = labels_->bytes().data();
+  const auto n = static_cast<int64_t>(labels_->bytes().size() / 8);
+  const std::byte* offsets = offsets_->bytes().data();
+  int64_t example = 0;  // per-token labels: the example holding id k
+  for (int64_t k = 0; k < n; ++k) {
+    const auto label = static_cast<int64_t>(detail::load_le<uint64_t>(bytes, k));
+    if (label >= 0 && label < num_labels) continue;
+    if (!labels_per_token_) {
+      fail("{}: example {} has label {}, outside [0, {}) (the model's num_labels)", file.string(), k, label,
+           num_labels);
+    }
+    if (label == -100) continue;  // HF's ignored position
+    while (static_cast<int64_t>(detail::load_le<uint64_t>(offsets, example + 1)) <= k) ++example;
+    fail("{}: example {} has label {} at id {}, neither -100 (ignored) nor in [0, {}) (the model's num_labels)",
+         file.string(), example, label, k, num_labels);
+  }
 }
 
 LOOM_INLINE std::pair<int64_t, int64_t> TokenSequenceDataset::span_of(int64_t i) const {
@@ -266,6 +286,7 @@ LOOM_INLINE TokenSequenceOptions TokenFileMeta::sequence_options(std::optional<i
   o.max_length = max_length;
   o.vocab_size = vocab_size;
   o.collator.pad_token_id = pad_token_id.value_or(0);
+  if (!label_names.empty()) o.num_labels = static_cast<int64_t>(label_names.size());
   return o;
 }
 

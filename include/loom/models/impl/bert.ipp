@@ -9,6 +9,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -18,24 +19,21 @@ LOOM_INLINE void complete_labels(BertConfig& c) {
   if (!c.id2label.empty()) {
     c.num_labels = static_cast<int64_t>(c.id2label.size());
   } else {
-    for (int64_t i = 0; i < c.num_labels; ++i) c.id2label[i] = "LABEL_" + std::to_string(i);
+    for (int64_t i = 0; i < std::min(c.num_labels, ConfigLimits::labels); ++i) c.id2label[i] = "LABEL_" + std::to_string(i);
   }
   if (c.label2id.empty())
     for (const auto& [id, label] : c.id2label) c.label2id[label] = id;
 }
 
 LOOM_INLINE void validate(const BertConfig& c, std::string_view where) {
-  const auto positive = [&](int64_t v, const char* field) {
-    check(v > 0, "{}: field '{}' must be a positive integer, got {}", where, field, v);
-  };
-  positive(c.vocab_size, "vocab_size");
-  positive(c.hidden_size, "hidden_size");
-  positive(c.num_hidden_layers, "num_hidden_layers");
-  positive(c.num_attention_heads, "num_attention_heads");
-  positive(c.intermediate_size, "intermediate_size");
-  positive(c.max_position_embeddings, "max_position_embeddings");
-  positive(c.type_vocab_size, "type_vocab_size");
-  positive(c.num_labels, "num_labels");
+  check_config_size(where, "vocab_size", c.vocab_size, ConfigLimits::vocab_size);
+  check_config_size(where, "hidden_size", c.hidden_size, ConfigLimits::width);
+  check_config_size(where, "num_hidden_layers", c.num_hidden_layers, ConfigLimits::layers);
+  check_config_size(where, "num_attention_heads", c.num_attention_heads, ConfigLimits::width);
+  check_config_size(where, "intermediate_size", c.intermediate_size, ConfigLimits::feed_forward);
+  check_config_size(where, "max_position_embeddings", c.max_position_embeddings, ConfigLimits::positions);
+  check_config_size(where, "type_vocab_size", c.type_vocab_size, ConfigLimits::vocab_size);
+  check_config_size(where, "num_labels", c.num_labels, ConfigLimits::labels);
   check(c.hidden_size % c.num_attention_heads == 0, "{}: hidden_size ({}) must be a multiple of num_attention_heads ({})",
         where, c.hidden_size, c.num_attention_heads);
   check(is_known_activation(c.hidden_act), "{}: field 'hidden_act' is \"{}\"; loom knows {}", where, c.hidden_act,
@@ -61,6 +59,21 @@ LOOM_INLINE void validate(const BertConfig& c, std::string_view where) {
     check(!(p == "single_label_classification" && c.num_labels == 1),
           "{}: problem_type single_label_classification needs num_labels > 1 (for one output use regression)", where);
   }
+}
+
+LOOM_INLINE std::vector<ConfigShape> config_shapes(const BertConfig& c) {
+  const auto h = ", hidden_size " + std::to_string(c.hidden_size);
+  const auto last = std::to_string(c.num_hidden_layers - 1);
+  return {{"bert.embeddings.word_embeddings.weight", {c.vocab_size, c.hidden_size},
+           "vocab_size " + std::to_string(c.vocab_size) + h},
+          {"bert.embeddings.position_embeddings.weight", {c.max_position_embeddings, c.hidden_size},
+           "max_position_embeddings " + std::to_string(c.max_position_embeddings) + h},
+          {"bert.embeddings.token_type_embeddings.weight", {c.type_vocab_size, c.hidden_size},
+           "type_vocab_size " + std::to_string(c.type_vocab_size) + h},
+          {"bert.encoder.layer." + last + ".intermediate.dense.weight", {c.intermediate_size, c.hidden_size},
+           "num_hidden_layers " + std::to_string(c.num_hidden_layers) + ", intermediate_size " +
+               std::to_string(c.intermediate_size) + h},
+          {"classifier.weight", {c.num_labels, c.hidden_size}, "num_labels " + std::to_string(c.num_labels) + h}};
 }
 
 namespace detail {

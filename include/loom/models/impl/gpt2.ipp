@@ -17,15 +17,12 @@
 namespace loom::models {
 
 LOOM_INLINE void validate(const GPT2Config& c, std::string_view where) {
-  const auto positive = [&](int64_t v, const char* field) {
-    check(v > 0, "{}: field '{}' must be a positive integer, got {}", where, field, v);
-  };
-  positive(c.vocab_size, "vocab_size");
-  positive(c.n_positions, "n_positions");
-  positive(c.n_embd, "n_embd");
-  positive(c.n_layer, "n_layer");
-  positive(c.n_head, "n_head");
-  if (c.n_inner) positive(*c.n_inner, "n_inner");
+  check_config_size(where, "vocab_size", c.vocab_size, ConfigLimits::vocab_size);
+  check_config_size(where, "n_positions", c.n_positions, ConfigLimits::positions);
+  check_config_size(where, "n_embd", c.n_embd, ConfigLimits::width);
+  check_config_size(where, "n_layer", c.n_layer, ConfigLimits::layers);
+  check_config_size(where, "n_head", c.n_head, ConfigLimits::width);
+  if (c.n_inner) check_config_size(where, "n_inner", *c.n_inner, ConfigLimits::feed_forward);
   check(c.n_embd % c.n_head == 0, "{}: n_embd ({}) must be a multiple of n_head ({})", where, c.n_embd, c.n_head);
   check(is_known_activation(c.activation_function), "{}: field 'activation_function' is \"{}\"; loom knows {}", where,
         c.activation_function, known_activations);
@@ -35,6 +32,15 @@ LOOM_INLINE void validate(const GPT2Config& c, std::string_view where) {
   check(c.layer_norm_epsilon > 0.0, "{}: field 'layer_norm_epsilon' must be positive, got {}", where,
         c.layer_norm_epsilon);
   check(!c.add_cross_attention, "{}: field 'add_cross_attention' is true; loom's GPT-2 has no cross-attention", where);
+}
+
+LOOM_INLINE std::vector<ConfigShape> config_shapes(const GPT2Config& c) {
+  const int64_t inner = c.n_inner.value_or(4 * c.n_embd);
+  const auto e = ", n_embd " + std::to_string(c.n_embd);
+  return {{"transformer.wte.weight", {c.vocab_size, c.n_embd}, "vocab_size " + std::to_string(c.vocab_size) + e},
+          {"transformer.wpe.weight", {c.n_positions, c.n_embd}, "n_positions " + std::to_string(c.n_positions) + e},
+          {"transformer.h." + std::to_string(c.n_layer - 1) + ".mlp.c_fc.weight", {c.n_embd, inner},
+           "n_layer " + std::to_string(c.n_layer) + e + ", inner width " + std::to_string(inner)}};
 }
 
 // ---- Conv1D ------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 
 #include <loom/checkpoint/safetensors.hpp>
 #include <loom/config/json.hpp>
+#include <loom/config/paths.hpp>
 #include <loom/config/reflect.hpp>
 #include <loom/core/error.hpp>
 #include <loom/models/hf_folder.hpp>
@@ -16,6 +17,7 @@
 #include <charconv>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <set>
@@ -36,6 +38,8 @@ LOOM_INLINE std::string join_names(const std::vector<std::string>& names, std::s
   if (names.size() > limit) s += ", ... (" + std::to_string(names.size()) + " in all)";
   return s;
 }
+
+inline constexpr std::string_view kModelFolderHint = "an HF model folder holds config.json and model.safetensors";
 
 // A file name inside the folder: no separator, not "." or "..".
 LOOM_INLINE bool plain_file_name(const std::string& name) {
@@ -93,9 +97,8 @@ LOOM_INLINE std::map<std::string, int64_t> read_label2id(const nlohmann::json& v
 
 LOOM_INLINE nlohmann::json read_config_json(const std::filesystem::path& path,
                                             const std::vector<std::string_view>& model_types) {
-  check(std::filesystem::is_regular_file(path), "{} does not exist (an HF model folder holds config.json and "
-                                                "model.safetensors)",
-        path.string());
+  check_path(path.parent_path(), PathKind::folder, kModelFolderHint);
+  check_path(path, PathKind::file, kModelFolderHint);
   nlohmann::json j = json::read_file(path);
   const json::Fields f(j, path.string());
   if (f.has("model_type")) {
@@ -120,15 +123,18 @@ LOOM_INLINE void write_config_json(nlohmann::json fields, const std::filesystem:
 
 }  // namespace detail
 
-LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> read_hf_weights(const std::filesystem::path& dir) {
-  check(std::filesystem::is_directory(dir), "{} is not a folder (an HF model folder holds config.json and "
-                                            "model.safetensors)",
-        dir.string());
+namespace detail {
+
+// The weight files of `dir`: {model.safetensors, {}} or each shard of the index with the names
+// the index maps to it.
+LOOM_INLINE std::vector<std::pair<std::filesystem::path, std::set<std::string>>> weight_files(
+    const std::filesystem::path& dir) {
+  check_path(dir, PathKind::folder, kModelFolderHint);
   const auto single = dir / weights_file;
-  if (std::filesystem::exists(single)) return checkpoint::load_safetensors(single);
+  if (path_exists(single, PathKind::file)) return {{single, {}}};
   const auto index = dir / weights_index_file;
-  if (!std::filesystem::exists(index)) {
-    const bool bin = std::filesystem::exists(dir / "pytorch_model.bin");
+  if (!path_exists(index, PathKind::file)) {
+    const bool bin = path_exists(dir / "pytorch_model.bin", PathKind::file);
     fail("{} holds neither {} nor {}{}", dir.string(), weights_file, weights_index_file,
          bin ? " (its pytorch_model.bin is a pickle, which loom does not read: save the model with "
                "safe_serialization, as transformers does by default)"
@@ -143,21 +149,69 @@ LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> read_hf_weights(c
     if (!it->is_string())
       f.fail("weight_map", "must map each tensor name to a file name; '" + it.key() + "' maps to " + it->dump());
     const auto file = it->get<std::string>();
-    if (!detail::plain_file_name(file))
+    if (!plain_file_name(file))
       f.fail("weight_map", "maps '" + it.key() + "' to \"" + file + "\", which is not a file name in the folder");
     by_file[file].insert(it.key());
   }
-  std::vector<std::pair<std::string, torch::Tensor>> out;
+  std::vector<std::pair<std::filesystem::path, std::set<std::string>>> out;
   for (auto& [file, names] : by_file) {
     const auto path = dir / file;
-    check(std::filesystem::is_regular_file(path), "{}: weight_map names {} (for {}), which does not exist",
+    check(path_exists(path, PathKind::file), "{}: weight_map names {} (for {}), which does not exist",
           index.string(), file, *names.begin());
+    out.emplace_back(path, std::move(names));
+  }
+  return out;
+}
+
+}  // namespace detail
+
+LOOM_INLINE void check_config_size(std::string_view where, std::string_view field, int64_t value, int64_t limit) {
+  check(value > 0 && value <= limit, "{}: field '{}' must be a positive integer at most {}, got {}", where, field,
+        limit, value);
+}
+
+LOOM_INLINE std::map<std::string, std::vector<int64_t>> read_hf_weight_shapes(const std::filesystem::path& dir) {
+  std::map<std::string, std::vector<int64_t>> out;
+  for (const auto& [path, names] : detail::weight_files(dir)) {
+    std::ifstream in;
+    for (auto& e : checkpoint::detail::parse_header(path, in).entries) out[e.name] = std::move(e.shape);
+  }
+  return out;
+}
+
+LOOM_INLINE void check_config_shapes(const std::filesystem::path& dir, const std::vector<ConfigShape>& expected,
+                                     std::string_view config_where) {
+  const auto shapes = read_hf_weight_shapes(dir);
+  std::vector<std::string> problems;
+  for (const auto& want : expected) {
+    auto it = shapes.find(want.name);
+    if (const auto dot = want.name.find('.'); it == shapes.end() && dot != std::string::npos)
+      it = shapes.find(want.name.substr(dot + 1));  // a file of the bare base model
+    if (it == shapes.end()) {
+      problems.push_back("no " + want.name + " in the weights (" + want.fields + ")");
+    } else if (it->second != want.shape) {
+      problems.push_back(want.fields + " give " + want.name + " the shape " +
+                         checkpoint::detail::shape_string(want.shape) + ", the weights " +
+                         checkpoint::detail::shape_string(it->second));
+    }
+  }
+  if (problems.empty()) return;
+  std::string all;
+  for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
+  fail("{} does not match the weights in {}: {}", config_where, dir.string(), all);
+}
+
+LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> read_hf_weights(const std::filesystem::path& dir) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (auto& [path, names] : detail::weight_files(dir)) {
+    if (names.empty()) return checkpoint::load_safetensors(path);  // model.safetensors: no index
     for (auto& [name, t] : checkpoint::load_safetensors(path)) {
       check(names.erase(name) == 1, "{} holds {}, which {} does not map to it", path.string(), name,
             weights_index_file);
       out.emplace_back(std::move(name), std::move(t));
     }
-    check(names.empty(), "{}: weight_map puts {} in {}, which does not hold it", index.string(), *names.begin(), file);
+    check(names.empty(), "{}: weight_map puts {} in {}, which does not hold it", (dir / weights_index_file).string(),
+          *names.begin(), path.filename().string());
   }
   return out;
 }
@@ -165,7 +219,7 @@ LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> read_hf_weights(c
 LOOM_INLINE void load_hf_weights(torch::nn::Module& module, const std::filesystem::path& dir,
                                  const HfNameRules& rules) {
   auto file = read_hf_weights(dir);
-  const auto where = std::filesystem::exists(dir / weights_file) ? dir / weights_file : dir / weights_index_file;
+  const auto where = path_exists(dir / weights_file, PathKind::file) ? dir / weights_file : dir / weights_index_file;
 
   std::unordered_map<std::string, torch::Tensor> targets;  // the module's parameters and buffers
   std::vector<std::string> order;

@@ -70,18 +70,18 @@ LOOM_INLINE void validate(const LlamaConfig& c, std::string_view where) {
   const auto positive = [&](int64_t v, const char* field) {
     check(v > 0, "{}: field '{}' must be a positive integer, got {}", where, field, v);
   };
-  positive(c.vocab_size, "vocab_size");
-  positive(c.hidden_size, "hidden_size");
-  positive(c.intermediate_size, "intermediate_size");
-  positive(c.num_hidden_layers, "num_hidden_layers");
-  positive(c.num_attention_heads, "num_attention_heads");
-  positive(c.max_position_embeddings, "max_position_embeddings");
+  check_config_size(where, "vocab_size", c.vocab_size, ConfigLimits::vocab_size);
+  check_config_size(where, "hidden_size", c.hidden_size, ConfigLimits::width);
+  check_config_size(where, "intermediate_size", c.intermediate_size, ConfigLimits::feed_forward);
+  check_config_size(where, "num_hidden_layers", c.num_hidden_layers, ConfigLimits::layers);
+  check_config_size(where, "num_attention_heads", c.num_attention_heads, ConfigLimits::width);
+  check_config_size(where, "max_position_embeddings", c.max_position_embeddings, ConfigLimits::positions);
   const int64_t kv = c.num_key_value_heads.value_or(c.num_attention_heads);
-  positive(kv, "num_key_value_heads");
+  check_config_size(where, "num_key_value_heads", kv, ConfigLimits::width);
   check(c.num_attention_heads % kv == 0, "{}: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
         where, c.num_attention_heads, kv);
   if (c.head_dim) {
-    positive(*c.head_dim, "head_dim");
+    check_config_size(where, "head_dim", *c.head_dim, ConfigLimits::width);
     check(*c.head_dim % 2 == 0, "{}: field 'head_dim' must be even (the rotary embedding pairs its halves), got {}",
           where, *c.head_dim);
   } else {
@@ -131,6 +131,19 @@ LOOM_INLINE void validate(const LlamaConfig& c, std::string_view where) {
           where, high, low);
     check(original > 0, "{}: field 'rope_parameters.original_max_position_embeddings' must be positive", where);
   }
+}
+
+LOOM_INLINE std::vector<ConfigShape> config_shapes(const LlamaConfig& c) {
+  const int64_t kv = c.num_key_value_heads.value_or(c.num_attention_heads);
+  const int64_t head_dim = c.head_dim.value_or(c.hidden_size / c.num_attention_heads);
+  const auto h = ", hidden_size " + std::to_string(c.hidden_size);
+  const auto last = "model.layers." + std::to_string(c.num_hidden_layers - 1);
+  return {{"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, "vocab_size " + std::to_string(c.vocab_size) + h},
+          {last + ".self_attn.k_proj.weight", {kv * head_dim, c.hidden_size},
+           "num_hidden_layers " + std::to_string(c.num_hidden_layers) + ", num_key_value_heads " + std::to_string(kv) +
+               ", head_dim " + std::to_string(head_dim) + h},
+          {last + ".mlp.down_proj.weight", {c.hidden_size, c.intermediate_size},
+           "intermediate_size " + std::to_string(c.intermediate_size) + h}};
 }
 
 // ---- norm, attention, MLP, layer ----------------------------------------------------------
