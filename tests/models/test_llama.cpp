@@ -69,15 +69,18 @@ inline LlamaConfig tiny(const std::string& model_type = "llama") {
   return c;
 }
 
-// PEFT's adapters (hf_llama.py lora_make), made once per run beside made()'s folders.
-inline void made_adapters(const fs::path& dir) {
+// PEFT's adapters (hf_llama.py lora_make), made once per run beside made()'s folders; the
+// logits PEFT gave with them.
+inline Named made_adapters(const fs::path& dir) {
   static bool done = false;
-  if (done) return;
-  const auto out = loom_test::run_capture(std::string(loom_test::python("")) + " " + script() + " lora_make " +
-                                          dir.string() + " 2>&1");
-  INFO(out);
-  REQUIRE(out.find("made peft_adapter, gpt2_peft_adapter") != std::string::npos);
-  done = true;
+  if (!done) {
+    const auto out = loom_test::run_capture(std::string(loom_test::python("")) + " " + script() + " lora_make " +
+                                            dir.string() + " 2>&1");
+    INFO(out);
+    REQUIRE(out.find("made peft_adapter, gpt2_peft_adapter") != std::string::npos);
+    done = true;
+  }
+  return loom::checkpoint::load_safetensors(dir / "lora_expected.safetensors");
 }
 
 const std::vector<std::string> kFolders{"llama", "llama_tied", "qwen2", "mistral", "llama_sharded", "llama_bf16"};
@@ -260,8 +263,7 @@ TEST_CASE("LoRA as PEFT: loom reads PEFT's adapter, PEFT reads loom's, merge_and
   const fs::path* dir = made();
   if (dir == nullptr) return;
   const char* py = loom_test::python("");
-  made_adapters(*dir);
-  const auto expected = loom::checkpoint::load_safetensors(*dir / "lora_expected.safetensors");
+  const auto expected = made_adapters(*dir);
   const auto ids = named(expected, "input_ids");
   torch::NoGradGuard no_grad;
   // PEFT's adapter on loom's model: PEFT's logits.
@@ -320,8 +322,7 @@ TEST_CASE("LoRA on GPT-2's Conv1D as PEFT (fan_in_fan_out): PEFT's adapter in lo
   const fs::path* dir = made();
   if (dir == nullptr) return;
   const char* py = loom_test::python("");
-  made_adapters(*dir);
-  const auto expected = loom::checkpoint::load_safetensors(*dir / "lora_expected.safetensors");
+  const auto expected = made_adapters(*dir);
   const auto ids = named(expected, "input_ids");
   torch::NoGradGuard no_grad;
   auto model = loom::models::GPT2LMHeadModel::from_pretrained(*dir / "gpt2");
