@@ -180,14 +180,37 @@ TEST_CASE("schedule kwargs are checked at start-up with loom: errors") {
   // which is undefined behaviour) are refused before the cast.
   CHECK_THROWS_WITH_AS(
       LRScheduler<WarmupStableDecay>(params(0, 10, 1.0, {{"num_stable_steps", -0.0}, {"num_decay_steps", 1e24}})),
-      "loom: lr_scheduler_kwargs: num_decay_steps of warmup_stable_decay must be a count below 1e15, got 1e+24",
+      "loom: lr_scheduler_kwargs: num_decay_steps of warmup_stable_decay must be a whole number of at least 0 (below "
+      "1e15), got 1e+24",
       loom::Error);
   CHECK_THROWS_WITH_AS(LRScheduler<ReduceLROnPlateau>(params(0, 10, 1.0, {{"patience", -1e300}})),
-                       doctest::Contains("patience of reduce_lr_on_plateau must be a count below 1e15"), loom::Error);
+                       doctest::Contains("patience of reduce_lr_on_plateau must be a whole number of at least 0"),
+                       loom::Error);
   CHECK_THROWS_WITH_AS(LRScheduler<ReduceLROnPlateau>(params(0, 10, 1.0, {{"cooldown", 1e20}})),
-                       doctest::Contains("cooldown of reduce_lr_on_plateau must be a count below 1e15"), loom::Error);
-  // Ordinary counts are truncated toward zero, as before.
-  CHECK(LRScheduler<WarmupStableDecay>(params(0, 10, 1.0, {{"num_decay_steps", 4.7}})).lr_at(6) == 1.0);
+                       doctest::Contains("cooldown of reduce_lr_on_plateau must be a whole number"), loom::Error);
+  // Every kwarg has its range (HF takes these as given; issue 27): counts are whole and not
+  // negative (HF's int() would truncate 4.7), rates within [0, 1], cycles and floors not negative.
+  CHECK_THROWS_WITH_AS(LRScheduler<WarmupStableDecay>(params(0, 10, 1.0, {{"num_decay_steps", 4.7}})),
+                       doctest::Contains("num_decay_steps of warmup_stable_decay must be a whole number of at least 0"),
+                       loom::Error);
+  CHECK_THROWS_WITH_AS(LRScheduler<ReduceLROnPlateau>(params(0, 10, 1.0, {{"patience", -1}})),
+                       doctest::Contains("got -1"), loom::Error);
+  CHECK_THROWS_WITH_AS(LRScheduler<CosineWithMinLR>(params(0, 10, 1.0, {{"min_lr_rate", 1.5}})),
+                       "loom: lr_scheduler_kwargs: min_lr_rate of cosine_with_min_lr must be in [0, 1], got 1.5",
+                       loom::Error);
+  CHECK_THROWS_WITH_AS(LRScheduler<CosineWithMinLR>(params(0, 10, 1.0, {{"min_lr_rate", -0.1}})),
+                       doctest::Contains("must be in [0, 1], got -0.1"), loom::Error);
+  CHECK_THROWS_WITH_AS(LRScheduler<CosineWithMinLR>(params(0, 10, 1.0, {{"min_lr", -1e-5}})),
+                       doctest::Contains("min_lr of cosine_with_min_lr must be in [0, 1], got -1e-05"), loom::Error);
+  CHECK_THROWS_WITH_AS(LRScheduler<Cosine>(params(0, 10, 1.0, {{"num_cycles", -0.5}})),
+                       doctest::Contains("num_cycles of cosine must be in [0, inf], got -0.5"), loom::Error);
+  CHECK_THROWS_WITH_AS(LRScheduler<WarmupStableDecay>(params(0, 10, 1.0, {{"num_decay_steps", 4}, {"min_lr_ratio", -0.2}})),
+                       doctest::Contains("min_lr_ratio of warmup_stable_decay must be in [0, 1]"), loom::Error);
+  CHECK_THROWS_WITH_AS(LRScheduler<ReduceLROnPlateau>(params(0, 10, 1.0, {{"min_lr", -1.0}})),
+                       doctest::Contains("min_lr of reduce_lr_on_plateau must be in [0, inf]"), loom::Error);
+  // Values inside their ranges still work.
+  CHECK(LRScheduler<WarmupStableDecay>(params(0, 10, 1.0, {{"num_decay_steps", 4}})).lr_at(6) == 1.0);
+  CHECK(LRScheduler<CosineWithMinLR>(params(0, 10, 1.0, {{"min_lr_rate", 1.0}})).lr_at(5) == doctest::Approx(1.0));
 }
 
 TEST_CASE("scheduler state round-trips, plateau state included") {

@@ -17,6 +17,7 @@
 #include <concepts>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -41,18 +42,31 @@ struct ScheduleImpl {
 
 /// Reads lr_scheduler_kwargs for one schedule: typed lookups with defaults, and an error
 /// for any key the schedule does not take (HF raises TypeError there too).
+/// The values a kwarg may take: [min, max], either end open; the message names the interval.
+struct Range {
+  double min = -std::numeric_limits<double>::infinity();
+  double max = std::numeric_limits<double>::infinity();
+  bool min_open = false, max_open = false;
+  [[nodiscard]] bool contains(double v) const {
+    return (min_open ? v > min : v >= min) && (max_open ? v < max : v <= max);
+  }
+  [[nodiscard]] LOOM_INLINE std::string text() const;
+};
+inline constexpr Range kNonNegative{0.0};
+inline constexpr Range kPositive{0.0, std::numeric_limits<double>::infinity(), true};
+inline constexpr Range kUnit{0.0, 1.0};  ///< [0, 1]
+
 class Kwargs {
  public:
   Kwargs(const nlohmann::json& kwargs, std::string_view schedule, std::initializer_list<std::string_view> known);
   /// The number at `key`, or `fallback` when absent; null is an error (HF's argument has a
   /// number default, and None fails there too).
-  [[nodiscard]] LOOM_INLINE double number(std::string_view key, double fallback) const;
-  /// The number at `key` as a count (steps, evaluations), or `fallback` when absent: truncated
-  /// toward zero as HF's int() use of it; not finite or beyond +-1e15 is an error (a cast of
-  /// such a double to int64 is undefined).
+  [[nodiscard]] LOOM_INLINE double number(std::string_view key, double fallback, Range range = {}) const;
+  /// The number at `key` as a count (steps, evaluations), or `fallback` when absent: a whole
+  /// number in [0, 1e15) (HF truncates 2.5 with int(); loom refuses it).
   [[nodiscard]] LOOM_INLINE int64_t count(std::string_view key, int64_t fallback) const;
-  /// The number at `key`, if given (null counts as not given: HF's default is None).
-  [[nodiscard]] std::optional<double> optional_number(std::string_view key) const;
+  /// The number at `key`, if given (null counts as not given: HF's default is None), in `range`.
+  [[nodiscard]] std::optional<double> optional_number(std::string_view key, Range range = {}) const;
   /// The string at `key` (one of `allowed`), or `fallback` when absent; null is an error.
   [[nodiscard]] std::string choice(std::string_view key, std::string fallback,
                                    std::initializer_list<std::string_view> allowed) const;

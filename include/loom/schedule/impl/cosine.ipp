@@ -7,7 +7,7 @@ namespace loom::schedule {
 
 LOOM_INLINE auto ScheduleImpl<Cosine>::configure(const ScheduleParams& p) -> Config {
   Kwargs k(p.kwargs, Cosine::name, {"num_cycles"});
-  return {k.number("num_cycles", 0.5)};
+  return {k.number("num_cycles", 0.5, kNonNegative)};
 }
 
 }  // namespace loom::schedule

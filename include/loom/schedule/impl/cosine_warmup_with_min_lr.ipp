@@ -8,8 +8,8 @@ namespace loom::schedule {
 
 LOOM_INLINE auto ScheduleImpl<CosineWarmupWithMinLR>::configure(const ScheduleParams& p) -> Config {
   Kwargs k(p.kwargs, CosineWarmupWithMinLR::name, {"num_cycles", "min_lr", "min_lr_rate", "warmup_lr_rate"});
-  return {k.number("num_cycles", 0.5), resolve_min_lr_rate(k, p, CosineWarmupWithMinLR::name),
-          k.optional_number("warmup_lr_rate")};
+  return {k.number("num_cycles", 0.5, kNonNegative), resolve_min_lr_rate(k, p, CosineWarmupWithMinLR::name),
+          k.optional_number("warmup_lr_rate", kUnit)};
 }
 
 }  // namespace loom::schedule

@@ -7,7 +7,7 @@ namespace loom::schedule {
 
 LOOM_INLINE auto ScheduleImpl<CosineWithRestarts>::configure(const ScheduleParams& p) -> Config {
   Kwargs k(p.kwargs, CosineWithRestarts::name, {"num_cycles"});
-  return {k.number("num_cycles", 1)};
+  return {k.number("num_cycles", 1, kPositive)};
 }
 
 }  // namespace loom::schedule

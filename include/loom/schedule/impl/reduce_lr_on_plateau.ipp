@@ -21,11 +21,11 @@ LOOM_INLINE PlateauState PlateauState::configure(const ScheduleParams& p) {
   s.maximize = k.choice("mode", "min", {"min", "max"}) == "max";
   s.factor = k.number("factor", 0.1);
   s.patience = k.count("patience", 10);
-  s.threshold = k.number("threshold", 1e-4);
+  s.threshold = k.number("threshold", 1e-4, kNonNegative);
   s.relative = k.choice("threshold_mode", "rel", {"rel", "abs"}) == "rel";
   s.cooldown = k.count("cooldown", 0);
-  s.min_lr = k.number("min_lr", 0.0);
-  s.eps = k.number("eps", 1e-8);
+  s.min_lr = k.number("min_lr", 0.0, kNonNegative);
+  s.eps = k.number("eps", 1e-8, kNonNegative);
   check(s.factor < 1.0 && s.factor >= 0.0, "reduce_lr_on_plateau: factor must be in [0, 1), got {}", s.factor);
   s.lr = p.base_lr;
   s.best = s.maximize ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity();

@@ -34,25 +34,32 @@ LOOM_INLINE Kwargs::Kwargs(const nlohmann::json& kwargs, std::string_view schedu
   }
 }
 
-LOOM_INLINE double Kwargs::number(std::string_view key, double fallback) const {
+LOOM_INLINE std::string Range::text() const {
+  return fmt::format("{}{}, {}{}", min_open ? "(" : "[", min, max, max_open ? ")" : "]");
+}
+
+LOOM_INLINE double Kwargs::number(std::string_view key, double fallback, Range range) const {
   const auto it = kwargs_.find(std::string(key));
   if (it == kwargs_.end()) return fallback;
   check(it->is_number(), "lr_scheduler_kwargs: {} of {} must be a number, got {}", key, schedule_, it->dump());
-  return it->get<double>();
+  const double v = it->get<double>();
+  check(std::isfinite(v) && range.contains(v), "lr_scheduler_kwargs: {} of {} must be in {}, got {}", key, schedule_,
+        range.text(), v);
+  return v;
 }
 
 LOOM_INLINE int64_t Kwargs::count(std::string_view key, int64_t fallback) const {
-  const double v = number(key, static_cast<double>(fallback));
-  check(std::isfinite(v) && std::abs(v) < 1e15, "lr_scheduler_kwargs: {} of {} must be a count below 1e15, got {}", key,
-        schedule_, v);
+  if (!kwargs_.contains(std::string(key))) return fallback;
+  const double v = number(key, 0.0);
+  check(std::isfinite(v) && v >= 0 && v < 1e15 && v == std::floor(v),
+        "lr_scheduler_kwargs: {} of {} must be a whole number of at least 0 (below 1e15), got {}", key, schedule_, v);
   return static_cast<int64_t>(v);
 }
 
-LOOM_INLINE std::optional<double> Kwargs::optional_number(std::string_view key) const {
+LOOM_INLINE std::optional<double> Kwargs::optional_number(std::string_view key, Range range) const {
   const auto it = kwargs_.find(std::string(key));
   if (it == kwargs_.end() || it->is_null()) return std::nullopt;
-  check(it->is_number(), "lr_scheduler_kwargs: {} of {} must be a number, got {}", key, schedule_, it->dump());
-  return it->get<double>();
+  return number(key, 0.0, range);
 }
 
 LOOM_INLINE std::string Kwargs::choice(std::string_view key, std::string fallback,

@@ -23,8 +23,8 @@ LOOM_INLINE auto ScheduleImpl<WarmupStableDecay>::configure(const ScheduleParams
   c.num_stable_steps = k.count("num_stable_steps", p.num_training_steps - p.num_warmup_steps - c.num_decay_steps);
   c.warmup = shape(k.choice("warmup_type", "linear", {"linear", "cosine", "1-sqrt"}));
   c.decay = shape(k.choice("decay_type", "cosine", {"linear", "cosine", "1-sqrt"}));
-  c.min_lr_ratio = k.number("min_lr_ratio", 0.0);
-  c.num_cycles = k.number("num_cycles", 0.5);
+  c.min_lr_ratio = k.number("min_lr_ratio", 0.0, kUnit);
+  c.num_cycles = k.number("num_cycles", 0.5, kNonNegative);
   check(c.num_decay_steps >= 0 && c.num_stable_steps >= 0,
         "warmup_stable_decay: warmup ({}) + num_decay_steps ({}) exceed the {} training steps", p.num_warmup_steps,
         c.num_decay_steps, p.num_training_steps);
