@@ -440,6 +440,15 @@ TEST_CASE("bad token files and bad batches give loom: errors naming the file") {
          "meta.json: field 'dtype' must be \"uint16\" or \"uint32\", got \"int8\"");
   loom_test::write_bytes(dir / "meta.json", R"({"dtype": "uint16", "vocab_size": 70000})");
   expect(error_of([&] { (void)loom::data::read_token_meta(dir / "meta.json"); }), "field 'vocab_size'");
+  // Special tokens inside the vocabulary (an eos_token_id beyond it was copied into config.json).
+  for (const char* key : {"eos_token_id", "pad_token_id", "cls_token_id", "sep_token_id"}) {
+    CAPTURE(key);
+    loom_test::write_bytes(dir / "meta.json",
+                           std::string(R"({"dtype": "uint16", "vocab_size": 100, ")") + key + R"(": 100})");
+    expect(error_of([&] { (void)loom::data::read_token_meta(dir / "meta.json"); }), std::string("field '") + key + "'");
+  }
+  loom_test::write_bytes(dir / "meta.json", R"({"dtype": "uint16", "vocab_size": 100, "eos_token_id": 99})");
+  CHECK(loom::data::read_token_meta(dir / "meta.json").eos_token_id == 99);
   loom_test::write_bytes(dir / "meta.json", R"({"dtype": "uint16", "vocab_size": 100, "lm": {"train": {"file": "t.bin"}}})");
   const auto meta = loom::data::read_token_meta(dir / "meta.json");
   CHECK(meta.lm_file("train") == dir / "t.bin");

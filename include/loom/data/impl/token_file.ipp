@@ -301,10 +301,16 @@ LOOM_INLINE TokenFileMeta read_token_meta(const std::filesystem::path& meta_json
   meta.dtype = token_dtype(dtype);
   meta.vocab_size = f.integer("vocab_size", 1, meta.dtype == TokenDtype::uint16 ? int64_t{1} << 16 : int64_t{1} << 32);
   meta.tokenizer_file = meta.folder / f.optional_string("tokenizer_file").value_or("tokenizer.json");
-  meta.eos_token_id = f.optional_integer("eos_token_id", 0);
-  meta.pad_token_id = f.optional_integer("pad_token_id", 0);
-  meta.cls_token_id = f.optional_integer("cls_token_id", 0);
-  meta.sep_token_id = f.optional_integer("sep_token_id", 0);
+  // Special tokens are tokens: inside the vocabulary (an eos_token_id beyond it would be copied
+  // into a saved config.json and index past the embedding table).
+  const auto token_id = [&](const char* key) -> std::optional<int64_t> {
+    if (!f.has(key)) return std::nullopt;
+    return f.integer(key, 0, meta.vocab_size - 1);
+  };
+  meta.eos_token_id = token_id("eos_token_id");
+  meta.pad_token_id = token_id("pad_token_id");
+  meta.cls_token_id = token_id("cls_token_id");
+  meta.sep_token_id = token_id("sep_token_id");
   if (f.has("lm")) {
     const auto& lm = f.object("lm");
     for (auto it = lm.begin(); it != lm.end(); ++it)
