@@ -106,6 +106,18 @@ TEST_CASE("Llama, Qwen2 and Mistral folders made by transformers give its logits
     worst = std::max(worst, d), worst_loss = std::max(worst_loss, l);
     CHECK(torch::equal(model->logits(named(expected, "input_ids")), out.logits));
   }
+  // bf16 and float32 files into bf16 parameters, as asked: the bf16 file's values exactly.
+  auto in_bf16 = LlamaForCausalLM::from_pretrained(*dir / "llama_bf16", torch::kBFloat16);
+  auto in_fp32 = LlamaForCausalLM::from_pretrained(*dir / "llama_bf16");
+  CHECK((in_bf16->parameters()[0].scalar_type() == torch::kBFloat16));
+  for (const auto& p : in_fp32->named_parameters())
+    CHECK(torch::equal(in_bf16->named_parameters()[p.key()], p.value().to(torch::kBFloat16)));
+  in_bf16->eval();
+  const auto bf16_logits = in_bf16->logits(named(expected, "input_ids")).to(torch::kFloat);
+  CHECK(relative(bf16_logits, named(expected, "llama_bf16_logits")) < 5e-2);  // computed in bf16
+  CHECK((LlamaForCausalLM::from_pretrained(*dir / "llama", torch::kHalf)->parameters()[0].scalar_type() == torch::kHalf));
+  CHECK(loom_test::error_of([&] { LlamaForCausalLM::from_pretrained(*dir / "llama", torch::kInt); })
+            .find("dtype must be a floating-point type") != std::string::npos);
   auto qwen = LlamaForCausalLM::from_pretrained(*dir / "qwen2");
   CHECK(qwen->config().model_type == "qwen2");
   auto& layer = qwen->model->units[0]->inner();

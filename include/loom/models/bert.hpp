@@ -221,7 +221,8 @@ class BertForSequenceClassification : public torch::nn::ModuleHolder<BertForSequ
  public:
   using torch::nn::ModuleHolder<BertForSequenceClassificationImpl>::ModuleHolder;
   /// Reads an HF folder: config.json, then the weights, checked strictly.
-  LOOM_INLINE static BertForSequenceClassification from_pretrained(const std::filesystem::path& dir);
+  LOOM_INLINE static BertForSequenceClassification from_pretrained(const std::filesystem::path& dir,
+                                                                   torch::ScalarType dtype = torch::kFloat);
 };
 
 }  // namespace loom::models

@@ -186,7 +186,8 @@ class GPT2LMHeadModel : public torch::nn::ModuleHolder<GPT2LMHeadModelImpl> {
   using torch::nn::ModuleHolder<GPT2LMHeadModelImpl>::ModuleHolder;
   /// Reads an HF folder: config.json, then the weights (model.safetensors or sharded),
   /// checked strictly against the model built from that config.
-  LOOM_INLINE static GPT2LMHeadModel from_pretrained(const std::filesystem::path& dir);
+  LOOM_INLINE static GPT2LMHeadModel from_pretrained(const std::filesystem::path& dir,
+                                                     torch::ScalarType dtype = torch::kFloat);
 };
 
 }  // namespace loom::models

@@ -207,9 +207,10 @@ class LlamaForCausalLM : public torch::nn::ModuleHolder<LlamaForCausalLMImpl> {
  public:
   using torch::nn::ModuleHolder<LlamaForCausalLMImpl>::ModuleHolder;
   /// Reads an HF folder (model_type llama, qwen2 or mistral): config.json, then the weights
-  /// (model.safetensors or sharded), checked strictly against the model built from it.
-  static LlamaForCausalLM from_pretrained(const std::filesystem::path& dir) {
-    return load_pretrained<LlamaForCausalLM>(dir);
+  /// (model.safetensors or sharded), checked strictly against the model built from it, into
+  /// parameters of `dtype` (float32 by default; bf16 / fp16 files are converted).
+  static LlamaForCausalLM from_pretrained(const std::filesystem::path& dir, torch::ScalarType dtype = torch::kFloat) {
+    return load_pretrained<LlamaForCausalLM>(dir, dtype);
   }
 };
 

@@ -114,15 +114,21 @@ class PreTrainedModel : public torch::nn::Module {
 /// HF's from_pretrained for `Model`, a module holder of a PreTrainedModel: config.json read
 /// into its Config, completed and validated (errors name the file), the shapes the config
 /// gives (the family's config_shapes) compared with the weight files' headers, the model built from it,
-/// then the weights (model.safetensors or sharded) read into it strictly.
+/// then the weights (model.safetensors or sharded) read into it strictly, in `dtype` (HF's
+/// torch_dtype: float32 by default, as HF's; bfloat16 or float16 to train or run in them).
 template <class Model>
-Model load_pretrained(const std::filesystem::path& dir) {
+Model load_pretrained(const std::filesystem::path& dir, torch::ScalarType dtype = torch::kFloat) {
   using Impl = typename Model::ContainedType;
   auto config = read_hf_config<typename Impl::Config>(dir);
   Impl::complete_config(config);
   validate(config, (dir / config_file).string());
   check_config_shapes(dir, config_shapes(config), (dir / config_file).string());  // before anything is allocated
   Model model(std::move(config));
+  // The parameters in the dtype asked for; the files' tensors (float32, bf16, fp16) are
+  // converted to it as they are copied in.
+  check(torch::isFloatingType(dtype), "from_pretrained: dtype must be a floating-point type, got {}",
+        c10::toString(dtype));
+  if (dtype != torch::kFloat) model->to(dtype);
   model->load_weights(dir);
   return model;
 }

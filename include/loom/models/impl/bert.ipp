@@ -275,8 +275,8 @@ LOOM_INLINE HfNameRules BertForSequenceClassificationImpl::name_rules() const {
 }
 
 LOOM_INLINE BertForSequenceClassification BertForSequenceClassification::from_pretrained(
-    const std::filesystem::path& dir) {
-  return load_pretrained<BertForSequenceClassification>(dir);
+    const std::filesystem::path& dir, torch::ScalarType dtype) {
+  return load_pretrained<BertForSequenceClassification>(dir, dtype);
 }
 
 }  // namespace loom::models

@@ -193,8 +193,9 @@ LOOM_INLINE HfNameRules GPT2LMHeadModelImpl::name_rules() const {
   return rules;
 }
 
-LOOM_INLINE GPT2LMHeadModel GPT2LMHeadModel::from_pretrained(const std::filesystem::path& dir) {
-  return load_pretrained<GPT2LMHeadModel>(dir);
+LOOM_INLINE GPT2LMHeadModel GPT2LMHeadModel::from_pretrained(const std::filesystem::path& dir,
+                                                             torch::ScalarType dtype) {
+  return load_pretrained<GPT2LMHeadModel>(dir, dtype);
 }
 
 }  // namespace loom::models
