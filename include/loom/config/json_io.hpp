@@ -46,6 +46,10 @@ LOOM_INLINE std::string describe(const nlohmann::ordered_json& value);
 /// Writes json.dump(2) and a newline to `path` atomically (path.tmp, then rename); creates
 /// parent folders. Throws loom::Error.
 LOOM_INLINE void write_file(const nlohmann::ordered_json& json, const std::filesystem::path& path);
+/// The arguments the other way round would compile (a path converts to JSON and JSON to a
+/// path) and fail at run time; refused at compile time instead.
+void write_file(const std::filesystem::path& path, const nlohmann::ordered_json& json) = delete;
+void write_file(const std::filesystem::path& path, const nlohmann::json& json) = delete;
 
 }  // namespace loom::json
 
