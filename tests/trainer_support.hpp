@@ -9,6 +9,8 @@
 #include "support.hpp"
 
 #include <cstdint>
+#include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -111,5 +113,36 @@ inline torch::nn::Linear fresh_model() {
   torch::manual_seed(11);
   return torch::nn::Linear(4, 3);
 }
+
+// --full_determinism changes process-wide state (torch's deterministic flags and the CUDA /
+// cuBLAS variables), as HF's does: a test that turns it on holds one of these, which puts back
+// what the other tests of the process run with, also when the test stops early.
+class DeterminismRestore {
+ public:
+  DeterminismRestore()
+      : algorithms_(ctx().deterministicAlgorithms()),
+        warn_only_(ctx().deterministicAlgorithmsWarnOnly()),
+        cudnn_(ctx().deterministicCuDNN()),
+        benchmark_(ctx().benchmarkCuDNN()) {
+    for (const char* n : kNames) env_.push_back(std::getenv(n) ? std::optional<std::string>(std::getenv(n)) : std::nullopt);
+  }
+  DeterminismRestore(const DeterminismRestore&) = delete;
+  DeterminismRestore& operator=(const DeterminismRestore&) = delete;
+  ~DeterminismRestore() {
+    ctx().setDeterministicAlgorithms(algorithms_, warn_only_);
+    ctx().setDeterministicCuDNN(cudnn_);
+    ctx().setBenchmarkCuDNN(benchmark_);
+    for (std::size_t i = 0; i < env_.size(); ++i)
+      if (env_[i]) ::setenv(kNames[i], env_[i]->c_str(), 1);
+      else ::unsetenv(kNames[i]);
+  }
+
+ private:
+  static at::Context& ctx() { return at::globalContext(); }
+  static constexpr const char* kNames[] = {"CUDA_LAUNCH_BLOCKING", "CUBLAS_WORKSPACE_CONFIG",
+                                           "FLASH_ATTENTION_DETERMINISTIC"};
+  bool algorithms_, warn_only_, cudnn_, benchmark_;
+  std::vector<std::optional<std::string>> env_;
+};
 
 }  // namespace loom_test

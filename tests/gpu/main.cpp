@@ -343,10 +343,7 @@ TEST_CASE("NCCL in a world of one: every collective loom uses, values checked on
 }
 
 TEST_CASE("--full_determinism on CUDA: GPT-2 resumed from a checkpoint equals the uninterrupted run bitwise") {
-  // Process-wide settings, as in HF: this case puts torch's back at its end.
-  auto& ctx = at::globalContext();
-  const bool algorithms = ctx.deterministicAlgorithms(), warn_only = ctx.deterministicAlgorithmsWarnOnly(),
-             cudnn = ctx.deterministicCuDNN(), benchmark = ctx.benchmarkCuDNN();
+  const loom_test::DeterminismRestore restore;  // process-wide settings, as in HF
   loom::models::GPT2Config c;
   c.vocab_size = 1000, c.n_positions = 64, c.n_embd = 64, c.n_layer = 2, c.n_head = 4;
   c.bos_token_id = c.eos_token_id = 0;
@@ -368,12 +365,9 @@ TEST_CASE("--full_determinism on CUDA: GPT-2 resumed from a checkpoint equals th
   const auto [straight, checkpoint] = run("determinism_straight", std::nullopt);
   const auto again = run("determinism_again", std::nullopt).first;
   const auto resumed = run("determinism_resumed", checkpoint).first;
-  CHECK(ctx.deterministicAlgorithms());
+  CHECK(at::globalContext().deterministicAlgorithms());
   CHECK(max_difference(again, straight) == 0.0);    // two runs: the same bits
   CHECK(max_difference(resumed, straight) == 0.0);  // resumed at step 4: the same bits
-  ctx.setDeterministicAlgorithms(algorithms, warn_only);
-  ctx.setDeterministicCuDNN(cudnn);
-  ctx.setBenchmarkCuDNN(benchmark);
 }
 
 // --under-torchrun=PYTHON: run the sharding case again as `PYTHON -m torch.distributed.run

@@ -114,12 +114,8 @@ TEST_CASE("resume: N straight steps equal N/2 + resume to N, bitwise (BF16)") {
   straight_vs_resumed<loom::precision::BF16>("resume_bf16");
 }
 TEST_CASE("--full_determinism: torch's deterministic algorithms, cuDNN and cuBLAS set as HF does; the resume is bitwise") {
+  const loom_test::DeterminismRestore restore;  // a process-wide setting, as HF's
   auto& ctx = at::globalContext();
-  const bool algorithms = ctx.deterministicAlgorithms(), warn_only = ctx.deterministicAlgorithmsWarnOnly(),
-             cudnn = ctx.deterministicCuDNN(), benchmark = ctx.benchmarkCuDNN();
-  const char* names[] = {"CUDA_LAUNCH_BLOCKING", "CUBLAS_WORKSPACE_CONFIG", "FLASH_ATTENTION_DETERMINISTIC"};
-  std::vector<std::optional<std::string>> before;
-  for (const char* n : names) before.push_back(std::getenv(n) ? std::optional<std::string>(std::getenv(n)) : std::nullopt);
   ctx.setDeterministicAlgorithms(false, false);
   straight_vs_resumed<loom::precision::FP32>("resume_full_determinism", true);
   CHECK(ctx.deterministicAlgorithms());
@@ -128,13 +124,6 @@ TEST_CASE("--full_determinism: torch's deterministic algorithms, cuDNN and cuBLA
   CHECK_FALSE(ctx.benchmarkCuDNN());
   CHECK(std::string(std::getenv("CUBLAS_WORKSPACE_CONFIG")) == ":16:8");
   CHECK(std::string(std::getenv("CUDA_LAUNCH_BLOCKING")) == "1");
-  // A process-wide setting (as HF's): put back what the other tests run with.
-  ctx.setDeterministicAlgorithms(algorithms, warn_only);
-  ctx.setDeterministicCuDNN(cudnn);
-  ctx.setBenchmarkCuDNN(benchmark);
-  for (std::size_t i = 0; i < before.size(); ++i)
-    if (before[i]) ::setenv(names[i], before[i]->c_str(), 1);
-    else ::unsetenv(names[i]);
 }
 
 TEST_CASE("resume: N straight steps equal N/2 + resume to N, bitwise (FP16, scaler state restored)") {

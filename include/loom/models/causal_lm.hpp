@@ -34,8 +34,11 @@ LOOM_INLINE torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torc
 /// columns and give the whole to causal_lm_loss. Else [.., vocab], as a linear layer.
 LOOM_INLINE torch::Tensor lm_head_logits(const torch::Tensor& hidden, const torch::Tensor& weight, bool fast);
 
-/// `logits` and, when `labels` is defined, their causal_lm_loss: a causal LM's forward(batch).
-LOOM_INLINE CausalLMOutput causal_lm_output(torch::Tensor logits, const torch::Tensor& labels);
+/// A causal LM's output from its last hidden states: the logits of lm_head_logits(hidden,
+/// weight, fast), shown with vocab_size = weight.size(0) columns, and, when `labels` is
+/// defined, causal_lm_loss over all of them. Every causal LM's forward(batch) and logits().
+LOOM_INLINE CausalLMOutput causal_lm_output(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                            const torch::Tensor& labels, bool fast);
 
 }  // namespace loom::models
 

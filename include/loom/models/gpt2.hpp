@@ -174,9 +174,6 @@ class GPT2LMHeadModelImpl : public PreTrainedModel<GPT2LMHeadModelImpl, GPT2Conf
 
  private:
   LOOM_INLINE void init_weights();
-  /// The LM head's logits of `hidden`: [.., vocab_size], or with fast kernels [.., padded]
-  /// whose extra columns are -inf (what the loss takes; callers see the first vocab_size).
-  LOOM_INLINE torch::Tensor head(const torch::Tensor& hidden);
   Kernels kernels_ = Kernels::automatic;
 };
 

@@ -48,10 +48,12 @@ LOOM_INLINE torch::Tensor lm_head_logits(const torch::Tensor& hidden, const torc
   return torch::addmm(bias, hidden.reshape({-1, hidden.size(-1)}), w.t()).view(sizes);
 }
 
-LOOM_INLINE CausalLMOutput causal_lm_output(torch::Tensor logits, const torch::Tensor& labels) {
+LOOM_INLINE CausalLMOutput causal_lm_output(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                            const torch::Tensor& labels, bool fast) {
+  const auto all = lm_head_logits(hidden, weight, fast);
   CausalLMOutput out;
-  out.logits = std::move(logits);
-  if (labels.defined()) out.loss = causal_lm_loss(out.logits, labels);
+  out.logits = all.narrow(-1, 0, weight.size(0));
+  if (labels.defined()) out.loss = causal_lm_loss(all, labels, fast);
   return out;
 }
 

@@ -166,22 +166,14 @@ LOOM_INLINE void GPT2LMHeadModelImpl::set_kernels(Kernels kernels) {
   for (auto& block : transformer->blocks) block->inner()->mlp->kernels = kernels;
 }
 
-LOOM_INLINE torch::Tensor GPT2LMHeadModelImpl::head(const torch::Tensor& hidden) {
-  const torch::Tensor& weight = lm_head ? lm_head->weight : transformer->wte->weight;
-  return lm_head_logits(hidden, weight, fast_kernels(kernels_, hidden));
-}
-
 LOOM_INLINE torch::Tensor GPT2LMHeadModelImpl::logits(const torch::Tensor& input_ids) {
-  return head(transformer(input_ids)).narrow(-1, 0, config_.vocab_size);
+  return forward({input_ids, {}}).logits;
 }
 
 LOOM_INLINE CausalLMOutput GPT2LMHeadModelImpl::forward(const data::CausalLMBatch& batch) {
   const auto hidden = transformer(batch.input_ids);
-  const auto all = head(hidden);
-  CausalLMOutput out;
-  out.logits = all.narrow(-1, 0, config_.vocab_size);
-  if (batch.labels.defined()) out.loss = causal_lm_loss(all, batch.labels, fast_kernels(kernels_, hidden));
-  return out;
+  const torch::Tensor& weight = lm_head ? lm_head->weight : transformer->wte->weight;
+  return causal_lm_output(hidden, weight, batch.labels, fast_kernels(kernels_, hidden));
 }
 
 LOOM_INLINE HfNameRules GPT2LMHeadModelImpl::name_rules() const {

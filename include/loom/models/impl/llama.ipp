@@ -313,20 +313,13 @@ LOOM_INLINE void LlamaForCausalLMImpl::init_weights() {
 }
 
 LOOM_INLINE torch::Tensor LlamaForCausalLMImpl::logits(const torch::Tensor& input_ids) {
-  const auto hidden = model(input_ids);
-  const torch::Tensor& weight = lm_head ? lm_head->weight : model->embed_tokens->weight;
-  return lm_head_logits(hidden, weight, fast_kernels(kernels_, hidden)).narrow(-1, 0, config_.vocab_size);
+  return forward({input_ids, {}}).logits;
 }
 
 LOOM_INLINE CausalLMOutput LlamaForCausalLMImpl::forward(const data::CausalLMBatch& batch) {
   const auto hidden = model(batch.input_ids);
   const torch::Tensor& weight = lm_head ? lm_head->weight : model->embed_tokens->weight;
-  const bool fast = fast_kernels(kernels_, hidden);
-  const auto all = lm_head_logits(hidden, weight, fast);
-  CausalLMOutput out;
-  out.logits = all.narrow(-1, 0, config_.vocab_size);
-  if (batch.labels.defined()) out.loss = causal_lm_loss(all, batch.labels, fast);
-  return out;
+  return causal_lm_output(hidden, weight, batch.labels, fast_kernels(kernels_, hidden));
 }
 
 LOOM_INLINE std::string_view LlamaForCausalLMImpl::architecture_name() const {

@@ -36,6 +36,11 @@ inline std::vector<std::pair<std::string, AdaptableLinearImpl*>> adaptable_layer
   return out;
 }
 
+// An adapter's parameter (<layer>.lora_A.weight / lora_B.weight), by its name in the model.
+inline bool is_lora_parameter(const std::string& name) {
+  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
+}
+
 inline bool any_fan_in_fan_out(const torch::nn::Module& model) {
   for (const auto& m : model.modules(/*include_self=*/false))
     if (const auto* layer = m->as<AdaptableLinear>(); layer != nullptr && layer->has_adapter() && layer->fan_in_fan_out())
@@ -157,7 +162,7 @@ LOOM_INLINE int apply_lora(torch::nn::Module& model, const LoraConfig& config) {
     fail("LoRA target_modules ({}) match no module of the model; its linear projections are named {}", targets, known);
   }
   for (auto& p : model.named_parameters())
-    if (p.key().find(".lora_A.") == std::string::npos && p.key().find(".lora_B.") == std::string::npos)
+    if (!detail::is_lora_parameter(p.key()))
       p.value().requires_grad_(false);
   return count;
 }
@@ -166,7 +171,7 @@ LOOM_INLINE void save_adapter(const torch::nn::Module& model, const LoraConfig& 
                               const std::filesystem::path& dir) {
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   for (const auto& p : model.named_parameters())
-    if (p.key().find(".lora_A.") != std::string::npos || p.key().find(".lora_B.") != std::string::npos)
+    if (detail::is_lora_parameter(p.key()))
       tensors.emplace_back(std::string(detail::peft_prefix) + p.key(), p.value().detach().cpu().contiguous());
   check(!tensors.empty(), "save_adapter: the model carries no LoRA adapter (apply_lora or load_adapter first)");
   std::filesystem::create_directories(dir);
@@ -249,7 +254,7 @@ LOOM_INLINE LoraConfig load_adapter(torch::nn::Module& model, const std::filesys
   apply_lora(model, config);
   std::map<std::string, torch::Tensor> params;
   for (const auto& p : model.named_parameters())
-    if (p.key().find(".lora_A.") != std::string::npos || p.key().find(".lora_B.") != std::string::npos)
+    if (detail::is_lora_parameter(p.key()))
       params[std::string(detail::peft_prefix) + p.key()] = p.value();
   std::vector<std::string> problems;
   std::set<std::string> found;
