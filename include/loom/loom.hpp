@@ -30,6 +30,7 @@
 #include <loom/checkpoint/safetensors.hpp>
 #include <loom/metrics/memory.hpp>
 #include <loom/metrics/speed.hpp>
+#include <loom/peft/lora_arguments.hpp>
 #include <loom/policy/bundle.hpp>
 #include <loom/policy/tags.hpp>
 #include <loom/precision/bf16.hpp>

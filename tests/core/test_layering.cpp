@@ -1,6 +1,6 @@
 // The dependency rule of docs/architecture.md, checked on the real headers:
 //   policy <- config <- core <- {precision, schedule, optim, distributed, data,
-//                                checkpoint, metrics, callbacks} <- {accelerate, models} <- trainer
+//                                checkpoint, metrics, callbacks} <- peft <- {accelerate, models} <- trainer
 // A header (or its impl/*.ipp) may include its own folder and folders to its left; the
 // braced folders never include each other.
 #include <doctest/doctest.h>
@@ -18,8 +18,8 @@ int rank_of(const std::string& folder) {
   static const std::map<std::string, int> ranks{
       {"policy", 0},   {"config", 1},      {"core", 2},  {"precision", 3}, {"schedule", 3},
       {"optim", 3},    {"distributed", 3}, {"data", 3},    {"checkpoint", 3}, {"metrics", 3},
-      {"callbacks", 3}, {"accelerate", 4}, {"models", 4},  {"trainer", 5},
-      {"loom.hpp", 6}};
+      {"callbacks", 3}, {"accelerate", 5}, {"models", 5},  {"peft", 4}, {"trainer", 6},
+      {"loom.hpp", 7}};
   auto it = ranks.find(folder);
   return it == ranks.end() ? -1 : it->second;
 }

@@ -9,7 +9,7 @@
 #include <loom/distributed/full_shard_unit.hpp>
 #include <loom/models/gpt2.hpp>
 #include <loom/models/llama.hpp>
-#include <loom/models/lora.hpp>
+#include <loom/peft/lora.hpp>
 
 #include <doctest/doctest.h>
 
@@ -281,7 +281,7 @@ TEST_CASE("LoRA as PEFT: loom reads PEFT's adapter, PEFT reads loom's, merge_and
   // PEFT's adapter on loom's model: PEFT's logits.
   auto model = LlamaForCausalLM::from_pretrained(*dir / "llama");
   model->eval();
-  const auto config = loom::models::load_adapter(*model, *dir / "peft_adapter");
+  const auto config = loom::peft::load_adapter(*model, *dir / "peft_adapter");
   CHECK(config.r == 4);
   CHECK(config.target_modules.size() == 3);
   const double peft_diff = relative(model->logits(ids), named(expected, "lora_logits"));
@@ -294,14 +294,14 @@ TEST_CASE("LoRA as PEFT: loom reads PEFT's adapter, PEFT reads loom's, merge_and
   // loom's adapter (B perturbed, so it counts) read by PEFT.
   auto mine = LlamaForCausalLM::from_pretrained(*dir / "llama");
   mine->eval();
-  loom::models::LoraConfig lora;
+  loom::peft::LoraConfig lora;
   lora.r = 8, lora.lora_alpha = 16, lora.target_modules = {"k_proj", "o_proj", "up_proj"};
-  CHECK(loom::models::apply_lora(*mine, lora) == 6);
+  CHECK(loom::peft::apply_lora(*mine, lora) == 6);
   torch::manual_seed(9);
   for (auto& p : mine->named_parameters())
     if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0.0, 0.05);
   const auto out = loom_test::fresh_dir("models/lora");
-  loom::models::save_adapter(*mine, lora, out / "adapter");
+  loom::peft::save_adapter(*mine, out / "adapter");
   const auto mine_logits = mine->logits(ids);
   loom::checkpoint::save_safetensors({{"input_ids", ids}, {"loom_logits", mine_logits.contiguous()}},
                                      out / "loom_expected.safetensors");
@@ -311,7 +311,7 @@ TEST_CASE("LoRA as PEFT: loom reads PEFT's adapter, PEFT reads loom's, merge_and
   INFO(checked);
   CHECK(checked.find("exit=0") != std::string::npos);
   // Merged: a plain folder transformers opens, with the adapted logits.
-  loom::models::merge_and_unload(*mine);
+  loom::peft::merge_and_unload(*mine);
   for (const auto& p : mine->named_parameters()) CHECK(p.key().find("lora_") == std::string::npos);
   const auto merged_logits = mine->logits(ids);
   CHECK(relative(merged_logits, mine_logits) < 1e-5);
@@ -340,7 +340,7 @@ TEST_CASE("LoRA on GPT-2's Conv1D as PEFT (fan_in_fan_out): PEFT's adapter in lo
   auto model = loom::models::GPT2LMHeadModel::from_pretrained(*dir / "gpt2");
   model->eval();
   const auto before = model->logits(ids);
-  CHECK(loom::models::load_adapter(*model, *dir / "gpt2_peft_adapter").target_modules.size() == 2);
+  CHECK(loom::peft::load_adapter(*model, *dir / "gpt2_peft_adapter").target_modules.size() == 2);
   CHECK(relative(model->logits(ids), named(expected, "gpt2_lora_logits")) <= 1e-5);
   CHECK(model->named_parameters()["transformer.h.0.attn.c_attn.lora_A.weight"].sizes() == torch::IntArrayRef({4, 32}));
   CHECK(model->named_parameters()["transformer.h.0.attn.c_attn.lora_B.weight"].sizes() == torch::IntArrayRef({96, 4}));
@@ -348,9 +348,9 @@ TEST_CASE("LoRA on GPT-2's Conv1D as PEFT (fan_in_fan_out): PEFT's adapter in lo
   CHECK_FALSE(torch::equal(adapted, before));
   // loom's adapter (PEFT's weights, saved again) read by PEFT; merged into the Conv1D weights.
   const auto out = loom_test::fresh_dir("models/lora_gpt2");
-  loom::models::LoraConfig lora;
+  loom::peft::LoraConfig lora;
   lora.r = 4, lora.lora_alpha = 8, lora.target_modules = {"c_attn", "c_proj"};
-  loom::models::save_adapter(*model, lora, out / "adapter");
+  loom::peft::save_adapter(*model, out / "adapter");
   CHECK(loom::json::read_file(out / "adapter" / "adapter_config.json")["fan_in_fan_out"] == true);
   loom::checkpoint::save_safetensors({{"input_ids", ids}, {"loom_logits", adapted.contiguous()}}, out / "loom.safetensors");
   const auto checked = loom_test::run_capture(std::string(py) + " " + script() + " lora_check " + (*dir / "gpt2").string() +
@@ -358,34 +358,34 @@ TEST_CASE("LoRA on GPT-2's Conv1D as PEFT (fan_in_fan_out): PEFT's adapter in lo
                                               " 2>&1; echo \"exit=$?\"");
   INFO(checked);
   CHECK(checked.find("exit=0") != std::string::npos);
-  loom::models::merge_and_unload(*model);
+  loom::peft::merge_and_unload(*model);
   CHECK(relative(model->logits(ids), adapted) < 1e-5);
 }
 
 TEST_CASE("LoRA's bad input: a target that matches nothing, r <= 0, an adapter for another base") {
   torch::manual_seed(0);
   LlamaForCausalLM model(tiny());
-  loom::models::LoraConfig lora;
+  loom::peft::LoraConfig lora;
   lora.target_modules = {"c_attn"};
-  const auto none = loom_test::error_of([&] { loom::models::apply_lora(*model, lora); });
+  const auto none = loom_test::error_of([&] { loom::peft::apply_lora(*model, lora); });
   CHECK(none.starts_with("loom: "));
   CHECK(none.find("match no module of the model; its linear projections are named down_proj, gate_proj, k_proj") !=
         std::string::npos);
   lora.target_modules = {"embed_tokens"};
-  CHECK(loom_test::error_of([&] { loom::models::apply_lora(*model, lora); }).find("LoRA target model.embed_tokens is a") !=
+  CHECK(loom_test::error_of([&] { loom::peft::apply_lora(*model, lora); }).find("LoRA target model.embed_tokens is a") !=
         std::string::npos);
   lora.target_modules = {"q_proj"};
   lora.r = 0;
-  CHECK(loom_test::error_of([&] { loom::models::apply_lora(*model, lora); }).find("LoRA's r must be a positive integer, got 0") !=
+  CHECK(loom_test::error_of([&] { loom::peft::apply_lora(*model, lora); }).find("LoRA's r must be a positive integer, got 0") !=
         std::string::npos);
   lora.r = 4;
-  loom::models::apply_lora(*model, lora);
+  loom::peft::apply_lora(*model, lora);
   const auto dir = loom_test::fresh_dir("models/lora_other_base");
-  loom::models::save_adapter(*model, lora, dir);
+  loom::peft::save_adapter(*model, dir);
   auto wider = tiny();
   wider.hidden_size = 64;
   LlamaForCausalLM other(wider);
-  const auto mismatch = loom_test::error_of([&] { loom::models::load_adapter(*other, dir); });
+  const auto mismatch = loom_test::error_of([&] { loom::peft::load_adapter(*other, dir); });
   CHECK(mismatch.find("(an adapter made for another base model)") != std::string::npos);
   CHECK(mismatch.starts_with("loom: "));
 }

@@ -21,6 +21,7 @@
 
 #include <loom/checkpoint/folders.hpp>
 #include <loom/config/inline.hpp>
+#include <loom/config/paths.hpp>
 #include <loom/config/training_arguments.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/state.hpp>
@@ -220,11 +221,31 @@ class AcceleratorBase {
   LOOM_INLINE std::optional<std::filesystem::path> load_state();
   /// The same from `dir`, a checkpoint folder written by save_state or by a Trainer.
   LOOM_INLINE void load_state(const std::filesystem::path& dir);
-  /// Writes the model to `dir`: model.safetensors (gathered from every rank), training_args.json
-  /// and, when `config` is not null, config.json (HF's save_model). Every rank calls it.
+  /// Writes the model to `dir`: model.safetensors (gathered from every rank), training_args.json,
+  /// config.json (`config`, else set_model_files's) and set_model_files's files (HF's
+  /// save_model). A model training a LoRA adapter writes PEFT's adapter_config.json and
+  /// adapter_model.safetensors instead of config.json and the weights, as HF's Trainer saves a
+  /// PeftModel. Every rank calls it.
   void save_model(const std::filesystem::path& dir, const nlohmann::json& config = nullptr) {
     check(checkpointer_.has_value(), "save_model needs the model: call prepare_model first");
     checkpointer_->save_model(dir, config);
+  }
+  /// A model training a LoRA adapter, merged (PEFT's merge_and_unload) into a plain model
+  /// folder at `dir`: model.safetensors, config.json and set_model_files's files; the model
+  /// keeps its adapter and goes on training. Every rank calls it.
+  void save_merged_model(const std::filesystem::path& dir, const nlohmann::json& config = nullptr) {
+    check(checkpointer_.has_value(), "save_merged_model needs the model: call prepare_model first");
+    checkpointer_->save_merged_model(dir, config);
+  }
+  /// What each saved model folder (save_model, save_merged_model, every checkpoint-N) holds
+  /// beside the weights, so transformers' from_pretrained and AutoTokenizer open it: the
+  /// model's config.json object (HF's format: a loom model's hf_config()) and files copied in
+  /// (tokenizer.json, tokenizer_config.json: HF's Trainer saves its processing_class). After
+  /// prepare_model; the Trainer sets the config of a model that has hf_config() itself.
+  void set_model_files(nlohmann::json config, std::vector<std::filesystem::path> files = {}) {
+    check(checkpointer_.has_value(), "set_model_files needs the model: call prepare_model first");
+    for (const auto& f : files) check_path(f, PathKind::file, "a file set_model_files copies into saved folders");
+    checkpointer_->set_model_files(std::move(config), std::move(files));
   }
   /// Loads the weights of `dir` (a checkpoint or model folder) into the prepared model, on
   /// every rank (HF's load_best_model_at_end). Every rank calls it.

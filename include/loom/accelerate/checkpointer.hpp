@@ -3,6 +3,10 @@
 // named, written and read back here; the components hand over their state and get it back.
 //
 //   checkpoint-N/model.safetensors        weights (named parameters and buffers), gathered
+//   checkpoint-N/adapter_model.safetensors + adapter_config.json
+//                                         instead, when the model trains a LoRA adapter
+//                                         (peft/lora.hpp): the adapter alone, PEFT's files;
+//                                         the frozen base is never written
 //   checkpoint-N/optimizer.safetensors    the optimizer's state tensors ("<kind>.<param>": moments,
 //                                         buffers, step counts), by parameter name
 //   checkpoint-N/optimizer.pt             instead, for a wrapped torch::optim::Optimizer: torch's
@@ -17,6 +21,9 @@
 //   checkpoint-N/rng_state.safetensors    CPU (and CUDA) generator states
 //   checkpoint-N/trainer_state.json       HF's TrainerState, callback states included
 //   checkpoint-N/training_args.json       the arguments
+//   checkpoint-N/config.json, tokenizer files
+//                                         the model's config (HF's format) and the program's
+//                                         files (set_model_files), so transformers opens it
 //
 // Everything is written to a temporary folder that is renamed into place at the end
 // (checkpoint/folders.hpp); in a distributed run rank 0 writes the gathered model and the
@@ -71,15 +78,28 @@ class Checkpointer {
   /// RNG states, and the progress fields of `state` (the plan stays this run's, as HF does).
   LOOM_INLINE void load(const std::filesystem::path& dir, TrainerState& state, OptimizerStep& optimizer,
                         const std::vector<JsonPart>& parts);
-  /// Loads the weights of `dir`/model.safetensors into the model (strict names and shapes).
+  /// Loads the weights of `dir`/model.safetensors into the model (strict names and shapes), or
+  /// its adapter_model.safetensors into the adapter the model carries.
   LOOM_INLINE void load_weights(const std::filesystem::path& dir);
   /// Loads --model_name_or_path's weights (a folder holding model.safetensors).
   LOOM_INLINE void load_pretrained(const std::string& name_or_path);
-  /// Writes the (gathered) weights to `dir`/model.safetensors on rank 0.
+  /// Writes the (gathered) weights to `dir`/model.safetensors on rank 0 (the adapter's files
+  /// for a model training a LoRA adapter).
   LOOM_INLINE void save_weights(const std::filesystem::path& dir);
   /// Trainer::save_model: `dir`/model.safetensors (gathered), training_args.json and, when
-  /// `config` is not null, config.json; every rank calls it, rank 0 writes.
+  /// `config` is not null, config.json; for a model training a LoRA adapter, the adapter
+  /// files instead of both. Every rank calls it, rank 0 writes.
   LOOM_INLINE void save_model(const std::filesystem::path& dir, const nlohmann::json& config);
+  /// The model with its LoRA adapter merged, as a plain folder: `dir`/model.safetensors and
+  /// config.json (when `config` is not null); the model keeps its adapter. Every rank calls it.
+  LOOM_INLINE void save_merged_model(const std::filesystem::path& dir, const nlohmann::json& config);
+  /// What every checkpoint-N holds beside the weights: `config` as config.json (not when the
+  /// model trains an adapter; not written when null) and a copy of each of `files` (the
+  /// tokenizer's), as HF's Trainer saves the model's config and its processing_class.
+  void set_model_files(nlohmann::json config, std::vector<std::filesystem::path> files) {
+    config_ = std::move(config);
+    files_ = std::move(files);
+  }
 
  private:
   LOOM_INLINE void barrier(const char* what);
@@ -88,7 +108,12 @@ class Checkpointer {
   LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> optimizer_state_for_this_rank(
       const std::filesystem::path& dir, OptimizerStep& optimizer);
 
+  /// Rank 0: config.json (unless null or an adapter is trained) and the program's files into `dir`.
+  LOOM_INLINE void write_model_files(const std::filesystem::path& dir, const nlohmann::json& config, bool adapter_too);
+
   const TrainingArguments* args_;
+  nlohmann::json config_;
+  std::vector<std::filesystem::path> files_;
   dist::World world_;
   dist::Engine* engine_;
   torch::nn::Module* model_;

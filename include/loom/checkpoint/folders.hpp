@@ -36,6 +36,9 @@ namespace loom::checkpoint {
 
 /// File name of the model weights inside a checkpoint folder (HF's SAFE_WEIGHTS_NAME).
 inline constexpr std::string_view kModelFile = "model.safetensors";
+/// Instead, when the model trains a LoRA adapter: the adapter's weights (PEFT's
+/// ADAPTER_SAFE_WEIGHTS_NAME; peft/lora.hpp writes it, beside adapter_config.json).
+inline constexpr std::string_view kAdapterFile = "adapter_model.safetensors";
 /// File name of the trainer state inside a checkpoint folder (HF's TRAINER_STATE_NAME).
 inline constexpr std::string_view kTrainerStateFile = "trainer_state.json";
 /// Prefix of a checkpoint folder name (HF's PREFIX_CHECKPOINT_DIR).

@@ -26,7 +26,7 @@
 #include <loom/models/activations.hpp>
 #include <loom/models/causal_lm.hpp>
 #include <loom/models/hf_folder.hpp>
-#include <loom/models/lora.hpp>
+#include <loom/peft/lora.hpp>
 #include <loom/models/pretrained.hpp>
 #include <loom/core/neftune.hpp>
 
@@ -82,7 +82,7 @@ LOOM_INLINE std::vector<ConfigShape> config_shapes(const GPT2Config& config);
 
 /// HF's Conv1D: a linear layer whose weight is stored [in, out]; out = bias + x @ weight. It
 /// can carry a LoRA adapter (an AdaptableLinear with fan_in_fan_out, as PEFT treats Conv1D).
-class Conv1DImpl : public AdaptableLinearImpl {
+class Conv1DImpl : public peft::AdaptableLinearImpl {
  public:
   LOOM_INLINE Conv1DImpl(int64_t in_features, int64_t out_features);
 };

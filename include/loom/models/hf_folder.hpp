@@ -165,10 +165,11 @@ LOOM_INLINE std::map<std::string, int64_t> read_label2id(const nlohmann::json& v
 LOOM_INLINE nlohmann::json read_config_json(const std::filesystem::path& path,
                                             const std::vector<std::string_view>& model_types);
 
-/// Writes `fields` plus model_type and architectures as config.json, keys sorted as HF does.
-LOOM_INLINE void write_config_json(nlohmann::json fields, const std::filesystem::path& path,
-                                   std::string_view model_type, std::string_view architecture,
-                                   torch::ScalarType dtype);
+/// `fields` plus model_type, architectures and dtype: config.json's object.
+LOOM_INLINE nlohmann::json with_hf_keys(nlohmann::json fields, std::string_view model_type,
+                                        std::string_view architecture, torch::ScalarType dtype);
+/// Writes `j` with indent 2 and its keys in sorted order, atomically.
+LOOM_INLINE void write_sorted_json(const nlohmann::json& j, const std::filesystem::path& path);
 
 }  // namespace detail
 
@@ -204,12 +205,12 @@ Config read_hf_config(const std::filesystem::path& dir) {
   return config;
 }
 
-/// Writes `config` as `dir`/config.json: every field (an empty optional as null; a config
-/// with `written(key)` leaves out the keys it declines), plus model_type, architectures =
+/// `config` as config.json holds it: every field (an empty optional as null; a config with
+/// `written(key)` leaves out the keys it declines), plus model_type, architectures =
 /// [architecture] and dtype (the weights' dtype, as HF writes it).
 template <class Config>
-void write_hf_config(const Config& config, const std::filesystem::path& dir, std::string_view architecture,
-                     torch::ScalarType dtype = torch::kFloat32) {
+nlohmann::json hf_config_json(const Config& config, std::string_view architecture,
+                              torch::ScalarType dtype = torch::kFloat32) {
   nlohmann::json fields = nlohmann::json::object();
   constexpr auto names = boost::pfr::names_as_array<Config>();
   boost::pfr::for_each_field(config, [&]<class F>(const F& field, std::size_t index) {
@@ -230,7 +231,14 @@ void write_hf_config(const Config& config, const std::filesystem::path& dir, std
       fields[key] = nlohmann::json(loom::json::field_to_json(field));
     }
   });
-  detail::write_config_json(std::move(fields), dir / config_file, detail::model_type_of(config), architecture, dtype);
+  return detail::with_hf_keys(std::move(fields), detail::model_type_of(config), architecture, dtype);
+}
+
+/// Writes `config` as `dir`/config.json (hf_config_json), keys sorted as HF does.
+template <class Config>
+void write_hf_config(const Config& config, const std::filesystem::path& dir, std::string_view architecture,
+                     torch::ScalarType dtype = torch::kFloat32) {
+  detail::write_sorted_json(hf_config_json(config, architecture, dtype), dir / config_file);
 }
 
 }  // namespace loom::models

@@ -33,7 +33,7 @@
 #include <loom/models/activations.hpp>
 #include <loom/models/causal_lm.hpp>
 #include <loom/models/hf_folder.hpp>
-#include <loom/models/lora.hpp>
+#include <loom/peft/lora.hpp>
 #include <loom/models/pretrained.hpp>
 
 #include <nlohmann/json.hpp>
@@ -115,7 +115,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
   LOOM_INLINE explicit LlamaAttentionImpl(const LlamaConfig& config);
   /// `cos`, `sin`: [batch, seq, head_dim] (the model's rotary table for these positions).
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
-  AdaptableLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  peft::AdaptableLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
@@ -129,7 +129,7 @@ class LlamaMLPImpl : public torch::nn::Module {
  public:
   LOOM_INLINE explicit LlamaMLPImpl(const LlamaConfig& config);
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
-  AdaptableLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  peft::AdaptableLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 
  private:
   ActivationFn activation_;

@@ -82,7 +82,12 @@ class PreTrainedModel : public torch::nn::Module {
   /// Writes config.json and the weights (model.safetensors, or shards with an index).
   void save_pretrained(const std::filesystem::path& dir, const SaveOptions& options = {}) const {
     save_hf_weights(*this, dir, options);
-    write_hf_config(config_, dir, architecture_name(), detail::weights_dtype(*this));
+    models::detail::write_sorted_json(hf_config(), dir / config_file);
+  }
+  /// config.json's object as save_pretrained writes it; the Trainer writes it beside the
+  /// weights of save_model and of every checkpoint, so transformers opens them.
+  [[nodiscard]] nlohmann::json hf_config() const {
+    return hf_config_json(config_, architecture_name(), detail::weights_dtype(*this));
   }
   /// Reads the weights of an HF folder into this model (same config), strictly, allowing the
   /// family's name_rules().

@@ -265,10 +265,23 @@ class Trainer {
   }
 
   /// Writes the model to `output_dir` (default: --output_dir): model.safetensors (every
-  /// parameter and buffer, gathered from every rank under a sharding policy) and
-  /// training_args.json, plus config.json when the model has a reflectable `config` member.
+  /// parameter and buffer, gathered from every rank under a sharding policy),
+  /// training_args.json, config.json (a loom model's hf_config(), or a reflectable `config`
+  /// member) and the tokenizer files (set_tokenizer_files), so transformers opens the folder;
+  /// every checkpoint-N holds the same. A model training a LoRA adapter writes PEFT's
+  /// adapter_config.json and adapter_model.safetensors instead of the weights and config.json.
   /// Every rank must call it (the gather is a collective); rank 0 writes (HF's save_model).
   void save_model(std::optional<std::string> output_dir = std::nullopt);
+  /// A model training a LoRA adapter, merged into a plain model folder (default:
+  /// <output_dir>/merged) that transformers opens; training may go on. Every rank calls it.
+  void save_merged_model(std::optional<std::string> output_dir = std::nullopt);
+  /// Files copied into save_model's folder and every checkpoint (tokenizer.json,
+  /// tokenizer_config.json), as HF's Trainer saves its processing_class.
+  void set_tokenizer_files(std::vector<std::filesystem::path> files) {
+    for (const auto& f : files) check_path(f, PathKind::file, "a tokenizer file saved with the model");
+    tokenizer_files_ = std::move(files);
+    acc_->set_model_files(model_config_json(), tokenizer_files_);
+  }
 
   /// Prints `metrics` as HF's log_metrics does ("***** <split> metrics *****", then one
   /// aligned line per metric, sorted, formatted by metrics_format), on world process zero.
@@ -459,8 +472,12 @@ class Trainer {
   template <class Batch>
   PredictResult evaluation_loop(data::DataLoader<Batch>& loader, const std::string& prefix);
 
+  // config.json of save_model and the checkpoints (model_config_json) and the tokenizer's files.
+  [[nodiscard]] nlohmann::json model_config_json() const;
+
   TrainingArguments args_;
   Model model_;
+  std::vector<std::filesystem::path> tokenizer_files_;
   TrainerControl control_;
   callbacks_type callbacks_;
   std::unique_ptr<datasets_type> data_;

@@ -122,14 +122,25 @@ PredictResult Trainer<Derived, Model, Policies...>::predict(D test_dataset, cons
 }
 
 template <class Derived, class Model, class... Policies>
-void Trainer<Derived, Model, Policies...>::save_model(std::optional<std::string> output_dir) {
-  const std::filesystem::path dir(output_dir.value_or(args_.output_dir));
-  nlohmann::json config;
-  if constexpr (requires { model_->config; }) {
+nlohmann::json Trainer<Derived, Model, Policies...>::model_config_json() const {
+  // A loom model's config.json as HF writes it; else a reflectable `config` member, as is.
+  if constexpr (requires { model_->hf_config(); }) {
+    return model_->hf_config();
+  } else if constexpr (requires { model_->config; }) {
     using Config = std::decay_t<decltype(model_->config)>;
-    if constexpr (std::is_aggregate_v<Config>) config = loom::to_json(model_->config);
+    if constexpr (std::is_aggregate_v<Config>) return loom::to_json(model_->config);
   }
-  acc_->save_model(dir, config);
+  return nullptr;
+}
+
+template <class Derived, class Model, class... Policies>
+void Trainer<Derived, Model, Policies...>::save_model(std::optional<std::string> output_dir) {
+  acc_->save_model(std::filesystem::path(output_dir.value_or(args_.output_dir)));
+}
+
+template <class Derived, class Model, class... Policies>
+void Trainer<Derived, Model, Policies...>::save_merged_model(std::optional<std::string> output_dir) {
+  acc_->save_merged_model(std::filesystem::path(output_dir.value_or(args_.output_dir + "/merged")));
 }
 
 template <class Derived, class Model, class... Policies>
@@ -183,6 +194,7 @@ void Trainer<Derived, Model, Policies...>::init(Train train_dataset) {
   }
   // checkpointer, --model_name_or_path, device, --gradient_checkpointing, engine set-up
   acc_->prepare_module(detail::module_of(model_));
+  acc_->set_model_files(model_config_json(), tokenizer_files_);
   kwargs_.model = &detail::module_of(model_);
   add_reporters();
   fire<event::on_init_end>();

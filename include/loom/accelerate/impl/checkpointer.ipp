@@ -8,6 +8,7 @@
 #include <loom/config/reflect.hpp>
 #include <loom/core/error.hpp>
 #include <loom/distributed/comm.hpp>
+#include <loom/peft/lora.hpp>
 
 #include <algorithm>
 #include <map>
@@ -29,9 +30,29 @@ LOOM_INLINE void Checkpointer::barrier(const char* what) {
 }
 
 LOOM_INLINE void Checkpointer::save_weights(const std::filesystem::path& dir) {
+  // A model training a LoRA adapter saves the adapter alone, as HF's Trainer saves a
+  // PeftModel: the frozen base is the folder it was loaded from.
+  const bool adapter = peft::adapter_config(*model_).has_value();
   engine_->with_full_params([&] {
-    if (world_.is_main()) checkpoint::save_module(*model_, dir / checkpoint::kModelFile);
+    if (!world_.is_main()) return;
+    if (adapter) peft::save_adapter(*model_, dir);
+    else checkpoint::save_module(*model_, dir / checkpoint::kModelFile);
   });
+}
+
+LOOM_INLINE void Checkpointer::write_model_files(const std::filesystem::path& dir, const nlohmann::json& config,
+                                                 bool adapter_too) {
+  // The base model's config.json belongs with full weights; an adapter folder has its own
+  // adapter_config.json (as PEFT's save_pretrained writes it).
+  const auto& chosen = config.is_null() ? config_ : config;
+  if (!chosen.is_null() && (adapter_too || !peft::adapter_config(*model_)))
+    json::write_file(nlohmann::ordered_json::parse(chosen.dump()), dir / "config.json");
+  for (const auto& file : files_) {
+    const auto to = dir / file.filename();
+    std::error_code ec;
+    std::filesystem::copy_file(file, to, std::filesystem::copy_options::overwrite_existing, ec);
+    check(!ec, "cannot copy {} into {}: {}", file.string(), dir.string(), ec.message());
+  }
 }
 
 LOOM_INLINE void Checkpointer::save_model(const std::filesystem::path& dir, const nlohmann::json& config) {
@@ -39,10 +60,46 @@ LOOM_INLINE void Checkpointer::save_model(const std::filesystem::path& dir, cons
   save_weights(dir);
   if (!world_.is_main()) return;
   save_json(*args_, dir / detail::kTrainingArgs);
-  if (!config.is_null()) detail::write_json_file(dir / "config.json", config, 2);
+  write_model_files(dir, config, /*adapter_too=*/false);
+}
+
+LOOM_INLINE void Checkpointer::save_merged_model(const std::filesystem::path& dir, const nlohmann::json& config) {
+  check(peft::adapter_config(*model_).has_value(),
+        "save_merged_model: the model carries no LoRA adapter (save_model writes its weights)");
+  if (world_.is_main()) std::filesystem::create_directories(dir);
+  engine_->with_full_params([&] {
+    if (!world_.is_main()) return;
+    const peft::HiddenAdapters merged(*model_, /*merge=*/true);  // while the file is written
+    checkpoint::save_module(*model_, dir / checkpoint::kModelFile);
+  });
+  if (!world_.is_main()) return;
+  write_model_files(dir, config, /*adapter_too=*/true);
 }
 
 LOOM_INLINE void Checkpointer::load_weights(const std::filesystem::path& dir) {
+  const auto adapter = peft::adapter_config(*model_);
+  const bool has_full = path_exists(dir / checkpoint::kModelFile, PathKind::file);
+  const bool has_adapter = path_exists(dir / checkpoint::kAdapterFile, PathKind::file);
+  if (adapter) {
+    check(has_adapter, "{} holds no {}{}, but the model trains a LoRA adapter", dir.string(), checkpoint::kAdapterFile,
+          has_full ? " (its model.safetensors is a full model's: load it before the adapter is added)" : "");
+    // The adapter saved must be this one: r and the targets show in the shapes, the scaling not.
+    const auto file = dir / peft::adapter_config_file;
+    if (path_exists(file, PathKind::file)) {
+      const auto saved = peft::lora_config_from_json(json::read_file(file), file.string());
+      check(saved.scaling() == adapter->scaling() && saved.lora_dropout == adapter->lora_dropout,
+            "{}: the adapter was trained with lora_alpha {}, r {}, lora_dropout {}{}; this run's has lora_alpha {}, r {}, "
+            "lora_dropout {}{}", file.string(), saved.lora_alpha, saved.r, saved.lora_dropout,
+            saved.use_rslora ? ", use_rslora" : "", adapter->lora_alpha, adapter->r, adapter->lora_dropout,
+            adapter->use_rslora ? ", use_rslora" : "");
+    }
+    engine_->with_full_params([&] { peft::load_adapter_weights(*model_, dir); });
+    return;
+  }
+  check(!has_adapter || has_full,
+        "{} holds a LoRA adapter ({}), but the model carries none: add the same adapter before loading (--use_peft "
+        "with its settings, or --lora_config {})", dir.string(), checkpoint::kAdapterFile,
+        (dir / peft::adapter_config_file).string());
   engine_->with_full_params([&] { checkpoint::load_module(*model_, dir / checkpoint::kModelFile); });
 }
 
@@ -50,7 +107,11 @@ LOOM_INLINE void Checkpointer::load_pretrained(const std::string& name_or_path) 
   const auto file = std::filesystem::path(name_or_path) / checkpoint::kModelFile;
   check(path_exists(name_or_path, PathKind::folder, "--model_name_or_path") && path_exists(file, PathKind::file),
         "--model_name_or_path {}: {} does not exist", name_or_path, file.string());
-  load_weights(name_or_path);
+  // The base model's weights; an adapter already on the model stays as it is.
+  engine_->with_full_params([&] {
+    const peft::HiddenAdapters base(*model_, /*merge=*/false);
+    checkpoint::load_module(*model_, file);
+  });
 }
 
 LOOM_INLINE std::map<std::string, std::vector<int64_t>> Checkpointer::parameter_shapes() const {
@@ -111,6 +172,7 @@ LOOM_INLINE void Checkpointer::save(const TrainerState& state, OptimizerStep& op
   if (main) {
     detail::write_json_file(tmp / checkpoint::kTrainerStateFile, nlohmann::json(state.to_json()), 2);
     save_json(args, tmp / detail::kTrainingArgs);
+    write_model_files(tmp, nullptr, /*adapter_too=*/false);
   }
   checkpoint::detail::fault_point("state_written");
   barrier("the checkpoint barrier");  // every shard is written

@@ -46,7 +46,7 @@ LOOM_INLINE std::vector<ConfigShape> config_shapes(const GPT2Config& c) {
 // ---- Conv1D ------------------------------------------------------------------------------
 
 LOOM_INLINE Conv1DImpl::Conv1DImpl(int64_t in_features, int64_t out_features)
-    : AdaptableLinearImpl(in_features, out_features, /*bias=*/true, /*fan_in_fan_out=*/true) {}
+    : peft::AdaptableLinearImpl(in_features, out_features, /*bias=*/true, /*fan_in_fan_out=*/true) {}
 
 // ---- attention, MLP, block ---------------------------------------------------------------
 

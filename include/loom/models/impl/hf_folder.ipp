@@ -112,13 +112,12 @@ LOOM_INLINE nlohmann::json read_config_json(const std::filesystem::path& path,
   return j;
 }
 
-LOOM_INLINE void write_config_json(nlohmann::json fields, const std::filesystem::path& path,
-                                   std::string_view model_type, std::string_view architecture,
-                                   torch::ScalarType dtype) {
+LOOM_INLINE nlohmann::json with_hf_keys(nlohmann::json fields, std::string_view model_type,
+                                        std::string_view architecture, torch::ScalarType dtype) {
   fields["model_type"] = std::string(model_type);
   fields["architectures"] = nlohmann::json::array({std::string(architecture)});
   fields["dtype"] = dtype_name(dtype);
-  write_sorted_json(fields, path);
+  return fields;
 }
 
 }  // namespace detail

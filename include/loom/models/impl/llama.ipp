@@ -168,7 +168,7 @@ LOOM_INLINE LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
       scaling_(std::pow(static_cast<double>(head_dim_), -0.5)),
       window_(c.model_type == "mistral" ? c.sliding_window : std::nullopt) {
   const bool qkv_bias = c.attention_bias || c.model_type == "qwen2";
-  const auto linear = [&](int64_t in, int64_t out, bool bias) { return AdaptableLinear(in, out, bias); };
+  const auto linear = [&](int64_t in, int64_t out, bool bias) { return peft::AdaptableLinear(in, out, bias); };
   q_proj = register_module("q_proj", linear(c.hidden_size, heads_ * head_dim_, qkv_bias));
   k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
   v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
@@ -207,7 +207,7 @@ LOOM_INLINE torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, co
 }
 
 LOOM_INLINE LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) : activation_(activation_fn(c.hidden_act)) {
-  const auto linear = [&](int64_t in, int64_t out) { return AdaptableLinear(in, out, c.mlp_bias); };
+  const auto linear = [&](int64_t in, int64_t out) { return peft::AdaptableLinear(in, out, c.mlp_bias); };
   gate_proj = register_module("gate_proj", linear(c.hidden_size, c.intermediate_size));
   up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size));
   down_proj = register_module("down_proj", linear(c.intermediate_size, c.hidden_size));
@@ -301,7 +301,7 @@ LOOM_INLINE void LlamaForCausalLMImpl::init_weights() {
     if (auto* linear = m->as<torch::nn::Linear>()) {
       linear->weight.normal_(0.0, std);
       if (linear->bias.defined()) linear->bias.zero_();
-    } else if (auto* adaptable = m->as<AdaptableLinear>()) {
+    } else if (auto* adaptable = m->as<peft::AdaptableLinear>()) {
       adaptable->weight.normal_(0.0, std);
       if (adaptable->bias.defined()) adaptable->bias.zero_();
     } else if (auto* embedding = m->as<torch::nn::Embedding>()) {

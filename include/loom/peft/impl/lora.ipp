@@ -1,0 +1,413 @@
+#pragma once
+// Definitions of peft/lora.hpp (compiled once with LOOM_SEPARATE_COMPILATION).
+
+#include <loom/checkpoint/safetensors.hpp>
+#include <loom/config/json.hpp>
+#include <loom/config/paths.hpp>
+#include <loom/core/error.hpp>
+#include <loom/peft/lora.hpp>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace loom::peft {
+
+namespace detail {
+inline constexpr std::string_view peft_prefix = "base_model.model.";
+inline constexpr std::string_view all_linear = "all-linear";
+
+// Each AdaptableLinear of `model` once, by its first name.
+inline std::vector<std::pair<std::string, AdaptableLinearImpl*>> adaptable_layers(const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, AdaptableLinearImpl*>> out;
+  std::set<const torch::nn::Module*> seen;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    auto* layer = item.value()->as<AdaptableLinear>();
+    if (layer != nullptr && seen.insert(layer).second) out.emplace_back(item.key(), layer);
+  }
+  return out;
+}
+
+// An adapter's parameter (<layer>.lora_A.weight / lora_B.weight), by its name in the model.
+inline bool is_lora_parameter(const std::string& name) {
+  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
+}
+
+// `name` equals `pattern` or ends with "." + pattern (PEFT's suffix rule).
+inline bool name_matches(const std::string& name, const std::string& pattern) {
+  return name == pattern || (name.size() > pattern.size() && name.ends_with("." + pattern));
+}
+
+inline bool targeted(const LoraConfig& c, const std::string& name) {
+  if (c.target_regex) return std::regex_match(name, std::regex(*c.target_regex));
+  for (const auto& t : c.target_modules)
+    if (t == all_linear || name_matches(name, t)) return true;
+  return false;
+}
+
+// The parameters of the modules config.modules_to_save names, by their names in the model.
+inline std::vector<std::pair<std::string, torch::Tensor>> saved_module_parameters(const torch::nn::Module& model,
+                                                                                 const LoraConfig& c) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  if (c.modules_to_save.empty()) return out;
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) {
+    if (is_lora_parameter(p.key())) continue;
+    const auto dot = p.key().rfind('.');
+    const std::string owner = dot == std::string::npos ? "" : p.key().substr(0, dot);
+    for (const auto& m : c.modules_to_save)
+      if (!owner.empty() && name_matches(owner, m)) {
+        out.emplace_back(p.key(), p.value());
+        break;
+      }
+  }
+  return out;
+}
+
+inline bool any_fan_in_fan_out(const torch::nn::Module& model) {
+  for (const auto& [name, layer] : adaptable_layers(model))
+    if (layer->has_adapter() && layer->fan_in_fan_out()) return true;
+  return false;
+}
+
+// One line naming at most 8 problems.
+inline std::string problems_text(const std::vector<std::string>& problems) {
+  std::string text;
+  for (std::size_t i = 0; i < problems.size() && i < 8; ++i) text += (i ? "; " : "") + problems[i];
+  if (problems.size() > 8) text += "; and " + std::to_string(problems.size() - 8) + " more";
+  return text;
+}
+}  // namespace detail
+
+LOOM_INLINE double LoraConfig::scaling() const {
+  return use_rslora ? lora_alpha / std::sqrt(static_cast<double>(r)) : lora_alpha / static_cast<double>(r);
+}
+
+LOOM_INLINE void validate(const LoraConfig& c, std::string_view where) {
+  check(c.r > 0, "{}: LoRA's r must be a positive integer, got {}", where, c.r);
+  check(std::isfinite(c.lora_alpha) && c.lora_alpha > 0, "{}: lora_alpha must be a positive number, got {}", where,
+        c.lora_alpha);
+  check(c.lora_dropout >= 0.0 && c.lora_dropout < 1.0, "{}: lora_dropout must be in [0, 1), got {}", where,
+        c.lora_dropout);
+  check(c.bias == "none", "{}: LoRA's bias is \"{}\"; loom trains no bias (\"none\")", where, c.bias);
+  check(!c.target_modules.empty() || c.target_regex.has_value(),
+        "{}: LoRA needs target_modules (module names, \"all-linear\", or a regex)", where);
+  for (const auto& m : c.modules_to_save) check(!m.empty(), "{}: modules_to_save holds an empty name", where);
+  if (c.target_regex) {
+    try {
+      (void)std::regex(*c.target_regex);
+    } catch (const std::regex_error& e) {
+      fail("{}: target_modules regex \"{}\" is not a valid regular expression: {}", where, *c.target_regex, e.what());
+    }
+  }
+}
+
+LOOM_INLINE AdaptableLinearImpl::AdaptableLinearImpl(int64_t in_features, int64_t out_features, bool with_bias,
+                                                     bool fan_in_fan_out)
+    : fan_in_fan_out_(fan_in_fan_out) {
+  // Zeros, drawing nothing from the generator: the model that holds the layer initializes it
+  // (its init_weights), in the order of its own draws.
+  weight = register_parameter("weight", fan_in_fan_out ? torch::zeros({in_features, out_features})
+                                                       : torch::zeros({out_features, in_features}));
+  if (with_bias) bias = register_parameter("bias", torch::zeros({out_features}));
+}
+
+LOOM_INLINE torch::Tensor AdaptableLinearImpl::forward(const torch::Tensor& x) {
+  torch::Tensor result;
+  if (fan_in_fan_out_) {  // HF's Conv1D: bias + x @ weight
+    auto sizes = x.sizes().vec();
+    sizes.back() = weight.size(1);
+    result = torch::addmm(bias, x.view({-1, x.size(-1)}), weight).view(sizes);
+  } else {
+    result = torch::nn::functional::linear(x, weight, bias);
+  }
+  if (lora_A.is_empty()) return result;
+  // PEFT's lora.Linear.forward: the input in the adapter's dtype, then result + B(A(drop(x))) * s.
+  const auto dtype = result.scalar_type();
+  auto in = x.to(lora_A->weight.scalar_type());
+  if (dropout_ > 0.0) in = torch::nn::functional::dropout(in, torch::nn::functional::DropoutFuncOptions().p(dropout_).training(is_training()));
+  result = result + lora_B(lora_A(in)) * scaling_;
+  return result.to(dtype);
+}
+
+LOOM_INLINE void AdaptableLinearImpl::add_adapter(std::shared_ptr<const LoraConfig> config) {
+  check(!has_adapter(), "this layer already carries a LoRA adapter");
+  // PEFT's autocast_adapter_dtype: an adapter on bf16 or fp16 weights is kept in float32.
+  const auto dtype = weight.scalar_type() == torch::kBFloat16 || weight.scalar_type() == torch::kHalf
+                         ? torch::kFloat
+                         : weight.scalar_type();
+  const auto options = torch::TensorOptions().dtype(dtype).device(weight.device());
+  const int64_t in = fan_in_fan_out_ ? weight.size(0) : weight.size(1);
+  const int64_t out = fan_in_fan_out_ ? weight.size(1) : weight.size(0);
+  lora_A = register_module("lora_A", torch::nn::Linear(torch::nn::LinearOptions(in, config->r).bias(false)));
+  lora_B = register_module("lora_B", torch::nn::Linear(torch::nn::LinearOptions(config->r, out).bias(false)));
+  lora_A->to(options.device(), options.dtype().toScalarType());
+  lora_B->to(options.device(), options.dtype().toScalarType());
+  torch::NoGradGuard no_grad;
+  lora_B->weight.zero_();
+  scaling_ = config->scaling();
+  dropout_ = config->lora_dropout;
+  config_ = std::move(config);
+}
+
+LOOM_INLINE torch::Tensor AdaptableLinearImpl::delta_weight() const {
+  auto delta = lora_B->weight.matmul(lora_A->weight) * scaling_;  // [out, in]
+  return fan_in_fan_out_ ? delta.t() : delta;
+}
+
+LOOM_INLINE void AdaptableLinearImpl::merge_adapter() {
+  if (!has_adapter()) return;
+  {
+    torch::NoGradGuard no_grad;
+    weight.add_(delta_weight().to(weight.scalar_type()));
+  }
+  unregister_module("lora_A");
+  unregister_module("lora_B");
+  lora_A = nullptr;
+  lora_B = nullptr;
+  config_.reset();
+}
+
+LOOM_INLINE int apply_lora(torch::nn::Module& model, const LoraConfig& config) {
+  validate(config, "LoraConfig");
+  const auto layers = detail::adaptable_layers(model);
+  for (const auto& [name, layer] : layers)
+    check(!layer->has_adapter(), "the model already carries a LoRA adapter ({}); loom trains one adapter at a time",
+          name);
+  std::vector<std::pair<std::string, AdaptableLinearImpl*>> chosen;
+  for (const auto& [name, layer] : layers)
+    if (detail::targeted(config, name)) chosen.emplace_back(name, layer);
+  if (chosen.empty()) {
+    // A target naming a module that exists but cannot carry an adapter says so.
+    std::string other;
+    for (const auto& item : model.named_modules("", false))
+      if (item.value()->as<AdaptableLinear>() == nullptr && detail::targeted(config, item.key())) {
+        other = item.key();
+        break;
+      }
+    if (!other.empty())
+      fail("LoRA target {} is a {}; loom's adapters go on the models' linear projections", other,
+           model.named_modules("", false)[other]->name());
+    std::string targets = config.target_regex ? "regex \"" + *config.target_regex + "\"" : "";
+    for (const auto& t : config.target_modules) targets += (targets.empty() ? "" : ", ") + t;
+    std::string known;
+    std::set<std::string> suffixes;
+    for (const auto& [name, layer] : layers) suffixes.insert(name.substr(name.rfind('.') + 1));
+    for (const auto& s : suffixes) known += (known.empty() ? "" : ", ") + s;
+    fail("LoRA target_modules ({}) match no module of the model; {}", targets,
+         known.empty() ? "it has no layer that can carry an adapter (peft::AdaptableLinear)"
+                       : "its linear projections are named " + known);
+  }
+  // What a module to save names must exist and hold parameters.
+  auto recorded = std::make_shared<LoraConfig>(config);
+  if (std::find(config.target_modules.begin(), config.target_modules.end(), detail::all_linear) !=
+      config.target_modules.end()) {
+    recorded->target_modules.clear();  // as PEFT writes "all-linear": the layers it chose
+    for (const auto& [name, layer] : chosen) recorded->target_modules.push_back(name);
+  }
+  const auto to_save = detail::saved_module_parameters(model, config);
+  for (const auto& m : config.modules_to_save) {
+    const bool found = std::any_of(to_save.begin(), to_save.end(), [&](const auto& p) {
+      return detail::name_matches(p.first.substr(0, p.first.rfind('.')), m);
+    });
+    check(found, "LoRA modules_to_save names {}, which matches no module of the model that holds parameters", m);
+  }
+  for (const auto& [name, layer] : chosen)
+    for (const auto& [saved, t] : to_save)
+      check(saved.rfind(name + ".", 0) != 0, "LoRA module {} is both a target and in modules_to_save", name);
+  for (const auto& [name, layer] : chosen) layer->add_adapter(recorded);
+  std::set<const c10::TensorImpl*> trainable;
+  for (const auto& [name, t] : to_save) trainable.insert(t.unsafeGetTensorImpl());
+  for (auto& p : model.named_parameters())
+    if (!detail::is_lora_parameter(p.key()) && !trainable.contains(p.value().unsafeGetTensorImpl()))
+      p.value().requires_grad_(false);
+  return static_cast<int>(chosen.size());
+}
+
+LOOM_INLINE std::optional<LoraConfig> adapter_config(const torch::nn::Module& model) {
+  for (const auto& [name, layer] : detail::adaptable_layers(model))
+    if (layer->has_adapter() && layer->lora_config()) return *layer->lora_config();
+  return std::nullopt;
+}
+
+LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> adapter_tensors(const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  const auto config = adapter_config(model);
+  if (!config) return out;
+  for (const auto& p : model.named_parameters())
+    if (detail::is_lora_parameter(p.key())) out.emplace_back(std::string(detail::peft_prefix) + p.key(), p.value());
+  for (auto& [name, t] : detail::saved_module_parameters(model, *config))
+    out.emplace_back(std::string(detail::peft_prefix) + name, t);
+  return out;
+}
+
+LOOM_INLINE nlohmann::ordered_json lora_config_to_json(const LoraConfig& config, bool fan_in_fan_out) {
+  const auto or_null = [](const auto& v) { return v.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(v); };
+  nlohmann::ordered_json j = {{"peft_type", "LORA"},
+                              {"task_type", config.task_type},
+                              {"r", config.r},
+                              {"lora_alpha", config.lora_alpha},
+                              {"lora_dropout", config.lora_dropout},
+                              {"bias", config.bias},
+                              {"use_rslora", config.use_rslora},
+                              {"fan_in_fan_out", fan_in_fan_out},
+                              {"init_lora_weights", true},
+                              {"inference_mode", true},
+                              {"modules_to_save", or_null(config.modules_to_save)},
+                              {"use_dora", false},
+                              {"base_model_name_or_path", config.base_model_name_or_path
+                                                              ? nlohmann::ordered_json(*config.base_model_name_or_path)
+                                                              : nlohmann::ordered_json(nullptr)}};
+  if (config.target_regex) j["target_modules"] = *config.target_regex;
+  else j["target_modules"] = config.target_modules;
+  return j;
+}
+
+LOOM_INLINE void save_adapter(const torch::nn::Module& model, const std::filesystem::path& dir) {
+  const auto config = adapter_config(model);
+  check(config.has_value(), "save_adapter: the model carries no LoRA adapter (apply_lora or load_adapter first)");
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (auto& [name, t] : adapter_tensors(model)) tensors.emplace_back(name, t.detach().cpu().contiguous());
+  std::filesystem::create_directories(dir);
+  checkpoint::save_safetensors(tensors, dir / adapter_weights_file, {{"format", "pt"}});
+  json::write_file(lora_config_to_json(*config, detail::any_fan_in_fan_out(model)), dir / adapter_config_file);
+}
+
+LOOM_INLINE LoraConfig lora_config_from_json(const nlohmann::json& j, std::string_view where) {
+  check(j.is_object(), "{}: an adapter config must be a JSON object", where);
+  const auto peft_type = j.value("peft_type", std::string("LORA"));
+  check(peft_type == "LORA", "{}: peft_type is \"{}\"; loom reads LoRA adapters", where, peft_type);
+  LoraConfig c;
+  const auto number = [&](const char* key, auto& field) {
+    if (!j.contains(key) || j[key].is_null()) return;
+    check(j[key].is_number(), "{}: field '{}' must be a number", where, key);
+    field = j[key].get<std::decay_t<decltype(field)>>();
+  };
+  number("r", c.r);
+  number("lora_alpha", c.lora_alpha);
+  number("lora_dropout", c.lora_dropout);
+  if (j.contains("bias") && j["bias"].is_string()) c.bias = j["bias"].get<std::string>();
+  if (j.contains("use_rslora") && j["use_rslora"].is_boolean()) c.use_rslora = j["use_rslora"].get<bool>();
+  // fan_in_fan_out follows the layer here (HF's Conv1D stores [in, out]), as PEFT sets it.
+  if (j.contains("task_type") && j["task_type"].is_string()) c.task_type = j["task_type"].get<std::string>();
+  if (j.contains("base_model_name_or_path") && j["base_model_name_or_path"].is_string())
+    c.base_model_name_or_path = j["base_model_name_or_path"].get<std::string>();
+  const auto& save = j.contains("modules_to_save") ? j["modules_to_save"] : nlohmann::json();
+  check(save.is_null() || save.is_array(), "{}: field 'modules_to_save' must be a list of module names or null", where);
+  if (save.is_array())
+    for (const auto& e : save) {
+      check(e.is_string(), "{}: field 'modules_to_save' must hold strings", where);
+      c.modules_to_save.push_back(e.get<std::string>());
+    }
+  const auto& t = j.contains("target_modules") ? j["target_modules"] : nlohmann::json();
+  if (t.is_string()) c.target_regex = t.get<std::string>();
+  else if (t.is_array())
+    for (const auto& e : t) {
+      check(e.is_string(), "{}: field 'target_modules' must hold strings", where);
+      c.target_modules.push_back(e.get<std::string>());
+    }
+  // What changes the arithmetic and loom does not implement must be absent or default.
+  const auto off = [&](const char* key) {
+    if (!j.contains(key)) return;
+    const auto& v = j[key];
+    const bool is_default = v.is_null() || v == false || (v.is_object() && v.empty()) || (v.is_array() && v.empty());
+    check(is_default, "{}: field '{}' is {}; loom's LoRA does not implement it", where, key, v.dump());
+  };
+  for (const char* key : {"use_dora", "layers_to_transform", "rank_pattern", "alpha_pattern",
+                          "exclude_modules", "target_parameters", "trainable_token_indices",
+                          "layer_replication", "lora_bias"})
+    off(key);
+  // And PEFT's other variants: every use_* switch but use_rslora, every *_config block.
+  for (const auto& [key, value] : j.items())
+    if ((key.starts_with("use_") && key != "use_rslora") ||
+        (key.ends_with("_config") && key != "megatron_config" && key != "loftq_config"))
+      off(key.c_str());
+  if (j.contains("loftq_config")) off("loftq_config");
+  validate(c, where);
+  return c;
+}
+
+LOOM_INLINE void load_adapter_weights(torch::nn::Module& model, const std::filesystem::path& dir) {
+  const auto weights_path = dir / adapter_weights_file;
+  check(path_exists(dir, PathKind::folder, "a PEFT adapter folder") && path_exists(weights_path, PathKind::file),
+        "{} does not exist (a PEFT adapter folder holds {} and {})", weights_path.string(), adapter_config_file,
+        adapter_weights_file);
+  check(adapter_config(model).has_value(), "{}: the model carries no LoRA adapter to read it into", weights_path.string());
+  const auto stored = checkpoint::load_safetensors(weights_path);
+  std::map<std::string, torch::Tensor> params;
+  for (auto& [name, t] : adapter_tensors(model)) params[name] = t;
+  std::vector<std::string> problems;
+  std::set<std::string> found;
+  for (const auto& [name, t] : stored) {
+    const auto it = params.find(name);
+    if (it == params.end()) {
+      problems.push_back("unexpected " + name);
+      continue;
+    }
+    found.insert(name);
+    if (it->second.sizes() != t.sizes())
+      problems.push_back(name + " has shape " + c10::str(t.sizes()) + " in the file but " +
+                         c10::str(it->second.sizes()) + " here (an adapter made for another base model)");
+  }
+  for (const auto& [name, p] : params)
+    if (!found.contains(name)) problems.push_back("missing " + name);
+  if (!problems.empty()) fail("{} does not fit this model: {}", weights_path.string(), detail::problems_text(problems));
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, t] : stored) params.at(name).copy_(t);
+}
+
+LOOM_INLINE LoraConfig load_adapter(torch::nn::Module& model, const std::filesystem::path& dir) {
+  const auto config_path = dir / adapter_config_file;
+  check(path_exists(dir, PathKind::folder, "a PEFT adapter folder") && path_exists(config_path, PathKind::file),
+        "{} does not exist (a PEFT adapter folder holds {} and {})", config_path.string(), adapter_config_file,
+        adapter_weights_file);
+  const auto config = lora_config_from_json(json::read_file(config_path), config_path.string());
+  check(path_exists(dir / adapter_weights_file, PathKind::file), "{} does not exist",
+        (dir / adapter_weights_file).string());  // before the model is changed
+  apply_lora(model, config);
+  load_adapter_weights(model, dir);
+  return config;
+}
+
+LOOM_INLINE void merge_and_unload(torch::nn::Module& model) {
+  for (auto& [name, layer] : detail::adaptable_layers(model)) layer->merge_adapter();
+  for (auto& p : model.parameters()) p.requires_grad_(true);
+}
+
+LOOM_INLINE HiddenAdapters::HiddenAdapters(torch::nn::Module& model, bool merge) {
+  torch::NoGradGuard no_grad;
+  for (auto& [name, layer] : detail::adaptable_layers(model)) {
+    if (!layer->has_adapter()) continue;
+    held_.push_back({layer, merge ? layer->weight.detach().clone() : torch::Tensor(), layer->lora_A, layer->lora_B,
+                     layer->lora_config()});
+    if (merge) {
+      layer->merge_adapter();
+    } else {
+      layer->unregister_module("lora_A");
+      layer->unregister_module("lora_B");
+      layer->lora_A = nullptr;
+      layer->lora_B = nullptr;
+    }
+  }
+}
+
+LOOM_INLINE HiddenAdapters::~HiddenAdapters() {
+  torch::NoGradGuard no_grad;
+  for (auto& h : held_) {
+    if (h.base.defined()) h.layer->weight.copy_(h.base);
+    // The same modules again: their tensors are the ones the optimizer steps.
+    h.layer->lora_A = h.layer->register_module("lora_A", h.a);
+    h.layer->lora_B = h.layer->register_module("lora_B", h.b);
+    h.layer->config_ = std::move(h.config);
+  }
+}
+
+}  // namespace loom::peft

@@ -1,0 +1,165 @@
+#pragma once
+// LoRA (Hu et al., 2021) as PEFT computes and stores it: a frozen base layer W and a trainable
+// low-rank update, y = W x + B(A(dropout(x))) * scaling, scaling = lora_alpha / r (or
+// lora_alpha / sqrt(r) with use_rslora), A initialized as torch's Linear (Kaiming uniform),
+// B at zero. It works on any module built from AdaptableLinear layers (every loom model family's
+// projections), which is why it sits below accelerate/ and models/: the Accelerator and the
+// Trainer see a model's adapter and save it, load it and merge it as HF's Trainer does with a
+// PeftModel.
+//
+//   loom::peft::LoraConfig lora;  lora.r = 16;  lora.lora_alpha = 32;  lora.target_modules = {"q_proj", "v_proj"};
+//   loom::peft::apply_lora(*model, lora);          // adapters on, everything else frozen
+//   ... train (the Trainer saves adapter files in its checkpoints and in save_model) ...
+//   loom::peft::save_adapter(*model, "out");       // adapter_config.json + adapter_model.safetensors (PEFT's)
+//   loom::peft::load_adapter(*model, "peft-adapter");  // one PEFT saved, onto the same base
+//   loom::peft::merge_and_unload(*model);          // W += B A * scaling; a plain model again
+//
+// Parameter names stay the model's (q_proj.weight); an adapter adds q_proj.lora_A.weight and
+// q_proj.lora_B.weight, which are PEFT's adapter-file names after its "base_model.model."
+// prefix. target_modules matches as PEFT does: each name equals a module's name or ends it
+// after a dot ("all-linear": every adaptable layer), or target_regex fully matches the
+// module's name. modules_to_save names modules (matched the same way) that are trained whole
+// and stored in the adapter file under their own names, as PEFT stores them.
+//
+// apply_lora records its config in every layer it adapts, so a model carries its adapter's
+// description: adapter_config(model) reads it back, and save_adapter needs nothing else.
+
+#include <loom/config/inline.hpp>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace loom::peft {
+
+/// PEFT's file names inside an adapter folder.
+inline constexpr std::string_view adapter_config_file = "adapter_config.json";
+inline constexpr std::string_view adapter_weights_file = "adapter_model.safetensors";
+
+/// PEFT's LoraConfig, the fields loom implements (adapter_config.json's names).
+struct LoraConfig {
+  int64_t r = 8;                                 ///< rank of the update
+  double lora_alpha = 8;                         ///< scaling numerator
+  double lora_dropout = 0.0;                     ///< dropout on the adapter's input (training)
+  std::vector<std::string> target_modules;       ///< module names, matched as suffixes after a dot; "all-linear"
+  std::optional<std::string> target_regex;       ///< or: a regex that fully matches a module's name
+  std::vector<std::string> modules_to_save;      ///< modules trained whole and saved with the adapter
+  std::string bias = "none";                     ///< only "none": no bias is trained
+  bool use_rslora = false;                       ///< scaling lora_alpha / sqrt(r)
+  std::string task_type = "CAUSAL_LM";           ///< written to adapter_config.json
+  std::optional<std::string> base_model_name_or_path;  ///< written to adapter_config.json
+
+  /// The factor of the update: lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora.
+  [[nodiscard]] double scaling() const;
+};
+
+/// Checks `config` (r > 0, dropout in [0, 1), bias none, a target); errors name `where`.
+LOOM_INLINE void validate(const LoraConfig& config, std::string_view where);
+
+class HiddenAdapters;
+
+/// A linear layer (weight [out, in], optional bias: torch's Linear, HF's names; or with
+/// fan_in_fan_out the weight stored [in, out], HF's Conv1D) that can carry a LoRA adapter:
+/// lora_A [r, in] and lora_B [out, r], registered beside weight and bias. Built with zero
+/// weights: the model holding it draws them (init_weights).
+class AdaptableLinearImpl : public torch::nn::Module {
+ public:
+  LOOM_INLINE AdaptableLinearImpl(int64_t in_features, int64_t out_features, bool bias, bool fan_in_fan_out = false);
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
+  /// Adds the adapter `config` describes (A drawn from torch's default generator, B zero); the
+  /// layer keeps `config` (adapter_config reads it).
+  LOOM_INLINE void add_adapter(std::shared_ptr<const LoraConfig> config);
+  /// W += B A * scaling, then the adapter is removed.
+  LOOM_INLINE void merge_adapter();
+  /// B A * scaling in the weight's layout ([out, in], or [in, out] with fan_in_fan_out).
+  [[nodiscard]] LOOM_INLINE torch::Tensor delta_weight() const;
+  [[nodiscard]] bool has_adapter() const { return !lora_A.is_empty(); }
+  [[nodiscard]] bool fan_in_fan_out() const { return fan_in_fan_out_; }
+  /// The config of the adapter this layer carries (null without one).
+  [[nodiscard]] const std::shared_ptr<const LoraConfig>& lora_config() const { return config_; }
+
+  torch::Tensor weight, bias;
+  torch::nn::Linear lora_A{nullptr}, lora_B{nullptr};  ///< the adapter (no bias), when added
+
+ private:
+  friend class HiddenAdapters;  // hides an adapter and puts it back
+  bool fan_in_fan_out_ = false;
+  double scaling_ = 1.0, dropout_ = 0.0;
+  std::shared_ptr<const LoraConfig> config_;
+};
+TORCH_MODULE(AdaptableLinear);
+
+/// Adds an adapter to every AdaptableLinear of `model` that `config` targets, freezes every
+/// other parameter except those of config.modules_to_save; returns how many layers got one.
+/// A target or module to save that matches no module, a module that cannot carry an adapter,
+/// and a model that already carries one are loom::Errors.
+LOOM_INLINE int apply_lora(torch::nn::Module& model, const LoraConfig& config);
+
+/// The config of the adapter `model` carries (what apply_lora or load_adapter put on it);
+/// none when it carries none.
+[[nodiscard]] LOOM_INLINE std::optional<LoraConfig> adapter_config(const torch::nn::Module& model);
+
+/// What an adapter file holds for `model`, by PEFT's key names
+/// (base_model.model.<layer>.lora_A.weight / lora_B.weight, base_model.model.<module to
+/// save>.<param>), each paired with the model's own tensor (not copied).
+[[nodiscard]] LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> adapter_tensors(
+    const torch::nn::Module& model);
+
+/// Writes `dir`/adapter_config.json and `dir`/adapter_model.safetensors as PEFT's
+/// save_pretrained does, from the adapter `model` carries.
+LOOM_INLINE void save_adapter(const torch::nn::Module& model, const std::filesystem::path& dir);
+
+/// Reads a PEFT adapter folder onto `model` (apply_lora with its config, then its weights,
+/// strictly: a missing, extra or differently shaped tensor is a loom::Error naming it).
+LOOM_INLINE LoraConfig load_adapter(torch::nn::Module& model, const std::filesystem::path& dir);
+
+/// Reads `dir`/adapter_model.safetensors into the adapter `model` already carries (a
+/// checkpoint's adapter on resume), strictly as load_adapter.
+LOOM_INLINE void load_adapter_weights(torch::nn::Module& model, const std::filesystem::path& dir);
+
+/// PEFT's merge_and_unload: every adapter merged into its base weight and removed; every
+/// parameter trainable again.
+LOOM_INLINE void merge_and_unload(torch::nn::Module& model);
+
+/// While it lives, every adapter of `model` is out of the module tree, so the model's
+/// parameters are a plain model's: with `merge`, each base weight holds W + B A * scaling (what
+/// merge_and_unload gives: saving the merged model without giving up the adapted one);
+/// without, the base as it is (reading base weights into an adapted model). Its destructor
+/// puts the exact base weights and the same adapter modules back.
+class HiddenAdapters {
+ public:
+  LOOM_INLINE HiddenAdapters(torch::nn::Module& model, bool merge);
+  LOOM_INLINE ~HiddenAdapters();
+  HiddenAdapters(const HiddenAdapters&) = delete;
+  HiddenAdapters& operator=(const HiddenAdapters&) = delete;
+
+ private:
+  struct Held {
+    AdaptableLinearImpl* layer;
+    torch::Tensor base;  // the weight before merging (undefined without merge)
+    torch::nn::Linear a, b;
+    std::shared_ptr<const LoraConfig> config;
+  };
+  std::vector<Held> held_;
+};
+
+/// adapter_config.json's fields as a LoraConfig (PEFT's keys; those loom does not implement
+/// must hold their defaults); errors name `where`.
+LOOM_INLINE LoraConfig lora_config_from_json(const nlohmann::json& j, std::string_view where);
+
+/// PEFT's adapter_config.json for `config` (fan_in_fan_out as the model's adapted layers are).
+[[nodiscard]] LOOM_INLINE nlohmann::ordered_json lora_config_to_json(const LoraConfig& config, bool fan_in_fan_out);
+
+}  // namespace loom::peft
+
+#if defined(LOOM_HEADER_ONLY)
+#include <loom/peft/impl/lora.ipp>
+#endif
