@@ -52,7 +52,7 @@ struct WorkerArguments {
   int64_t die_step = -1;     ///< ... at the end of this optimizer step
   bool hang = false;         ///< stop (SIGSTOP) instead of dying: a rank that no longer answers
   std::string die_signal = "KILL";  ///< KILL, or TERM/USR1/INT: a preemption signal the Trainer handles
-  std::string task = "mlp";  ///< mlp (the MLP above), tokens (ragged token batches, tests/trainer/token_support.hpp), buffers
+  std::string task = "mlp";  ///< mlp (the MLP above), tokens (ragged token batches, tests/trainer/token_support.hpp), buffers, lora
   bool partly_used = false;  ///< the MLP also holds a layer the loss never reaches (spare) and one it reaches for rare rows only (rare)
   bool backward_twice = false;  ///< training_step backpropagates two losses one after the other
   std::string loop = "trainer";  ///< trainer, or accelerator: the same run as a loop written on loom::Accelerator
@@ -170,6 +170,37 @@ struct CountingTrainer : loom::Trainer<CountingTrainer, Counting, loom::sharding
   loom::ModelOutput compute_loss(Counting& model, Batch& batch) { return loom_test::cross_entropy(model, batch); }
 };
 
+// The lora task: two FullShard units whose blocks each hold an adaptable projection, and a
+// head. LoRA goes on the projections and the head is trained whole (modules_to_save); the
+// rest of the model is frozen.
+struct LoraBlockImpl : torch::nn::Module {
+  LoraBlockImpl(int64_t in, int64_t out) : proj(register_module("proj", loom::peft::AdaptableLinear(in, out, true))) {
+    torch::NoGradGuard no_grad;
+    proj->weight.normal_(0.0, 1.0 / std::sqrt(static_cast<double>(in)));
+    proj->bias.normal_(0.0, 0.1);
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return torch::tanh(proj(x)); }
+  loom::peft::AdaptableLinear proj;
+};
+TORCH_MODULE(LoraBlock);
+
+struct LoraMlpImpl : torch::nn::Module {
+  explicit LoraMlpImpl(int64_t hidden)
+      : b1(register_module("b1", loom::FullShardUnit<LoraBlock>(LoraBlock(16, hidden)))),
+        b2(register_module("b2", loom::FullShardUnit<LoraBlock>(LoraBlock(hidden, hidden)))),
+        head(register_module("head", torch::nn::Linear(hidden, 4))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return head->forward(b2->forward(b1->forward(x))); }
+  loom::FullShardUnit<LoraBlock> b1, b2;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(LoraMlp);
+
+template <class Sharding, class Precision>
+struct LoraTrainer : loom::Trainer<LoraTrainer<Sharding, Precision>, LoraMlp, Sharding, Precision> {
+  using loom::Trainer<LoraTrainer<Sharding, Precision>, LoraMlp, Sharding, Precision>::Trainer;
+  loom::ModelOutput compute_loss(LoraMlp& model, Batch& batch) { return loom_test::cross_entropy(model, batch); }
+};
+
 // The tagger's Trainer, recording the tokens of each training batch it reads (num_items is
 // called on every batch, on the host).
 template <class Sharding>
@@ -226,6 +257,26 @@ inline int run(int argc, char** argv) {
     auto eval_data = make_data(100, 99);  // 13 batches of 8 (the last of 4): uneven across ranks
     loom::select_policies(args, [&]<class Sharding, class Precision>() {
       loom::set_seed(args.seed);
+      if (w.task == "lora") {
+        LoraMlp model(w.hidden);
+        loom::peft::LoraConfig lora;
+        lora.r = 4, lora.lora_alpha = 8, lora.target_modules = {"proj"}, lora.modules_to_save = {"head"};
+        loom::peft::apply_lora(*model, lora);
+        std::map<std::string, torch::Tensor> frozen;
+        for (const auto& p : model->named_parameters())
+          if (!p.value().requires_grad()) frozen[p.key()] = p.value().detach().clone();
+        LoraTrainer<Sharding, Precision> trainer(args, model, data, eval_data);
+        trainer.train();
+        double base_change = 0;
+        for (const auto& p : trainer.model()->named_parameters())
+          if (frozen.contains(p.key())) base_change += (p.value() - frozen.at(p.key())).abs().sum().template item<double>();
+        const auto bytes = trainer.model_state_bytes();
+        std::ofstream(w.result + ".rank" + std::to_string(trainer.world().rank) + ".json")
+            << nlohmann::json{{"base_change", base_change}, {"frozen", frozen.size()}, {"optimizer", bytes.optimizer},
+                              {"world", trainer.world().size}}.dump();
+        trainer.save_model(w.result + ".model");
+        return;
+      }
       if (w.loop == "accelerator") {  // tests/accelerator_loop.hpp: what the Trainer does, by hand
         Mlp model(w.hidden, w.partly_used);
         loom::Accelerator<Sharding, Precision> acc(args);
@@ -408,7 +459,10 @@ std::vector<double> logged_losses(const fs::path& out) { return logged(out, "los
 
 std::map<std::string, torch::Tensor> weights(const fs::path& out) {
   std::map<std::string, torch::Tensor> m;
-  for (auto& [k, t] : loom::checkpoint::load_safetensors(out / "result.model" / "model.safetensors")) m[k] = t;
+  // A LoRA run's save_model holds the adapter (adapter_model.safetensors) instead.
+  const auto full = out / "result.model" / "model.safetensors";
+  for (auto& [k, t] : loom::checkpoint::load_safetensors(fs::exists(full) ? full : out / "result.model" / "adapter_model.safetensors"))
+    m[k] = t;
   return m;
 }
 
@@ -578,6 +632,56 @@ TEST_CASE("a ZeRO-2 checkpoint from 4 ranks resumes under DDP at 2, FullShard at
     MESSAGE("resumed under " << policy << " at " << world << ": final weights differ by " << diff);
     CHECK(diff < 1e-5);
   }
+}
+
+TEST_CASE("LoRA at 2 ranks trains the adapter as one process does under every policy; the base is never written") {
+  const auto ref = dist_dir("lora_ref");
+  auto ref_args = base_args("no", 8, ref);
+  set_flags(ref_args, {{"--task", "lora"}, {"--save_strategy", "steps"}, {"--save_steps", "5"}});
+  require_success(launch(1, ref_args, ref / "logs", false));
+  const auto want = logged_losses(ref);
+  REQUIRE(want.size() == 10);
+  const auto ref_state = nlohmann::json::parse(loom_test::read_bytes(ref / "result.rank0.json"));
+  CHECK(ref_state["frozen"] == 4);  // the projections' weights and biases
+  CHECK(ref_state["base_change"] == 0.0);
+  for (const auto& policy : kPolicies) {
+    CAPTURE(policy);
+    const auto out = dist_dir("lora_" + policy);
+    auto args = base_args(policy, 4, out);
+    set_flags(args, {{"--task", "lora"}, {"--save_strategy", "steps"}, {"--save_steps", "5"}});
+    require_success(launch(2, args, out / "logs"));
+    check_losses(logged_losses(out), want, 1e-5);
+    const double diff = weight_difference(out, ref);
+    MESSAGE("LoRA under " << policy << " at 2 ranks: final adapter differs by " << diff << " (relative)");
+    CHECK(diff < 1e-5);
+    CHECK(weights(out).size() == 6);  // lora_A and lora_B of two projections, the head's weight and bias
+    for (int r = 0; r < 2; ++r) {
+      const auto state = nlohmann::json::parse(loom_test::read_bytes(out / ("result.rank" + std::to_string(r) + ".json")));
+      CHECK(state["base_change"] == 0.0);  // the frozen base, bitwise on every rank
+    }
+    // The checkpoint: the adapter, and optimizer state (whole or in shards) for its tensors only.
+    const auto ckpt = out / "checkpoint-5";
+    CHECK(fs::exists(ckpt / "adapter_model.safetensors"));
+    CHECK_FALSE(fs::exists(ckpt / "model.safetensors"));
+    for (const auto& e : fs::directory_iterator(ckpt)) {
+      const auto name = e.path().filename().string();
+      if (!name.starts_with("optimizer") || e.path().extension() != ".safetensors") continue;
+      for (const auto& [key, t] : loom::checkpoint::load_safetensors(e.path())) {
+        CAPTURE(key);
+        CHECK((key.find(".lora_") != std::string::npos || key.find("head.") != std::string::npos));
+      }
+    }
+  }
+  // FullShard's checkpoint resumes under DDP to the uninterrupted run's adapter.
+  const auto out = dist_dir("lora_resume_ddp");
+  auto resume = base_args("ddp", 4, out);
+  const auto shard_ckpt = loom_test::tmp_root() / "dist" / "lora_full_shard" / "checkpoint-5";  // the loop's run
+  set_flags(resume, {{"--task", "lora"}, {"--resume_from_checkpoint", shard_ckpt.string()}});
+  require_success(launch(2, resume, out / "logs"));
+  check_losses(logged_losses(out), want, 1e-5);
+  const double diff = weight_difference(out, ref);
+  MESSAGE("LoRA resumed under DDP from a FullShard checkpoint: final adapter differs by " << diff);
+  CHECK(diff < 1e-5);
 }
 
 TEST_CASE("a rank that dies makes the others fail with a loom: line naming it; the last checkpoint survives") {

@@ -1,0 +1,317 @@
+// LoRA in the Trainer (loom/peft/lora.hpp): a Llama-architecture model whose base is frozen
+// trains its adapter alone; checkpoints hold PEFT's adapter files and never the base; a resumed
+// run ends bitwise where the uninterrupted one does; PEFT opens save_model's folder onto the
+// base transformers reads, and transformers opens the merged folder. Also: save_model and every
+// checkpoint-N of a full fine-tune hold config.json and the tokenizer files, so transformers'
+// from_pretrained opens them.
+
+#include <loom/loom.hpp>
+#include <loom/models/llama.hpp>
+
+#include <doctest/doctest.h>
+
+#include "../support.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace lora_trainer_test {
+
+namespace fs = std::filesystem;
+using loom::data::CausalLMBatch;
+using loom::models::LlamaForCausalLM;
+using Trainer = loom::DefaultTrainer<LlamaForCausalLM>;
+
+inline std::string script() { return (loom_test::source_dir() / "tests/models/hf_llama.py").string(); }
+
+inline loom::models::LlamaConfig tiny() {
+  loom::models::LlamaConfig c;
+  c.vocab_size = 100, c.hidden_size = 48, c.intermediate_size = 96, c.num_hidden_layers = 2;
+  c.num_attention_heads = 4, c.num_key_value_heads = 2, c.max_position_embeddings = 64;
+  c.bos_token_id = 0, c.eos_token_id = 1;
+  return c;
+}
+
+// A random base model saved once per run (the folder every test starts from).
+inline const fs::path& base_folder() {
+  static const fs::path dir = [] {
+    torch::manual_seed(5);
+    const auto d = loom_test::fresh_dir("models/lora_trainer_base");
+    LlamaForCausalLM(tiny())->save_pretrained(d);
+    return d;
+  }();
+  return dir;
+}
+
+// Windows of 16 random tokens (own generator): the model learns to continue them.
+inline loom::data::TensorDataset<CausalLMBatch> windows(int64_t n, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const auto ids = torch::randint(2, 100, {n, 16}, gen);
+  return loom::data::TensorDataset<CausalLMBatch>({ids, ids.clone()});
+}
+
+inline loom::peft::LoraConfig lora_config() {
+  loom::peft::LoraConfig c;
+  c.r = 4, c.lora_alpha = 8, c.target_modules = {"q_proj", "v_proj"}, c.modules_to_save = {"lm_head"};
+  return c;
+}
+
+// The base read from its folder, with the adapter on (A drawn from the seeded generator).
+inline LlamaForCausalLM adapted() {
+  auto model = LlamaForCausalLM::from_pretrained(base_folder());
+  torch::manual_seed(11);
+  CHECK(loom::peft::apply_lora(*model, lora_config()) == 4);
+  return model;
+}
+
+inline loom::TrainingArguments args_for(const std::string& name, int64_t max_steps) {
+  loom::TrainingArguments a;
+  a.output_dir = loom_test::tmp_dir(name).string();
+  a.disable_tqdm = true;
+  a.use_cpu = true;
+  a.max_steps = max_steps;
+  a.per_device_train_batch_size = 4;
+  a.learning_rate = 5e-3;
+  a.lr_scheduler_type = "cosine";
+  a.warmup_steps = 1;
+  a.logging_steps = 1;
+  a.save_strategy = "steps";
+  a.save_steps = 3;
+  a.seed = 7;
+  return a;
+}
+
+inline std::map<std::string, torch::Tensor> state_of(const torch::nn::Module& m) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& p : m.named_parameters()) out[p.key()] = p.value().detach().clone();
+  return out;
+}
+
+inline std::set<std::string> files_in(const fs::path& dir) {
+  std::set<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
+  return out;
+}
+
+TEST_CASE("LoRA in the Trainer: the base stays, checkpoints hold the adapter alone, resume is bitwise") {
+  auto model = adapted();
+  const auto before = state_of(*model);
+  const auto data = windows(48, 3);
+  const auto args = args_for("lora_trainer/full", 6);
+  Trainer trainer(args, model, data);
+  trainer.train();
+  const auto after = state_of(*model);
+  int changed = 0, trainable = 0;
+  for (const auto& [name, t] : after) {
+    const bool adapter = name.find(".lora_") != std::string::npos || name.rfind("lm_head.", 0) == 0;
+    CAPTURE(name);
+    if (adapter) {
+      ++trainable;
+      changed += torch::equal(t, before.at(name)) ? 0 : 1;
+    } else {
+      CHECK(torch::equal(t, before.at(name)));  // the frozen base, bitwise
+    }
+  }
+  CHECK(trainable == 2 * 2 * 2 + 1);  // lora_A and lora_B of q_proj and v_proj in 2 layers, lm_head
+  CHECK(changed == trainable);
+
+  // checkpoint-3: PEFT's adapter files, the optimizer state of the trainable tensors only, no base.
+  const fs::path ckpt = fs::path(trainer.args().output_dir) / "checkpoint-3";
+  const auto files = files_in(ckpt);
+  CHECK(files.contains("adapter_model.safetensors"));
+  CHECK(files.contains("adapter_config.json"));
+  CHECK_FALSE(files.contains("model.safetensors"));
+  CHECK_FALSE(files.contains("config.json"));
+  std::set<std::string> keys;
+  for (const auto& [k, t] : loom::checkpoint::load_safetensors(ckpt / "adapter_model.safetensors")) keys.insert(k);
+  CHECK(keys.size() == 9);
+  CHECK(keys.contains("base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"));
+  CHECK(keys.contains("base_model.model.lm_head.weight"));
+  const auto config = loom::json::read_file(ckpt / "adapter_config.json");
+  CHECK(config["r"] == 4);
+  CHECK(config["modules_to_save"] == nlohmann::json::array({"lm_head"}));
+  std::set<std::string> stepped;
+  for (const auto& [k, t] : loom::checkpoint::load_safetensors(ckpt / "optimizer.safetensors"))
+    stepped.insert(k.substr(k.find('.') + 1));
+  CHECK(stepped.size() == 9);
+  for (const auto& param : stepped) {
+    CAPTURE(param);
+    CHECK((param.find(".lora_") != std::string::npos || param == "lm_head.weight"));
+  }
+
+  // Stopped after checkpoint-3 and resumed there (from a fresh base and adapter): bitwise.
+  auto resumed_model = adapted();
+  auto resume_args = args;
+  resume_args.resume_from_checkpoint = ckpt.string();
+  Trainer resumed(resume_args, resumed_model, data);
+  resumed.train();
+  for (const auto& [name, t] : state_of(*resumed_model)) {
+    CAPTURE(name);
+    CHECK(torch::equal(t, after.at(name)));
+  }
+
+  // A checkpoint of another adapter (another alpha) is refused with what differs.
+  auto other = LlamaForCausalLM::from_pretrained(base_folder());
+  auto other_config = lora_config();
+  other_config.lora_alpha = 16;
+  loom::peft::apply_lora(*other, other_config);
+  Trainer mismatched(resume_args, other, data);
+  const auto error = loom_test::error_of([&] { mismatched.train(); });
+  CHECK(error.starts_with("loom: "));
+  CHECK(error.find("the adapter was trained with lora_alpha 8, r 4") != std::string::npos);
+  // A full model's checkpoint cannot resume an adapter, and an adapter's not a plain model.
+  auto plain = LlamaForCausalLM::from_pretrained(base_folder());
+  Trainer plain_trainer(resume_args, plain, data);
+  CHECK(loom_test::error_of([&] { plain_trainer.train(); }).find("holds a LoRA adapter (adapter_model.safetensors), "
+                                                                 "but the model carries none") != std::string::npos);
+}
+
+TEST_CASE("save_model of a LoRA run is PEFT's adapter folder; save_merged_model a folder transformers opens") {
+  auto model = adapted();
+  const auto data = windows(32, 4);
+  auto args = args_for("lora_trainer/save", 4);
+  args.save_strategy = "no";
+  Trainer trainer(args, model, data);
+  trainer.train();
+  const fs::path out(trainer.args().output_dir);
+  trainer.save_model();
+  trainer.save_merged_model();
+  CHECK(files_in(out).contains("adapter_model.safetensors"));
+  CHECK_FALSE(files_in(out).contains("model.safetensors"));
+  const auto merged = files_in(out / "merged");
+  CHECK(merged.contains("model.safetensors"));
+  CHECK(merged.contains("config.json"));
+  // The model keeps its adapter (save_merged_model restores the base bitwise).
+  const auto base = LlamaForCausalLM::from_pretrained(base_folder());
+  CHECK(torch::equal(model->named_parameters()["model.layers.0.self_attn.q_proj.weight"],
+                     base->named_parameters()["model.layers.0.self_attn.q_proj.weight"]));
+  CHECK(model->named_parameters().contains("model.layers.0.self_attn.q_proj.lora_A.weight"));
+
+  // The adapted model's logits; PEFT on transformers' copy of the base gives them, and
+  // transformers gives them from the merged folder.
+  model->eval();
+  torch::NoGradGuard no_grad;
+  const auto ids = windows(2, 9).get_batch(std::vector<int64_t>{0, 1}).input_ids;
+  const auto logits = model->logits(ids).contiguous();
+  const auto labels = ids.clone();
+  const auto loss = model->forward({ids, labels}).loss.reshape({1});
+  loom::checkpoint::save_safetensors({{"input_ids", ids}, {"labels", labels}, {"loom_logits", logits},
+                                      {"merged_logits", logits}, {"merged_loss", loss}},
+                                     out / "expected.safetensors");
+  const char* py = loom_test::python("PEFT's and transformers' reading of the saved folders");
+  if (py == nullptr) return;
+  const auto peft_out = loom_test::run_capture(std::string(py) + " " + script() + " lora_check " + base_folder().string() +
+                                               " " + out.string() + " " + (out / "expected.safetensors").string() +
+                                               " 2>&1; echo \"exit=$?\"");
+  INFO(peft_out);
+  CHECK(peft_out.find("exit=0") != std::string::npos);
+  const auto merged_out = loom_test::run_capture(std::string(py) + " " + script() + " check merged," +
+                                                 (out / "merged").string() + "," + (out / "expected.safetensors").string() +
+                                                 " 2>&1; echo \"exit=$?\"");
+  INFO(merged_out);
+  CHECK(merged_out.find("exit=0") != std::string::npos);
+}
+
+TEST_CASE("save_model and every checkpoint-N of a full fine-tune hold config.json and the tokenizer files") {
+  auto model = LlamaForCausalLM::from_pretrained(base_folder());
+  const auto data = windows(24, 5);
+  auto args = args_for("lora_trainer/config_json", 3);
+  Trainer trainer(args, model, data);
+  const fs::path out(trainer.args().output_dir);
+  const auto tokenizer = loom_test::fresh_dir("lora_trainer/tokenizer") / "tokenizer.json";
+  std::ofstream(tokenizer) << R"({"version": "1.0"})";
+  trainer.set_tokenizer_files({tokenizer});
+  trainer.train();
+  trainer.save_model();
+  for (const auto& dir : {out, out / "checkpoint-3"}) {
+    CAPTURE(dir);
+    const auto files = files_in(dir);
+    CHECK(files.contains("model.safetensors"));
+    CHECK(files.contains("tokenizer.json"));
+    REQUIRE(files.contains("config.json"));
+    const auto config = loom::json::read_file(dir / "config.json");
+    CHECK(config["model_type"] == "llama");
+    CHECK(config["architectures"] == nlohmann::json::array({"LlamaForCausalLM"}));
+    CHECK(config["hidden_size"] == 48);
+  }
+  // transformers opens checkpoint-3 as the model it is (logits of the trained weights).
+  auto reread = LlamaForCausalLM::from_pretrained(out / "checkpoint-3");
+  reread->eval();
+  torch::NoGradGuard no_grad;
+  const auto ids = windows(2, 9).get_batch(std::vector<int64_t>{0, 1}).input_ids;
+  const auto logits = reread->logits(ids).contiguous();
+  const auto loss = reread->forward({ids, ids}).loss.reshape({1});
+  loom::checkpoint::save_safetensors({{"input_ids", ids}, {"labels", ids}, {"llama_logits", logits}, {"llama_loss", loss}},
+                                     out / "expected.safetensors");
+  const char* py = loom_test::python("transformers' reading of checkpoint-N");
+  if (py == nullptr) return;
+  const auto opened = loom_test::run_capture(std::string(py) + " " + script() + " check llama," +
+                                             (out / "checkpoint-3").string() + "," + (out / "expected.safetensors").string() +
+                                             " 2>&1; echo \"exit=$?\"");
+  INFO(opened);
+  CHECK(opened.find("exit=0") != std::string::npos);
+}
+
+TEST_CASE("LoraArguments: TRL's flags and defaults, PEFT's default targets, one loom: line per mistake") {
+  loom::peft::LoraArguments a;
+  CHECK_FALSE(loom::peft::lora_config_from_args(a, "llama").has_value());
+  a.use_peft = true;
+  auto c = loom::peft::lora_config_from_args(a, "llama");
+  REQUIRE(c.has_value());
+  CHECK(c->r == 16);
+  CHECK(c->lora_alpha == 32);
+  CHECK(c->lora_dropout == 0.05);
+  CHECK(c->target_modules == std::vector<std::string>{"q_proj", "v_proj"});
+  CHECK(loom::peft::lora_config_from_args(a, "gpt2")->target_modules == std::vector<std::string>{"c_attn"});
+  a.lora_target_modules = "all-linear";
+  a.lora_modules_to_save = "lm_head";
+  auto model = LlamaForCausalLM::from_pretrained(base_folder());
+  const auto applied = loom::peft::prepare_lora(*model, a, "llama");
+  REQUIRE(applied.has_value());
+  const auto carried = loom::peft::adapter_config(*model);
+  REQUIRE(carried.has_value());
+  CHECK(carried->target_modules.size() == 14);  // all-linear: every projection by name, as PEFT writes it
+  CHECK(carried->target_modules.front() == "model.layers.0.self_attn.q_proj");
+
+  const auto error = [](loom::peft::LoraArguments args, std::string_view type = "llama") {
+    return loom_test::error_of([&] { (void)loom::peft::lora_config_from_args(args, type); });
+  };
+  loom::peft::LoraArguments bad;
+  bad.lora_r = 8;
+  CHECK(error(bad) == "loom: --lora_* flags are given without --use_peft; add --use_peft to train a LoRA adapter");
+  bad.use_peft = true;
+  bad.lora_r = 0;
+  CHECK(error(bad) == "loom: --use_peft: --lora_r must be a positive integer, got 0");
+  bad.lora_r = 8;
+  bad.lora_dropout = 1.5;
+  CHECK(error(bad) == "loom: --use_peft: --lora_dropout must be in [0, 1), got 1.5");
+  bad.lora_dropout = 0;
+  CHECK(error(bad, "t5").find("PEFT has no default target modules for model type \"t5\"") != std::string::npos);
+  bad.lora_target_modules = "q_proj,,v_proj";
+  CHECK(error(bad) == "loom: --lora_target_modules \"q_proj,,v_proj\" holds an empty module name");
+  bad.lora_target_modules.reset();
+  bad.lora_config = "/nonexistent/adapter_config.json";
+  CHECK(error(bad).find("--lora_config gives the whole LoRA config; leave out the --lora_* flags") != std::string::npos);
+  loom::peft::LoraArguments from_file;
+  from_file.lora_config = "/nonexistent/adapter_config.json";
+  CHECK(error(from_file) == "loom: /nonexistent/adapter_config.json does not exist (--lora_config)");
+  // A module to save that is not there, and a target that is also to be saved.
+  auto plain = LlamaForCausalLM::from_pretrained(base_folder());
+  auto config = lora_config();
+  config.modules_to_save = {"score"};
+  CHECK(loom_test::error_of([&] { loom::peft::apply_lora(*plain, config); }) ==
+        "loom: LoRA modules_to_save names score, which matches no module of the model that holds parameters");
+  config.modules_to_save = {"q_proj"};
+  CHECK(loom_test::error_of([&] { loom::peft::apply_lora(*plain, config); })
+            .find("is both a target and in modules_to_save") != std::string::npos);
+  config.modules_to_save = {};
+  loom::peft::apply_lora(*plain, config);
+  CHECK(loom_test::error_of([&] { loom::peft::apply_lora(*plain, config); })
+            .find("the model already carries a LoRA adapter") != std::string::npos);
+}
+
+}  // namespace lora_trainer_test
