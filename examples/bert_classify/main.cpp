@@ -174,9 +174,10 @@ int main(int argc, char** argv) {
     double accuracy = -1;
     loom::select_policies(args, [&]<class Sharding, class Precision>() {
       BertTrainer<Sharding, Precision> trainer(args, model, train_set, eval_set);
+      trainer.set_tokenizer_files(hf_example::tokenizer_files(meta));  // saved beside the weights
       if (args.do_train) {
         auto result = trainer.train();
-        hf_example::save_hf_folder(trainer, "BertForSequenceClassification", meta);
+        trainer.save_model();  // model.safetensors, config.json, the tokenizer: a folder transformers opens
         trainer.log_metrics("train", result.metrics);
       }
       if (args.do_eval) {

@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 namespace hf_example {
 
@@ -74,23 +75,14 @@ inline int64_t count_parameters(const torch::nn::Module& module) {
   return n;
 }
 
-/// trainer.save_model() (model.safetensors gathered from every rank, training_args.json),
-/// then, on rank 0, config.json of the model's config() naming `architecture`, and the
-/// tokenizer files of `data` (tokenizer.json and tokenizer_config.json, as HF's run_clm saves
-/// its tokenizer beside the model): a folder that transformers' from_pretrained and
-/// AutoTokenizer open. Every rank must call it.
-template <class Trainer>
-void save_hf_folder(Trainer& trainer, std::string_view architecture, const loom::data::TokenFileMeta& data) {
-  trainer.save_model();
-  if (!trainer.is_world_process_zero()) return;
-  const std::filesystem::path out(trainer.args().output_dir);
-  loom::models::write_hf_config(trainer.model()->config(), out, architecture);
-  for (const auto& file : {data.tokenizer_file, data.folder / "tokenizer_config.json"}) {
-    if (!std::filesystem::is_regular_file(file)) continue;
-    std::error_code ec;
-    std::filesystem::copy_file(file, out / file.filename(), std::filesystem::copy_options::overwrite_existing, ec);
-    loom::check(!ec, "cannot copy {} to {}: {}", file.string(), out.string(), ec.message());
-  }
+/// The tokenizer files of a token folder that exist (tokenizer.json, tokenizer_config.json):
+/// what trainer.set_tokenizer_files copies beside the weights of save_model and of every
+/// checkpoint, as HF's run_clm saves its tokenizer, so AutoTokenizer opens those folders.
+inline std::vector<std::filesystem::path> tokenizer_files(const loom::data::TokenFileMeta& data) {
+  std::vector<std::filesystem::path> out;
+  for (const auto& file : {data.tokenizer_file, data.folder / "tokenizer_config.json"})
+    if (loom::path_exists(file, loom::PathKind::file)) out.push_back(file);
+  return out;
 }
 
 }  // namespace hf_example

@@ -147,9 +147,10 @@ int main(int argc, char** argv) {
     // As HF's run_clm: train, save the model, report, evaluate (perplexity), report.
     loom::select_policies(args, [&]<class Sharding, class Precision>() {
       GPT2Trainer<Sharding, Precision> trainer(args, model, train_set, eval_set);
+      trainer.set_tokenizer_files(hf_example::tokenizer_files(meta));  // saved beside the weights
       if (args.do_train) {
         auto result = trainer.train();
-        hf_example::save_hf_folder(trainer, "GPT2LMHeadModel", meta);
+        trainer.save_model();  // model.safetensors, config.json, the tokenizer: a folder transformers opens
         trainer.log_metrics("train", result.metrics);
         if (main_process)
           if (auto sps = result.metrics.get("train_samples_per_second"))
