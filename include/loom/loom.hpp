@@ -23,6 +23,7 @@
 #include <loom/data/padding.hpp>
 #include <loom/data/sampler.hpp>
 #include <loom/data/text.hpp>
+#include <loom/data/sft.hpp>
 #include <loom/data/token_file.hpp>
 #include <loom/distributed/env.hpp>
 #include <loom/distributed/sharding.hpp>

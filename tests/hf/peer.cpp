@@ -78,9 +78,13 @@ struct ModelTrainer : loom::Trainer<ModelTrainer<Model, Sharding>, Model, Shardi
   }
 };
 
-torch::Tensor tensor_named(const std::vector<std::pair<std::string, torch::Tensor>>& all, const std::string& name) {
+// The tensor called `name`; undefined when the file has none and it is not `required` (a
+// batch field the data leaves out, such as position_ids).
+torch::Tensor tensor_named(const std::vector<std::pair<std::string, torch::Tensor>>& all, const std::string& name,
+                           bool required = true) {
   for (const auto& [key, t] : all)
     if (key == name) return t;
+  if (!required) return {};
   throw loom::Error("loom: hf_peer: the data file has no tensor " + name);
 }
 
@@ -105,7 +109,7 @@ int run_model(const PeerArguments& peer, const loom::TrainingArguments& args, Mo
   auto split = [&](const std::string& prefix) {
     Batch b;
     boost::pfr::for_each_field(b, [&](torch::Tensor& field, std::size_t i) {
-      field = tensor_named(data, prefix + std::string(boost::pfr::names_as_array<Batch>()[i]));
+      field = tensor_named(data, prefix + std::string(boost::pfr::names_as_array<Batch>()[i]), /*required=*/i < 2);
     });
     return loom::data::TensorDataset<Batch>(b);
   };

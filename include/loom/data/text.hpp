@@ -11,6 +11,10 @@ namespace loom::data {
 struct CausalLMBatch {
   torch::Tensor input_ids;  ///< int64 [batch, seq]
   torch::Tensor labels;     ///< int64 [batch, seq], -100 ignored
+  /// int64 [batch, seq], or undefined (positions 0 .. seq-1). Packed sequences: the positions
+  /// restart at 0 where a document starts, and a model that takes them attends within each
+  /// document only (HF's position_ids, as TRL's padding-free packing hands them over).
+  torch::Tensor position_ids{};
 };
 
 /// A padded batch of token sequences with one label per sequence (classification: int64

@@ -25,8 +25,10 @@
 
 #include <torch/torch.h>
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -184,6 +186,31 @@ class TokenSequenceDataset {
   DataCollatorWithPadding collator_;
 };
 
+/// The three files of an instruction (SFT) split: ragged examples as RaggedTokenFiles' ids and
+/// offsets, and a loss mask, uint8, one per id: 1 on completion tokens (the loss counts them),
+/// 0 on prompt tokens (labelled -100). data/sft.hpp's SftDataset reads them.
+struct SftFiles {
+  std::filesystem::path ids, offsets, mask;
+};
+
+namespace detail {
+/// The little-endian unsigned integer of type T at element `i` of `bytes`.
+template <class T>
+T load_le(const std::byte* bytes, int64_t i) {
+  T v;
+  std::memcpy(&v, bytes + static_cast<std::size_t>(i) * sizeof(T), sizeof(T));
+  if constexpr (std::endian::native == std::endian::big) {
+    T swapped = 0;
+    for (std::size_t b = 0; b < sizeof(T); ++b) swapped = static_cast<T>((swapped << 8) | ((v >> (8 * b)) & 0xff));
+    v = swapped;
+  }
+  return v;
+}
+/// The number of examples of a ragged file's offsets (n + 1 uint64 values from 0, never
+/// decreasing, ending at the number of ids in `ids`); a loom::Error names the file otherwise.
+LOOM_INLINE int64_t checked_offsets(const MappedFile& offsets, const TokenFile& ids);
+}  // namespace detail
+
 /// What meta.json (written by examples/text_data/prepare.py) says about a folder of token files.
 struct TokenFileMeta {
   std::filesystem::path folder;               ///< the folder of meta.json; the paths below lie in it
@@ -196,10 +223,13 @@ struct TokenFileMeta {
   std::optional<int64_t> sep_token_id;        ///< "sep_token_id"
   std::map<std::string, std::filesystem::path> lm;          ///< "lm": split -> flat token file
   std::map<std::string, RaggedTokenFiles> classification;  ///< "classification": split -> ragged files
+  std::map<std::string, SftFiles> sft;                      ///< "sft": split -> instruction files with loss masks
   std::vector<std::string> label_names;       ///< "classification"."label_names"
 
   /// The flat token file of `split` ("train", "val"); a loom::Error lists the splits there are.
   [[nodiscard]] LOOM_INLINE const std::filesystem::path& lm_file(std::string_view split) const;
+  /// The instruction files of split `split` ("train", "val").
+  [[nodiscard]] LOOM_INLINE const SftFiles& sft_files(std::string_view split) const;
   /// The ragged files of classification split `split`.
   [[nodiscard]] LOOM_INLINE const RaggedTokenFiles& classification_files(std::string_view split) const;
   /// TokenFileOptions for windows of `block_size`, with this folder's dtype and vocab_size.

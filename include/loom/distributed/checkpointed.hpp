@@ -114,18 +114,21 @@ struct RecomputeFunction : torch::autograd::Function<RecomputeFunction> {
 template <class T>
 inline constexpr bool is_tensor_v = std::is_same_v<std::remove_cvref_t<T>, torch::Tensor>;
 
-// The place of a tensor argument among the tensor arguments (the recomputation passes the
-// kept copies there); other arguments are bound by value.
+// The place of a tensor argument among the defined tensor arguments (the recomputation passes
+// the kept copies there; an undefined one, an optional mask, stays undefined: autograd takes
+// no undefined inputs); other arguments are bound by value.
 struct TensorSlot {
+  static constexpr std::size_t undefined = static_cast<std::size_t>(-1);
   std::size_t index;
 };
 template <class T>
 auto bind_argument(T&& arg, std::size_t& tensors) {
-  if constexpr (is_tensor_v<T>) return TensorSlot{tensors++};
+  if constexpr (is_tensor_v<T>) return TensorSlot{arg.defined() ? tensors++ : TensorSlot::undefined};
   else return std::decay_t<T>(std::forward<T>(arg));
 }
 inline const torch::Tensor& bound_argument(TensorSlot slot, const std::vector<torch::Tensor>& xs) {
-  return xs[slot.index];
+  static const torch::Tensor none;
+  return slot.index == TensorSlot::undefined ? none : xs[slot.index];
 }
 template <class T>
 const T& bound_argument(const T& value, const std::vector<torch::Tensor>&) {
@@ -142,7 +145,8 @@ torch::Tensor forward_block(bool recompute, Inner& inner, Args&&... args) {
   std::vector<torch::Tensor> inputs;
   (
       [&] {
-        if constexpr (is_tensor_v<Args>) inputs.push_back(args);
+        if constexpr (is_tensor_v<Args>)
+          if (args.defined()) inputs.push_back(args);
       }(),
       ...);
   std::size_t tensors = 0;

@@ -113,8 +113,11 @@ TORCH_MODULE(LlamaRMSNorm);
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
   LOOM_INLINE explicit LlamaAttentionImpl(const LlamaConfig& config);
-  /// `cos`, `sin`: [batch, seq, head_dim] (the model's rotary table for these positions).
-  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  /// `cos`, `sin`: [batch, seq, head_dim] (the model's rotary table for these positions);
+  /// `mask`: undefined (causal attention), or bool [batch, 1, seq, seq], true where a query
+  /// may attend (packed documents: causal within each).
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                                    const torch::Tensor& mask);
   peft::AdaptableLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
@@ -140,7 +143,8 @@ TORCH_MODULE(LlamaMLP);
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
   LOOM_INLINE explicit LlamaDecoderLayerImpl(const LlamaConfig& config);
-  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                                    const torch::Tensor& mask);
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
   LlamaRMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
@@ -151,10 +155,14 @@ TORCH_MODULE(LlamaDecoderLayer);
 class LlamaModelImpl : public torch::nn::Module {
  public:
   LOOM_INLINE explicit LlamaModelImpl(const LlamaConfig& config);
-  /// Hidden states [batch, seq, hidden_size] of int64 token ids [batch, seq].
-  LOOM_INLINE torch::Tensor forward(const torch::Tensor& input_ids);
+  /// Hidden states [batch, seq, hidden_size] of int64 token ids [batch, seq]; `position_ids`
+  /// (int64 [batch, seq], optional) restart at 0 at each packed document, which then attends
+  /// to itself only.
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& position_ids = {});
   /// The rotary table (cos, sin) for positions 0 .. seq-1, [1, seq, head_dim] each, in float32.
   LOOM_INLINE std::pair<torch::Tensor, torch::Tensor> rotary(int64_t seq, const torch::Device& device);
+  /// The same for int64 positions [batch, seq]: [batch, seq, head_dim] each.
+  LOOM_INLINE std::pair<torch::Tensor, torch::Tensor> rotary(const torch::Tensor& positions);
   torch::nn::Embedding embed_tokens{nullptr};
   NEFTune embedding_noise;                               ///< on embed_tokens' output while training
   torch::nn::ModuleList layers{nullptr};                 ///< registered as "layers"

@@ -26,18 +26,6 @@ namespace loom::data {
 
 namespace detail {
 
-// The little-endian unsigned integer of type T at element `i` of `bytes`.
-template <class T>
-T load_le(const std::byte* bytes, int64_t i) {
-  T v;
-  std::memcpy(&v, bytes + static_cast<std::size_t>(i) * sizeof(T), sizeof(T));
-  if constexpr (std::endian::native == std::endian::big) {
-    T swapped = 0;
-    for (std::size_t b = 0; b < sizeof(T); ++b) swapped = static_cast<T>((swapped << 8) | ((v >> (8 * b)) & 0xff));
-    v = swapped;
-  }
-  return v;
-}
 
 // The first of the `n` ids (of type T) of `bytes` that is >= limit, or -1: the largest of each
 // chunk first (a loop the compiler vectorizes), the position only in a chunk that fails.
@@ -172,6 +160,26 @@ LOOM_INLINE CausalLMBatch TokenFileDataset::get_batch(std::span<const int64_t> i
 
 // ---- TokenSequenceDataset --------------------------------------------------------------
 
+namespace detail {
+LOOM_INLINE int64_t checked_offsets(const MappedFile& offsets, const TokenFile& ids) {
+  const auto off = offsets.bytes();
+  const auto name = offsets.path().string();
+  check(off.size() % 8 == 0 && off.size() >= 8, "{}: {} bytes is not a list of uint64 offsets (8 bytes each, at "
+        "least one)", name, off.size());
+  const auto n = static_cast<int64_t>(off.size() / 8) - 1;
+  uint64_t previous = load_le<uint64_t>(off.data(), 0);
+  check(previous == 0, "{}: the first offset must be 0, got {}", name, previous);
+  for (int64_t i = 1; i <= n; ++i) {
+    const auto o = load_le<uint64_t>(off.data(), i);
+    check(o >= previous, "{}: offset {} ({}) is smaller than offset {} ({})", name, i, o, i - 1, previous);
+    previous = o;
+  }
+  check(previous == static_cast<uint64_t>(ids.size()), "{}: the last offset is {} but {} holds {} ids", name, previous,
+        ids.path().string(), ids.size());
+  return n;
+}
+}  // namespace detail
+
 LOOM_INLINE TokenSequenceDataset::TokenSequenceDataset(const RaggedTokenFiles& files, TokenSequenceOptions options)
     : max_length_(options.max_length), labels_per_token_(options.labels_per_token),
       collator_(std::move(options.collator)) {
@@ -179,20 +187,7 @@ LOOM_INLINE TokenSequenceDataset::TokenSequenceDataset(const RaggedTokenFiles& f
         files.ids.string(), max_length_.value_or(0));
   ids_ = std::make_shared<const TokenFile>(files.ids, options.dtype);
   offsets_ = std::make_shared<const MappedFile>(files.offsets);
-  const auto off = offsets_->bytes();
-  check(off.size() % 8 == 0 && off.size() >= 8, "{}: {} bytes is not a list of uint64 offsets (8 bytes each, at "
-        "least one)", files.offsets.string(), off.size());
-  size_ = static_cast<int64_t>(off.size() / 8) - 1;
-  uint64_t previous = detail::load_le<uint64_t>(off.data(), 0);
-  check(previous == 0, "{}: the first offset must be 0, got {}", files.offsets.string(), previous);
-  for (int64_t i = 1; i <= size_; ++i) {
-    const auto o = detail::load_le<uint64_t>(off.data(), i);
-    check(o >= previous, "{}: offset {} ({}) is smaller than offset {} ({})", files.offsets.string(), i, o, i - 1,
-          previous);
-    previous = o;
-  }
-  check(previous == static_cast<uint64_t>(ids_->size()), "{}: the last offset is {} but {} holds {} ids",
-        files.offsets.string(), previous, files.ids.string(), ids_->size());
+  size_ = detail::checked_offsets(*offsets_, *ids_);
   if (!files.labels.empty()) {
     labels_ = std::make_shared<const MappedFile>(files.labels);
     const std::size_t bytes = labels_->bytes().size();
@@ -272,6 +267,14 @@ LOOM_INLINE const std::filesystem::path& TokenFileMeta::lm_file(std::string_view
        have.empty() ? "none" : have);
 }
 
+LOOM_INLINE const SftFiles& TokenFileMeta::sft_files(std::string_view split) const {
+  if (const auto it = sft.find(std::string(split)); it != sft.end()) return it->second;
+  std::string have;
+  for (const auto& [name, files] : sft) have += (have.empty() ? "" : ", ") + name;
+  fail("{}: no instruction (sft) split '{}' (there are: {})", (folder / "meta.json").string(), split,
+       have.empty() ? "none" : have);
+}
+
 LOOM_INLINE const RaggedTokenFiles& TokenFileMeta::classification_files(std::string_view split) const {
   if (const auto it = classification.find(std::string(split)); it != classification.end()) return it->second;
   std::string have;
@@ -331,6 +334,15 @@ LOOM_INLINE TokenFileMeta read_token_meta(const std::filesystem::path& meta_json
       RaggedTokenFiles files{meta.folder / s.string("ids"), meta.folder / s.string("offsets"), {}};
       if (const auto labels = s.optional_string("labels")) files.labels = meta.folder / *labels;
       meta.classification[it.key()] = std::move(files);
+    }
+  }
+  if (f.has("sft")) {
+    const auto& sft = f.object("sft");
+    for (auto it = sft.begin(); it != sft.end(); ++it) {
+      if (!it.value().is_object()) continue;  // the splits are the objects; "format" describes them
+      const json::Fields s(it.value(), where + ": sft." + it.key());
+      meta.sft[it.key()] = {meta.folder / s.string("ids"), meta.folder / s.string("offsets"),
+                            meta.folder / s.string("mask")};
     }
   }
   return meta;

@@ -171,6 +171,9 @@ LOOM_INLINE torch::Tensor GPT2LMHeadModelImpl::logits(const torch::Tensor& input
 }
 
 LOOM_INLINE CausalLMOutput GPT2LMHeadModelImpl::forward(const data::CausalLMBatch& batch) {
+  check(!batch.position_ids.defined(),
+        "GPT-2 takes no position_ids (packed sequences): its attention would cross the documents; pad the batch "
+        "instead, or use the Llama architecture, which attends within each packed document");
   const auto hidden = transformer(batch.input_ids);
   const torch::Tensor& weight = lm_head ? lm_head->weight : transformer->wte->weight;
   return causal_lm_output(hidden, weight, batch.labels, fast_kernels(kernels_, hidden));

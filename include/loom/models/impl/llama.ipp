@@ -186,7 +186,7 @@ inline torch::Tensor rotate_half(const torch::Tensor& x) {
 }  // namespace detail
 
 LOOM_INLINE torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
-                                                      const torch::Tensor& sin) {
+                                                      const torch::Tensor& sin, const torch::Tensor& mask) {
   const int64_t batch = x.size(0), seq = x.size(1);
   check(!window_ || seq <= *window_,
         "a sequence of {} tokens is longer than the config's sliding_window ({}); loom's Llama architecture has no "
@@ -200,8 +200,11 @@ LOOM_INLINE torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, co
   const auto c = cos.unsqueeze(1), s = sin.unsqueeze(1);
   q = (q * c) + (detail::rotate_half(q) * s);
   k = (k * c) + (detail::rotate_half(k) * s);
-  auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, is_training() ? dropout_ : 0.0,
-                                            /*is_causal=*/seq > 1, scaling_, /*enable_gqa=*/kv_heads_ != heads_);
+  // Causal, or the mask of packed documents (causal within each; SDPA's math or memory-efficient kernel).
+  auto y = mask.defined() ? at::scaled_dot_product_attention(q, k, v, mask, is_training() ? dropout_ : 0.0,
+                                                             /*is_causal=*/false, scaling_, kv_heads_ != heads_)
+                          : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, is_training() ? dropout_ : 0.0,
+                                                             /*is_causal=*/seq > 1, scaling_, kv_heads_ != heads_);
   y = y.transpose(1, 2).contiguous().reshape({batch, seq, -1}).contiguous();
   return o_proj(y);
 }
@@ -226,8 +229,8 @@ LOOM_INLINE LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) {
 }
 
 LOOM_INLINE torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
-                                                         const torch::Tensor& sin) {
-  auto h = x + self_attn(input_layernorm(x), cos, sin);
+                                                         const torch::Tensor& sin, const torch::Tensor& mask) {
+  auto h = x + self_attn(input_layernorm(x), cos, sin, mask);
   return h + mlp(post_attention_layernorm(h));
 }
 
@@ -262,23 +265,44 @@ LOOM_INLINE LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) {
 }
 
 LOOM_INLINE std::pair<torch::Tensor, torch::Tensor> LlamaModelImpl::rotary(int64_t seq, const torch::Device& device) {
-  if (inv_freq_.device() != device) inv_freq_ = inv_freq_.to(device);
-  // LlamaRotaryEmbedding.forward: float32, autocast off; [1, seq, dim].
+  return rotary(torch::arange(seq, torch::TensorOptions().device(device).dtype(torch::kLong)).unsqueeze(0));
+}
+
+LOOM_INLINE std::pair<torch::Tensor, torch::Tensor> LlamaModelImpl::rotary(const torch::Tensor& positions) {
+  if (inv_freq_.device() != positions.device()) inv_freq_ = inv_freq_.to(positions.device());
+  // LlamaRotaryEmbedding.forward: float32, autocast off; position x frequency, [batch, seq, dim].
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  const auto positions = torch::arange(seq, torch::TensorOptions().device(device).dtype(torch::kLong)).to(torch::kFloat);
-  const auto freqs = positions.unsqueeze(1).matmul(inv_freq_.unsqueeze(0)).unsqueeze(0);  // [1, seq, dim/2]
+  const auto freqs = positions.to(torch::kFloat).unsqueeze(-1).matmul(inv_freq_.view({1, 1, -1}));
   const auto emb = torch::cat({freqs, freqs}, -1);
   return {emb.cos() * attention_scaling_, emb.sin() * attention_scaling_};
 }
 
-LOOM_INLINE torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids) {
+namespace detail {
+// Packed documents: a query attends to the keys of its own document (whose positions restart
+// at 0), at or before it. bool [batch, 1, seq, seq].
+inline torch::Tensor packed_attention_mask(const torch::Tensor& position_ids) {
+  const auto document = position_ids.eq(0).cumsum(1);
+  const auto same = document.unsqueeze(2).eq(document.unsqueeze(1));
+  const int64_t seq = position_ids.size(1);
+  const auto causal = torch::ones({seq, seq}, position_ids.options().dtype(torch::kBool)).tril();
+  return same.logical_and(causal).unsqueeze(1);
+}
+}  // namespace detail
+
+LOOM_INLINE torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& position_ids) {
   check(input_ids.dim() == 2, "the Llama architecture takes input_ids of shape [batch, seq], got {}",
         c10::str(input_ids.sizes()));
+  torch::Tensor mask;
+  if (position_ids.defined()) {
+    check(position_ids.sizes() == input_ids.sizes(), "position_ids of shape {} do not match input_ids of shape {}",
+          c10::str(position_ids.sizes()), c10::str(input_ids.sizes()));
+    mask = detail::packed_attention_mask(position_ids.to(input_ids.device()));
+  }
   auto x = embedding_noise(embed_tokens(input_ids), is_training());
-  auto [cos, sin] = rotary(input_ids.size(1), x.device());
+  auto [cos, sin] = position_ids.defined() ? rotary(position_ids.to(x.device())) : rotary(input_ids.size(1), x.device());
   cos = cos.to(x.scalar_type());
   sin = sin.to(x.scalar_type());
-  for (auto& layer : units) x = layer->forward(x, cos, sin);
+  for (auto& layer : units) x = layer->forward(x, cos, sin, mask);
   return norm(x);
 }
 
@@ -317,7 +341,7 @@ LOOM_INLINE torch::Tensor LlamaForCausalLMImpl::logits(const torch::Tensor& inpu
 }
 
 LOOM_INLINE CausalLMOutput LlamaForCausalLMImpl::forward(const data::CausalLMBatch& batch) {
-  const auto hidden = model(batch.input_ids);
+  const auto hidden = model(batch.input_ids, batch.position_ids);
   const torch::Tensor& weight = lm_head ? lm_head->weight : model->embed_tokens->weight;
   return causal_lm_output(hidden, weight, batch.labels, fast_kernels(kernels_, hidden));
 }

@@ -1,0 +1,177 @@
+// LoRA fine-tuning of a Llama-architecture model on instruction data, as TRL's SFTTrainer
+// does it on top of HF's Trainer: a frozen base (an HF folder, or a random model sized by the
+// flags), a LoRA adapter (TRL's --use_peft / --lora_* flags, on by default here), prompt +
+// completion examples whose loss counts the completion tokens only, packed into windows with
+// position ids that restart at each example (attention stays within an example), bf16,
+// evaluation loss on the held-out completions, checkpoints holding the adapter alone, resume.
+// At the end: PEFT's adapter folder in --output_dir (peft.PeftModel.from_pretrained opens it
+// onto the base) and, with --lora_save_merged, the merged model in <output_dir>/merged.
+//
+// The data, once (a few seconds): KJV instructions ("Book chapter:verse" -> the verse, a verse
+// -> the next one) tokenized with their loss masks:
+//   make llama-sft-data                  # writes data/kjv_sft
+//
+// Then:
+//   build/examples/llama_sft                                  # random 4-layer base, LoRA r=16, bf16
+//   build/examples/llama_sft --model_name_or_path my-llama    # a Llama, Qwen2 or Mistral folder as the base
+//   build/examples/llama_sft --use_peft false                 # full fine-tuning instead
+//   build/examples/llama_sft --packing 0                      # one example per row, padded per batch
+//   build/examples/llama_sft --resume_from_checkpoint latest
+//   .venv/bin/torchrun --nproc_per_node=2 --no-python build/examples/llama_sft --sharding zero2
+//   build/examples/llama_sft --help                           # every flag
+//
+// The loss is the mean over the completion tokens of a batch, and num_items counts them, so
+// gradient accumulation and data parallelism normalize by completion tokens across the whole
+// global batch. Each decoder layer is a FullShard unit.
+
+#include <loom/loom.hpp>
+#include <loom/data/sft.hpp>
+#include <loom/data/token_file.hpp>
+#include <loom/models/llama.hpp>
+#include <loom/peft/lora_arguments.hpp>
+
+#include "../common/hf_example.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+/// Flags of this example, beside every TrainingArguments and LoraArguments flag.
+struct ExampleArguments {
+  std::string data_dir = "data/kjv_sft";  ///< folder with meta.json and the sft_* files (make llama-sft-data)
+  int64_t packing = 256;                  ///< tokens per packed window; 0: one example per row, padded
+  int64_t max_length = 256;               ///< padded rows keep at most this many tokens
+  int64_t hidden_size = 256;              ///< random init: model width
+  int64_t intermediate_size = 688;        ///< random init: the MLP's width
+  int64_t num_hidden_layers = 4;          ///< random init: decoder layers
+  int64_t num_attention_heads = 8;        ///< random init: query heads
+  int64_t num_key_value_heads = 4;        ///< random init: key/value heads (grouped-query attention)
+
+  static constexpr loom::FieldHelp field_help[] = {
+      {"data_dir", "folder with meta.json and the sft_* token files (make llama-sft-data writes data/kjv_sft)"},
+      {"packing", "tokens per packed window (examples never split; attention stays within each); 0: padded rows"},
+      {"max_length", "without packing: an example keeps at most this many tokens"},
+      {"hidden_size", "model width (random init, without --model_name_or_path)"},
+      {"intermediate_size", "the MLP's width (random init)"},
+      {"num_hidden_layers", "decoder layers (random init)"},
+      {"num_attention_heads", "query heads (random init)"},
+      {"num_key_value_heads", "key/value heads, dividing the query heads (random init)"},
+  };
+  static constexpr std::string_view help_heading = "example";
+};
+
+using loom::data::CausalLMBatch;
+using loom::models::LlamaForCausalLM;
+
+/// The trainer: the loss normalized by completion tokens (the shifted labels that count).
+template <class Sharding, class Precision>
+struct SFTTrainer : loom::Trainer<SFTTrainer<Sharding, Precision>, LlamaForCausalLM, Sharding, Precision> {
+  using loom::Trainer<SFTTrainer<Sharding, Precision>, LlamaForCausalLM, Sharding, Precision>::Trainer;
+
+  int64_t num_items(const CausalLMBatch& batch) {
+    const auto targets = batch.labels.narrow(1, 1, batch.labels.size(1) - 1);
+    return targets.ne(loom::data::ignore_index).sum().template item<int64_t>();
+  }
+};
+
+int main(int argc, char** argv) {
+  return loom::run_main([&] {
+    // This example's defaults (any flag overrides them): LoRA r=16 on q_proj and v_proj, bf16,
+    // a cosine schedule, evaluation and checkpoints every 100 steps.
+    loom::TrainingArguments defaults;
+    defaults.output_dir = "output/llama_sft";
+    defaults.bf16 = true;
+    defaults.learning_rate = 2e-3;
+    defaults.lr_scheduler_type = "cosine";
+    defaults.warmup_steps = 20;
+    defaults.per_device_train_batch_size = 4;
+    defaults.per_device_eval_batch_size = 8;
+    defaults.num_train_epochs = 1;
+    defaults.max_steps = 300;
+    defaults.logging_steps = 25;
+    defaults.eval_strategy = "steps";
+    defaults.eval_steps = 100;
+    defaults.save_strategy = "steps";
+    defaults.save_steps = 100;
+    defaults.save_total_limit = 2;
+    defaults.prediction_loss_only = true;  // evaluation keeps the loss, not [batch, seq, vocab] logits
+    loom::peft::LoraArguments lora_defaults;
+    lora_defaults.use_peft = true;  // PEFT's default targets for the model type: q_proj, v_proj
+    auto [example, lora_args, args] = loom::parse_args(argc, argv, ExampleArguments{}, lora_defaults, defaults);
+    loom::check(example.packing >= 0, "--packing must be 0 (padded rows) or a window size, got {}", example.packing);
+    loom::check(example.max_length > 1, "--max_length must be at least 2, got {}", example.max_length);
+    hf_example::apply_script_rules(args, "llama_sft");
+    const bool main_process = hf_example::is_main_process();
+
+    // The base's configuration before any data: a folder's config.json, else the flags.
+    const auto meta = hf_example::read_token_folder(example.data_dir);
+    loom::models::LlamaConfig config;
+    if (args.model_name_or_path) {
+      config = loom::models::read_hf_config<loom::models::LlamaConfig>(*args.model_name_or_path);
+      loom::check(config.vocab_size >= meta.vocab_size,
+                  "--model_name_or_path {} has vocab_size {}, but the token files of {} use {} ids",
+                  *args.model_name_or_path, config.vocab_size, example.data_dir, meta.vocab_size);
+    } else {
+      config.vocab_size = meta.vocab_size;
+      config.hidden_size = example.hidden_size;
+      config.intermediate_size = example.intermediate_size;
+      config.num_hidden_layers = example.num_hidden_layers;
+      config.num_attention_heads = example.num_attention_heads;
+      config.num_key_value_heads = example.num_key_value_heads;
+      config.max_position_embeddings = std::max(example.packing, example.max_length);
+      if (meta.eos_token_id) config.bos_token_id = config.eos_token_id = *meta.eos_token_id;
+      config.pad_token_id = meta.pad_token_id;
+    }
+
+    loom::data::SftOptions data_options;
+    data_options.dtype = meta.dtype;
+    data_options.vocab_size = meta.vocab_size;
+    data_options.pad_token_id = meta.pad_token_id.value_or(0);
+    data_options.max_length = example.max_length;
+    if (example.packing > 0) data_options.packing = example.packing;
+    const loom::data::SftDataset train_set(meta.sft_files("train"), data_options);
+    const loom::data::SftDataset eval_set(meta.sft_files("val"), data_options);
+
+    loom::set_seed(args.seed);
+    const std::string origin = args.model_name_or_path ? *args.model_name_or_path : std::string("random init");
+    auto model = hf_example::pretrained_or_random<LlamaForCausalLM>(args, config);
+    const auto adapter = loom::peft::prepare_lora(*model, lora_args, model->config().model_type);
+    if (main_process) {
+      fmt::print("llama_sft: {} training examples ({} {}), {} held out, {} completion tokens to learn from {}\n",
+                 train_set.examples(), train_set.size(),
+                 train_set.packed() ? fmt::format("windows of {} tokens", example.packing) : std::string("rows"),
+                 eval_set.examples(), train_set.completion_tokens(), example.data_dir);
+      int64_t trainable = 0, total = 0;
+      for (const auto& p : model->parameters()) (p.requires_grad() ? trainable : total) += p.numel();
+      total += trainable;
+      const auto& c = model->config();
+      fmt::print("llama_sft: {} ({}) with {} layers, width {}: {:.2f} M parameters, {} trainable ({:.2f}%){}\n",
+                 model->architecture_name(), origin, c.num_hidden_layers, c.hidden_size,
+                 static_cast<double>(total) / 1e6, trainable, 100.0 * static_cast<double>(trainable) / static_cast<double>(total),
+                 adapter ? fmt::format(", LoRA r={} alpha={}", adapter->r, adapter->lora_alpha) : std::string(", full fine-tuning"));
+    }
+
+    // As HF's run_clm / TRL's sft script: train, save, report, evaluate, report.
+    loom::select_policies(args, [&]<class Sharding, class Precision>() {
+      SFTTrainer<Sharding, Precision> trainer(args, model, train_set, eval_set);
+      trainer.set_tokenizer_files(hf_example::tokenizer_files(meta));
+      if (args.do_train) {
+        auto result = trainer.train();
+        trainer.save_model();  // the adapter (PEFT's files), or the full model with config.json
+        if (adapter && lora_args.lora_save_merged) trainer.save_merged_model();  // <output_dir>/merged
+        trainer.log_metrics("train", result.metrics);
+      }
+      if (args.do_eval) {
+        auto metrics = trainer.evaluate();
+        if (auto loss = metrics.get("eval_loss")) metrics.set("eval_perplexity", std::exp(*loss));
+        trainer.log_metrics("eval", metrics);
+        trainer.save_metrics("eval", metrics);
+      }
+    });
+    if (main_process) fmt::print("outputs in {}\n", args.output_dir);
+    return 0;
+  });
+}
