@@ -1,5 +1,5 @@
-// Text data as people prepare it: build/examples/kjv_text and examples/text_data/prepare.py
-// (Hugging Face's `tokenizers`) write token files; TokenFileDataset and TokenSequenceDataset
+// Text data as people prepare it: build/examples/kjv_text and examples/text_data/kjv.py (through
+// prepare.py, Hugging Face's `tokenizers`) write token files; TokenFileDataset and TokenSequenceDataset
 // read them back exactly as numpy does, in HF run_clm's group_texts windows, and the padding
 // collator's batches equal transformers' DataCollatorWithPadding /
 // DataCollatorForTokenClassification on the same examples (tests/data/text_peer.py). Bad
@@ -34,9 +34,9 @@ using loom::data::TokenSequence;
 using loom_test::error_of;
 using loom_test::run_capture;
 
-constexpr int64_t kLimit = 3000;  // verses prepare.py keeps
+constexpr int64_t kLimit = 3000;  // verses kjv.py keeps
 
-/// The folder prepare.py wrote (empty when Python, kjv_text or the KJV data is missing) and the Python.
+/// The folder kjv.py wrote (empty when Python, kjv_text or the KJV data is missing) and the Python.
 struct Prepared {
   fs::path dir;
   std::string py;
@@ -50,7 +50,7 @@ std::string run_ok(const std::string& cmd) {
   return out.substr(0, out.rfind("<rc="));
 }
 
-/// kjv_text then prepare.py into tmp/data/text, once per process.
+/// kjv_text then kjv.py into tmp/data/text, once per process.
 const Prepared& prepared() {
   static const Prepared p = [] {
     Prepared out;
@@ -59,7 +59,7 @@ const Prepared& prepared() {
     if (py == nullptr || !fs::exists(py) || !fs::exists(exe) || !fs::exists("/usr/lib/bible.data")) return out;
     const fs::path dir = loom_test::fresh_dir("data/text");
     run_ok(exe.string() + " --output " + (dir / "kjv.txt").string());
-    run_ok(std::string(py) + " " + (loom_test::source_dir() / "examples/text_data/prepare.py").string() + " --input " +
+    run_ok(std::string(py) + " " + (loom_test::source_dir() / "examples/text_data/kjv.py").string() + " --input " +
            (dir / "kjv.txt").string() + " --out " + dir.string() + " --limit " + std::to_string(kLimit) +
            " --vocab_size 1024");
     out.dir = dir;
@@ -202,7 +202,7 @@ TEST_CASE("tokenizer.json decodes the first window back to the start of the text
   }
   const std::string decoded = peer(p, "decode " + p.dir.string() + ids);
 
-  // The text prepare.py tokenized: the kept verses (every 31102/3000-th) of Genesis, one a line.
+  // The text kjv.py tokenized: the kept verses (every 31102/3000-th) of Genesis, one a line.
   std::ifstream in(p.dir / "kjv.txt");
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);) lines.push_back(line);
