@@ -287,6 +287,56 @@ TEST_CASE("the padding collator equals transformers' DataCollatorWithPadding and
   }
 }
 
+TEST_CASE("prepare.py's folders of plain text, JSONL text and instruction data open with read_token_meta") {
+  const char* py = loom_test::python("prepare.py's folders");
+  if (py == nullptr) return;
+  const auto dir = loom_test::fresh_dir("data/prepare");
+  loom_test::write_bytes(dir / "a.txt", "In the beginning was the word.\nAnd the word was short.\n");
+  loom_test::write_bytes(dir / "b.txt", "A second document, with more words.\n");
+  loom_test::write_bytes(dir / "c.txt", "The third.");
+  loom_test::write_bytes(dir / "docs.jsonl", "{\"text\": \"one\"}\n{\"text\": \"two and three\"}\n\n{\"text\": \"four\"}\n");
+  loom_test::write_bytes(dir / "pairs.jsonl", "{\"prompt\": \"Genesis 1:1\\n\", \"completion\": \"In the beginning\"}\n"
+                                              "{\"prompt\": \"Genesis 1:2\\n\", \"completion\": \"And the earth\"}\n");
+  const std::string tool = std::string(py) + " " + (loom_test::source_dir() / "examples/text_data/prepare.py").string();
+  const std::vector<std::pair<std::string, int64_t>> runs{
+      {"--text " + (dir / "a.txt").string() + " " + (dir / "b.txt").string() + " " + (dir / "c.txt").string(), 3},
+      {"--text " + (dir / "a.txt").string() + " --one_document_per_line", 2},
+      {"--jsonl " + (dir / "docs.jsonl").string(), 3}};
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    const fs::path out = dir / ("lm" + std::to_string(r));
+    run_ok(tool + " " + runs[r].first + " --out " + out.string() + " --vocab_size 300 --val_fraction 0.3");
+    const auto meta = loom::data::read_token_meta(out / "meta.json");
+    CHECK(meta.vocab_size > 256);  // bytes + special tokens + merges; these texts allow fewer than 300
+    CHECK(meta.vocab_size <= 300);
+    CHECK(meta.eos_token_id == 0);
+    CHECK(meta.pad_token_id == 1);
+    CHECK(fs::exists(meta.tokenizer_file));
+    const auto j = loom::json::read_file(out / "meta.json");
+    int64_t documents = 0;
+    for (const char* split : {"train", "val"}) {
+      CAPTURE(runs[r].first);
+      CAPTURE(split);
+      const loom::data::TokenFileDataset lm(meta.lm_file(split), meta.lm_options(1));  // ids checked below vocab_size
+      const int64_t tokens = lm.file().size();
+      CHECK(tokens == j["lm"][split]["tokens"].get<int64_t>());
+      const auto ids = lm.file().slice(0, tokens);
+      CHECK(ids.eq(*meta.eos_token_id).sum().item<int64_t>() == j["lm"][split]["documents"].get<int64_t>());
+      CHECK(ids[-1].item<int64_t>() == *meta.eos_token_id);
+      documents += j["lm"][split]["documents"].get<int64_t>();
+    }
+    CHECK(documents == runs[r].second);
+  }
+  // An instruction folder's meta.json reads too: it has "sft" and no "lm".
+  run_ok(tool + " --sft " + (dir / "pairs.jsonl").string() + " --out " + (dir / "sft").string() + " --vocab_size 300");
+  const auto sft = loom::data::read_token_meta(dir / "sft" / "meta.json");
+  CHECK(sft.vocab_size <= 300);
+  CHECK(sft.pad_token_id == 1);
+  CHECK(sft.lm.empty());
+  const auto j = loom::json::read_file(dir / "sft" / "meta.json");
+  CHECK(j["sft"]["format"] == "prompt_completion");
+  CHECK(j["sft"]["train"]["examples"].get<int64_t>() + j["sft"]["val"]["examples"].get<int64_t>() == 2);
+}
+
 TEST_CASE("token datasets batch through fetch, AnyDataset, with_collator and per-rank DataLoaders") {
   const auto dir = loom_test::fresh_dir("data/ragged");
   const std::vector<std::vector<int64_t>> seqs{{5, 6, 7}, {8}, {9, 10, 11, 12, 13}, {}, {14, 15}, {16, 17, 18, 19}};
