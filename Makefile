@@ -2,7 +2,8 @@
 #   make demo   set up what is missing, build, train the Fashion-MNIST example
 #   make test   set up what is missing, build, run the whole test suite
 #   make build  set up what is missing, build tests, examples and benchmarks into build/
-#   make kjv-data  the KJV token files (kjv_text + prepare.py) in data/kjv, for make gpt2 / make bert
+#   make kjv-data  the KJV token files (kjv_text + kjv.py) in data/kjv, for make gpt2 / make bert
+#   make llama-sft-data  KJV instruction data with loss masks (kjv.py + prepare.py --sft) in data/kjv_sft
 #   make gpt2, make bert  train examples/gpt2, fine-tune examples/bert_classify on data/kjv (ARGS=...)
 #   make fuzz   libFuzzer harnesses (tests/fuzz/) built with clang into build-fuzz/, each run FUZZ_SECONDS
 #   make sanitize  the unit tests built with ASan+UBSan into build-sanitize/, then ctest -L unit
@@ -30,7 +31,7 @@ LOOM_CC ?= clang-19
 # ccache's other settings travel with the build (build/loom-ccache, cmake/loomBuildHelpers.cmake).
 export CCACHE_MAXSIZE := 5G
 
-.PHONY: help deps build demo test bench clean fuzz sanitize kjv-data gpt2 bert
+.PHONY: help deps build demo test bench clean fuzz sanitize kjv-data llama-sft-data gpt2 bert
 
 help:
 	@echo "make demo   - train the default example (Fashion-MNIST) after any missing set-up"
@@ -38,6 +39,7 @@ help:
 	@echo "make build  - build tests, examples and benchmarks into build/"
 	@echo "make bench  - run the overhead and sharding benchmarks"
 	@echo "make kjv-data - tokenize the King James Bible into data/kjv (BPE token files, a few seconds)"
+	@echo "make llama-sft-data - KJV instruction pairs as SFT token files with loss masks in data/kjv_sft (seconds)"
 	@echo "make gpt2   - train GPT-2 on data/kjv (examples/gpt2; ARGS=\"--flag value ...\")"
 	@echo "make bert   - fine-tune BERT to classify KJV verses by book group (examples/bert_classify)"
 	@echo "make fuzz   - build the libFuzzer harnesses (clang) and run each for FUZZ_SECONDS (default 60)"
@@ -86,15 +88,28 @@ bench: build
 	$(BUILD)/benchmarks/sharding --torchrun $(VENV)/bin/torchrun
 
 # --- the Hugging Face model examples on the King James Bible ------------------------------
-# data/kjv: Debian's bible-kjv-text decoded by kjv_text, tokenized by prepare.py (a BPE
-# trained here, 8192 tokens); remade when prepare.py changes.
+# data/kjv: Debian's bible-kjv-text decoded by kjv_text, tokenized by kjv.py through
+# prepare.py (a BPE trained here, 8192 tokens); remade when either changes.
 KJV_DATA := data/kjv
+TEXT_TOOLS := examples/text_data/kjv.py examples/text_data/prepare.py
 
-$(KJV_DATA)/meta.json: examples/text_data/prepare.py $(BUILD)/build.ninja
+$(KJV_DATA)/meta.json: $(TEXT_TOOLS) $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS) --target kjv_text
-	$(PY) examples/text_data/prepare.py --kjv_text $(BUILD)/examples/kjv_text --out $(KJV_DATA)
+	$(PY) examples/text_data/kjv.py --kjv_text $(BUILD)/examples/kjv_text --out $(KJV_DATA)
 
 kjv-data: $(KJV_DATA)/meta.json
+
+# data/kjv_sft: instruction data from the KJV ("Genesis 1:1" -> the verse, and some verse ->
+# next verse pairs) written by kjv.py as instructions.jsonl, then tokenized by prepare.py --sft
+# into token files with loss masks (a BPE of 8192 tokens trained on the pairs).
+KJV_SFT := data/kjv_sft
+
+$(KJV_SFT)/meta.json: $(TEXT_TOOLS) $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS) --target kjv_text
+	$(PY) examples/text_data/kjv.py --kjv_text $(BUILD)/examples/kjv_text --instructions $(KJV_SFT)/instructions.jsonl
+	$(PY) examples/text_data/prepare.py --sft $(KJV_SFT)/instructions.jsonl --out $(KJV_SFT)
+
+llama-sft-data: $(KJV_SFT)/meta.json
 
 gpt2: build kjv-data
 	$(BUILD)/examples/gpt2 --data_dir $(KJV_DATA) $(ARGS)

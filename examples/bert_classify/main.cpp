@@ -1,13 +1,13 @@
 // BERT (loom::models::BertForSequenceClassification, Hugging Face's architecture and file
 // format) fine-tuned to tell which part of the King James Bible a verse comes from: the
-// seven book groups of examples/text_data/prepare.py (law, history, poetry, prophets,
+// seven book groups of examples/text_data/kjv.py (law, history, poetry, prophets,
 // gospels_acts, epistles, revelation). Evaluated on the held-out verses with accuracy, which
 // it reports against the majority-class baseline (eval_majority_accuracy: the share of the
 // held-out set's most frequent group). HF's run_glue.py, in C++.
 //
-// The data, once (~15 s): kjv_text decodes Debian's bible-kjv-text, prepare.py tokenizes it:
+// The data, once (~15 s): kjv_text decodes Debian's bible-kjv-text, kjv.py tokenizes it:
 //   make kjv-data                        # builds kjv_text, then runs the command below
-//   .venv/bin/python examples/text_data/prepare.py --kjv_text build/examples/kjv_text --out data/kjv
+//   .venv/bin/python examples/text_data/kjv.py --kjv_text build/examples/kjv_text --out data/kjv
 //
 // Then:
 //   build/examples/bert_classify                                  # the defaults below (~3 min on 2 cores)
@@ -17,7 +17,7 @@
 //   .venv/bin/torchrun --nproc_per_node=2 --no-python build/examples/bert_classify --sharding zero2
 //   build/examples/bert_classify --help                           # every flag
 //
-// Each example is [CLS] verse [SEP] (prepare.py's classify_{train,val} ragged files),
+// Each example is [CLS] verse [SEP] (kjv.py's classify_{train,val} ragged files),
 // truncated to --max_seq_length ids; batches are padded to their longest example by the
 // dataset's DataCollatorWithPadding (HF's), with attention_mask 0 on the padding. Without
 // --model_name_or_path the model is BERT with HF's initialization, sized by the flags below,
@@ -39,7 +39,7 @@
 
 /// Flags of this example, beside every TrainingArguments flag.
 struct ExampleArguments {
-  std::string data_dir = "data/kjv";   ///< folder with prepare.py's meta.json and classify_* files
+  std::string data_dir = "data/kjv";   ///< folder with kjv.py's meta.json and classify_* files
   int64_t max_seq_length = 128;        ///< ids per example after truncation ([CLS] and [SEP] included)
   int64_t num_hidden_layers = 2;       ///< random init: encoder layers
   int64_t hidden_size = 128;           ///< random init: width
@@ -48,7 +48,7 @@ struct ExampleArguments {
   double dropout = 0.1;                ///< random init: hidden_dropout_prob and attention_probs_dropout_prob
 
   static constexpr loom::FieldHelp field_help[] = {
-      {"data_dir", "folder with prepare.py's meta.json and classify_{train,val} files"},
+      {"data_dir", "folder with kjv.py's meta.json and classify_{train,val} files"},
       {"max_seq_length", "ids per example after truncation ([CLS] and [SEP] included)"},
       {"num_hidden_layers", "encoder layers (random init, without --model_name_or_path)"},
       {"hidden_size", "width (random init)"},
@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
     // The model's configuration before any data: a folder's config.json, else the flags.
     const auto meta = hf_example::read_token_folder(example.data_dir);
     const auto num_labels = static_cast<int64_t>(meta.label_names.size());
-    loom::check(num_labels > 1, "{}/meta.json names {} classification labels; prepare.py writes 7",
+    loom::check(num_labels > 1, "{}/meta.json names {} classification labels; kjv.py writes 7",
                 example.data_dir, num_labels);
     loom::models::BertConfig config;
     if (args.model_name_or_path) {

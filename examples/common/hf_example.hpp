@@ -51,7 +51,7 @@ inline loom::data::TokenFileMeta read_token_folder(const std::filesystem::path& 
   loom::check(loom::path_exists(data_dir, loom::PathKind::folder, "--data_dir") &&
                   loom::path_exists(meta, loom::PathKind::file, "--data_dir"),
               "--data_dir {}: no meta.json there; prepare the KJV token files with `make kjv-data` (writes data/kjv) "
-              "or `.venv/bin/python examples/text_data/prepare.py --kjv_text build/examples/kjv_text --out {}`",
+              "or `.venv/bin/python examples/text_data/kjv.py --kjv_text build/examples/kjv_text --out {}`",
               data_dir.string(), data_dir.string());
   return loom::data::read_token_meta(meta);
 }

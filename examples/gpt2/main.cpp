@@ -3,9 +3,11 @@
 // held-out verses (eval_loss and eval_perplexity = exp(eval_loss)), saved as an HF folder that
 // transformers.GPT2LMHeadModel.from_pretrained and AutoTokenizer open. HF's run_clm.py, in C++.
 //
-// The data, once (~15 s): kjv_text decodes Debian's bible-kjv-text, prepare.py tokenizes it:
+// The data, once (~15 s): kjv_text decodes Debian's bible-kjv-text, kjv.py tokenizes it:
 //   make kjv-data                        # builds kjv_text, then runs the command below
-//   .venv/bin/python examples/text_data/prepare.py --kjv_text build/examples/kjv_text --out data/kjv
+//   .venv/bin/python examples/text_data/kjv.py --kjv_text build/examples/kjv_text --out data/kjv
+// Your own text works the same way: examples/text_data/prepare.py --text FILE... --out DIR, then
+// --data_dir DIR.
 //
 // Then:
 //   build/examples/gpt2                                    # the defaults below (bf16, ~2 min on 2 cores)
@@ -80,7 +82,7 @@ int main(int argc, char** argv) {
   return loom::run_main([&] {
     // This example's defaults; any flag on the command line overrides them. Sized for about
     // two minutes on 2 idle CPU cores (7.6k tokens/s): one epoch of the KJV (929k tokens with
-    // prepare.py's 8192-token vocabulary) in 454 updates of 2 x 8 windows of 128 tokens.
+    // kjv.py's 8192-token vocabulary) in 454 updates of 2 x 8 windows of 128 tokens.
     loom::TrainingArguments defaults;
     defaults.output_dir = "output/gpt2";
     defaults.bf16 = true;

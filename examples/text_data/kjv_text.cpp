@@ -1,5 +1,5 @@
 // Writes the King James Bible of Debian's bible-kjv-text package as plain text, one verse a
-// line, so that other tools (examples/text_data/prepare.py, Python's `tokenizers`) can read
+// line, so that other tools (examples/text_data/kjv.py, Python's `tokenizers`) can read
 // it. /usr/lib/bible.data is compressed in the "EC02" format that ../common/kjv.hpp decodes.
 //
 //   build/examples/kjv_text --output kjv.txt                        # "Ge1:1 In the beginning ..."

@@ -1,44 +1,83 @@
 #!/usr/bin/env python3
-"""Tokenize the King James Bible into token files that loom's datasets memory-map.
+"""Tokenize your own text into the token files that loom's datasets memory-map.
 
-Input: the verse lines "<Book><chapter>:<verse> <text>" that build/examples/kjv_text writes
-(Debian's bible-kjv-text, decoded). Output, in --out:
+One kind of input per run (UTF-8 files; blank lines of a JSONL file are skipped):
 
-  tokenizer.json, tokenizer_config.json
-      a byte-level BPE trained here with the `tokenizers` package (no download), saved
-      through transformers' PreTrainedTokenizerFast so AutoTokenizer.from_pretrained(out)
-      opens it too. Special tokens, in this order (ids 0..4): <|endoftext|> (GPT-2's end of
-      text, also bos/unk), [PAD], [CLS], [SEP], [MASK].
-  train.bin, val.bin
+  --text FILE...     plain text: each file is one document, or each non-blank line with
+                     --one_document_per_line. Empty documents are left out.
+  --jsonl FILE...    JSON Lines: each line an object whose string field --text_field ("text")
+                     is one document. Empty documents are left out.
+  --sft FILE...      instruction data, JSON Lines, every line of one of two forms (all lines
+                     of a run the same form; other fields are ignored):
+                       {"prompt": "...", "completion": "..."}
+                       {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}
+
+The tokenizer: a byte-level BPE of --vocab_size tokens (fewer when the input has fewer merges to
+learn) trained here on the input with `tokenizers` (no download), or --tokenizer, an existing
+tokenizer.json (or the folder holding it, whose tokenizer_config.json then names the special
+tokens and the chat template). Its end-of-text token is the one --eos_token names, else its
+config's eos_token, else its one special token spelled like one (</s>, <|endoftext|>, ...);
+without any, or with several such spellings, the run asks for --eos_token. Its pad token is
+its config's, else a special token spelled [PAD], <pad> or <|pad|>, else the eos token.
+
+Output, in --out:
+
+  tokenizer.json, tokenizer_config.json (and chat_template.jinja for chat data)
+      saved through transformers, so AutoTokenizer.from_pretrained(out) opens them. A BPE
+      trained here has the special tokens (ids 0..4) <|endoftext|> (eos, also bos and unk),
+      [PAD], [CLS], [SEP], [MASK], and for chat data <|system|>, <|user|>, <|assistant|>
+      (5..7) with the default chat template below as its chat_template.
+  train.bin, val.bin (--text, --jsonl)
       causal LM: flat token ids, little-endian uint16 (uint32 when the vocabulary does not
-      fit), the nanoGPT / llm.c convention; read with np.fromfile(path, dtype). A document is
-      one book, its verses joined by newlines, followed by <|endoftext|>. val is the last
-      --val_fraction of the verses (as char_lm holds out the end of the text).
-  classify_{train,val}.bin / .offsets / .labels
-      classification, verse -> the book's group (LABELS below): a ragged token file. .bin
-      holds the ids of every example one after another ([CLS] verse [SEP], at most
-      --max_length ids, in the dtype above), .offsets the uint64 start of each example plus
-      the end (n + 1 values, the first 0), .labels one int64 label per example. The split
-      is a seeded shuffle of the verses (--seed), --cls_val_fraction of them held out.
+      fit), no header, the nanoGPT / llm.c convention; each document's ids followed by the
+      eos id. A seeded shuffle (--seed) picks --val_fraction of the documents (at least one)
+      for val; each file keeps the input order. A single document is split instead: its
+      last --val_fraction of ids are val.
+  sft_train.bin / .offsets / .mask, sft_val.* (--sft)
+      instruction data with loss masks, one example after another: .bin the ids (dtype as
+      above), .offsets uint64, n + 1 values, the first 0 and the last the number of ids
+      (example i is ids[offsets[i]:offsets[i+1]]), .mask uint8, one per id: 1 on a token the
+      loss counts (the completion, the assistant's replies, their eos), 0 on the rest (labels
+      -100). A seeded shuffle picks --val_fraction of the examples for val.
   meta.json
-      what a reader needs: dtype, vocab_size, the special token ids, the file names, token
-      and example counts, the label names and counts, and the majority-class accuracy of
-      the held-out set (the baseline a classifier must beat).
+      dtype, vocab_size, tokenizer_file, the special token ids (eos_token_id, pad_token_id,
+      and cls/sep/mask when the tokenizer has them), special_tokens, then "lm": {split:
+      {file, tokens, documents}} or "sft": {"format": "prompt_completion" | "chat", split:
+      {ids, offsets, mask, examples, tokens, completion_tokens}}, and "source" (the options).
 
-The same input and options give the same bytes (the BPE trainer is deterministic, the
-shuffle seeded). --limit N keeps N verses spread evenly over the text (every book group
-stays present), for quick runs and tests.
+A prompt-completion example is the prompt's ids, the completion's ids and the eos id; the
+prompt and the completion are tokenized separately, so the mask's boundary is exact. The
+default chat template (a BPE trained here):
 
-  build/examples/kjv_text --output kjv.txt
-  .venv/bin/python examples/text_data/prepare.py --input kjv.txt --out data/kjv
-  .venv/bin/python examples/text_data/prepare.py --kjv_text build/examples/kjv_text --out data/kjv
+  <|user|>\\n{content}\\n<|assistant|>\\n{content}<|endoftext|><|user|>\\n{content}\\n...
+
+a system or user message is its role token, then "\\n" + content + "\\n" (mask 0); an assistant
+message is <|assistant|> "\\n" (mask 0), then its content and the eos id (mask 1). A
+conversation ends with an assistant message. With --tokenizer, chat data goes through the
+tokenizer's own chat_template (transformers' apply_chat_template with
+return_assistant_tokens_mask): the template must mark the assistant's text with
+{% generation %}...{% endgeneration %}, or the run is refused.
+
+No bos is added unless the tokenizer's post-processor puts one before a text (Llama's <s>):
+then every document and example starts with it. Special-token spellings inside the data are
+tokenized as text, never as the special ids (except through a tokenizer's chat_template).
+
+--max_length N drops every example longer than N ids (counted, reported, and recorded in
+meta.json's source as dropped_too_long); nothing is truncated, so no example loses its
+completion. Bad input ends the run with one line naming FILE:LINE and exit status 1. The same
+input and options give the same bytes. The ids are held in memory (about 40 bytes a token)
+before they are written.
+
+  .venv/bin/python examples/text_data/prepare.py --text book1.txt book2.txt --out data/books
+  .venv/bin/python examples/text_data/prepare.py --sft pairs.jsonl --out data/sft --vocab_size 8192
+  .venv/bin/python examples/text_data/prepare.py --sft chats.jsonl --tokenizer my-model/ --out data/chat
 """
 
 import argparse
+import itertools
 import json
 import random
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,178 +87,456 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 SPECIAL_TOKENS = ["<|endoftext|>", "[PAD]", "[CLS]", "[SEP]", "[MASK]"]
 EOS, PAD, CLS, SEP, MASK = range(len(SPECIAL_TOKENS))
-
-# The traditional division of the 66 books, by their order in the KJV: [first book, label).
-LABELS = ["law", "history", "poetry", "prophets", "gospels_acts", "epistles", "revelation"]
-GROUP_STARTS = [0, 5, 17, 22, 39, 44, 65]  # Genesis, Joshua, Job, Isaiah, Matthew, Romans, Revelation
-BOOKS = 66
-
-VERSE = re.compile(r"^(\d?[A-Za-z]+)(\d+):(\d+) (.*)$")
+ROLES = ("system", "user", "assistant")
+ROLE_TOKENS = [f"<|{role}|>" for role in ROLES]
+# The default template in Jinja, for transformers' apply_chat_template: the same text the
+# pieces of chat_examples() make, the assistant's part marked for return_assistant_tokens_mask.
+# Their ids agree too, but where a reply starts with whitespace: the BPE then joins it to the
+# "\n" before it in the rendered text, while chat_examples() tokenizes the reply alone.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' }}"
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + eos_token }}{% endgeneration %}"
+    "{% else %}{{ message['content'] + '\\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}")
+GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
+# How end-of-text and padding tokens are spelled, for a tokenizer.json without a config.
+EOS_SPELLINGS = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|eot_id|>", "<|im_end|>", "[EOS]")
+PAD_SPELLINGS = ("[PAD]", "<pad>", "<|pad|>")
 
 
 def fail(message):
-    sys.exit(f"prepare.py: {message}")
+    sys.exit(f"{Path(sys.argv[0]).name}: {message}")
 
 
-def read_verses(text, source):
-    """[(book index, verse text)] from the kjv_text lines; each book a new index in order of appearance."""
-    verses, books = [], []
-    for number, line in enumerate(text.splitlines(), 1):
-        m = VERSE.match(line)
-        if m is None:
-            fail(f"{source}:{number}: not a verse line '<Book><chapter>:<verse> <text>': {line[:60]!r}")
-        if not books or books[-1] != m.group(1):
-            if m.group(1) in books:
-                fail(f"{source}:{number}: book {m.group(1)} appears again after other books")
-            books.append(m.group(1))
-        verses.append((len(books) - 1, m.group(4)))
-    if len(books) != BOOKS:
-        fail(f"{source}: {len(books)} books, the King James Bible has {BOOKS} (kjv_text writes them)")
-    return verses
+# --- reading ------------------------------------------------------------------------------
+
+def read_text(path):
+    """The UTF-8 text of `path`; an unreadable file or invalid UTF-8 fails naming it."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        fail(f"cannot read {path}: {e.strerror}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        fail(f"{path}:{line}: not UTF-8 text (byte {e.start})")
 
 
-def group_of(book):
-    return max(g for g, start in enumerate(GROUP_STARTS) if book >= start)
+def lines_of(path):
+    """(line number, line) of `path`, split at "\\n" only (JSON strings may hold U+2028), without a trailing "\\r"."""
+    for number, line in enumerate(read_text(path).split("\n"), 1):
+        yield number, line.removesuffix("\r")
 
 
-def train_tokenizer(texts, vocab_size, min_frequency):
+def jsonl_records(path):
+    """(FILE:LINE, object) for each non-blank line of `path`; a line that is no JSON object fails."""
+    for number, line in lines_of(path):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            fail(f"{where}: not JSON ({e.msg}, column {e.colno})")
+        if not isinstance(record, dict):
+            fail(f"{where}: not a JSON object")
+        yield where, record
+
+
+def string_field(record, key, where):
+    if key not in record:
+        fail(f"{where}: missing field '{key}'")
+    if not isinstance(record[key], str):
+        fail(f"{where}: field '{key}' must be a string, got {json.dumps(record[key])[:40]}")
+    return record[key]
+
+
+def text_documents(paths, one_per_line):
+    if one_per_line:
+        return [line for path in paths for _, line in lines_of(path) if line.strip()]
+    return [text for text in map(read_text, paths) if text.strip()]
+
+
+def jsonl_documents(paths, field):
+    docs = (string_field(record, field, where) for path in paths for where, record in jsonl_records(path))
+    return [text for text in docs if text.strip()]
+
+
+def prompt_completion(record, where):
+    prompt, completion = string_field(record, "prompt", where), string_field(record, "completion", where)
+    if not completion.strip():
+        fail(f"{where}: empty completion")
+    return prompt, completion
+
+
+def conversation(record, where):
+    messages = record["messages"]
+    if not isinstance(messages, list) or not messages:
+        fail(f"{where}: 'messages' must be a non-empty list")
+    turns = []
+    for k, message in enumerate(messages):
+        at = f"{where}: messages[{k}]"
+        if not isinstance(message, dict):
+            fail(f"{at} is not an object")
+        role, content = string_field(message, "role", at), string_field(message, "content", at)
+        if role not in ROLES:
+            fail(f"{at}: unknown role '{role}' (system, user or assistant)")
+        if role == "assistant" and not content.strip():
+            fail(f"{at}: empty assistant content")
+        turns.append((role, content))
+    if turns[-1][0] != "assistant":
+        fail(f"{where}: the last message is the {turns[-1][0]}'s; a conversation ends with the assistant's reply")
+    return turns
+
+
+def instructions(paths):
+    """("prompt_completion", [(prompt, completion)]) or ("chat", [[(role, content)]])."""
+    form, first, examples = None, None, []
+    for path in paths:
+        for where, record in jsonl_records(path):
+            if "messages" in record:
+                this, example = "chat", conversation(record, where)
+            elif "prompt" in record or "completion" in record:
+                this, example = "prompt_completion", prompt_completion(record, where)
+            else:
+                fail(f"{where}: neither 'prompt' and 'completion' nor 'messages'")
+            if form is None:
+                form, first = this, where
+            elif this != form:
+                fail(f"{where}: a {this} example, but {first} is {form}; one run holds one form")
+            examples.append(example)
+    if not examples:
+        fail(f"no examples in {', '.join(map(str, paths))}")
+    return form, examples
+
+
+# --- the tokenizer ------------------------------------------------------------------------
+
+def train_tokenizer(texts, vocab_size, min_frequency, special_tokens):
+    """A byte-level BPE (GPT-2's pre-tokenizer and decoder) trained on `texts`; the special tokens take ids 0, 1, ..."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                  special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  special_tokens=special_tokens, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer=trainer)
-    for i, t in enumerate(SPECIAL_TOKENS):
+    for i, t in enumerate(special_tokens):
         assert tok.token_to_id(t) == i, (t, tok.token_to_id(t))
     return tok
 
 
-def save_tokenizer(tok, out):
-    # transformers writes tokenizer.json with the config files that AutoTokenizer reads.
+def text_prefix(tok):
+    """The ids a tokenizer's post-processor puts before a text (Llama's <s>; none for a byte-level BPE)."""
+    plain = tok.encode("x", add_special_tokens=False).ids
+    full = tok.encode("x", add_special_tokens=True).ids
+    for start in range(len(full) - len(plain) + 1):
+        if full[start:start + len(plain)] == plain:
+            return full[:start]
+    return []
+
+
+class Vocab:
+    """A transformers tokenizer (saved to --out, renders chat templates) and what the token files need of it."""
+
+    def __init__(self, fast, eos, pad):
+        self.fast = fast
+        # A copy encodes the data, with special-token spellings in it read as text.
+        self.tok = Tokenizer.from_str(fast.backend_tokenizer.to_str())
+        self.tok.encode_special_tokens = True
+        self.eos, self.pad = eos, pad
+        self.prefix = text_prefix(self.tok)
+        self.size = self.tok.get_vocab_size()
+        self.dtype = "<u2" if self.size <= 2**16 else "<u4"
+
+    def encode(self, texts, batch=4096):
+        """The ids of each text (in batches, so that only the ids of all of them stay in memory)."""
+        return [e.ids for i in range(0, len(texts), batch)
+                for e in self.tok.encode_batch(texts[i:i + batch], add_special_tokens=False)]
+
+    def meta(self):
+        """meta.json's leading keys: dtype, vocab_size, tokenizer_file, special token ids and names."""
+        ids = {"eos_token_id": self.eos, "pad_token_id": self.pad}
+        for name in ("cls", "sep", "mask"):
+            if getattr(self.fast, f"{name}_token") is not None:
+                ids[f"{name}_token_id"] = getattr(self.fast, f"{name}_token_id")
+        added = self.tok.get_added_tokens_decoder()
+        return {"dtype": "uint16" if self.dtype == "<u2" else "uint32", "vocab_size": self.size,
+                "tokenizer_file": "tokenizer.json", **ids,
+                "special_tokens": [added[i].content for i in sorted(added) if added[i].special]}
+
+    def save(self, out):
+        self.fast.save_pretrained(str(out))
+
+
+def trained_vocab(texts, vocab_size, min_frequency, chat=False):
+    """A BPE trained on `texts` with SPECIAL_TOKENS (and the role tokens and default chat template for chat data)."""
     from transformers import PreTrainedTokenizerFast
+    special = SPECIAL_TOKENS + (ROLE_TOKENS if chat else [])
+    if not 256 + len(special) <= vocab_size <= 2**32:
+        fail(f"--vocab_size must lie in [{256 + len(special)}, 2^32] (byte alphabet + special tokens)")
+    tok = train_tokenizer(texts, vocab_size, min_frequency, special)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=SPECIAL_TOKENS[EOS], bos_token=SPECIAL_TOKENS[EOS],
                                    unk_token=SPECIAL_TOKENS[EOS], pad_token=SPECIAL_TOKENS[PAD],
                                    cls_token=SPECIAL_TOKENS[CLS], sep_token=SPECIAL_TOKENS[SEP],
                                    mask_token=SPECIAL_TOKENS[MASK])
-    fast.save_pretrained(str(out))
+    if chat:
+        fast.chat_template = CHAT_TEMPLATE
+    return Vocab(fast, EOS, PAD)
 
 
-def lm_documents(verses):
-    """Books as documents: their verse texts joined by newlines."""
-    docs = []
-    for i, (book, text) in enumerate(verses):
-        if i == 0 or verses[i - 1][0] != book:
-            docs.append([])
-        docs[-1].append(text)
-    return ["\n".join(d) for d in docs]
+def existing_vocab(path, eos_token):
+    """The tokenizer.json at `path` (a file, or a folder holding it with its tokenizer_config.json)."""
+    from transformers import PreTrainedTokenizerFast
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        fail(f"--tokenizer {path}: no such file" + (" (a folder needs a tokenizer.json)" if path.is_dir() else ""))
+    try:
+        if file.name == "tokenizer.json" and (file.parent / "tokenizer_config.json").is_file():
+            fast = PreTrainedTokenizerFast.from_pretrained(str(file.parent))
+        else:
+            fast = PreTrainedTokenizerFast(tokenizer_file=str(file))
+    except Exception as e:  # transformers and tokenizers raise several kinds
+        fail(f"--tokenizer {file}: not a tokenizer ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+    tok = fast.backend_tokenizer
+    special = {t.content: i for i, t in sorted(tok.get_added_tokens_decoder().items()) if t.special}
+
+    def spelled(names, what):
+        found = [name for name in special if name in names]
+        if len(found) > 1:
+            fail(f"--tokenizer {file}: several special tokens could be its {what} ({', '.join(found)}); name it "
+                 f"with --{what}_token")
+        return found[0] if found else None
+
+    if eos_token is not None:
+        if tok.token_to_id(eos_token) is None:
+            fail(f"--eos_token {eos_token!r} is not a token of {file}")
+    elif fast.eos_token is None:
+        eos_token = spelled(EOS_SPELLINGS, "eos")
+        if eos_token is None:
+            fail(f"--tokenizer {file} names no eos token and none of its special tokens ({', '.join(special) or 'none'}) "
+                 f"is spelled like one; name it with --eos_token")
+    if eos_token is not None:
+        fast.eos_token = eos_token
+    if fast.pad_token is None:
+        fast.pad_token = spelled(PAD_SPELLINGS, "pad") or fast.eos_token
+    return Vocab(fast, fast.eos_token_id, fast.pad_token_id)
 
 
-def lm_split(tok, verses, dtype, path):
-    docs = lm_documents(verses)
-    ids = []
-    for enc in tok.encode_batch(docs, add_special_tokens=False):
-        ids.extend(enc.ids)
-        ids.append(EOS)
-    np.asarray(ids, dtype=dtype).tofile(path)
-    return {"file": path.name, "tokens": len(ids), "documents": len(docs), "verses": len(verses)}
+# --- writing ------------------------------------------------------------------------------
+
+def split_indices(n, val_fraction, seed):
+    """A seeded shuffle of range(n) cut into (train, val), each in input order; val holds
+    round(n * val_fraction) indices, at least one, and train at least one."""
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    n_val = min(n - 1, max(1, round(n * val_fraction)))
+    return sorted(order[n_val:]), sorted(order[:n_val])
 
 
-def classification_split(tok, examples, dtype, max_length, out, name):
-    texts = [t for t, _ in examples]
-    ids, offsets, labels = [], [0], []
-    for enc, (_, label) in zip(tok.encode_batch(texts, add_special_tokens=False), examples):
-        seq = [CLS] + enc.ids[: max_length - 2] + [SEP]
-        ids.extend(seq)
-        offsets.append(len(ids))
-        labels.append(label)
-    files = {"ids": f"{name}.bin", "offsets": f"{name}.offsets", "labels": f"{name}.labels"}
-    np.asarray(ids, dtype=dtype).tofile(out / files["ids"])
-    np.asarray(offsets, dtype="<u8").tofile(out / files["offsets"])
-    np.asarray(labels, dtype="<i8").tofile(out / files["labels"])
-    counts = np.bincount(np.asarray(labels, dtype=np.int64), minlength=len(LABELS)).tolist()
-    return {**files, "examples": len(labels), "tokens": len(ids), "label_counts": counts,
-            "majority_accuracy": max(counts) / max(1, len(labels))}
+def write_flat(path, docs, vocab):
+    """Each document's ids (after the tokenizer's prefix) and the eos id, one document after another, to `path`."""
+    ids = itertools.chain.from_iterable(vocab.prefix + d + [vocab.eos] for d in docs)
+    np.fromiter(ids, dtype=vocab.dtype).tofile(path)
+    return {"file": path.name, "tokens": sum(len(vocab.prefix) + len(d) + 1 for d in docs), "documents": len(docs)}
+
+
+def write_ragged(out, files, seqs, dtype):
+    """seqs one after another to files["ids"] (dtype) and their uint64 offsets (n + 1 values,
+    the first 0) to files["offsets"], in folder `out`; returns the number of ids."""
+    offsets = np.zeros(len(seqs) + 1, dtype="<u8")
+    offsets[1:] = np.cumsum([len(s) for s in seqs])
+    np.fromiter(itertools.chain.from_iterable(seqs), dtype=dtype, count=int(offsets[-1])).tofile(out / files["ids"])
+    offsets.tofile(out / files["offsets"])
+    return int(offsets[-1])
+
+
+def lm_files(out, vocab, docs, val_fraction, seed):
+    """train.bin and val.bin of the documents; their entries of meta.json's "lm"."""
+    encoded = vocab.encode(docs)
+    if len(encoded) > 1:
+        train, val = split_indices(len(encoded), val_fraction, seed)
+        parts = {"train": [encoded[i] for i in train], "val": [encoded[i] for i in val]}
+    else:
+        ids = encoded[0]
+        if len(ids) < 2:
+            fail("one document of one token: nothing to split into train and val")
+        n_val = min(len(ids) - 1, max(1, round(len(ids) * val_fraction)))
+        parts = {"train": [ids[:-n_val]], "val": [ids[-n_val:]]}
+    return {split: write_flat(out / f"{split}.bin", seqs, vocab) for split, seqs in parts.items()}
+
+
+def prompt_completion_examples(vocab, pairs):
+    """(ids, mask) of each (prompt, completion): prefix + prompt (mask 0), completion + eos (mask 1)."""
+    prompts, completions = vocab.encode([p for p, _ in pairs]), vocab.encode([c for _, c in pairs])
+    for p, c in zip(prompts, completions):
+        prompt, completion = vocab.prefix + p, c + [vocab.eos]
+        yield prompt + completion, [0] * len(prompt) + [1] * len(completion)
+
+
+def chat_examples(vocab, conversations):
+    """(ids, mask) of each conversation in the default template (the module's doc)."""
+    pieces = iter(vocab.encode([c if r == "assistant" else f"\n{c}\n" for conv in conversations for r, c in conv]))
+    role_id = {role: vocab.tok.token_to_id(token) for role, token in zip(ROLES, ROLE_TOKENS)}
+    newline = vocab.encode(["\n"])[0]
+    for conv in conversations:
+        ids, mask = list(vocab.prefix), [0] * len(vocab.prefix)
+        for role, _ in conv:
+            piece = next(pieces)
+            if role == "assistant":
+                head, tail = [role_id[role]] + newline, piece + [vocab.eos]
+                ids += head + tail
+                mask += [0] * len(head) + [1] * len(tail)
+            else:
+                ids += [role_id[role]] + piece
+                mask += [0] * (1 + len(piece))
+        yield ids, mask
+
+
+def check_chat_template(vocab, tokenizer):
+    """Fails unless the tokenizer has a chat_template that marks the assistant's text for return_assistant_tokens_mask."""
+    template = vocab.fast.chat_template
+    if isinstance(template, dict):
+        template = template.get("default")
+    if not template:
+        fail(f"--tokenizer {tokenizer} has no chat_template; chat data needs one whose assistant text is marked "
+             "{% generation %}...{% endgeneration %} (or leave out --tokenizer to train a BPE with the default template)")
+    if not GENERATION.search(template):
+        fail(f"--tokenizer {tokenizer}: its chat_template has no {{% generation %}} markers, so the assistant's "
+             "tokens cannot be told apart; add them around the assistant's text, or leave out --tokenizer")
+
+
+def template_examples(vocab, conversations, tokenizer):
+    """(ids, assistant mask) of each conversation through the tokenizer's own chat_template (check_chat_template)."""
+    for k, conv in enumerate(conversations):
+        out = vocab.fast.apply_chat_template([{"role": r, "content": c} for r, c in conv], tokenize=True,
+                                             return_dict=True, return_assistant_tokens_mask=True)
+        ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
+        if not any(mask):
+            fail(f"--tokenizer {tokenizer}: its chat_template marks no token of conversation {k} as the assistant's")
+        yield ids, mask
+
+
+def sft_split(out, split, examples, dtype):
+    """sft_<split>.bin / .offsets / .mask of (ids, mask) examples; their entry of meta.json's "sft"."""
+    files = {"ids": f"sft_{split}.bin", "offsets": f"sft_{split}.offsets", "mask": f"sft_{split}.mask"}
+    tokens = write_ragged(out, files, [ids for ids, _ in examples], dtype)
+    mask = np.fromiter(itertools.chain.from_iterable(m for _, m in examples), dtype=np.uint8, count=tokens)
+    mask.tofile(out / files["mask"])
+    return {**files, "examples": len(examples), "tokens": tokens, "completion_tokens": int(mask.sum(dtype=np.int64))}
+
+
+# --- the command --------------------------------------------------------------------------
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog="Formats and rules: the top of examples/text_data/prepare.py.")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", nargs="+", type=Path, metavar="FILE", help="plain text files, one document each")
+    src.add_argument("--jsonl", nargs="+", type=Path, metavar="FILE", help="JSON Lines, a document per line")
+    src.add_argument("--sft", nargs="+", type=Path, metavar="FILE",
+                     help="JSON Lines of {prompt, completion} or {messages}: SFT token files with loss masks")
+    p.add_argument("--out", type=Path, required=True, help="output folder (created)")
+    p.add_argument("--one_document_per_line", action="store_true", help="--text: each non-blank line is a document")
+    p.add_argument("--text_field", default=None, help="--jsonl: the field holding the text (default: text)")
+    p.add_argument("--tokenizer", type=Path, help="an existing tokenizer.json, or its folder, instead of training one")
+    p.add_argument("--eos_token", help="--tokenizer: the end-of-text token, when the tokenizer does not say")
+    p.add_argument("--vocab_size", type=int, default=None,
+                   help="the BPE trained here: at most this many tokens, special tokens included (default 8192)")
+    p.add_argument("--min_frequency", type=int, default=2, help="the BPE trained here: a merge must occur this often")
+    p.add_argument("--val_fraction", type=float, default=0.05,
+                   help="share of the documents or examples held out (default 0.05)")
+    p.add_argument("--max_length", type=int, default=None, help="--sft: drop examples of more ids than this")
+    p.add_argument("--seed", type=int, default=1234, help="the train/val shuffle (default 1234)")
+    a = p.parse_args()
+    if a.one_document_per_line and not a.text:
+        fail("--one_document_per_line goes with --text")
+    if a.text_field is not None and not a.jsonl:
+        fail("--text_field goes with --jsonl")
+    if a.max_length is not None and not a.sft:
+        fail("--max_length goes with --sft")
+    if a.max_length is not None and a.max_length < 2:
+        fail("--max_length must be at least 2 (a token and the eos)")
+    if a.tokenizer is not None and a.vocab_size is not None:
+        fail("--vocab_size sizes the BPE trained here; --tokenizer brings its own vocabulary")
+    if a.eos_token is not None and a.tokenizer is None:
+        fail("--eos_token goes with --tokenizer (a BPE trained here ends texts with <|endoftext|>)")
+    if not 0 < a.val_fraction < 1:
+        fail("--val_fraction must lie in (0, 1)")
+    return a
+
+
+def read_input(a, source):
+    """(form, items, texts): the input's form ("text", "jsonl", "prompt_completion", "chat"),
+    its documents or examples, and the texts a BPE trained here learns from."""
+    if a.sft:
+        form, items = instructions(a.sft)
+        if form == "prompt_completion":
+            texts = [t for pair in items for t in pair]
+        else:
+            texts = [content for conv in items for _, content in conv]
+        source.update(format=form, examples=len(items))
+        return form, items, texts
+    form = "text" if a.text else "jsonl"
+    docs = text_documents(a.text, a.one_document_per_line) if a.text else jsonl_documents(a.jsonl, a.text_field or "text")
+    if not docs:
+        fail(f"no documents in {', '.join(source['inputs'])}")
+    source.update(format=form, documents=len(docs))
+    return form, docs, docs
+
+
+def sft_files(a, vocab, form, items, source):
+    """The SFT files of the examples; meta.json's "sft" and the summary line."""
+    if form == "prompt_completion":
+        examples = list(prompt_completion_examples(vocab, items))
+    elif a.tokenizer is None:
+        examples = list(chat_examples(vocab, items))
+    else:
+        examples = list(template_examples(vocab, items, a.tokenizer))
+    dropped = ""
+    if a.max_length is not None:
+        kept = [e for e in examples if len(e[0]) <= a.max_length]
+        source.update(max_length=a.max_length, dropped_too_long=len(examples) - len(kept))
+        dropped = f", {len(examples) - len(kept)} dropped (over --max_length {a.max_length})"
+        examples = kept
+    if len(examples) < 2:
+        fail(f"{len(examples)} example(s) left; train and val need at least one each")
+    train, val = split_indices(len(examples), a.val_fraction, a.seed)
+    sft = {"format": form, **{split: sft_split(a.out, split, [examples[i] for i in idx], vocab.dtype)
+                              for split, idx in (("train", train), ("val", val))}}
+    counts = ", ".join(f"{s} {sft[s]['examples']} examples, {sft[s]['tokens']} tokens ({sft[s]['completion_tokens']} "
+                       "counted)" for s in ("train", "val"))
+    return sft, f"{len(items)} {form} examples{dropped}; sft {counts}"
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--input", type=Path, help="verse lines as kjv_text writes them")
-    src.add_argument("--kjv_text", type=Path, help="run this kjv_text program for the verse lines")
-    p.add_argument("--data_file", default="/usr/lib/bible.data", help="kjv_text's --data_file")
-    p.add_argument("--out", type=Path, required=True, help="output folder (created)")
-    p.add_argument("--vocab_size", type=int, default=8192, help="BPE vocabulary, special tokens included")
-    p.add_argument("--min_frequency", type=int, default=2, help="a merge must occur this often")
-    p.add_argument("--limit", type=int, default=None, help="keep N verses spread evenly over the text")
-    p.add_argument("--val_fraction", type=float, default=0.05, help="causal LM: the last fraction of the verses")
-    p.add_argument("--cls_val_fraction", type=float, default=0.1, help="classification: held-out share")
-    p.add_argument("--max_length", type=int, default=128, help="classification: ids per example, [CLS]/[SEP] included")
-    p.add_argument("--seed", type=int, default=1234, help="the classification split's shuffle")
-    a = p.parse_args()
-    if not 256 + len(SPECIAL_TOKENS) <= a.vocab_size <= 2**32:
-        fail(f"--vocab_size must lie in [{256 + len(SPECIAL_TOKENS)}, 2^32] (byte alphabet + special tokens)")
-    if not 0 < a.val_fraction < 1 or not 0 < a.cls_val_fraction < 1:
-        fail("--val_fraction and --cls_val_fraction must lie in (0, 1)")
-    if a.max_length < 3:
-        fail("--max_length must be at least 3 ([CLS], one token, [SEP])")
-    if a.limit is not None and a.limit < 20:
-        fail("--limit must be at least 20 verses")
-
+    a = parse_args()
     start = time.time()
-    if a.input:
-        try:
-            text, source = a.input.read_text(encoding="utf-8"), str(a.input)
-        except OSError as e:
-            fail(f"cannot read {a.input}: {e.strerror}")
+    source = {"inputs": [str(f) for f in a.text or a.jsonl or a.sft], "seed": a.seed, "val_fraction": a.val_fraction}
+    form, items, texts = read_input(a, source)
+    if a.tokenizer is not None:
+        vocab = existing_vocab(a.tokenizer, a.eos_token)
+        if form == "chat":
+            check_chat_template(vocab, a.tokenizer)
+        source["tokenizer"] = str(a.tokenizer)
     else:
-        run = subprocess.run([str(a.kjv_text), "--data_file", a.data_file], capture_output=True, text=True)
-        if run.returncode != 0:
-            fail(f"{a.kjv_text} failed: {run.stderr.strip()}")
-        text, source = run.stdout, str(a.kjv_text)
-    verses = read_verses(text, source)
-    if a.limit is not None and a.limit < len(verses):
-        verses = [verses[i * len(verses) // a.limit] for i in range(a.limit)]
+        vocab = trained_vocab(texts, a.vocab_size or 8192, a.min_frequency, chat=form == "chat")
+        source["min_frequency"] = a.min_frequency
 
     a.out.mkdir(parents=True, exist_ok=True)
-    tok = train_tokenizer([t for _, t in verses], a.vocab_size, a.min_frequency)
-    save_tokenizer(tok, a.out)
-    vocab_size = tok.get_vocab_size()
-    dtype = "<u2" if vocab_size <= 2**16 else "<u4"
-
-    n_val = max(1, round(len(verses) * a.val_fraction))
-    lm = {"train": lm_split(tok, verses[:-n_val], dtype, a.out / "train.bin"),
-          "val": lm_split(tok, verses[-n_val:], dtype, a.out / "val.bin")}
-
-    examples = [(t, group_of(book)) for book, t in verses]
-    order = list(range(len(examples)))
-    random.Random(a.seed).shuffle(order)
-    n_cls_val = max(1, round(len(order) * a.cls_val_fraction))
-    val_idx, train_idx = sorted(order[:n_cls_val]), sorted(order[n_cls_val:])
-    cls = {"task": "verse -> the group of its book", "label_names": LABELS, "max_length": a.max_length,
-           "train": classification_split(tok, [examples[i] for i in train_idx], dtype, a.max_length, a.out,
-                                         "classify_train"),
-           "val": classification_split(tok, [examples[i] for i in val_idx], dtype, a.max_length, a.out,
-                                       "classify_val")}
-
-    meta = {
-        "dtype": "uint16" if dtype == "<u2" else "uint32",
-        "vocab_size": vocab_size,
-        "tokenizer_file": "tokenizer.json",
-        "eos_token_id": EOS, "pad_token_id": PAD, "cls_token_id": CLS, "sep_token_id": SEP, "mask_token_id": MASK,
-        "special_tokens": SPECIAL_TOKENS,
-        "lm": lm,
-        "classification": cls,
-        "source": {"verses": len(verses), "limit": a.limit, "seed": a.seed, "val_fraction": a.val_fraction,
-                   "cls_val_fraction": a.cls_val_fraction, "min_frequency": a.min_frequency},
-    }
+    vocab.save(a.out)
+    meta = vocab.meta()
+    if a.sft:
+        meta["sft"], summary = sft_files(a, vocab, form, items, source)
+    else:
+        meta["lm"] = lm_files(a.out, vocab, texts, a.val_fraction, a.seed)
+        lm = meta["lm"]
+        summary = f"{len(texts)} documents; lm train {lm['train']['tokens']} tokens, val {lm['val']['tokens']}"
+    meta["source"] = source
     (a.out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    print(f"prepare.py: {len(verses)} verses, vocabulary {vocab_size} ({meta['dtype']}); "
-          f"lm train {lm['train']['tokens']} tokens, val {lm['val']['tokens']}; "
-          f"classification {cls['train']['examples']} / {cls['val']['examples']} verses, "
-          f"{len(LABELS)} labels, majority baseline {cls['val']['majority_accuracy']:.3f}; "
-          f"{time.time() - start:.1f} s -> {a.out}")
+    print(f"prepare.py: {summary}; vocabulary {vocab.size} ({meta['dtype']}); {time.time() - start:.1f} s -> {a.out}")
 
 
 if __name__ == "__main__":

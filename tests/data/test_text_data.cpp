@@ -1,5 +1,5 @@
-// Text data as people prepare it: build/examples/kjv_text and examples/text_data/prepare.py
-// (Hugging Face's `tokenizers`) write token files; TokenFileDataset and TokenSequenceDataset
+// Text data as people prepare it: build/examples/kjv_text and examples/text_data/kjv.py (through
+// prepare.py, Hugging Face's `tokenizers`) write token files; TokenFileDataset and TokenSequenceDataset
 // read them back exactly as numpy does, in HF run_clm's group_texts windows, and the padding
 // collator's batches equal transformers' DataCollatorWithPadding /
 // DataCollatorForTokenClassification on the same examples (tests/data/text_peer.py). Bad
@@ -34,9 +34,9 @@ using loom::data::TokenSequence;
 using loom_test::error_of;
 using loom_test::run_capture;
 
-constexpr int64_t kLimit = 3000;  // verses prepare.py keeps
+constexpr int64_t kLimit = 3000;  // verses kjv.py keeps
 
-/// The folder prepare.py wrote (empty when Python, kjv_text or the KJV data is missing) and the Python.
+/// The folder kjv.py wrote (empty when Python, kjv_text or the KJV data is missing) and the Python.
 struct Prepared {
   fs::path dir;
   std::string py;
@@ -50,7 +50,7 @@ std::string run_ok(const std::string& cmd) {
   return out.substr(0, out.rfind("<rc="));
 }
 
-/// kjv_text then prepare.py into tmp/data/text, once per process.
+/// kjv_text then kjv.py into tmp/data/text, once per process.
 const Prepared& prepared() {
   static const Prepared p = [] {
     Prepared out;
@@ -59,7 +59,7 @@ const Prepared& prepared() {
     if (py == nullptr || !fs::exists(py) || !fs::exists(exe) || !fs::exists("/usr/lib/bible.data")) return out;
     const fs::path dir = loom_test::fresh_dir("data/text");
     run_ok(exe.string() + " --output " + (dir / "kjv.txt").string());
-    run_ok(std::string(py) + " " + (loom_test::source_dir() / "examples/text_data/prepare.py").string() + " --input " +
+    run_ok(std::string(py) + " " + (loom_test::source_dir() / "examples/text_data/kjv.py").string() + " --input " +
            (dir / "kjv.txt").string() + " --out " + dir.string() + " --limit " + std::to_string(kLimit) +
            " --vocab_size 1024");
     out.dir = dir;
@@ -202,7 +202,7 @@ TEST_CASE("tokenizer.json decodes the first window back to the start of the text
   }
   const std::string decoded = peer(p, "decode " + p.dir.string() + ids);
 
-  // The text prepare.py tokenized: the kept verses (every 31102/3000-th) of Genesis, one a line.
+  // The text kjv.py tokenized: the kept verses (every 31102/3000-th) of Genesis, one a line.
   std::ifstream in(p.dir / "kjv.txt");
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);) lines.push_back(line);
@@ -285,6 +285,56 @@ TEST_CASE("the padding collator equals transformers' DataCollatorWithPadding and
       }
     }
   }
+}
+
+TEST_CASE("prepare.py's folders of plain text, JSONL text and instruction data open with read_token_meta") {
+  const char* py = loom_test::python("prepare.py's folders");
+  if (py == nullptr) return;
+  const auto dir = loom_test::fresh_dir("data/prepare");
+  loom_test::write_bytes(dir / "a.txt", "In the beginning was the word.\nAnd the word was short.\n");
+  loom_test::write_bytes(dir / "b.txt", "A second document, with more words.\n");
+  loom_test::write_bytes(dir / "c.txt", "The third.");
+  loom_test::write_bytes(dir / "docs.jsonl", "{\"text\": \"one\"}\n{\"text\": \"two and three\"}\n\n{\"text\": \"four\"}\n");
+  loom_test::write_bytes(dir / "pairs.jsonl", "{\"prompt\": \"Genesis 1:1\\n\", \"completion\": \"In the beginning\"}\n"
+                                              "{\"prompt\": \"Genesis 1:2\\n\", \"completion\": \"And the earth\"}\n");
+  const std::string tool = std::string(py) + " " + (loom_test::source_dir() / "examples/text_data/prepare.py").string();
+  const std::vector<std::pair<std::string, int64_t>> runs{
+      {"--text " + (dir / "a.txt").string() + " " + (dir / "b.txt").string() + " " + (dir / "c.txt").string(), 3},
+      {"--text " + (dir / "a.txt").string() + " --one_document_per_line", 2},
+      {"--jsonl " + (dir / "docs.jsonl").string(), 3}};
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    const fs::path out = dir / ("lm" + std::to_string(r));
+    run_ok(tool + " " + runs[r].first + " --out " + out.string() + " --vocab_size 300 --val_fraction 0.3");
+    const auto meta = loom::data::read_token_meta(out / "meta.json");
+    CHECK(meta.vocab_size > 256);  // bytes + special tokens + merges; these texts allow fewer than 300
+    CHECK(meta.vocab_size <= 300);
+    CHECK(meta.eos_token_id == 0);
+    CHECK(meta.pad_token_id == 1);
+    CHECK(fs::exists(meta.tokenizer_file));
+    const auto j = loom::json::read_file(out / "meta.json");
+    int64_t documents = 0;
+    for (const char* split : {"train", "val"}) {
+      CAPTURE(runs[r].first);
+      CAPTURE(split);
+      const loom::data::TokenFileDataset lm(meta.lm_file(split), meta.lm_options(1));  // ids checked below vocab_size
+      const int64_t tokens = lm.file().size();
+      CHECK(tokens == j["lm"][split]["tokens"].get<int64_t>());
+      const auto ids = lm.file().slice(0, tokens);
+      CHECK(ids.eq(*meta.eos_token_id).sum().item<int64_t>() == j["lm"][split]["documents"].get<int64_t>());
+      CHECK(ids[-1].item<int64_t>() == *meta.eos_token_id);
+      documents += j["lm"][split]["documents"].get<int64_t>();
+    }
+    CHECK(documents == runs[r].second);
+  }
+  // An instruction folder's meta.json reads too: it has "sft" and no "lm".
+  run_ok(tool + " --sft " + (dir / "pairs.jsonl").string() + " --out " + (dir / "sft").string() + " --vocab_size 300");
+  const auto sft = loom::data::read_token_meta(dir / "sft" / "meta.json");
+  CHECK(sft.vocab_size <= 300);
+  CHECK(sft.pad_token_id == 1);
+  CHECK(sft.lm.empty());
+  const auto j = loom::json::read_file(dir / "sft" / "meta.json");
+  CHECK(j["sft"]["format"] == "prompt_completion");
+  CHECK(j["sft"]["train"]["examples"].get<int64_t>() + j["sft"]["val"]["examples"].get<int64_t>() == 2);
 }
 
 TEST_CASE("token datasets batch through fetch, AnyDataset, with_collator and per-rank DataLoaders") {

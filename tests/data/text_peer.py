@@ -1,5 +1,5 @@
 """Python side of tests/data/test_text_data.cpp: what numpy, `tokenizers` and transformers'
-collators make of the token files that examples/text_data/prepare.py wrote.
+collators make of the token files that examples/text_data/kjv.py wrote (through prepare.py).
 
   text_peer.py windows DIR BLOCK STRIDE OUT      group_texts windows of DIR/train.bin (np.fromfile),
                                                 and windows every STRIDE tokens, as int64 files

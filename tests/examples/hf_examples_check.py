@@ -2,7 +2,7 @@
 """Checks of the gpt2 and bert_classify example runs (tests/examples/*_gpt2.cmake, smoke_bert_classify.cmake).
 
   hf_examples_check.py kjv_data --kjv_text EXE --out DIR
-      the fixture: a tiny KJV token folder (2000 verses, a 512-token BPE) from kjv_text and prepare.py
+      the fixture: a tiny KJV token folder (2000 verses, a 512-token BPE) from kjv_text and kjv.py
   hf_examples_check.py resumed --straight DIR --resumed DIR --from_step N
       a run resumed from checkpoint-N of `straight` logs the same losses after step N and ends
       with the same train_loss, eval_loss and global_step
@@ -45,12 +45,12 @@ def close(a, b, rtol):
 
 
 def kjv_data(opts):
-    prepare = os.path.join(HERE, "..", "..", "examples", "text_data", "prepare.py")
-    done = subprocess.run([sys.executable, prepare, "--kjv_text", opts.kjv_text, "--out", opts.out,
+    kjv = os.path.join(HERE, "..", "..", "examples", "text_data", "kjv.py")
+    done = subprocess.run([sys.executable, kjv, "--kjv_text", opts.kjv_text, "--out", opts.out,
                            "--limit", "2000", "--vocab_size", "512"], capture_output=True, text=True)
     print(done.stdout + done.stderr, end="")
     if done.returncode != 0:
-        fail(f"prepare.py exited with {done.returncode}")
+        fail(f"kjv.py exited with {done.returncode}")
     meta = read_json(os.path.join(opts.out, "meta.json"))
     if meta["vocab_size"] != 512 or len(meta["classification"]["label_names"]) != 7:
         fail(f"unexpected meta.json: vocab_size {meta['vocab_size']}")
