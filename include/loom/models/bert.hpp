@@ -9,7 +9,9 @@
 // Names: bert.embeddings.{word,position,token_type}_embeddings and .LayerNorm,
 // bert.encoder.layer.{i}.attention.self.{query,key,value}, .attention.output.{dense,LayerNorm},
 // .intermediate.dense, .output.{dense,LayerNorm}, bert.pooler.dense, classifier. Each layer
-// bert.encoder.layer.{i} is a loom::FullShardUnit (name-transparent).
+// bert.encoder.layer.{i} is a loom::FullShardUnit (name-transparent). Every linear layer
+// (query, key, value, the dense layers, the pooler's, the classifier) is a
+// peft::AdaptableLinear, so LoRA (peft/lora.hpp) can go on any of them, as PEFT's can.
 //
 // Arithmetic follows transformers' default (sdpa) path: the padding mask from attention_mask
 // becomes SDPA's boolean attn_mask (none when nothing is padded, as HF skips it), the
@@ -25,6 +27,7 @@
 #include <loom/models/hf_folder.hpp>
 #include <loom/models/pretrained.hpp>
 #include <loom/core/neftune.hpp>
+#include <loom/peft/lora.hpp>
 
 #include <torch/torch.h>
 
@@ -105,7 +108,7 @@ class BertSelfAttentionImpl : public torch::nn::Module {
   LOOM_INLINE explicit BertSelfAttentionImpl(const BertConfig& config);
   /// `mask`: boolean [batch, 1, seq, seq] (true: attend) or undefined.
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask);
-  torch::nn::Linear query{nullptr}, key{nullptr}, value{nullptr};
+  peft::AdaptableLinear query{nullptr}, key{nullptr}, value{nullptr};
 
  private:
   int64_t heads_, head_dim_;
@@ -118,7 +121,7 @@ class BertResidualOutputImpl : public torch::nn::Module {
  public:
   LOOM_INLINE BertResidualOutputImpl(const BertConfig& config, int64_t in_features);
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& residual);
-  torch::nn::Linear dense{nullptr};
+  peft::AdaptableLinear dense{nullptr};
   torch::nn::LayerNorm LayerNorm{nullptr};  // NOLINT: HF's name
   torch::nn::Dropout dropout{nullptr};
 };
@@ -139,7 +142,7 @@ class BertIntermediateImpl : public torch::nn::Module {
  public:
   LOOM_INLINE explicit BertIntermediateImpl(const BertConfig& config);
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
-  torch::nn::Linear dense{nullptr};
+  peft::AdaptableLinear dense{nullptr};
 
  private:
   ActivationFn activation_;  // hidden_act, resolved once
@@ -210,7 +213,7 @@ class BertForSequenceClassificationImpl
 
   BertModel bert{nullptr};
   torch::nn::Dropout dropout{nullptr};
-  torch::nn::Linear classifier{nullptr};
+  peft::AdaptableLinear classifier{nullptr};
 
  private:
   LOOM_INLINE void init_weights();

@@ -115,9 +115,9 @@ LOOM_INLINE torch::Tensor BertEmbeddingsImpl::forward(const torch::Tensor& input
 LOOM_INLINE BertSelfAttentionImpl::BertSelfAttentionImpl(const BertConfig& c)
     : heads_(c.num_attention_heads), head_dim_(c.hidden_size / c.num_attention_heads),
       dropout_(c.attention_probs_dropout_prob) {
-  query = register_module("query", torch::nn::Linear(c.hidden_size, c.hidden_size));
-  key = register_module("key", torch::nn::Linear(c.hidden_size, c.hidden_size));
-  value = register_module("value", torch::nn::Linear(c.hidden_size, c.hidden_size));
+  query = register_module("query", peft::AdaptableLinear(c.hidden_size, c.hidden_size, /*bias=*/true));
+  key = register_module("key", peft::AdaptableLinear(c.hidden_size, c.hidden_size, /*bias=*/true));
+  value = register_module("value", peft::AdaptableLinear(c.hidden_size, c.hidden_size, /*bias=*/true));
 }
 
 LOOM_INLINE torch::Tensor BertSelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& mask) {
@@ -137,7 +137,7 @@ LOOM_INLINE torch::Tensor BertSelfAttentionImpl::forward(const torch::Tensor& x,
 }
 
 LOOM_INLINE BertResidualOutputImpl::BertResidualOutputImpl(const BertConfig& c, int64_t in_features) {
-  dense = register_module("dense", torch::nn::Linear(in_features, c.hidden_size));
+  dense = register_module("dense", peft::AdaptableLinear(in_features, c.hidden_size, /*bias=*/true));
   LayerNorm = register_module("LayerNorm", detail::bert_layer_norm(c));
   dropout = register_module("dropout", torch::nn::Dropout(c.hidden_dropout_prob));
 }
@@ -156,7 +156,7 @@ LOOM_INLINE torch::Tensor BertAttentionImpl::forward(const torch::Tensor& x, con
 }
 
 LOOM_INLINE BertIntermediateImpl::BertIntermediateImpl(const BertConfig& c) : activation_(activation_fn(c.hidden_act)) {
-  dense = register_module("dense", torch::nn::Linear(c.hidden_size, c.intermediate_size));
+  dense = register_module("dense", peft::AdaptableLinear(c.hidden_size, c.intermediate_size, /*bias=*/true));
 }
 
 LOOM_INLINE torch::Tensor BertIntermediateImpl::forward(const torch::Tensor& x) {
@@ -192,8 +192,9 @@ LOOM_INLINE torch::Tensor BertEncoderImpl::forward(torch::Tensor x, const torch:
 LOOM_INLINE BertModelImpl::BertModelImpl(const BertConfig& c) {
   embeddings = register_module("embeddings", BertEmbeddings(c));
   encoder = register_module("encoder", BertEncoder(c));
-  pooler = register_module("pooler", torch::nn::Sequential({{"dense", torch::nn::Linear(c.hidden_size, c.hidden_size)},
-                                                            {"activation", torch::nn::Tanh()}}));
+  pooler = register_module(
+      "pooler", torch::nn::Sequential({{"dense", peft::AdaptableLinear(c.hidden_size, c.hidden_size, /*bias=*/true)},
+                                       {"activation", torch::nn::Tanh()}}));
 }
 
 LOOM_INLINE torch::Tensor BertModelImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
@@ -217,17 +218,20 @@ LOOM_INLINE BertForSequenceClassificationImpl::BertForSequenceClassificationImpl
     : PreTrainedModel(std::move(config), "BertConfig") {
   bert = register_module("bert", BertModel(config_));
   dropout = register_module("dropout", torch::nn::Dropout(config_.classifier_dropout.value_or(config_.hidden_dropout_prob)));
-  classifier = register_module("classifier", torch::nn::Linear(config_.hidden_size, config_.num_labels));
+  classifier =
+      register_module("classifier", peft::AdaptableLinear(config_.hidden_size, config_.num_labels, /*bias=*/true));
   init_weights();
 }
 
 LOOM_INLINE void BertForSequenceClassificationImpl::init_weights() {
-  // PreTrainedModel._init_weights over every module.
+  // PreTrainedModel._init_weights over every module, in module order. The linear layers
+  // (peft::AdaptableLinear) draw nothing when built, so the Embeddings' constructors and
+  // these are the only draws.
   torch::NoGradGuard no_grad;
   const double std = config_.initializer_range;
   for (const auto& item : named_modules("", /*include_self=*/false)) {
     auto* m = item.value().get();
-    if (auto* linear = dynamic_cast<torch::nn::LinearImpl*>(m)) {
+    if (auto* linear = dynamic_cast<peft::AdaptableLinearImpl*>(m)) {
       linear->weight.normal_(0.0, std);
       if (linear->bias.defined()) linear->bias.zero_();
     } else if (auto* embedding = dynamic_cast<torch::nn::EmbeddingImpl*>(m)) {
