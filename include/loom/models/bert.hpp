@@ -17,7 +17,12 @@
 // becomes SDPA's boolean attn_mask (none when nothing is padded, as HF skips it), the
 // activation is hidden_act (gelu: the exact erf form), the pooler is tanh(dense(h[:, 0])).
 // Loss as HF's: problem_type, or when unset regression (MSE) for num_labels == 1, single-label
-// cross-entropy for integer labels, multi-label BCE-with-logits for float labels.
+// cross-entropy for integer labels, multi-label BCE-with-logits for float labels. Labels of
+// the wrong dtype or shape for the problem type are a loom: error naming what it takes:
+//   regression                  float [batch] or [batch, 1] (num_labels 1; both squeezed),
+//                               float [batch, num_labels] otherwise
+//   single_label_classification int64 / int32 class ids [batch] (-100 ignored)
+//   multi_label_classification  float 0/1 targets [batch, num_labels]
 // from_pretrained, save_pretrained, num_parameters and floating_point_ops are pretrained.hpp's.
 
 #include <loom/config/inline.hpp>
@@ -200,7 +205,8 @@ class BertForSequenceClassificationImpl
   /// Logits [batch, num_labels]; attention_mask (1 token, 0 padding) and token_type_ids may be undefined.
   LOOM_INLINE torch::Tensor logits(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {},
                                    const torch::Tensor& token_type_ids = {});
-  /// HF's loss for `logits` and `labels` under the config's problem_type.
+  /// HF's loss for `logits` and `labels` under the config's problem_type (see above for the
+  /// labels each takes; others are a loom::Error).
   LOOM_INLINE torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& labels) const;
   /// The names beyond the parameters that an HF BERT file may hold (none; bare BertModel
   /// files are read under "bert").

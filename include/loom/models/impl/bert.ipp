@@ -9,9 +9,12 @@
 
 #include <torch/torch.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 namespace loom::models {
 
@@ -252,18 +255,40 @@ LOOM_INLINE torch::Tensor BertForSequenceClassificationImpl::logits(const torch:
 
 LOOM_INLINE torch::Tensor BertForSequenceClassificationImpl::loss(const torch::Tensor& logits,
                                                                   const torch::Tensor& labels) const {
-  const int64_t n = config_.num_labels;
+  // BertForSequenceClassification.forward's rules. Labels that do not fit the problem type
+  // stop here with one line, before libtorch's shape errors (or its broadcasting warning).
+  const int64_t n = config_.num_labels, batch = logits.size(0);
+  const bool integer = labels.scalar_type() == torch::kLong || labels.scalar_type() == torch::kInt;  // HF's test
   std::string problem = config_.problem_type.value_or("");
+  std::string which = "problem_type " + problem;
   if (problem.empty()) {
-    const bool integer = labels.scalar_type() == torch::kLong || labels.scalar_type() == torch::kInt;
     problem = n == 1 ? "regression" : integer ? "single_label_classification" : "multi_label_classification";
+    which = fmt::format("problem_type unset (inferred: {}, from num_labels {} and {} labels)", problem, n,
+                        c10::toString(labels.scalar_type()));
   }
+  const auto refuse = [&](const std::string& want) {
+    fail("BertForSequenceClassification with {} takes {}; got {} labels of shape {}", which, want,
+         c10::toString(labels.scalar_type()), c10::str(labels.sizes()));
+  };
+  const auto shape = [](std::vector<int64_t> s) { return c10::str(torch::IntArrayRef(s)); };
   namespace F = torch::nn::functional;
   if (problem == "regression") {
-    const auto target = labels.to(logits.scalar_type());
-    return n == 1 ? F::mse_loss(logits.squeeze(), target.squeeze()) : F::mse_loss(logits, target);
+    if (n == 1) {  // MSE of the squeezed logits and labels
+      if (!labels.is_floating_point() || labels.numel() != batch)
+        refuse("floating-point labels, one per example (shape " + shape({batch}) + " or " + shape({batch, 1}) + ")");
+      return F::mse_loss(logits.squeeze(), labels.to(logits.scalar_type()).squeeze());
+    }
+    if (!labels.is_floating_point() || labels.sizes() != logits.sizes())
+      refuse("floating-point labels, num_labels targets per example (shape " + shape({batch, n}) + ")");
+    return F::mse_loss(logits, labels.to(logits.scalar_type()));
   }
-  if (problem == "single_label_classification") return F::cross_entropy(logits.view({-1, n}), labels.view({-1}));
+  if (problem == "single_label_classification") {
+    if (!integer || labels.numel() != batch)
+      refuse("integer class ids (int64 or int32), one per example (shape " + shape({batch}) + ")");
+    return F::cross_entropy(logits.view({-1, n}), labels.view({-1}).to(torch::kLong));
+  }
+  if (!labels.is_floating_point() || labels.sizes() != logits.sizes())
+    refuse("floating-point 0/1 targets, one per label (shape " + shape({batch, n}) + ")");
   return F::binary_cross_entropy_with_logits(logits, labels.to(logits.scalar_type()));
 }
 
