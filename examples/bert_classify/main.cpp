@@ -11,7 +11,8 @@
 //
 // Then:
 //   build/examples/bert_classify                                  # the defaults below (~3 min on 2 cores)
-//   build/examples/bert_classify --model_name_or_path my-bert     # start from an HF folder (7 labels)
+//   build/examples/bert_classify --model_name_or_path my-bert     # start from an HF folder (7 labels,
+//                                                                 # single-label or unset problem_type)
 //   build/examples/bert_classify --num_hidden_layers 1 --max_steps 100 --bf16
 //   build/examples/bert_classify --group_by_length                # batches of similar lengths: less padding
 //   .venv/bin/torchrun --nproc_per_node=2 --no-python build/examples/bert_classify --sharding zero2
@@ -136,6 +137,13 @@ int main(int argc, char** argv) {
       loom::check(config.vocab_size >= meta.vocab_size,
                   "--model_name_or_path {} has vocab_size {}, but the token files of {} use {} ids",
                   *args.model_name_or_path, config.vocab_size, example.data_dir, meta.vocab_size);
+      // The token files hold one integer class id per verse: HF's regression and multi-label
+      // losses take float labels, which this example's data cannot give.
+      const auto problem = config.problem_type.value_or("single_label_classification");
+      loom::check(problem == "single_label_classification",
+                  "--model_name_or_path {} has problem_type {}, which takes float labels; bert_classify's data "
+                  "holds one integer class id per verse (single_label_classification)",
+                  *args.model_name_or_path, problem);
       loom::check(example.max_seq_length <= config.max_position_embeddings,
                   "--max_seq_length {} exceeds --model_name_or_path {}'s max_position_embeddings {}",
                   example.max_seq_length, *args.model_name_or_path, config.max_position_embeddings);

@@ -18,11 +18,16 @@
       (after make DIR) PEFT's LoRA on DIR/llama: r 4, alpha 8, q_proj, v_proj and down_proj,
       with B random (init_lora_weights=False), saved by PEFT to DIR/peft_adapter; the same on a
       tiny GPT-2 (DIR/gpt2, targets c_attn and c_proj: HF's Conv1D) to DIR/gpt2_peft_adapter; and
-      DIR/lora_expected.safetensors: PeftModel's logits (lora_logits, gpt2_lora_logits).
+      DIR/lora_expected.safetensors: PeftModel's logits (lora_logits, gpt2_lora_logits). And a
+      tiny BertForSequenceClassification (DIR/bert, 3 labels) with PEFT's sequence-classification
+      adapter (task_type SEQ_CLS, PEFT's default BERT targets query and value, the classifier
+      trained whole and perturbed) in DIR/bert_peft_adapter, its padded inputs (bert_input_ids,
+      bert_attention_mask, bert_labels) and logits (bert_lora_logits).
 
   hf_llama.py lora_check BASE ADAPTER EXPECTED
       PeftModel.from_pretrained(BASE's model, ADAPTER) (an adapter loom saved): its logits on
-      EXPECTED's input_ids must equal EXPECTED's loom_logits within 1e-5 relative.
+      EXPECTED's input_ids (and attention_mask, when it holds one) must equal EXPECTED's
+      loom_logits within 1e-5 relative. BASE is a causal LM, or a BERT classifier.
 
   hf_llama.py check NAME,FOLDER,INPUTS ...
       Opens FOLDER (written by loom) with AutoModelForCausalLM.from_pretrained, which must
@@ -116,19 +121,49 @@ def lora_make(folder):
         model.eval()
         with torch.no_grad():
             out[key] = model(input_ids=t["input_ids"]).logits.float().contiguous()
+    bert_lora_make(folder, out)
     save_file(out, os.path.join(folder, "lora_expected.safetensors"))
-    print("made peft_adapter, gpt2_peft_adapter")
+    print("made peft_adapter, gpt2_peft_adapter, bert_peft_adapter")
+
+
+def bert_lora_make(folder, out):
+    """PEFT's SEQ_CLS adapter on a tiny BERT classifier; its inputs and logits into `out`."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import BertConfig, BertForSequenceClassification
+    torch.manual_seed(2)
+    base = BertForSequenceClassification(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                                    num_attention_heads=4, intermediate_size=64,
+                                                    max_position_embeddings=32, num_labels=3))
+    base.save_pretrained(os.path.join(folder, "bert"))
+    ids = torch.randint(1, 100, (3, 20))
+    mask = torch.ones_like(ids)
+    mask[1, 14:] = 0
+    mask[2, 9:] = 0
+    out["bert_input_ids"], out["bert_attention_mask"] = ids * mask, mask
+    out["bert_labels"] = torch.tensor([2, 0, 1])
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False,
+                                            task_type="SEQ_CLS"))
+    with torch.no_grad():  # the head as training would leave it, so the adapter's copy counts
+        for name, p in model.named_parameters():
+            if ".classifier.modules_to_save." in name:
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(os.path.join(folder, "bert_peft_adapter"))
+    model.eval()
+    with torch.no_grad():
+        out["bert_lora_logits"] = model(input_ids=out["bert_input_ids"],
+                                        attention_mask=out["bert_attention_mask"]).logits.contiguous()
 
 
 def lora_check(base_folder, adapter, expected):
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-    base = AutoModelForCausalLM.from_pretrained(base_folder)
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+    bert = AutoConfig.from_pretrained(base_folder).model_type == "bert"
+    base = (AutoModelForSequenceClassification if bert else AutoModelForCausalLM).from_pretrained(base_folder)
     model = PeftModel.from_pretrained(base, adapter)
     model.eval()
     t = load_file(expected)
     with torch.no_grad():
-        logits = model(input_ids=t["input_ids"]).logits.float()
+        logits = model(input_ids=t["input_ids"], attention_mask=t.get("attention_mask")).logits.float()
     want = t["loom_logits"]
     rel = ((logits - want).abs().max() / want.abs().max()).item()
     print(f"peft on loom's adapter: logits {rel:.3g} relative")

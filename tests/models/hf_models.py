@@ -7,7 +7,8 @@
       saves each with save_pretrained twice, as one model.safetensors (DIR/<name>) and
       sharded with an index (DIR/<name>_sharded), and writes DIR/expected.safetensors: the
       inputs (GPT-2 labels with ignored tokens, BERT batches with padding) and transformers'
-      logits and loss for them.
+      logits and loss for them. The classifier is saved again once per problem_type
+      (DIR/bert_<problem_type>, DIR/bert_unset for none), with labels of that kind and its loss.
 
   hf_models.py check KIND,FOLDER,INPUTS,KEY_PREFIX[,exact] ...
       For each group: opens FOLDER (written by loom) with transformers' from_pretrained,
@@ -27,6 +28,16 @@ from safetensors.torch import load_file, save_file
 GPT2 = dict(vocab_size=128, n_positions=32, n_embd=32, n_layer=2, n_head=4)
 BERT = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
             max_position_embeddings=64)
+
+
+def problem_type_cases(gen):
+    """(problem_type, labels for 4 examples and 3 labels) for each of HF's loss rules; unset with
+    float labels infers multi_label_classification."""
+    targets = (torch.rand(4, 3, generator=gen) > 0.5).float()
+    return [("single_label_classification", torch.tensor([1, 0, 2, 2])),
+            ("multi_label_classification", targets),
+            ("regression", torch.randn(4, 3, generator=gen)),
+            (None, targets.flip(0).contiguous())]
 
 
 def gpt2_class():
@@ -82,6 +93,15 @@ def make(folder):
         model.save_pretrained(os.path.join(folder, name))
         model.save_pretrained(os.path.join(folder, name + "_sharded"), max_shard_size="20KB")
         t[f"{name}_logits"], t[f"{name}_loss"] = run(kind, model, t, name)
+    # HF's loss for each problem_type, on the classifier's weights and inputs: a folder per
+    # problem_type (config.json carries it), its labels and transformers' logits and loss.
+    gen = torch.Generator().manual_seed(5)
+    for problem_type, labels in problem_type_cases(gen):
+        name = f"bert_{problem_type or 'unset'}"
+        bert.config.problem_type = problem_type  # None: inferred at the forward (which sets it)
+        bert.save_pretrained(os.path.join(folder, name))
+        t[f"{name}_input_ids"], t[f"{name}_attention_mask"], t[f"{name}_labels"] = ids.clone(), mask.clone(), labels
+        t[f"{name}_logits"], t[f"{name}_loss"] = run("bert", bert, t, name)
     save_file(t, os.path.join(folder, "expected.safetensors"))
     shards = [f for f in os.listdir(os.path.join(folder, "gpt2_sharded")) if f.startswith("model-")]
     print(f"made gpt2, bert, bert_reg (gpt2 sharded into {len(shards)} files)")

@@ -136,6 +136,73 @@ TEST_CASE("GPT-2 and BERT read transformers' folders and give its logits and los
   MESSAGE("largest relative difference from transformers: logits " << worst << ", loss " << worst_loss);
 }
 
+TEST_CASE("BERT's loss is transformers' for each problem_type; labels that do not fit it are one loom: line") {
+  const fs::path* dir = made("the problem_type losses");
+  if (dir == nullptr) return;
+  const auto expected = loom::checkpoint::load_safetensors(*dir / "expected.safetensors");
+  torch::NoGradGuard no_grad;
+  // Each folder's config.json carries its problem_type (bert_unset none: inferred from float labels).
+  for (const std::string name : {"bert_single_label_classification", "bert_multi_label_classification",
+                                 "bert_regression", "bert_unset"}) {
+    auto model = BertForSequenceClassification::from_pretrained(*dir / name);
+    model->eval();
+    const auto out = model->forward({named(expected, name + "_input_ids"), named(expected, name + "_attention_mask"),
+                                     named(expected, name + "_labels")});
+    const double l = relative(out.loss.reshape({1}), named(expected, name + "_loss"));
+    INFO(name << ": loss " << l);
+    CHECK(l <= 1e-5);
+    CHECK(relative(out.logits, named(expected, name + "_logits")) <= 1e-5);
+  }
+  CHECK_FALSE(BertForSequenceClassification::from_pretrained(*dir / "bert_unset")->config().problem_type.has_value());
+
+  // Labels of the wrong dtype or shape: one line naming the problem type and what it takes.
+  BertConfig c;
+  c.vocab_size = 40, c.hidden_size = 16, c.num_hidden_layers = 1, c.num_attention_heads = 2, c.intermediate_size = 32;
+  c.num_labels = 3;
+  const auto logits = torch::randn({4, 3});
+  const auto ints = torch::tensor({0, 2, 1, 1}), floats = torch::rand({4});
+  const auto loss_error = [&](std::optional<std::string> problem_type, int64_t num_labels, const torch::Tensor& l,
+                              const torch::Tensor& labels) {
+    auto config = c;
+    config.problem_type = std::move(problem_type), config.num_labels = num_labels;
+    return loom_test::error_of([&] { BertForSequenceClassification(config)->loss(l, labels); });
+  };
+  const std::string with = "loom: BertForSequenceClassification with ";
+  CHECK(loss_error("multi_label_classification", 3, logits, ints) ==
+        with + "problem_type multi_label_classification takes floating-point 0/1 targets, one per label (shape "
+               "[4, 3]); got Long labels of shape [4]");
+  CHECK(loss_error("multi_label_classification", 3, logits, floats) ==
+        with + "problem_type multi_label_classification takes floating-point 0/1 targets, one per label (shape "
+               "[4, 3]); got Float labels of shape [4]");
+  CHECK(loss_error("regression", 3, logits, floats) ==
+        with + "problem_type regression takes floating-point labels, num_labels targets per example (shape [4, 3]); "
+               "got Float labels of shape [4]");
+  CHECK(loss_error("regression", 1, logits.narrow(1, 0, 1), ints) ==
+        with + "problem_type regression takes floating-point labels, one per example (shape [4] or [4, 1]); got "
+               "Long labels of shape [4]");
+  CHECK(loss_error(std::nullopt, 1, logits.narrow(1, 0, 1), ints) ==
+        with + "problem_type unset (inferred: regression, from num_labels 1 and Long labels) takes floating-point "
+               "labels, one per example (shape [4] or [4, 1]); got Long labels of shape [4]");
+  CHECK(loss_error("single_label_classification", 3, logits, floats) ==
+        with + "problem_type single_label_classification takes integer class ids (int64 or int32), one per example "
+               "(shape [4]); got Float labels of shape [4]");
+  CHECK(loss_error("single_label_classification", 3, logits, torch::zeros({4, 3}, torch::kLong)) ==
+        with + "problem_type single_label_classification takes integer class ids (int64 or int32), one per example "
+               "(shape [4]); got Long labels of shape [4, 3]");
+  CHECK(loss_error(std::nullopt, 3, logits, floats) ==
+        with + "problem_type unset (inferred: multi_label_classification, from num_labels 3 and Float labels) takes "
+               "floating-point 0/1 targets, one per label (shape [4, 3]); got Float labels of shape [4]");
+  // What fits: one regression target per example as [batch] or [batch, 1]; int32 class ids as int64.
+  auto regressor = c;
+  regressor.num_labels = 1;
+  BertForSequenceClassification reg(regressor);
+  const auto one = logits.narrow(1, 0, 1);
+  CHECK(torch::equal(reg->loss(one, floats), reg->loss(one, floats.view({4, 1}))));
+  BertForSequenceClassification classify(c);
+  CHECK(torch::equal(classify->loss(logits, ints), classify->loss(logits, ints.to(torch::kInt))));
+  CHECK(torch::allclose(classify->loss(logits, ints), torch::nn::functional::cross_entropy(logits, ints)));
+}
+
 TEST_CASE("what loom saves, transformers opens with no missing or unexpected weights and the same logits") {
   const fs::path* dir = made("the comparison with transformers");
   if (dir == nullptr) return;

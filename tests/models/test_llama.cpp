@@ -7,6 +7,7 @@
 #include <loom/config/json.hpp>
 #include <loom/distributed/checkpointed.hpp>
 #include <loom/distributed/full_shard_unit.hpp>
+#include <loom/models/bert.hpp>
 #include <loom/models/gpt2.hpp>
 #include <loom/models/llama.hpp>
 #include <loom/peft/lora.hpp>
@@ -77,10 +78,17 @@ inline Named made_adapters(const fs::path& dir) {
     const auto out = loom_test::run_capture(std::string(loom_test::python("")) + " " + script() + " lora_make " +
                                             dir.string() + " 2>&1");
     INFO(out);
-    REQUIRE(out.find("made peft_adapter, gpt2_peft_adapter") != std::string::npos);
+    REQUIRE(out.find("made peft_adapter, gpt2_peft_adapter, bert_peft_adapter") != std::string::npos);
     done = true;
   }
   return loom::checkpoint::load_safetensors(dir / "lora_expected.safetensors");
+}
+
+// What hf_llama.py lora_check prints (PEFT opening loom's `adapter` on `base`, compared with
+// `expected`'s loom_logits), ending "exit=<status>".
+inline std::string peft_check(const fs::path& base, const fs::path& adapter, const fs::path& expected) {
+  return loom_test::run_capture(std::string(loom_test::python("")) + " " + script() + " lora_check " + base.string() +
+                                " " + adapter.string() + " " + expected.string() + " 2>&1; echo \"exit=$?\"");
 }
 
 const std::vector<std::string> kFolders{"llama", "llama_tied", "qwen2", "mistral", "llama_sharded", "llama_bf16"};
@@ -305,9 +313,7 @@ TEST_CASE("LoRA as PEFT: loom reads PEFT's adapter, PEFT reads loom's, merge_and
   const auto mine_logits = mine->logits(ids);
   loom::checkpoint::save_safetensors({{"input_ids", ids}, {"loom_logits", mine_logits.contiguous()}},
                                      out / "loom_expected.safetensors");
-  const auto checked = loom_test::run_capture(std::string(py) + " " + script() + " lora_check " + (*dir / "llama").string() +
-                                              " " + (out / "adapter").string() + " " +
-                                              (out / "loom_expected.safetensors").string() + " 2>&1; echo \"exit=$?\"");
+  const auto checked = peft_check(*dir / "llama", out / "adapter", out / "loom_expected.safetensors");
   INFO(checked);
   CHECK(checked.find("exit=0") != std::string::npos);
   // Merged: a plain folder transformers opens, with the adapted logits.
@@ -333,7 +339,6 @@ TEST_CASE("LoRA as PEFT: loom reads PEFT's adapter, PEFT reads loom's, merge_and
 TEST_CASE("LoRA on GPT-2's Conv1D as PEFT (fan_in_fan_out): PEFT's adapter in loom, loom's in PEFT, merged") {
   const fs::path* dir = made();
   if (dir == nullptr) return;
-  const char* py = loom_test::python("");
   const auto expected = made_adapters(*dir);
   const auto ids = named(expected, "input_ids");
   torch::NoGradGuard no_grad;
@@ -353,13 +358,94 @@ TEST_CASE("LoRA on GPT-2's Conv1D as PEFT (fan_in_fan_out): PEFT's adapter in lo
   loom::peft::save_adapter(*model, out / "adapter");
   CHECK(loom::json::read_file(out / "adapter" / "adapter_config.json")["fan_in_fan_out"] == true);
   loom::checkpoint::save_safetensors({{"input_ids", ids}, {"loom_logits", adapted.contiguous()}}, out / "loom.safetensors");
-  const auto checked = loom_test::run_capture(std::string(py) + " " + script() + " lora_check " + (*dir / "gpt2").string() +
-                                              " " + (out / "adapter").string() + " " + (out / "loom.safetensors").string() +
-                                              " 2>&1; echo \"exit=$?\"");
+  const auto checked = peft_check(*dir / "gpt2", out / "adapter", out / "loom.safetensors");
   INFO(checked);
   CHECK(checked.find("exit=0") != std::string::npos);
   loom::peft::merge_and_unload(*model);
   CHECK(relative(model->logits(ids), adapted) < 1e-5);
+}
+
+TEST_CASE("LoRA on BERT as PEFT's SEQ_CLS: the classifier saved whole; PEFT's adapter in loom, loom's in PEFT, merged") {
+  const fs::path* dir = made();
+  if (dir == nullptr) return;
+  const char* py = loom_test::python("");
+  const auto expected = made_adapters(*dir);
+  const auto ids = named(expected, "bert_input_ids"), mask = named(expected, "bert_attention_mask");
+  using loom::models::BertForSequenceClassification;
+  torch::NoGradGuard no_grad;
+  // PEFT's adapter (query and value, its classifier perturbed) on loom's BERT: PEFT's logits.
+  auto model = BertForSequenceClassification::from_pretrained(*dir / "bert");
+  model->eval();
+  const auto before = model->logits(ids, mask);
+  const auto config = loom::peft::load_adapter(*model, *dir / "bert_peft_adapter");
+  CHECK(config.task_type == "SEQ_CLS");
+  CHECK(config.modules_to_save == std::vector<std::string>{"classifier", "score"});  // as PEFT wrote it
+  CHECK(loom::peft::adapter_config(*model)->modules_to_save == std::vector<std::string>{"classifier"});  // what is here
+  const auto adapted = model->logits(ids, mask);
+  const double peft_diff = relative(adapted, named(expected, "bert_lora_logits"));
+  CHECK(peft_diff <= 1e-5);
+  CHECK_FALSE(torch::equal(adapted, before));
+  int64_t trainable = 0;
+  for (const auto& p : model->parameters())
+    if (p.requires_grad()) trainable += p.numel();
+  CHECK(trainable == 2 * 2 * (4 * 32 + 32 * 4) + 3 * 32 + 3);  // query and value of 2 layers, the classifier
+
+  // loom's adapter: all-linear with SEQ_CLS passes over the classifier (trained whole instead).
+  auto mine = BertForSequenceClassification::from_pretrained(*dir / "bert");
+  mine->eval();
+  loom::peft::LoraConfig lora;
+  lora.r = 8, lora.lora_alpha = 16, lora.target_modules = {"all-linear"}, lora.task_type = "SEQ_CLS";
+  CHECK(loom::peft::apply_lora(*mine, lora) == 2 * 6 + 1);  // q, k, v, 3 dense a layer; the pooler's
+  CHECK(mine->classifier->weight.requires_grad());
+  CHECK_FALSE(mine->bert->pooler->named_parameters()["dense.weight"].requires_grad());
+  torch::manual_seed(9);
+  for (auto& p : mine->named_parameters())
+    if (p.key().find("lora_B") != std::string::npos || p.key().starts_with("classifier."))
+      p.value().add_(torch::randn_like(p.value()) * 0.05);
+  const auto out = loom_test::fresh_dir("models/lora_bert");
+  loom::peft::save_adapter(*mine, out / "adapter");
+  const auto written = loom::json::read_file(out / "adapter" / "adapter_config.json");
+  CHECK(written["modules_to_save"] == nlohmann::json::array({"classifier"}));
+  CHECK(written["task_type"] == "SEQ_CLS");
+  CHECK(written["target_modules"].size() == 13);
+  const auto weights = loom::checkpoint::load_safetensors(out / "adapter" / "adapter_model.safetensors");
+  CHECK(torch::equal(named(weights, "base_model.model.classifier.weight"), mine->classifier->weight));
+  CHECK(torch::equal(named(weights, "base_model.model.classifier.bias"), mine->classifier->bias));
+  const auto mine_logits = mine->logits(ids, mask);
+  loom::checkpoint::save_safetensors({{"input_ids", ids}, {"attention_mask", mask}, {"loom_logits", mine_logits}},
+                                     out / "loom.safetensors");
+  const auto checked = peft_check(*dir / "bert", out / "adapter", out / "loom.safetensors");
+  INFO(checked);
+  CHECK(checked.find("exit=0") != std::string::npos);
+  // Merged: a plain BERT folder transformers opens, with the adapted logits and loss.
+  loom::peft::merge_and_unload(*mine);
+  for (const auto& p : mine->named_parameters()) CHECK(p.key().find("lora_") == std::string::npos);
+  const auto labels = named(expected, "bert_labels");
+  const auto merged = mine->forward({ids, mask, labels});
+  CHECK(relative(merged.logits, mine_logits) < 1e-5);
+  mine->save_pretrained(out / "merged");
+  loom::checkpoint::save_safetensors({{"merged_input_ids", ids}, {"merged_attention_mask", mask},
+                                      {"merged_labels", labels}, {"merged_logits", merged.logits},
+                                      {"merged_loss", merged.loss.reshape({1})}},
+                                     out / "merged.safetensors");
+  const auto opened = loom_test::run_capture(
+      std::string(py) + " " + (loom_test::source_dir() / "tests/models/hf_models.py").string() + " check bert," +
+      (out / "merged").string() + "," + (out / "merged.safetensors").string() + ",merged 2>&1; echo \"exit=$?\"");
+  INFO(opened);
+  CHECK(opened.find("exit=0") != std::string::npos);
+  // A SEQ_CLS target that is only the head it saves whole; without SEQ_CLS the head can carry one.
+  auto head = BertForSequenceClassification::from_pretrained(*dir / "bert");
+  loom::peft::LoraConfig on_head;
+  on_head.target_modules = {"classifier"}, on_head.task_type = "SEQ_CLS";
+  CHECK(loom_test::error_of([&] { loom::peft::apply_lora(*head, on_head); }) ==
+        "loom: LoRA target_modules match only classifier, which modules_to_save trains whole (task_type SEQ_CLS "
+        "saves the classification head)");
+  on_head.task_type = "CAUSAL_LM";
+  CHECK(loom::peft::apply_lora(*head, on_head) == 1);
+  CHECK_FALSE(loom::peft::adapter_config(*head)->modules_to_save.size());
+  const auto line = checked.find("peft on loom's adapter");
+  MESSAGE("BERT: loom on PEFT's adapter: logits " << peft_diff << " relative; "
+                                                  << (line == std::string::npos ? checked : checked.substr(line, checked.find('\n', line) - line)));
 }
 
 TEST_CASE("LoRA's bad input: a target that matches nothing, r <= 0, an adapter for another base") {

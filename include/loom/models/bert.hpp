@@ -9,13 +9,20 @@
 // Names: bert.embeddings.{word,position,token_type}_embeddings and .LayerNorm,
 // bert.encoder.layer.{i}.attention.self.{query,key,value}, .attention.output.{dense,LayerNorm},
 // .intermediate.dense, .output.{dense,LayerNorm}, bert.pooler.dense, classifier. Each layer
-// bert.encoder.layer.{i} is a loom::FullShardUnit (name-transparent).
+// bert.encoder.layer.{i} is a loom::FullShardUnit (name-transparent). Every linear layer
+// (query, key, value, the dense layers, the pooler's, the classifier) is a
+// peft::AdaptableLinear, so LoRA (peft/lora.hpp) can go on any of them, as PEFT's can.
 //
 // Arithmetic follows transformers' default (sdpa) path: the padding mask from attention_mask
 // becomes SDPA's boolean attn_mask (none when nothing is padded, as HF skips it), the
 // activation is hidden_act (gelu: the exact erf form), the pooler is tanh(dense(h[:, 0])).
 // Loss as HF's: problem_type, or when unset regression (MSE) for num_labels == 1, single-label
-// cross-entropy for integer labels, multi-label BCE-with-logits for float labels.
+// cross-entropy for integer labels, multi-label BCE-with-logits for float labels. Labels of
+// the wrong dtype or shape for the problem type are a loom: error naming what it takes:
+//   regression                  float [batch] or [batch, 1] (num_labels 1; both squeezed),
+//                               float [batch, num_labels] otherwise
+//   single_label_classification int64 / int32 class ids [batch] (-100 ignored)
+//   multi_label_classification  float 0/1 targets [batch, num_labels]
 // from_pretrained, save_pretrained, num_parameters and floating_point_ops are pretrained.hpp's.
 
 #include <loom/config/inline.hpp>
@@ -25,6 +32,7 @@
 #include <loom/models/hf_folder.hpp>
 #include <loom/models/pretrained.hpp>
 #include <loom/core/neftune.hpp>
+#include <loom/peft/lora.hpp>
 
 #include <torch/torch.h>
 
@@ -105,7 +113,7 @@ class BertSelfAttentionImpl : public torch::nn::Module {
   LOOM_INLINE explicit BertSelfAttentionImpl(const BertConfig& config);
   /// `mask`: boolean [batch, 1, seq, seq] (true: attend) or undefined.
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask);
-  torch::nn::Linear query{nullptr}, key{nullptr}, value{nullptr};
+  peft::AdaptableLinear query{nullptr}, key{nullptr}, value{nullptr};
 
  private:
   int64_t heads_, head_dim_;
@@ -118,7 +126,7 @@ class BertResidualOutputImpl : public torch::nn::Module {
  public:
   LOOM_INLINE BertResidualOutputImpl(const BertConfig& config, int64_t in_features);
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& residual);
-  torch::nn::Linear dense{nullptr};
+  peft::AdaptableLinear dense{nullptr};
   torch::nn::LayerNorm LayerNorm{nullptr};  // NOLINT: HF's name
   torch::nn::Dropout dropout{nullptr};
 };
@@ -139,7 +147,7 @@ class BertIntermediateImpl : public torch::nn::Module {
  public:
   LOOM_INLINE explicit BertIntermediateImpl(const BertConfig& config);
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
-  torch::nn::Linear dense{nullptr};
+  peft::AdaptableLinear dense{nullptr};
 
  private:
   ActivationFn activation_;  // hidden_act, resolved once
@@ -197,7 +205,8 @@ class BertForSequenceClassificationImpl
   /// Logits [batch, num_labels]; attention_mask (1 token, 0 padding) and token_type_ids may be undefined.
   LOOM_INLINE torch::Tensor logits(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {},
                                    const torch::Tensor& token_type_ids = {});
-  /// HF's loss for `logits` and `labels` under the config's problem_type.
+  /// HF's loss for `logits` and `labels` under the config's problem_type (see above for the
+  /// labels each takes; others are a loom::Error).
   LOOM_INLINE torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& labels) const;
   /// The names beyond the parameters that an HF BERT file may hold (none; bare BertModel
   /// files are read under "bert").
@@ -210,7 +219,7 @@ class BertForSequenceClassificationImpl
 
   BertModel bert{nullptr};
   torch::nn::Dropout dropout{nullptr};
-  torch::nn::Linear classifier{nullptr};
+  peft::AdaptableLinear classifier{nullptr};
 
  private:
   LOOM_INLINE void init_weights();

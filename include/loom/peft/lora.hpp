@@ -19,7 +19,11 @@
 // prefix. target_modules matches as PEFT does: each name equals a module's name or ends it
 // after a dot ("all-linear": every adaptable layer), or target_regex fully matches the
 // module's name. modules_to_save names modules (matched the same way) that are trained whole
-// and stored in the adapter file under their own names, as PEFT stores them.
+// and stored in the adapter file under their own names, as PEFT stores them. With task_type
+// "SEQ_CLS" the classification head is one of them, as PeftModelForSequenceClassification
+// makes it: "classifier" or "score", whichever the model has (BERT's classifier, saved as
+// base_model.model.classifier.weight and .bias). No adapter goes inside a module to save:
+// all-linear and a SEQ_CLS head pass over it, as PEFT does.
 //
 // apply_lora records its config in every layer it adapts, so a model carries its adapter's
 // description: adapter_config(model) reads it back, and save_adapter needs nothing else.
@@ -54,7 +58,7 @@ struct LoraConfig {
   std::vector<std::string> modules_to_save;      ///< modules trained whole and saved with the adapter
   std::string bias = "none";                     ///< only "none": no bias is trained
   bool use_rslora = false;                       ///< scaling lora_alpha / sqrt(r)
-  std::string task_type = "CAUSAL_LM";           ///< written to adapter_config.json
+  std::string task_type = "CAUSAL_LM";           ///< written to adapter_config.json; SEQ_CLS also saves the head
   std::optional<std::string> base_model_name_or_path;  ///< written to adapter_config.json
 
   /// The factor of the update: lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora.
@@ -98,7 +102,9 @@ class AdaptableLinearImpl : public torch::nn::Module {
 TORCH_MODULE(AdaptableLinear);
 
 /// Adds an adapter to every AdaptableLinear of `model` that `config` targets, freezes every
-/// other parameter except those of config.modules_to_save; returns how many layers got one.
+/// other parameter except those of the modules to save (config.modules_to_save and, with
+/// task_type SEQ_CLS, the model's classifier or score, which the layers' config then lists);
+/// returns how many layers got one.
 /// A target or module to save that matches no module, a module that cannot carry an adapter,
 /// and a model that already carries one are loom::Errors.
 LOOM_INLINE int apply_lora(torch::nn::Module& model, const LoraConfig& config);

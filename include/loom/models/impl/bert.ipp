@@ -9,9 +9,12 @@
 
 #include <torch/torch.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 namespace loom::models {
 
@@ -115,9 +118,9 @@ LOOM_INLINE torch::Tensor BertEmbeddingsImpl::forward(const torch::Tensor& input
 LOOM_INLINE BertSelfAttentionImpl::BertSelfAttentionImpl(const BertConfig& c)
     : heads_(c.num_attention_heads), head_dim_(c.hidden_size / c.num_attention_heads),
       dropout_(c.attention_probs_dropout_prob) {
-  query = register_module("query", torch::nn::Linear(c.hidden_size, c.hidden_size));
-  key = register_module("key", torch::nn::Linear(c.hidden_size, c.hidden_size));
-  value = register_module("value", torch::nn::Linear(c.hidden_size, c.hidden_size));
+  query = register_module("query", peft::AdaptableLinear(c.hidden_size, c.hidden_size, /*bias=*/true));
+  key = register_module("key", peft::AdaptableLinear(c.hidden_size, c.hidden_size, /*bias=*/true));
+  value = register_module("value", peft::AdaptableLinear(c.hidden_size, c.hidden_size, /*bias=*/true));
 }
 
 LOOM_INLINE torch::Tensor BertSelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& mask) {
@@ -137,7 +140,7 @@ LOOM_INLINE torch::Tensor BertSelfAttentionImpl::forward(const torch::Tensor& x,
 }
 
 LOOM_INLINE BertResidualOutputImpl::BertResidualOutputImpl(const BertConfig& c, int64_t in_features) {
-  dense = register_module("dense", torch::nn::Linear(in_features, c.hidden_size));
+  dense = register_module("dense", peft::AdaptableLinear(in_features, c.hidden_size, /*bias=*/true));
   LayerNorm = register_module("LayerNorm", detail::bert_layer_norm(c));
   dropout = register_module("dropout", torch::nn::Dropout(c.hidden_dropout_prob));
 }
@@ -156,7 +159,7 @@ LOOM_INLINE torch::Tensor BertAttentionImpl::forward(const torch::Tensor& x, con
 }
 
 LOOM_INLINE BertIntermediateImpl::BertIntermediateImpl(const BertConfig& c) : activation_(activation_fn(c.hidden_act)) {
-  dense = register_module("dense", torch::nn::Linear(c.hidden_size, c.intermediate_size));
+  dense = register_module("dense", peft::AdaptableLinear(c.hidden_size, c.intermediate_size, /*bias=*/true));
 }
 
 LOOM_INLINE torch::Tensor BertIntermediateImpl::forward(const torch::Tensor& x) {
@@ -192,8 +195,9 @@ LOOM_INLINE torch::Tensor BertEncoderImpl::forward(torch::Tensor x, const torch:
 LOOM_INLINE BertModelImpl::BertModelImpl(const BertConfig& c) {
   embeddings = register_module("embeddings", BertEmbeddings(c));
   encoder = register_module("encoder", BertEncoder(c));
-  pooler = register_module("pooler", torch::nn::Sequential({{"dense", torch::nn::Linear(c.hidden_size, c.hidden_size)},
-                                                            {"activation", torch::nn::Tanh()}}));
+  pooler = register_module(
+      "pooler", torch::nn::Sequential({{"dense", peft::AdaptableLinear(c.hidden_size, c.hidden_size, /*bias=*/true)},
+                                       {"activation", torch::nn::Tanh()}}));
 }
 
 LOOM_INLINE torch::Tensor BertModelImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
@@ -217,17 +221,20 @@ LOOM_INLINE BertForSequenceClassificationImpl::BertForSequenceClassificationImpl
     : PreTrainedModel(std::move(config), "BertConfig") {
   bert = register_module("bert", BertModel(config_));
   dropout = register_module("dropout", torch::nn::Dropout(config_.classifier_dropout.value_or(config_.hidden_dropout_prob)));
-  classifier = register_module("classifier", torch::nn::Linear(config_.hidden_size, config_.num_labels));
+  classifier =
+      register_module("classifier", peft::AdaptableLinear(config_.hidden_size, config_.num_labels, /*bias=*/true));
   init_weights();
 }
 
 LOOM_INLINE void BertForSequenceClassificationImpl::init_weights() {
-  // PreTrainedModel._init_weights over every module.
+  // PreTrainedModel._init_weights over every module, in module order. The linear layers
+  // (peft::AdaptableLinear) draw nothing when built, so the Embeddings' constructors and
+  // these are the only draws.
   torch::NoGradGuard no_grad;
   const double std = config_.initializer_range;
   for (const auto& item : named_modules("", /*include_self=*/false)) {
     auto* m = item.value().get();
-    if (auto* linear = dynamic_cast<torch::nn::LinearImpl*>(m)) {
+    if (auto* linear = dynamic_cast<peft::AdaptableLinearImpl*>(m)) {
       linear->weight.normal_(0.0, std);
       if (linear->bias.defined()) linear->bias.zero_();
     } else if (auto* embedding = dynamic_cast<torch::nn::EmbeddingImpl*>(m)) {
@@ -248,18 +255,40 @@ LOOM_INLINE torch::Tensor BertForSequenceClassificationImpl::logits(const torch:
 
 LOOM_INLINE torch::Tensor BertForSequenceClassificationImpl::loss(const torch::Tensor& logits,
                                                                   const torch::Tensor& labels) const {
-  const int64_t n = config_.num_labels;
+  // BertForSequenceClassification.forward's rules. Labels that do not fit the problem type
+  // stop here with one line, before libtorch's shape errors (or its broadcasting warning).
+  const int64_t n = config_.num_labels, batch = logits.size(0);
+  const bool integer = labels.scalar_type() == torch::kLong || labels.scalar_type() == torch::kInt;  // HF's test
   std::string problem = config_.problem_type.value_or("");
+  std::string which = "problem_type " + problem;
   if (problem.empty()) {
-    const bool integer = labels.scalar_type() == torch::kLong || labels.scalar_type() == torch::kInt;
     problem = n == 1 ? "regression" : integer ? "single_label_classification" : "multi_label_classification";
+    which = fmt::format("problem_type unset (inferred: {}, from num_labels {} and {} labels)", problem, n,
+                        c10::toString(labels.scalar_type()));
   }
+  const auto refuse = [&](const std::string& want) {
+    fail("BertForSequenceClassification with {} takes {}; got {} labels of shape {}", which, want,
+         c10::toString(labels.scalar_type()), c10::str(labels.sizes()));
+  };
+  const auto shape = [](std::vector<int64_t> s) { return c10::str(torch::IntArrayRef(s)); };
   namespace F = torch::nn::functional;
   if (problem == "regression") {
-    const auto target = labels.to(logits.scalar_type());
-    return n == 1 ? F::mse_loss(logits.squeeze(), target.squeeze()) : F::mse_loss(logits, target);
+    if (n == 1) {  // MSE of the squeezed logits and labels
+      if (!labels.is_floating_point() || labels.numel() != batch)
+        refuse("floating-point labels, one per example (shape " + shape({batch}) + " or " + shape({batch, 1}) + ")");
+      return F::mse_loss(logits.squeeze(), labels.to(logits.scalar_type()).squeeze());
+    }
+    if (!labels.is_floating_point() || labels.sizes() != logits.sizes())
+      refuse("floating-point labels, num_labels targets per example (shape " + shape({batch, n}) + ")");
+    return F::mse_loss(logits, labels.to(logits.scalar_type()));
   }
-  if (problem == "single_label_classification") return F::cross_entropy(logits.view({-1, n}), labels.view({-1}));
+  if (problem == "single_label_classification") {
+    if (!integer || labels.numel() != batch)
+      refuse("integer class ids (int64 or int32), one per example (shape " + shape({batch}) + ")");
+    return F::cross_entropy(logits.view({-1, n}), labels.view({-1}).to(torch::kLong));
+  }
+  if (!labels.is_floating_point() || labels.sizes() != logits.sizes())
+    refuse("floating-point 0/1 targets, one per label (shape " + shape({batch, n}) + ")");
   return F::binary_cross_entropy_with_logits(logits, labels.to(logits.scalar_type()));
 }
 

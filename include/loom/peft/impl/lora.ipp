@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -54,22 +55,53 @@ inline bool targeted(const LoraConfig& c, const std::string& name) {
   return false;
 }
 
-// The parameters of the modules config.modules_to_save names, by their names in the model.
-inline std::vector<std::pair<std::string, torch::Tensor>> saved_module_parameters(const torch::nn::Module& model,
-                                                                                 const LoraConfig& c) {
+// The parameters of the modules `modules` names, by their names in the model.
+inline std::vector<std::pair<std::string, torch::Tensor>> saved_module_parameters(
+    const torch::nn::Module& model, const std::vector<std::string>& modules) {
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  if (c.modules_to_save.empty()) return out;
+  if (modules.empty()) return out;
   for (const auto& p : model.named_parameters(/*recurse=*/true)) {
     if (is_lora_parameter(p.key())) continue;
     const auto dot = p.key().rfind('.');
     const std::string owner = dot == std::string::npos ? "" : p.key().substr(0, dot);
-    for (const auto& m : c.modules_to_save)
+    for (const auto& m : modules)
       if (!owner.empty() && name_matches(owner, m)) {
         out.emplace_back(p.key(), p.value());
         break;
       }
   }
   return out;
+}
+
+// PEFT's PeftModelForSequenceClassification (task_type SEQ_CLS) adds its classification heads
+// to modules_to_save, and writes both names to adapter_config.json whichever the model has.
+inline constexpr std::string_view sequence_classification = "SEQ_CLS";
+inline constexpr std::array<std::string_view, 2> classification_heads = {"classifier", "score"};
+
+inline bool is_classification_head(const LoraConfig& c, const std::string& module) {
+  return c.task_type == sequence_classification &&
+         std::find(classification_heads.begin(), classification_heads.end(), module) != classification_heads.end();
+}
+
+// The modules `c` trains whole on `model`: c.modules_to_save (each once) and, with task_type
+// SEQ_CLS, the classification heads the model has. A head the model lacks is left out, as
+// PEFT passes over it; any other name is kept for apply_lora to refuse.
+inline std::vector<std::string> modules_to_save(const torch::nn::Module& model, const LoraConfig& c) {
+  std::vector<std::string> names = c.modules_to_save;
+  if (c.task_type == sequence_classification) names.insert(names.end(), classification_heads.begin(), classification_heads.end());
+  std::vector<std::string> out;
+  for (const auto& m : names)
+    if (std::find(out.begin(), out.end(), m) == out.end() &&
+        (!is_classification_head(c, m) || !saved_module_parameters(model, {m}).empty()))
+      out.push_back(m);
+  return out;
+}
+
+// `name` is the module `module` names or lies inside it (a dotted prefix of `name` matches it).
+inline bool inside_module(const std::string& name, const std::string& module) {
+  for (auto end = name.find('.'); end != std::string::npos; end = name.find('.', end + 1))
+    if (name_matches(name.substr(0, end), module)) return true;
+  return name_matches(name, module);
 }
 
 inline bool any_fan_in_fan_out(const torch::nn::Module& model) {
@@ -182,10 +214,40 @@ LOOM_INLINE int apply_lora(torch::nn::Module& model, const LoraConfig& config) {
   for (const auto& [name, layer] : layers)
     check(!layer->has_adapter(), "the model already carries a LoRA adapter ({}); loom trains one adapter at a time",
           name);
+  // The config the adapted layers carry: modules_to_save as PEFT completes it for SEQ_CLS.
+  auto recorded = std::make_shared<LoraConfig>(config);
+  recorded->modules_to_save = detail::modules_to_save(model, config);
+  const auto to_save = detail::saved_module_parameters(model, recorded->modules_to_save);
+  for (const auto& m : recorded->modules_to_save) {
+    const bool found = std::any_of(to_save.begin(), to_save.end(), [&](const auto& p) {
+      return detail::name_matches(p.first.substr(0, p.first.rfind('.')), m);
+    });
+    check(found, "LoRA modules_to_save names {}, which matches no module of the model that holds parameters", m);
+  }
+  // PEFT puts no adapter inside a module it saves whole: all-linear and a SEQ_CLS head pass
+  // over it; a target named outright is an error.
+  const bool all_linear = std::find(config.target_modules.begin(), config.target_modules.end(),
+                                    detail::all_linear) != config.target_modules.end();
   std::vector<std::pair<std::string, AdaptableLinearImpl*>> chosen;
-  for (const auto& [name, layer] : layers)
-    if (detail::targeted(config, name)) chosen.emplace_back(name, layer);
+  std::vector<std::string> passed_over;
+  for (const auto& [name, layer] : layers) {
+    if (!detail::targeted(config, name)) continue;
+    const auto saved = std::find_if(recorded->modules_to_save.begin(), recorded->modules_to_save.end(),
+                                    [&](const std::string& m) { return detail::inside_module(name, m); });
+    if (saved == recorded->modules_to_save.end()) {
+      chosen.emplace_back(name, layer);
+      continue;
+    }
+    check(all_linear || detail::is_classification_head(config, *saved),
+          "LoRA module {} is both a target and in modules_to_save", name);
+    passed_over.push_back(name);
+  }
   if (chosen.empty()) {
+    if (!passed_over.empty())
+      fail("LoRA target_modules match only {}, which modules_to_save trains whole{}", passed_over.front(),
+           config.task_type == detail::sequence_classification
+               ? " (task_type SEQ_CLS saves the classification head)"
+               : "");
     // A target naming a module that exists but cannot carry an adapter says so.
     std::string other;
     for (const auto& item : model.named_modules("", false))
@@ -206,23 +268,10 @@ LOOM_INLINE int apply_lora(torch::nn::Module& model, const LoraConfig& config) {
          known.empty() ? "it has no layer that can carry an adapter (peft::AdaptableLinear)"
                        : "its linear projections are named " + known);
   }
-  // What a module to save names must exist and hold parameters.
-  auto recorded = std::make_shared<LoraConfig>(config);
-  if (std::find(config.target_modules.begin(), config.target_modules.end(), detail::all_linear) !=
-      config.target_modules.end()) {
+  if (all_linear) {
     recorded->target_modules.clear();  // as PEFT writes "all-linear": the layers it chose
     for (const auto& [name, layer] : chosen) recorded->target_modules.push_back(name);
   }
-  const auto to_save = detail::saved_module_parameters(model, config);
-  for (const auto& m : config.modules_to_save) {
-    const bool found = std::any_of(to_save.begin(), to_save.end(), [&](const auto& p) {
-      return detail::name_matches(p.first.substr(0, p.first.rfind('.')), m);
-    });
-    check(found, "LoRA modules_to_save names {}, which matches no module of the model that holds parameters", m);
-  }
-  for (const auto& [name, layer] : chosen)
-    for (const auto& [saved, t] : to_save)
-      check(saved.rfind(name + ".", 0) != 0, "LoRA module {} is both a target and in modules_to_save", name);
   for (const auto& [name, layer] : chosen) layer->add_adapter(recorded);
   std::set<const c10::TensorImpl*> trainable;
   for (const auto& [name, t] : to_save) trainable.insert(t.unsafeGetTensorImpl());
@@ -244,7 +293,7 @@ LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> adapter_tensors(c
   if (!config) return out;
   for (const auto& p : model.named_parameters())
     if (detail::is_lora_parameter(p.key())) out.emplace_back(std::string(detail::peft_prefix) + p.key(), p.value());
-  for (auto& [name, t] : detail::saved_module_parameters(model, *config))
+  for (auto& [name, t] : detail::saved_module_parameters(model, config->modules_to_save))
     out.emplace_back(std::string(detail::peft_prefix) + name, t);
   return out;
 }
