@@ -4,6 +4,7 @@
 #   make build  set up what is missing, build tests, examples and benchmarks into build/
 #   make kjv-data  the KJV token files (kjv_text + kjv.py) in data/kjv, for make gpt2 / make bert
 #   make llama-sft-data  KJV instruction data with loss masks (kjv.py + prepare.py --sft) in data/kjv_sft
+#   make llama-sft  LoRA fine-tuning of a Llama-architecture model on data/kjv_sft (examples/llama_sft)
 #   make gpt2, make bert  train examples/gpt2, fine-tune examples/bert_classify on data/kjv (ARGS=...)
 #   make fuzz   libFuzzer harnesses (tests/fuzz/) built with clang into build-fuzz/, each run FUZZ_SECONDS
 #   make sanitize  the unit tests built with ASan+UBSan into build-sanitize/, then ctest -L unit
@@ -31,7 +32,7 @@ LOOM_CC ?= clang-19
 # ccache's other settings travel with the build (build/loom-ccache, cmake/loomBuildHelpers.cmake).
 export CCACHE_MAXSIZE := 5G
 
-.PHONY: help deps build demo test bench clean fuzz sanitize kjv-data llama-sft-data gpt2 bert
+.PHONY: help deps build demo test bench clean fuzz sanitize kjv-data llama-sft-data llama-sft gpt2 bert
 
 help:
 	@echo "make demo   - train the default example (Fashion-MNIST) after any missing set-up"
@@ -40,6 +41,7 @@ help:
 	@echo "make bench  - run the overhead and sharding benchmarks"
 	@echo "make kjv-data - tokenize the King James Bible into data/kjv (BPE token files, a few seconds)"
 	@echo "make llama-sft-data - KJV instruction pairs as SFT token files with loss masks in data/kjv_sft (seconds)"
+	@echo "make llama-sft - LoRA fine-tuning of a Llama-architecture model on data/kjv_sft (examples/llama_sft; ARGS=...)"
 	@echo "make gpt2   - train GPT-2 on data/kjv (examples/gpt2; ARGS=\"--flag value ...\")"
 	@echo "make bert   - fine-tune BERT to classify KJV verses by book group (examples/bert_classify)"
 	@echo "make fuzz   - build the libFuzzer harnesses (clang) and run each for FUZZ_SECONDS (default 60)"
@@ -116,6 +118,9 @@ gpt2: build kjv-data
 
 bert: build kjv-data
 	$(BUILD)/examples/bert_classify --data_dir $(KJV_DATA) $(ARGS)
+
+llama-sft: build llama-sft-data
+	$(BUILD)/examples/llama_sft --data_dir $(KJV_SFT) $(ARGS)
 
 # --- fuzzing (tests/fuzz/README.md) ------------------------------------------------------
 # One clang binary with four libFuzzer harnesses, picked by LOOM_FUZZ_TARGET. Each target

@@ -5,7 +5,9 @@
 // position ids that restart at each example (attention stays within an example), bf16,
 // evaluation loss on the held-out completions, checkpoints holding the adapter alone, resume.
 // At the end: PEFT's adapter folder in --output_dir (peft.PeftModel.from_pretrained opens it
-// onto the base) and, with --lora_save_merged, the merged model in <output_dir>/merged.
+// onto the base its adapter_config.json names: --model_name_or_path, or the random base this
+// run saved in <output_dir>/base) and, with --lora_save_merged, the merged model in
+// <output_dir>/merged.
 //
 // The data, once (a few seconds): KJV instructions ("Book chapter:verse" -> the verse, a verse
 // -> the next one) tokenized with their loss masks:
@@ -36,6 +38,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 
@@ -136,9 +139,21 @@ int main(int argc, char** argv) {
     const loom::data::SftDataset eval_set(meta.sft_files("val"), data_options);
 
     loom::set_seed(args.seed);
-    const std::string origin = args.model_name_or_path ? *args.model_name_or_path : std::string("random init");
+    // An adapter goes onto its base: a random base is saved as <output_dir>/base (an HF folder)
+    // and named in adapter_config.json, as a folder given is; a resumed run reads it back.
+    const bool lora = loom::peft::lora_config_from_args(lora_args, config.model_type).has_value();
+    const auto saved_base = std::filesystem::path(args.output_dir) / "base";
+    if (lora && !args.model_name_or_path && args.resume_from_checkpoint &&
+        loom::path_exists(saved_base / "config.json", loom::PathKind::file))
+      args.model_name_or_path = saved_base.string();
+    std::optional<std::string> base = args.model_name_or_path;
+    const std::string origin = base ? *base : std::string("random init");
     auto model = hf_example::pretrained_or_random<LlamaForCausalLM>(args, config);
-    const auto adapter = loom::peft::prepare_lora(*model, lora_args, model->config().model_type);
+    if (lora && !base) {
+      base = saved_base.string();
+      if (main_process && args.do_train) model->save_pretrained(saved_base);
+    }
+    const auto adapter = loom::peft::prepare_lora(*model, lora_args, model->config().model_type, base);
     if (main_process) {
       fmt::print("llama_sft: {} training examples ({} {}), {} held out, {} completion tokens to learn from {}\n",
                  train_set.examples(), train_set.size(),

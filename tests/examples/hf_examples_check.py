@@ -14,6 +14,12 @@
       eval_loss (and for BERT eval_accuracy) that loom reported in FILE
   hf_examples_check.py set_label --data DIR --out DIR --split NAME --example I --value V
       a copy of the token folder DIR whose classification split NAME gives example I the label V
+  hf_examples_check.py kjv_sft_data --kjv_text EXE --out DIR
+      the llama_sft fixture: KJV instructions (1500 verses) as SFT token files, a 512-token BPE
+  hf_examples_check.py peft --output DIR --data DIR --results FILE
+      PEFT opens the adapter folder DIR onto the base its adapter_config.json names, with the
+      logits of the merged folder DIR/merged, and in fp32 gets the held-out completion loss
+      (one example per batch, prompt labelled -100) that loom reported in FILE
 
 Each prints one "... ok" line or exits non-zero with the reason.
 """
@@ -55,6 +61,60 @@ def kjv_data(opts):
     if meta["vocab_size"] != 512 or len(meta["classification"]["label_names"]) != 7:
         fail(f"unexpected meta.json: vocab_size {meta['vocab_size']}")
     print("kjv data ok")
+
+
+def kjv_sft_data(opts):
+    root = os.path.join(HERE, "..", "..", "examples", "text_data")
+    os.makedirs(opts.out, exist_ok=True)
+    pairs = os.path.join(opts.out, "instructions.jsonl")
+    for cmd in ([os.path.join(root, "kjv.py"), "--kjv_text", opts.kjv_text, "--instructions", pairs, "--limit", "1500"],
+                [os.path.join(root, "prepare.py"), "--sft", pairs, "--out", opts.out, "--vocab_size", "512"]):
+        done = subprocess.run([sys.executable] + cmd, capture_output=True, text=True)
+        print(done.stdout + done.stderr, end="")
+        if done.returncode != 0:
+            fail(f"{os.path.basename(cmd[0])} exited with {done.returncode}")
+    meta = read_json(os.path.join(opts.out, "meta.json"))
+    if meta["vocab_size"] != 512 or sorted(meta["sft"]) != ["format", "train", "val"]:
+        fail(f"unexpected meta.json: vocab_size {meta['vocab_size']}, sft {sorted(meta.get('sft', {}))}")
+    print("kjv sft data ok")
+
+
+def peft_check(opts):
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    adapter = read_json(os.path.join(opts.output, "adapter_config.json"))
+    base = adapter["base_model_name_or_path"]
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), opts.output).eval()
+    merged = AutoModelForCausalLM.from_pretrained(os.path.join(opts.output, "merged"), dtype=torch.float32).eval()
+    meta = read_json(os.path.join(opts.data, "meta.json"))
+    files = meta["sft"]["val"]
+    dtype = np.uint16 if meta["dtype"] == "uint16" else np.uint32
+    ids = np.fromfile(os.path.join(opts.data, files["ids"]), dtype=dtype).astype(np.int64)
+    offsets = np.fromfile(os.path.join(opts.data, files["offsets"]), dtype="<u8").astype(np.int64)
+    mask = np.fromfile(os.path.join(opts.data, files["mask"]), dtype=np.uint8)
+    reported = read_json(opts.results)
+    losses, worst = [], 0.0
+    with torch.no_grad():
+        for i, (b, e) in enumerate(zip(offsets[:-1], offsets[1:])):
+            x = torch.from_numpy(ids[b:e]).unsqueeze(0)
+            labels = torch.where(torch.from_numpy(mask[b:e].astype(np.int64)).unsqueeze(0) == 1, x, -100)
+            logits = model(input_ids=x).logits
+            if i < 8:
+                m = merged(input_ids=x).logits
+                worst = max(worst, float((logits - m).abs().max() / m.abs().max()))
+            losses.append(F.cross_entropy(logits[0, :-1], labels[0, 1:], ignore_index=-100))
+    loss = float(torch.stack(losses).mean())
+    if worst > 1e-5:
+        fail(f"PEFT's adapted logits differ from the merged folder's by {worst:.3g} (relative)")
+    if not close(loss, reported["eval_loss"], opts.rtol):
+        fail(f"PEFT's held-out completion loss {loss!r}, loom's eval_loss {reported['eval_loss']!r}")
+    print(f"peft ok: adapter on {base}, merged logits {worst:.2g} relative, held-out loss {loss:.6f} "
+          f"(loom {reported['eval_loss']:.6f})")
 
 
 def set_label(opts):
@@ -100,7 +160,10 @@ def same(opts):
     first = None
     for d in opts.dirs:
         results = read_json(os.path.join(d, "all_results.json"))
-        with safe_open(os.path.join(d, "model.safetensors"), "pt") as f:
+        weights = os.path.join(d, "model.safetensors")
+        if not os.path.exists(weights):  # a LoRA run saves its adapter
+            weights = os.path.join(d, "adapter_model.safetensors")
+        with safe_open(weights, "pt") as f:
             shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
         values = {k: results[k] for k in opts.keys}
         if first is None:
@@ -190,6 +253,14 @@ def main():
     t.add_argument("--block_size", type=int, default=128)
     t.add_argument("--max_seq_length", type=int, default=128)
     t.add_argument("--rtol", type=float, default=1e-5)
+    q = sub.add_parser("kjv_sft_data")
+    q.add_argument("--kjv_text", required=True)
+    q.add_argument("--out", required=True)
+    e = sub.add_parser("peft")
+    e.add_argument("--output", required=True)
+    e.add_argument("--data", required=True)
+    e.add_argument("--results", required=True)
+    e.add_argument("--rtol", type=float, default=1e-5)
     b = sub.add_parser("set_label")
     b.add_argument("--data", required=True)
     b.add_argument("--out", required=True)
@@ -197,7 +268,8 @@ def main():
     b.add_argument("--example", type=int, required=True)
     b.add_argument("--value", type=int, required=True)
     opts = p.parse_args()
-    {"set_label": set_label, "kjv_data": kjv_data, "resumed": resumed, "same": same, "transformers": transformers_check}[opts.command](opts)
+    {"set_label": set_label, "kjv_data": kjv_data, "resumed": resumed, "same": same, "transformers": transformers_check,
+     "kjv_sft_data": kjv_sft_data, "peft": peft_check}[opts.command](opts)
 
 
 if __name__ == "__main__":

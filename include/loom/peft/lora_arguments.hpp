@@ -71,8 +71,11 @@ struct LoraArguments {
 
 /// Puts the adapter the flags ask for on `model` (apply_lora, or load_adapter for
 /// --lora_adapter); returns its config, or none when the flags ask for no adapter.
+/// `base_model_name_or_path`, when given, is recorded in the adapter's config (PEFT writes it
+/// to adapter_config.json: the folder the adapter goes onto).
 LOOM_INLINE std::optional<LoraConfig> prepare_lora(torch::nn::Module& model, const LoraArguments& args,
-                                                   std::string_view model_type);
+                                                   std::string_view model_type,
+                                                   std::optional<std::string> base_model_name_or_path = {});
 
 }  // namespace loom::peft
 

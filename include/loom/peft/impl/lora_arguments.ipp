@@ -94,12 +94,17 @@ LOOM_INLINE std::optional<LoraConfig> lora_config_from_args(const LoraArguments&
 }
 
 LOOM_INLINE std::optional<LoraConfig> prepare_lora(torch::nn::Module& model, const LoraArguments& args,
-                                                   std::string_view model_type) {
+                                                   std::string_view model_type,
+                                                   std::optional<std::string> base_model_name_or_path) {
   auto config = lora_config_from_args(args, model_type);
   if (!config) return std::nullopt;
-  if (args.lora_adapter) return load_adapter(model, *args.lora_adapter);
+  if (base_model_name_or_path) config->base_model_name_or_path = std::move(base_model_name_or_path);
+  if (args.lora_adapter) {
+    load_adapter(model, *args.lora_adapter);
+    return adapter_config(model);
+  }
   apply_lora(model, *config);
-  return config;
+  return adapter_config(model);
 }
 
 }  // namespace loom::peft

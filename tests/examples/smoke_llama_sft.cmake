@@ -1,0 +1,47 @@
+# The llama_sft example, one process, on the fixture's tiny KJV instruction folder (DATA): a
+# random 2-layer base with a LoRA adapter, bf16 and packing (its defaults), 6 steps with
+# evaluations and checkpoints at 3 and 6. Checkpoints and the output folder hold PEFT's
+# adapter files and never the base's weights; the random base is saved in base/. The same run
+# resumed from checkpoint-3 logs the same losses after step 3. PEFT opens the adapter onto the
+# base with the merged folder's logits, and gets, in fp32, the held-out completion loss that
+# loom reports from the base and the adapter (--lora_adapter, one unpacked example a batch).
+include("${CMAKE_CURRENT_LIST_DIR}/example_outputs.cmake")
+set(base "${OUT}")
+set(flags --data_dir "${DATA}" --max_steps 6 --warmup_steps 1 --logging_steps 1 --eval_steps 3 --save_steps 3
+          --hidden_size 32 --intermediate_size 64 --num_hidden_layers 2 --num_attention_heads 4
+          --num_key_value_heads 2 --packing 128 --lora_r 4 --lora_save_merged)
+
+set(OUT "${base}/straight")
+run_example(llama_sft ${flags})
+check_global_step("${OUT}" 6)
+check_files("${OUT}" adapter_config.json adapter_model.safetensors tokenizer.json all_results.json
+            checkpoint-3/adapter_model.safetensors checkpoint-3/optimizer.safetensors checkpoint-6/trainer_state.json
+            base/config.json base/model.safetensors merged/config.json merged/model.safetensors)
+foreach(f model.safetensors checkpoint-3/model.safetensors checkpoint-3/config.json)
+  if(EXISTS "${OUT}/${f}")
+    message(FATAL_ERROR "a LoRA run wrote ${OUT}/${f}: the frozen base belongs in base/ only")
+  endif()
+endforeach()
+file(READ "${OUT}/training_args.json" training_args)
+string(JSON bf16 GET "${training_args}" bf16)
+if(NOT bf16)
+  message(FATAL_ERROR "the default run did not train in bf16")
+endif()
+if(NOT out MATCHES "windows of 128 tokens" OR NOT out MATCHES "LoRA r=4")
+  message(FATAL_ERROR "the banner does not show packing and the adapter")
+endif()
+
+set(OUT "${base}/resumed")
+run_example(llama_sft ${flags} --resume_from_checkpoint "${base}/straight/checkpoint-3")
+hf_check(resumed --straight "${base}/straight" --resumed "${base}/resumed" --from_step 3)
+
+set(OUT "${base}/eval_fp32")
+run_example(llama_sft --data_dir "${DATA}" --model_name_or_path "${base}/straight/base" --lora_adapter "${base}/straight"
+            --do_eval --bf16 false --packing 0 --max_length 1024 --per_device_eval_batch_size 1)
+hf_check(peft --output "${base}/straight" --data "${DATA}" --results "${OUT}/eval_results.json")
+
+set(OUT "${base}")
+expect_loom_error("--packing must be 0 \\(padded rows\\) or a window size, got -1" --data_dir "${DATA}" --packing -1)
+expect_loom_error("--lora_config and --lora_adapter both give the LoRA config.*" --data_dir "${DATA}"
+                  --lora_config x.json --lora_adapter y)
+message("llama_sft smoke ok")
