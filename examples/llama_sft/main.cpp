@@ -74,10 +74,8 @@ template <class Sharding, class Precision>
 struct SFTTrainer : loom::Trainer<SFTTrainer<Sharding, Precision>, LlamaForCausalLM, Sharding, Precision> {
   using loom::Trainer<SFTTrainer<Sharding, Precision>, LlamaForCausalLM, Sharding, Precision>::Trainer;
 
-  int64_t num_items(const CausalLMBatch& batch) {
-    const auto targets = batch.labels.narrow(1, 1, batch.labels.size(1) - 1);
-    return targets.ne(loom::data::ignore_index).sum().template item<int64_t>();
-  }
+  /// The tokens the loss averages over (labels[:, 1:] != -100).
+  int64_t num_items(const CausalLMBatch& batch) { return hf_example::predicted_tokens(batch); }
 };
 
 int main(int argc, char** argv) {

@@ -122,6 +122,20 @@ void randomize(Net& net, int64_t seed) {
   for (auto& p : net.parameters()) p.copy_(torch::randn_like(p));
   net.running.copy_(torch::randn({3}));
 }
+TEST_CASE("a tensor whose memory a FullShard rank released is refused by name, not written as a disk error") {
+  const auto dir = loom_test::fresh_dir("checkpoint/released");
+  auto weight = torch::randn({4, 3});
+  auto view = weight.view({12});
+  // What the FullShard engine does to a gathered unit after its forward (engine_common.hpp).
+  auto* storage = weight.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, weight.device()));
+  storage->set_nbytes(0);
+  const auto error = error_of([&] { save_safetensors({{"w", view}}, dir / "w.safetensors"); });
+  CHECK(error.starts_with("loom: cannot save " + (dir / "w.safetensors").string() + ": tensor 'w' holds no data here"));
+  CHECK(error.find("save through Trainer::save_model or Accelerator::save_model") != std::string::npos);
+  CHECK_FALSE(fs::exists(dir / "w.safetensors.tmp"));
+}
+
 }  // namespace
 
 TEST_CASE("safetensors: the byte layout is the format's (length, padded JSON header, little-endian data)") {

@@ -177,14 +177,9 @@ def make_model_inputs(work, model, n_train):
         # A learnable pattern: each sequence counts up from a random start, modulo the vocabulary.
         start = torch.randint(0, GPT2["vocab_size"], (n, 1), generator=gen)
         ids = (start + torch.arange(SEQ)) % GPT2["vocab_size"]
-        # Position 0 is never a target (the loss shifts by one), but transformers.Trainer
-        # 5.23 counts it in num_items_in_batch for GPT2LMHeadModel (its loss_type is None, so
-        # Trainer._loss_shifts_labels is False) and so divides the summed loss by 16 labels a
-        # row instead of 15. Marking it -100 makes the count right, as for *ForCausalLM models.
-        labels = ids.clone()
-        if model == "gpt2":
-            labels[:, 0] = -100
-        cols = {"input_ids": ids, "labels": labels}
+        # Position 0 is never a target (the loss shifts by one); hf_model tells transformers
+        # so for GPT-2 (docs/semantics.md, "Loss normalization").
+        cols = {"input_ids": ids, "labels": ids.clone()}
     else:
         ids = torch.randint(1, BERT["vocab_size"], (n, SEQ), generator=gen)
         lengths = torch.randint(4, SEQ + 1, (n,), generator=gen)
@@ -211,7 +206,12 @@ def hf_model(model, inputs):
     init = os.path.join(inputs, "init")
     if model == "gpt2":
         from transformers import GPT2LMHeadModel
-        return GPT2LMHeadModel.from_pretrained(init)
+        m = GPT2LMHeadModel.from_pretrained(init)
+        # transformers 5.23 leaves GPT-2's loss_type unset, so its Trainer counts every label of
+        # a row in num_items_in_batch, position 0 included, although the loss sums the shifted
+        # targets. Told the loss type, it counts the predicted tokens, as loom does.
+        m.loss_type = "ForCausalLM"
+        return m
     if model == "llama":
         from transformers import LlamaForCausalLM
         return LlamaForCausalLM.from_pretrained(init)

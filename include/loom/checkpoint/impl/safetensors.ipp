@@ -11,6 +11,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <system_error>
 #include <array>
 #include <cstdint>
 #include <filesystem>
@@ -187,6 +189,13 @@ LOOM_INLINE void save_safetensors(const std::vector<std::pair<std::string, torch
     const auto* dtype = detail::dtype_by_type(t.scalar_type());
     check(dtype != nullptr, "cannot save {}: tensor '{}' has dtype {}, which loom's safetensors writer does not support",
           path.string(), name, std::string(c10::toString(t.scalar_type())));
+    // A tensor whose memory was released (a FullShard rank outside a gather keeps its shard
+    // only; the parameters are views of freed storage) has nothing to write.
+    const auto needed = (t.storage_offset() + (t.numel() > 0 ? 1 : 0)) * static_cast<int64_t>(t.element_size());
+    check(t.numel() == 0 || (t.storage().data() != nullptr && static_cast<int64_t>(t.storage().nbytes()) >= needed),
+          "cannot save {}: tensor '{}' holds no data here (its memory is released: under FullShard a rank keeps only "
+          "its shard outside a gather; save through Trainer::save_model or Accelerator::save_model, which every rank "
+          "calls and which gather the full weights)", path.string(), name);
     items.push_back({name, dtype, t.detach().to(torch::kCPU).contiguous()});
   }
   // The Python library's layout: larger elements first, then by name (keeps data aligned).
@@ -219,6 +228,7 @@ LOOM_INLINE void save_safetensors(const std::vector<std::pair<std::string, torch
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     check(static_cast<bool>(out), "cannot write {}", tmp.string());
+    errno = 0;  // what a failing write sets is reported below
     std::array<char, 8> len{};
     uint64_t n = text.size();
     for (auto& b : len) b = static_cast<char>(n & 0xff), n >>= 8;
@@ -229,7 +239,10 @@ LOOM_INLINE void save_safetensors(const std::vector<std::pair<std::string, torch
       if (bytes > 0) out.write(static_cast<const char*>(item.data.data_ptr()), bytes);
     }
     out.flush();
-    check(static_cast<bool>(out), "cannot write {} (disk full?)", tmp.string());
+    const int error = errno;
+    // The reason the system gave (ENOSPC: "No space left on device"), when it gave one.
+    check(static_cast<bool>(out), "cannot write {}{}", tmp.string(),
+          error != 0 ? ": " + std::error_code(error, std::generic_category()).message() : std::string());
   }
   detail::fsync_path(tmp, false);
   detail::fault_point("tensor_file_tmp");
