@@ -169,6 +169,10 @@ TEST_CASE("SftDataset's bad files and GPT-2 with position_ids: one loom: line ea
   CHECK(loom_test::error_of([&] { SftDataset d(files, {}); }) ==
         "loom: " + files.mask.string() + ": 3 bytes, expected one mask byte per id of " + files.ids.string() + " (10)");
   files = write_examples(dir, {4, 6}, {1, 2});
+  write_file(files.offsets, std::vector<uint64_t>{0, 4, 4, 10});
+  CHECK(loom_test::error_of([&] { SftDataset d(files, {}); }) ==
+        "loom: " + files.offsets.string() + ": example 1 is empty (offsets 1 and 2 are both 4); every example needs a token");
+  files = write_examples(dir, {4, 6}, {1, 2});
   CHECK(loom_test::error_of([&] { SftDataset d(files, options({}, {}, 50)); }).find("is not below the vocabulary size 50") != std::string::npos);
   torch::manual_seed(0);
   loom::models::GPT2Config c;

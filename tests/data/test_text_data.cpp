@@ -357,6 +357,10 @@ TEST_CASE("token datasets batch through fetch, AnyDataset, with_collator and per
   CHECK(ids_of(b.input_ids) == std::vector<int64_t>{8, 3, 3, 3, 9, 10, 11, 12, 3, 3, 3, 3});
   CHECK(ids_of(b.attention_mask) == std::vector<int64_t>{1, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0});
   CHECK(ids_of(b.labels) == std::vector<int64_t>{1, 2, 0});
+  const std::vector<int64_t> only_empty{3};
+  CHECK(error_of([&] { (void)loom::data::fetch(ds, only_empty); }) ==
+        "loom: DataCollatorWithPadding: every example of this batch of 1 is empty; a batch needs a token (empty "
+        "examples can only be padded beside others)");
 
   // with_collator replaces it (left padding); AnyDataset erases the type.
   const auto left = loom::data::with_collator(
@@ -450,6 +454,11 @@ TEST_CASE("bad token files and bad batches give loom: errors naming the file") {
   expect(seq({files.ids, dir / "bad.offsets", {}}), "bad.offsets: the first offset must be 0, got 1");
   loom_test::write_bytes(dir / "bad.offsets", loom_test::le_bytes<uint64_t>(std::vector<int64_t>{0, 2, 1}));
   expect(seq({files.ids, dir / "bad.offsets", {}}), "bad.offsets: offset 2 (1) is smaller than offset 1 (2)");
+  // Only empty examples: refused where they are read, not at the model's reshape.
+  loom_test::write_bytes(dir / "none.bin", "");
+  loom_test::write_bytes(dir / "none.offsets", loom_test::le_bytes<uint64_t>(std::vector<int64_t>{0, 0, 0}));
+  expect(seq({dir / "none.bin", dir / "none.offsets", {}}),
+         "none.offsets: all 2 examples are empty (every offset is 0); an example needs a token");
   loom_test::write_bytes(dir / "bad.offsets", loom_test::le_bytes<uint64_t>(std::vector<int64_t>{0, 2, 4}));
   expect(seq({files.ids, dir / "bad.offsets", {}}), "bad.offsets: the last offset is 4 but");
   loom_test::write_bytes(dir / "bad.offsets", std::string(12, '\0'));

@@ -207,8 +207,9 @@ T load_le(const std::byte* bytes, int64_t i) {
   return v;
 }
 /// The number of examples of a ragged file's offsets (n + 1 uint64 values from 0, never
-/// decreasing, ending at the number of ids in `ids`); a loom::Error names the file otherwise.
-LOOM_INLINE int64_t checked_offsets(const MappedFile& offsets, const TokenFile& ids);
+/// decreasing, and increasing unless `allow_empty`: no example is empty, ending at the number
+/// of ids in `ids`); a loom::Error names the file otherwise.
+LOOM_INLINE int64_t checked_offsets(const MappedFile& offsets, const TokenFile& ids, bool allow_empty);
 }  // namespace detail
 
 /// What meta.json (written by examples/text_data/prepare.py) says about a folder of token files.

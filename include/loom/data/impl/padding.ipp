@@ -38,6 +38,8 @@ LOOM_INLINE SequenceBatch DataCollatorWithPadding::operator()(std::span<const To
             "per-token labels", b, length, e.labels.size(0));
     }
   }
+  check(longest > 0, "DataCollatorWithPadding: every example of this batch of {} is empty; a batch needs a token "
+        "(empty examples can only be padded beside others)", examples.size());
   check(labelled == 0 || labelled == examples.size(), "DataCollatorWithPadding: labels are set in {} of {} "
         "examples; set them in every example or in none", labelled, examples.size());
   check(per_token == 0 || per_token == examples.size(), "DataCollatorWithPadding: {} of {} examples have one label "

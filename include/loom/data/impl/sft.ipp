@@ -18,7 +18,7 @@ LOOM_INLINE SftDataset::SftDataset(const SftFiles& files, const SftOptions& opti
         "SftDataset({}): pad_token_id {} is not a token of the vocabulary", files.ids.string(), pad_);
   ids_ = std::make_shared<const TokenFile>(files.ids, options.dtype);
   offsets_ = std::make_shared<const MappedFile>(files.offsets);
-  examples_ = detail::checked_offsets(*offsets_, *ids_);
+  examples_ = detail::checked_offsets(*offsets_, *ids_, /*allow_empty=*/false);
   mask_ = std::make_shared<const MappedFile>(files.mask);
   const auto mask = mask_->bytes();
   check(static_cast<int64_t>(mask.size()) == ids_->size(), "{}: {} bytes, expected one mask byte per id of {} ({})",

@@ -161,7 +161,7 @@ LOOM_INLINE CausalLMBatch TokenFileDataset::get_batch(std::span<const int64_t> i
 // ---- TokenSequenceDataset --------------------------------------------------------------
 
 namespace detail {
-LOOM_INLINE int64_t checked_offsets(const MappedFile& offsets, const TokenFile& ids) {
+LOOM_INLINE int64_t checked_offsets(const MappedFile& offsets, const TokenFile& ids, bool allow_empty) {
   const auto off = offsets.bytes();
   const auto name = offsets.path().string();
   check(off.size() % 8 == 0 && off.size() >= 8, "{}: {} bytes is not a list of uint64 offsets (8 bytes each, at "
@@ -172,6 +172,9 @@ LOOM_INLINE int64_t checked_offsets(const MappedFile& offsets, const TokenFile& 
   for (int64_t i = 1; i <= n; ++i) {
     const auto o = load_le<uint64_t>(off.data(), i);
     check(o >= previous, "{}: offset {} ({}) is smaller than offset {} ({})", name, i, o, i - 1, previous);
+    // An example without a token has nothing a model can read (a batch of them has no width).
+    check(allow_empty || o > previous, "{}: example {} is empty (offsets {} and {} are both {}); every example needs "
+          "a token", name, i - 1, i - 1, i, o);
     previous = o;
   }
   check(previous == static_cast<uint64_t>(ids.size()), "{}: the last offset is {} but {} holds {} ids", name, previous,
@@ -187,7 +190,10 @@ LOOM_INLINE TokenSequenceDataset::TokenSequenceDataset(const RaggedTokenFiles& f
         files.ids.string(), max_length_.value_or(0));
   ids_ = std::make_shared<const TokenFile>(files.ids, options.dtype);
   offsets_ = std::make_shared<const MappedFile>(files.offsets);
-  size_ = detail::checked_offsets(*offsets_, *ids_);
+  // Empty examples pad like any other; a file of nothing else has nothing to batch.
+  size_ = detail::checked_offsets(*offsets_, *ids_, /*allow_empty=*/true);
+  check(size_ == 0 || ids_->size() > 0, "{}: all {} examples are empty (every offset is 0); an example needs a token",
+        files.offsets.string(), size_);
   if (!files.labels.empty()) {
     labels_ = std::make_shared<const MappedFile>(files.labels);
     const std::size_t bytes = labels_->bytes().size();
