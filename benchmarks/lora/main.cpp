@@ -3,7 +3,8 @@
 // (the --use_peft / --lora_* flags, or --lora_adapter: a PEFT adapter folder to start from),
 // trained by loom's Trainer (NoShard, FP32) on the token rows of --data_file. What it
 // measures goes to --result_file (JSON):
-//   * step_end: seconds from on_train_begin to each on_step_end;
+//   * step_end, step_cpu_end: seconds from on_train_begin to each on_step_end, on the wall clock
+//     and in the process's CPU time (which machine load inflates less);
 //   * trainable / total parameters;
 //   * state bytes after the first optimizer step: parameters, gradients, optimizer state
 //     (trainer.model_state_bytes(): each tensor's nbytes);
@@ -27,6 +28,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <ctime>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -42,11 +44,19 @@ struct BenchArguments {
 
 using Clock = std::chrono::steady_clock;
 
+/// CPU time of this process, all threads (Python's time.process_time()).
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
 /// The step clock and the memory high-water marks, from on_train_begin to on_train_end.
 struct Probe {
   bench::CountingAllocator* counting = nullptr;
   Clock::time_point start;
-  std::vector<double> ends;  ///< one per optimizer step
+  double cpu_start = 0;
+  std::vector<double> ends, cpu_ends;  ///< one per optimizer step
   int64_t live_at_begin = 0, peak_tensor_bytes = 0, rss_at_begin = 0, peak_rss_delta = 0;
 
   void on_train_begin(const loom::TrainingArguments&, loom::TrainerState&, loom::TrainerControl&) {
@@ -55,9 +65,11 @@ struct Probe {
     counting->reset_peak();
     live_at_begin = counting->live();
     start = Clock::now();
+    cpu_start = cpu_seconds();
   }
   void on_step_end(const loom::TrainingArguments&, loom::TrainerState&, loom::TrainerControl&) {
     ends.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    cpu_ends.push_back(cpu_seconds() - cpu_start);
   }
   void on_train_end(const loom::TrainingArguments&, loom::TrainerState&, loom::TrainerControl&) {
     peak_tensor_bytes = counting->peak();
@@ -113,6 +125,7 @@ int main(int argc, char** argv) {
     out << nlohmann::json{{"side", "loom"},
                           {"lora", adapter.has_value()},
                           {"step_end", probe.ends},
+                          {"step_cpu_end", probe.cpu_ends},
                           {"train_loss", result.training_loss},
                           {"trainable_params", trainable},
                           {"total_params", total},
