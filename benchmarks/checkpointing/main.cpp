@@ -19,11 +19,11 @@
 #include <loom/loom.hpp>
 #include <loom/models/gpt2.hpp>
 
-#include <c10/core/CPUAllocator.h>
 #include <fmt/format.h>
 
+#include "../common/counting_allocator.hpp"
+
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -45,38 +45,6 @@ struct BenchArguments {
   int64_t threads = 1;      ///< torch intra-op threads
   std::string mode = "";    ///< (internal) run one mode, plain or recompute, in this process
   std::string result = "";  ///< (internal) where that run writes its figures
-};
-
-// The CPU allocator, wrapped to count the bytes alive and their peak.
-class CountingAllocator final : public c10::Allocator {
- public:
-  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
-  c10::DataPtr allocate(size_t n) override {
-    auto* ctx = new Context{base_->allocate(n), n, this};
-    const int64_t now = live_.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
-    int64_t peak = peak_.load();
-    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
-    }
-    return {ctx->inner.get(), ctx, &Context::release, c10::Device(c10::kCPU)};
-  }
-  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
-  void reset_peak() { peak_.store(live_.load()); }
-  [[nodiscard]] int64_t peak() const { return peak_.load(); }
-  [[nodiscard]] int64_t live() const { return live_.load(); }
-
- private:
-  struct Context {
-    c10::DataPtr inner;
-    size_t bytes;
-    CountingAllocator* owner;
-    static void release(void* p) {
-      auto* ctx = static_cast<Context*>(p);
-      ctx->owner->live_.fetch_sub(static_cast<int64_t>(ctx->bytes));
-      delete ctx;
-    }
-  };
-  c10::Allocator* base_;
-  std::atomic<int64_t> live_{0}, peak_{0};
 };
 
 // Times each optimizer step.
@@ -102,8 +70,7 @@ double median(std::vector<double> v) {
 
 // One mode in this process: writes "tensor_peak rss_peak step_ms loss" to b.result.
 void run_mode(const BenchArguments& b, loom::TrainingArguments args) {
-  static CountingAllocator counting(c10::GetCPUAllocator());
-  c10::SetCPUAllocator(&counting, /*priority=*/100);
+  auto& counting = bench::CountingAllocator::install();
   at::set_num_threads(static_cast<int>(b.threads));
   loom::models::GPT2Config c;
   c.vocab_size = b.vocab;

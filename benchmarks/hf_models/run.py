@@ -32,7 +32,9 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "hf"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks", "common"))
 import compare  # noqa: E402  (tests/hf/compare.py: Rows, merge)
+import rounds  # noqa: E402  (benchmarks/common/rounds.py: the round options, a run's step time)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -140,11 +142,10 @@ def run_side(side, opts, model, init, flags, round_dir):
         sys.exit(f"run.py: {side} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     with open(times) as f:
         result = json.load(f)
-    # Step k's time is end(k) - end(k - 1); the first --warmup steps are left out.
-    steps = np.diff(np.asarray(result["step_end"]))[opts.warmup - 1:]
-    median = float(np.median(steps))
+    median = rounds.median_step_s(result["step_end"], opts.warmup)
     return {"median_s": median, "tokens_per_s": result["tokens_per_step"] / median,
-            "train_loss": result["train_loss"], "threads": result["threads"], "steps": len(steps)}
+            "train_loss": result["train_loss"], "threads": result["threads"],
+            "steps": len(result["step_end"]) - opts.warmup}
 
 
 def main():
@@ -157,12 +158,8 @@ def main():
     p.add_argument("--data", required=True, help="prepare.py's folder (make kjv-data: data/kjv)")
     p.add_argument("--work", required=True, help="a scratch folder")
     p.add_argument("--models", nargs="+", default=["gpt2", "bert"], choices=["gpt2", "bert"])
-    p.add_argument("--rounds", type=int, default=5, help="loom/transformers pairs per model")
-    p.add_argument("--steps", type=int, default=20, help="timed steps per run")
-    p.add_argument("--warmup", type=int, default=3, help="steps per run left out before timing")
-    opts = p.parse_args()
-    if opts.rounds < 1 or opts.steps < 1 or opts.warmup < 1:
-        sys.exit("run.py: --rounds, --steps and --warmup must be at least 1")
+    rounds.add_round_options(p, "loom/transformers pairs per model", steps=20)
+    opts = rounds.parse_round_options(p)
     meta = read_meta(opts.data)
     flags = compare.merge(FLAGS, ["--max_steps", str(opts.warmup + opts.steps)])
     print(f"hf_models: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
