@@ -8,7 +8,13 @@
 
 #include "../support.hpp"
 
+#include <signal.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <chrono>
+#include <cstdlib>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -287,4 +293,49 @@ TEST_CASE("validate_checkpoint names what is wrong") {
   fs::remove(dir / "model.safetensors");
   touch(dir / "model.safetensors");
   CHECK_NOTHROW(ck::validate_checkpoint(dir));
+}
+
+TEST_CASE("one run per output folder: a second process's run stops at start-up, a dead holder's lock is taken over") {
+  const auto dir = loom_test::fresh_dir("checkpoint/locked");
+  const auto lock = dir / ".loom.lock";
+  {
+    // Two objects of this process share the lock; the last one removes the file.
+    ck::OutputDirLock first(dir);
+    CHECK(fs::exists(lock));
+    {
+      ck::OutputDirLock second(dir / "." / "");
+      CHECK(fs::exists(lock));
+    }
+    CHECK(fs::exists(lock));
+  }
+  CHECK_FALSE(fs::exists(lock));
+  // Another process holds it (as a run of another program would): refused, naming it.
+  const std::string holder =
+      "python3 -c \"import fcntl, os, sys, time; f = open(sys.argv[1], 'w'); fcntl.flock(f, fcntl.LOCK_EX); "
+      "f.write(str(os.getpid())); f.flush(); print('locked', flush=True); time.sleep(60)\" " + lock.string();
+  FILE* proc = ::popen((holder + " & echo $!").c_str(), "r");
+  REQUIRE(proc != nullptr);
+  char line[64] = {};
+  REQUIRE(std::fgets(line, sizeof(line), proc) != nullptr);  // the holder's pid
+  const long pid = std::atol(line);
+  REQUIRE(std::fgets(line, sizeof(line), proc) != nullptr);  // "locked"
+  CHECK(std::string(line) == "locked\n");
+  const auto error = error_of([&] { ck::OutputDirLock taken(dir); });
+  CHECK(error == "loom: output_dir " + dir.string() + " is in use by another run (process " + std::to_string(pid) +
+                     " holds .loom.lock); wait for it to end, or give another --output_dir");
+  // Killed, its lock goes with it: the file stays, and the next run takes it over.
+  ::kill(static_cast<pid_t>(pid), SIGKILL);
+  ::pclose(proc);
+  CHECK(fs::exists(lock));
+  bool taken = false;  // once the kernel has ended the holder (a few milliseconds)
+  for (int i = 0; i < 200 && !taken; ++i) {
+    try {
+      ck::OutputDirLock after(dir);
+      taken = true;
+    } catch (const loom::Error&) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+  }
+  CHECK(taken);
+  CHECK_FALSE(fs::exists(lock));
 }

@@ -290,6 +290,7 @@ class AcceleratorBase {
   std::function<double()> current_lr_;  // the prepared scheduler's current_lr
   std::optional<OptimizerStep> steps_;  // after engine_: its optimizer steps views of the engine's storage
   std::optional<Checkpointer> checkpointer_;
+  std::optional<checkpoint::OutputDirLock> output_lock_;  // rank 0: one run per output folder
   TrainerState state_;
   LoopState loop_;
   ShardingFacts sharding_;  // the sharding policy's facts

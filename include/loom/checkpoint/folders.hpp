@@ -118,6 +118,27 @@ LOOM_INLINE std::vector<std::filesystem::path> rotate_checkpoints(const std::fil
 /// Throws loom::Error unless `dir` is a folder holding model.safetensors and trainer_state.json.
 LOOM_INLINE void validate_checkpoint(const std::filesystem::path& dir);
 
+/// File name of the lock a run holds in its output folder (OutputDirLock).
+inline constexpr std::string_view kLockFile = ".loom.lock";
+
+/// One run per output folder: while it lives, this process holds an exclusive lock (flock) on
+/// output_dir/.loom.lock, which holds its pid, so a second process training into the same
+/// folder stops at start-up with a loom::Error naming the first, instead of both overwriting
+/// the folder's files. Objects of one process share the lock (a Trainer resumed beside
+/// another, hyperparameter trials). The kernel releases it when the process ends, however it
+/// ends; the last object removes the file, and the folder too when it created it and nothing
+/// was written there (a run stopped at start-up leaves nothing behind). Creates the folder.
+class OutputDirLock {
+ public:
+  LOOM_INLINE explicit OutputDirLock(const std::filesystem::path& output_dir);
+  LOOM_INLINE ~OutputDirLock();
+  OutputDirLock(const OutputDirLock&) = delete;
+  OutputDirLock& operator=(const OutputDirLock&) = delete;
+
+ private:
+  std::string key_;  // the folder, canonical
+};
+
 }  // namespace loom::checkpoint
 
 #if defined(LOOM_HEADER_ONLY)

@@ -115,9 +115,11 @@ class LlamaAttentionImpl : public torch::nn::Module {
   LOOM_INLINE explicit LlamaAttentionImpl(const LlamaConfig& config);
   /// `cos`, `sin`: [batch, seq, head_dim] (the model's rotary table for these positions);
   /// `mask`: undefined (causal attention), or bool [batch, 1, seq, seq], true where a query
-  /// may attend (packed documents: causal within each).
+  /// may attend (packed documents: causal within each); `cu_seqlens`: undefined, or (packed
+  /// documents on CUDA) int32 [documents + 1], where each document starts in the batch's
+  /// flattened tokens, for the variable-length flash kernel (half precision; else the mask).
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                                    const torch::Tensor& mask);
+                                    const torch::Tensor& mask, const torch::Tensor& cu_seqlens);
   peft::AdaptableLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
@@ -144,7 +146,7 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
   LOOM_INLINE explicit LlamaDecoderLayerImpl(const LlamaConfig& config);
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                                    const torch::Tensor& mask);
+                                    const torch::Tensor& mask, const torch::Tensor& cu_seqlens);
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
   LlamaRMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
@@ -157,8 +159,10 @@ class LlamaModelImpl : public torch::nn::Module {
   LOOM_INLINE explicit LlamaModelImpl(const LlamaConfig& config);
   /// Hidden states [batch, seq, hidden_size] of int64 token ids [batch, seq]; `position_ids`
   /// (int64 [batch, seq], optional) restart at 0 at each packed document, which then attends
-  /// to itself only.
-  LOOM_INLINE torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& position_ids = {});
+  /// to itself only: through a mask, or with `varlen` on CUDA through the variable-length
+  /// flash kernel (the fast kernels' choice; one host sync a forward to find the documents).
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& position_ids = {},
+                                    bool varlen = false);
   /// The rotary table (cos, sin) for positions 0 .. seq-1, [1, seq, head_dim] each, in float32.
   LOOM_INLINE std::pair<torch::Tensor, torch::Tensor> rotary(int64_t seq, const torch::Device& device);
   /// The same for int64 positions [batch, seq]: [batch, seq, head_dim] each.

@@ -17,6 +17,8 @@ LOOM_INLINE void AcceleratorBase::start(TrainingArguments& args, Startup up, con
   state_.is_world_process_zero = world_.is_main();
   state_.is_local_process_zero = world_.is_local_main();
   sharding_ = sharding;
+  // Before anything is written: a second run into the same folder stops here.
+  if (world_.is_main()) output_lock_.emplace(args.output_dir);
   if (args.full_determinism) enable_full_determinism(args.seed);
   else set_seed(args.seed);
   // ddp_find_unused_parameters unset is off, not HF's rule (on unless gradient checkpointing):

@@ -386,7 +386,10 @@ LOOM_INLINE std::optional<std::filesystem::path> detect_last_checkpoint(const Tr
   if (!args.do_train || args.overwrite_output_dir || !path_exists(out, PathKind::folder, "--output_dir")) return std::nullopt;
   auto last = checkpoint::latest_checkpoint(out);
   if (!last) {
-    check(std::filesystem::is_empty(out),
+    // The run lock of a run that ended without removing it (a killed process) is not content.
+    const bool empty = std::all_of(std::filesystem::directory_iterator(out), std::filesystem::directory_iterator(),
+                                   [](const auto& e) { return e.path().filename() == checkpoint::kLockFile; });
+    check(empty,
           "output directory {} already exists and is not empty; use --overwrite_output_dir to train in it from "
           "scratch", out.string());
     return std::nullopt;

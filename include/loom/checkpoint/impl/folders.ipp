@@ -6,6 +6,8 @@
 #include <loom/core/error.hpp>
 
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +19,8 @@
 #include <cstring>
 #include <filesystem>
 #include <iterator>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -277,6 +281,83 @@ LOOM_INLINE void validate_checkpoint(const std::filesystem::path& dir) {
   if (!path_exists(dir / kTrainerStateFile, PathKind::file))
     missing += (missing.empty() ? "" : ", ") + std::string(kTrainerStateFile);
   check(missing.empty(), "{} is not a complete checkpoint: missing {}", dir.string(), missing);
+}
+
+namespace detail {
+struct HeldLock {
+  int fd = -1;
+  int users = 0;
+  std::filesystem::path file;
+  bool created = false;  // the lock made the folder
+};
+inline std::mutex& lock_mutex() {
+  static std::mutex m;
+  return m;
+}
+inline std::map<std::string, HeldLock>& held_locks() {
+  static std::map<std::string, HeldLock> held;
+  return held;
+}
+}  // namespace detail
+
+LOOM_INLINE OutputDirLock::OutputDirLock(const std::filesystem::path& output_dir) {
+  std::error_code ec;
+  const bool created = std::filesystem::create_directories(output_dir, ec);
+  check(!ec, "cannot create the output folder {}: {}", output_dir.string(), ec.message());
+  key_ = std::filesystem::weakly_canonical(output_dir, ec).string();
+  if (ec) key_ = std::filesystem::absolute(output_dir).string();
+  const std::lock_guard<std::mutex> guard(detail::lock_mutex());
+  auto& held = detail::held_locks()[key_];
+  if (held.users++ > 0) return;
+  held.created = created;
+  held.file = std::filesystem::path(key_) / kLockFile;
+  // Open and lock; when the file was replaced meanwhile (the holder removed it as it ended),
+  // the lock is on a file no one else will open: try again.
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int fd = ::open(held.file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      const int error = errno;
+      detail::held_locks().erase(key_);
+      fail("cannot open {} (the output folder's run lock): {}", (std::filesystem::path(key_) / kLockFile).string(),
+           std::strerror(error));
+    }
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      char buffer[32] = {};
+      const auto n = ::pread(fd, buffer, sizeof(buffer) - 1, 0);
+      ::close(fd);
+      const std::string pid = n > 0 ? std::string(buffer, static_cast<std::size_t>(n)) : std::string("?");
+      detail::held_locks().erase(key_);
+      fail("output_dir {} is in use by another run (process {} holds {}); wait for it to end, or give another "
+           "--output_dir", output_dir.string(), pid, kLockFile);
+    }
+    struct stat opened {}, named {};
+    if (::fstat(fd, &opened) == 0 && ::stat(held.file.c_str(), &named) == 0 && opened.st_ino == named.st_ino &&
+        opened.st_dev == named.st_dev) {
+      const auto pid = std::to_string(::getpid());
+      if (::ftruncate(fd, 0) == 0 && ::pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+        // The pid is for the message of a second run only; the lock holds without it.
+      }
+      held.fd = fd;
+      return;
+    }
+    ::close(fd);
+  }
+  detail::held_locks().erase(key_);
+  fail("cannot lock {}: it keeps being replaced", (std::filesystem::path(key_) / kLockFile).string());
+}
+
+LOOM_INLINE OutputDirLock::~OutputDirLock() {
+  const std::lock_guard<std::mutex> guard(detail::lock_mutex());
+  auto it = detail::held_locks().find(key_);
+  if (it == detail::held_locks().end() || --it->second.users > 0) return;
+  // Removed while still locked, so a run that opens the name next gets a fresh file.
+  ::unlink(it->second.file.c_str());
+  ::close(it->second.fd);
+  if (it->second.created) {
+    std::error_code ec;
+    std::filesystem::remove(it->first, ec);  // only when empty: nothing was written
+  }
+  detail::held_locks().erase(it);
 }
 
 }  // namespace loom::checkpoint

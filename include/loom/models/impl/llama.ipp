@@ -185,8 +185,21 @@ inline torch::Tensor rotate_half(const torch::Tensor& x) {
 }
 }  // namespace detail
 
+namespace detail {
+// The half-precision dtype the flash kernel runs in for `q`: its own, or autocast's on CUDA;
+// none when neither is half precision.
+inline std::optional<torch::ScalarType> flash_dtype(const torch::Tensor& q) {
+  const auto half = [](torch::ScalarType t) { return t == torch::kHalf || t == torch::kBFloat16; };
+  if (half(q.scalar_type())) return q.scalar_type();
+  if (at::autocast::is_autocast_enabled(at::kCUDA) && half(at::autocast::get_autocast_dtype(at::kCUDA)))
+    return at::autocast::get_autocast_dtype(at::kCUDA);
+  return std::nullopt;
+}
+}  // namespace detail
+
 LOOM_INLINE torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
-                                                      const torch::Tensor& sin, const torch::Tensor& mask) {
+                                                      const torch::Tensor& sin, const torch::Tensor& mask,
+                                                      const torch::Tensor& cu_seqlens) {
   const int64_t batch = x.size(0), seq = x.size(1);
   check(!window_ || seq <= *window_,
         "a sequence of {} tokens is longer than the config's sliding_window ({}); loom's Llama architecture has no "
@@ -200,6 +213,19 @@ LOOM_INLINE torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, co
   const auto c = cos.unsqueeze(1), s = sin.unsqueeze(1);
   q = (q * c) + (detail::rotate_half(q) * s);
   k = (k * c) + (detail::rotate_half(k) * s);
+  // Packed documents on CUDA in half precision: the variable-length flash kernel over the
+  // flattened tokens ([tokens, heads, head_dim]), causal within each document; the window's
+  // length bounds every document's.
+  if (cu_seqlens.defined() && head_dim_ % 8 == 0 && head_dim_ <= 256)
+    if (const auto dtype = detail::flash_dtype(q)) {
+      const auto flat = [&](const torch::Tensor& t, int64_t n) {
+        return t.transpose(1, 2).reshape({batch * seq, n, head_dim_}).to(*dtype);
+      };
+      const auto out = std::get<0>(at::_flash_attention_forward(
+          flat(q, heads_), flat(k, kv_heads_), flat(v, kv_heads_), cu_seqlens, cu_seqlens, seq, seq,
+          is_training() ? dropout_ : 0.0, /*is_causal=*/true, /*return_debug_mask=*/false, scaling_));
+      return o_proj(out.reshape({batch, seq, -1}));
+    }
   // Causal, or the mask of packed documents (causal within each; SDPA's math or memory-efficient kernel).
   auto y = mask.defined() ? at::scaled_dot_product_attention(q, k, v, mask, is_training() ? dropout_ : 0.0,
                                                              /*is_causal=*/false, scaling_, kv_heads_ != heads_)
@@ -229,8 +255,9 @@ LOOM_INLINE LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) {
 }
 
 LOOM_INLINE torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
-                                                         const torch::Tensor& sin, const torch::Tensor& mask) {
-  auto h = x + self_attn(input_layernorm(x), cos, sin, mask);
+                                                         const torch::Tensor& sin, const torch::Tensor& mask,
+                                                         const torch::Tensor& cu_seqlens) {
+  auto h = x + self_attn(input_layernorm(x), cos, sin, mask, cu_seqlens);
   return h + mlp(post_attention_layernorm(h));
 }
 
@@ -287,22 +314,34 @@ inline torch::Tensor packed_attention_mask(const torch::Tensor& position_ids) {
   const auto causal = torch::ones({seq, seq}, position_ids.options().dtype(torch::kBool)).tril();
   return same.logical_and(causal).unsqueeze(1);
 }
+// The same documents for the variable-length kernel: where each starts in the flattened
+// tokens (a position 0, or a row's first token), then the number of tokens; int32.
+inline torch::Tensor packed_cu_seqlens(const torch::Tensor& position_ids) {
+  auto starts = position_ids.eq(0);
+  starts.select(1, 0).fill_(true);
+  const auto begin = starts.reshape({-1}).nonzero().reshape({-1});  // a host sync: the count
+  const auto total = torch::full({1}, position_ids.numel(), begin.options());
+  return torch::cat({begin, total}).to(torch::kInt);
+}
 }  // namespace detail
 
-LOOM_INLINE torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& position_ids) {
+LOOM_INLINE torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& position_ids,
+                                                  bool varlen) {
   check(input_ids.dim() == 2, "the Llama architecture takes input_ids of shape [batch, seq], got {}",
         c10::str(input_ids.sizes()));
-  torch::Tensor mask;
+  torch::Tensor mask, cu_seqlens;
   if (position_ids.defined()) {
     check(position_ids.sizes() == input_ids.sizes(), "position_ids of shape {} do not match input_ids of shape {}",
           c10::str(position_ids.sizes()), c10::str(input_ids.sizes()));
-    mask = detail::packed_attention_mask(position_ids.to(input_ids.device()));
+    const auto positions = position_ids.to(input_ids.device());
+    mask = detail::packed_attention_mask(positions);
+    if (varlen && input_ids.is_cuda()) cu_seqlens = detail::packed_cu_seqlens(positions);
   }
   auto x = embedding_noise(embed_tokens(input_ids), is_training());
   auto [cos, sin] = position_ids.defined() ? rotary(position_ids.to(x.device())) : rotary(input_ids.size(1), x.device());
   cos = cos.to(x.scalar_type());
   sin = sin.to(x.scalar_type());
-  for (auto& layer : units) x = layer->forward(x, cos, sin, mask);
+  for (auto& layer : units) x = layer->forward(x, cos, sin, mask, cu_seqlens);
   return norm(x);
 }
 
@@ -341,7 +380,7 @@ LOOM_INLINE torch::Tensor LlamaForCausalLMImpl::logits(const torch::Tensor& inpu
 }
 
 LOOM_INLINE CausalLMOutput LlamaForCausalLMImpl::forward(const data::CausalLMBatch& batch) {
-  const auto hidden = model(batch.input_ids, batch.position_ids);
+  const auto hidden = model(batch.input_ids, batch.position_ids, fast_kernels(kernels_, batch.input_ids));
   const torch::Tensor& weight = lm_head ? lm_head->weight : model->embed_tokens->weight;
   return causal_lm_output(hidden, weight, batch.labels, fast_kernels(kernels_, hidden));
 }
