@@ -130,7 +130,7 @@ llama-sft: build llama-sft-data
 FUZZ_BUILD := $(ROOT)/build-fuzz
 FUZZ_BIN := $(FUZZ_BUILD)/loom_fuzz
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= safetensors state_json parse_args scheduler_kwargs
+FUZZ_TARGETS ?= safetensors state_json parse_args scheduler_kwargs hf_config token_meta token_files
 FUZZ_ARGS ?= -timeout=30
 FUZZ_APT_PACKAGES := clang libclang-rt-dev
 FUZZ_CXX ?= clang++

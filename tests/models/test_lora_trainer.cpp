@@ -299,6 +299,13 @@ TEST_CASE("LoraArguments: TRL's flags and defaults, PEFT's default targets, one 
   loom::peft::LoraArguments from_file;
   from_file.lora_config = "/nonexistent/adapter_config.json";
   CHECK(error(from_file) == "loom: /nonexistent/adapter_config.json does not exist (--lora_config)");
+  // adapter_config.json's r must be an integer in range (the fuzzer's find: 3e94 converted to int64).
+  for (const char* r : {"4.5", "333333333333333333333333333333333"}) {
+    CAPTURE(r);
+    const auto j = nlohmann::json::parse(std::string(R"({"r": )") + r + R"(, "target_modules": ["q_proj"]})");
+    CHECK(loom_test::error_of([&] { (void)loom::peft::lora_config_from_json(j, "adapter_config.json"); })
+              .starts_with("loom: adapter_config.json: field 'r' must be an integer, got "));
+  }
   // A module to save that is not there, and a target that is also to be saved.
   auto plain = LlamaForCausalLM::from_pretrained(base_folder());
   auto config = lora_config();

@@ -18,6 +18,7 @@
 #include <regex>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -230,10 +231,12 @@ LOOM_INLINE int apply_lora(torch::nn::Module& model, const LoraConfig& config) {
                                     detail::all_linear) != config.target_modules.end();
   std::vector<std::pair<std::string, AdaptableLinearImpl*>> chosen;
   std::vector<std::string> passed_over;
-  for (const auto& [name, layer] : layers) {
+  for (const auto& entry : layers) {
+    const auto& [name, layer] = entry;
     if (!detail::targeted(config, name)) continue;
+    const std::string& layer_name = entry.first;  // lambdas below capture it (clang 14 cannot capture a structured binding)
     const auto saved = std::find_if(recorded->modules_to_save.begin(), recorded->modules_to_save.end(),
-                                    [&](const std::string& m) { return detail::inside_module(name, m); });
+                                    [&](const std::string& m) { return detail::inside_module(layer_name, m); });
     if (saved == recorded->modules_to_save.end()) {
       chosen.emplace_back(name, layer);
       continue;
@@ -337,8 +340,15 @@ LOOM_INLINE LoraConfig lora_config_from_json(const nlohmann::json& j, std::strin
   LoraConfig c;
   const auto number = [&](const char* key, auto& field) {
     if (!j.contains(key) || j[key].is_null()) return;
-    check(j[key].is_number(), "{}: field '{}' must be a number", where, key);
-    field = j[key].get<std::decay_t<decltype(field)>>();
+    const auto& v = j[key];
+    if constexpr (std::is_integral_v<std::decay_t<decltype(field)>>) {
+      // A float (4.5, 3e94) or an integer beyond int64 is no count: converting it is undefined.
+      check(v.is_number_integer() && (!v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t{1} << 62),
+            "{}: field '{}' must be an integer, got {}", where, key, v.dump());
+    } else {
+      check(v.is_number(), "{}: field '{}' must be a number, got {}", where, key, v.dump());
+    }
+    field = v.get<std::decay_t<decltype(field)>>();
   };
   number("r", c.r);
   number("lora_alpha", c.lora_alpha);
