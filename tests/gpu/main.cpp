@@ -259,6 +259,47 @@ TEST_CASE("every sharding policy in a world of one over NCCL trains as without s
   }
 }
 
+// One forward and backward of `model` on `batch` with `kernels`, under CUDA autocast to `dtype`
+// (none for float32): the logits (float32), the loss and every parameter's gradient.
+template <class Model>
+std::tuple<torch::Tensor, double, std::vector<torch::Tensor>> run_kernels(Model& model, const loom::data::CausalLMBatch& batch,
+                                                                          loom::models::Kernels kernels,
+                                                                          torch::ScalarType dtype) {
+  model->set_kernels(kernels);
+  model->zero_grad();
+  loom::models::CausalLMOutput out;
+  {
+    std::optional<loom::precision::Autocast> autocast;
+    if (dtype != torch::kFloat) autocast.emplace(torch::Device(torch::kCUDA), dtype);
+    out = model->forward(batch);
+  }
+  out.loss.backward();
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : model->parameters()) grads.push_back(p.grad().clone());
+  return {out.logits.detach().to(torch::kFloat), out.loss.template item<double>(), grads};
+}
+
+// The fast kernels' logits and loss within `tol` of the reference's (relative), every
+// gradient finite and within `grad_tol` of the reference's (relative to its largest value).
+template <class Model>
+void check_kernels_agree(Model& model, const loom::data::CausalLMBatch& batch, torch::ScalarType dtype, double tol,
+                         double grad_tol, const char* what) {
+  const auto [ref_logits, ref_loss, ref_grads] = run_kernels(model, batch, loom::models::Kernels::reference, dtype);
+  const auto [fast_logits, fast_loss, fast_grads] = run_kernels(model, batch, loom::models::Kernels::automatic, dtype);
+  REQUIRE(fast_logits.sizes() == ref_logits.sizes());
+  const double logits_diff = max_difference({fast_logits}, {ref_logits}) / ref_logits.abs().max().template item<double>();
+  MESSAGE(what << ": relative logits difference " << logits_diff << ", losses " << fast_loss << " vs " << ref_loss);
+  CHECK(logits_diff < tol);
+  CHECK(std::isfinite(fast_loss));
+  CHECK(std::abs(fast_loss - ref_loss) < tol * std::abs(ref_loss));
+  for (std::size_t i = 0; i < ref_grads.size(); ++i) {
+    CAPTURE(i);
+    CHECK(torch::isfinite(fast_grads[i]).all().template item<bool>());
+    const double scale = ref_grads[i].abs().max().template item<double>();
+    if (scale > 0) CHECK(max_difference({fast_grads[i]}, {ref_grads[i]}) / scale < grad_tol);
+  }
+}
+
 TEST_CASE("GPT-2 on CUDA: the fast kernels agree with the reference ones in float32, bf16 and fp16") {
   // Kernels::automatic is fast on CUDA: the LM head over a vocabulary padded to 64 with -inf
   // columns, gelu_new as the fused kernel, and (fp16) the log-softmax reading half directly.
@@ -273,37 +314,10 @@ TEST_CASE("GPT-2 on CUDA: the fast kernels agree with the reference ones in floa
   const loom::data::CausalLMBatch batch{ids, ids};
   for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
     CAPTURE(dtype);
-    const auto run = [&](loom::models::Kernels kernels) {
-      model->set_kernels(kernels);
-      model->zero_grad();
-      loom::models::CausalLMOutput out;
-      {
-        std::optional<loom::precision::Autocast> autocast;
-        if (dtype != torch::kFloat) autocast.emplace(torch::Device(torch::kCUDA), dtype);
-        out = model->forward(batch);
-      }
-      out.loss.backward();
-      std::vector<torch::Tensor> grads;
-      for (const auto& p : model->parameters()) grads.push_back(p.grad().clone());
-      return std::tuple{out.logits.detach().to(torch::kFloat), out.loss.item<double>(), grads};
-    };
-    const auto [ref_logits, ref_loss, ref_grads] = run(loom::models::Kernels::reference);
-    const auto [fast_logits, fast_loss, fast_grads] = run(loom::models::Kernels::automatic);
-    REQUIRE(fast_logits.sizes() == ref_logits.sizes());
-    CHECK(fast_logits.size(-1) == 1000);
     const double tol = dtype == torch::kFloat ? 1e-4 : 3e-2;
-    const double logits_diff = max_difference({fast_logits}, {ref_logits}) / ref_logits.abs().max().item<double>();
-    MESSAGE("relative logits difference " << logits_diff << ", losses " << fast_loss << " vs " << ref_loss);
-    CHECK(logits_diff < tol);
-    CHECK(std::isfinite(fast_loss));
-    CHECK(std::abs(fast_loss - ref_loss) < tol * std::abs(ref_loss));
-    for (std::size_t i = 0; i < ref_grads.size(); ++i) {
-      CAPTURE(i);
-      CHECK(torch::isfinite(fast_grads[i]).all().item<bool>());
-      const double scale = ref_grads[i].abs().max().item<double>();
-      if (scale > 0) CHECK(max_difference({fast_grads[i]}, {ref_grads[i]}) / scale < 10 * tol);
-    }
+    check_kernels_agree(model, batch, dtype, tol, 10 * tol, "GPT-2");
   }
+  CHECK(model->logits(ids).size(-1) == 1000);  // the padded vocabulary is not seen
 }
 
 TEST_CASE("Llama on CUDA: packed documents through the variable-length flash kernel equal the masked SDPA path") {
@@ -326,31 +340,7 @@ TEST_CASE("Llama on CUDA: packed documents through the variable-length flash ker
   const loom::data::CausalLMBatch batch{ids, labels, positions};
   for (const auto dtype : {torch::kBFloat16, torch::kHalf}) {
     CAPTURE(dtype);
-    const auto run = [&](loom::models::Kernels kernels) {
-      model->set_kernels(kernels);
-      model->zero_grad();
-      loom::models::CausalLMOutput out;
-      {
-        loom::precision::Autocast autocast(torch::Device(torch::kCUDA), dtype);
-        out = model->forward(batch);
-      }
-      out.loss.backward();
-      std::vector<torch::Tensor> grads;
-      for (const auto& p : model->parameters()) grads.push_back(p.grad().clone());
-      return std::tuple{out.logits.detach().to(torch::kFloat), out.loss.item<double>(), grads};
-    };
-    const auto [ref_logits, ref_loss, ref_grads] = run(loom::models::Kernels::reference);
-    const auto [fast_logits, fast_loss, fast_grads] = run(loom::models::Kernels::automatic);
-    const double logits_diff = max_difference({fast_logits}, {ref_logits}) / ref_logits.abs().max().item<double>();
-    MESSAGE("packed Llama: relative logits difference " << logits_diff << ", losses " << fast_loss << " vs " << ref_loss);
-    CHECK(logits_diff < 3e-2);
-    CHECK(std::abs(fast_loss - ref_loss) < 3e-2 * std::abs(ref_loss));
-    for (std::size_t i = 0; i < ref_grads.size(); ++i) {
-      CAPTURE(i);
-      CHECK(torch::isfinite(fast_grads[i]).all().item<bool>());
-      const double scale = ref_grads[i].abs().max().item<double>();
-      if (scale > 0) CHECK(max_difference({fast_grads[i]}, {ref_grads[i]}) / scale < 0.3);
-    }
+    check_kernels_agree(model, batch, dtype, 3e-2, 0.3, "packed Llama");
   }
 }
 
