@@ -306,6 +306,10 @@ TEST_CASE("LoraArguments: TRL's flags and defaults, PEFT's default targets, one 
     CHECK(loom_test::error_of([&] { (void)loom::peft::lora_config_from_json(j, "adapter_config.json"); })
               .starts_with("loom: adapter_config.json: field 'r' must be an integer, got "));
   }
+  // A string field of another type (the fuzzer's second find: a nlohmann type_error escaped).
+  const auto numeric = nlohmann::json::parse(R"({"peft_type": 3, "r": 4, "target_modules": ["q_proj"]})");
+  CHECK(loom_test::error_of([&] { (void)loom::peft::lora_config_from_json(numeric, "adapter_config.json"); }) ==
+        "loom: adapter_config.json: field 'peft_type' must be a string, got 3");
   // A module to save that is not there, and a target that is also to be saved.
   auto plain = LlamaForCausalLM::from_pretrained(base_folder());
   auto config = lora_config();

@@ -335,7 +335,14 @@ LOOM_INLINE void save_adapter(const torch::nn::Module& model, const std::filesys
 
 LOOM_INLINE LoraConfig lora_config_from_json(const nlohmann::json& j, std::string_view where) {
   check(j.is_object(), "{}: an adapter config must be a JSON object", where);
-  const auto peft_type = j.value("peft_type", std::string("LORA"));
+  // A string field: absent or null keeps the default; another type is an error naming it.
+  const auto text = [&](const char* key, auto& field) {
+    if (!j.contains(key) || j[key].is_null()) return;
+    check(j[key].is_string(), "{}: field '{}' must be a string, got {}", where, key, j[key].dump());
+    field = j[key].get<std::string>();
+  };
+  std::string peft_type = "LORA";
+  text("peft_type", peft_type);
   check(peft_type == "LORA", "{}: peft_type is \"{}\"; loom reads LoRA adapters", where, peft_type);
   LoraConfig c;
   const auto number = [&](const char* key, auto& field) {
@@ -353,12 +360,17 @@ LOOM_INLINE LoraConfig lora_config_from_json(const nlohmann::json& j, std::strin
   number("r", c.r);
   number("lora_alpha", c.lora_alpha);
   number("lora_dropout", c.lora_dropout);
-  if (j.contains("bias") && j["bias"].is_string()) c.bias = j["bias"].get<std::string>();
-  if (j.contains("use_rslora") && j["use_rslora"].is_boolean()) c.use_rslora = j["use_rslora"].get<bool>();
+  text("bias", c.bias);
+  if (j.contains("use_rslora") && !j["use_rslora"].is_null()) {
+    check(j["use_rslora"].is_boolean(), "{}: field 'use_rslora' must be true or false, got {}", where,
+          j["use_rslora"].dump());
+    c.use_rslora = j["use_rslora"].get<bool>();
+  }
   // fan_in_fan_out follows the layer here (HF's Conv1D stores [in, out]), as PEFT sets it.
-  if (j.contains("task_type") && j["task_type"].is_string()) c.task_type = j["task_type"].get<std::string>();
-  if (j.contains("base_model_name_or_path") && j["base_model_name_or_path"].is_string())
-    c.base_model_name_or_path = j["base_model_name_or_path"].get<std::string>();
+  text("task_type", c.task_type);
+  std::string base;
+  text("base_model_name_or_path", base);
+  if (!base.empty()) c.base_model_name_or_path = base;
   const auto& save = j.contains("modules_to_save") ? j["modules_to_save"] : nlohmann::json();
   check(save.is_null() || save.is_array(), "{}: field 'modules_to_save' must be a list of module names or null", where);
   if (save.is_array())
