@@ -115,7 +115,8 @@ LOOM_INLINE std::vector<std::filesystem::path> rotate_checkpoints(const std::fil
                                                                   int64_t save_total_limit,
                                                                   std::optional<std::filesystem::path> best_checkpoint);
 
-/// Throws loom::Error unless `dir` is a folder holding model.safetensors and trainer_state.json.
+/// Throws loom::Error unless `dir` is a folder holding trainer_state.json and model.safetensors
+/// (or adapter_model.safetensors: a checkpoint of a model training a LoRA adapter).
 LOOM_INLINE void validate_checkpoint(const std::filesystem::path& dir);
 
 /// File name of the lock a run holds in its output folder (OutputDirLock).

@@ -46,7 +46,7 @@ LOOM_INLINE void Checkpointer::write_model_files(const std::filesystem::path& di
   // adapter_config.json (as PEFT's save_pretrained writes it).
   const auto& chosen = config.is_null() ? config_ : config;
   if (!chosen.is_null() && (adapter_too || !peft::adapter_config(*model_)))
-    json::write_file(nlohmann::ordered_json::parse(chosen.dump()), dir / "config.json");
+    detail::write_json_file(dir / "config.json", chosen, 2);
   for (const auto& file : files_) {
     const auto to = dir / file.filename();
     std::error_code ec;

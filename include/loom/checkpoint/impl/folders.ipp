@@ -310,16 +310,16 @@ LOOM_INLINE OutputDirLock::OutputDirLock(const std::filesystem::path& output_dir
   auto& held = detail::held_locks()[key_];
   if (held.users++ > 0) return;
   held.created = created;
-  held.file = std::filesystem::path(key_) / kLockFile;
+  const auto file = std::filesystem::path(key_) / kLockFile;  // `held` goes when a failure erases it
+  held.file = file;
   // Open and lock; when the file was replaced meanwhile (the holder removed it as it ended),
   // the lock is on a file no one else will open: try again.
   for (int attempt = 0; attempt < 100; ++attempt) {
-    const int fd = ::open(held.file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {
       const int error = errno;
       detail::held_locks().erase(key_);
-      fail("cannot open {} (the output folder's run lock): {}", (std::filesystem::path(key_) / kLockFile).string(),
-           std::strerror(error));
+      fail("cannot open {} (the output folder's run lock): {}", file.string(), std::strerror(error));
     }
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       char buffer[32] = {};
@@ -331,7 +331,7 @@ LOOM_INLINE OutputDirLock::OutputDirLock(const std::filesystem::path& output_dir
            "--output_dir", output_dir.string(), pid, kLockFile);
     }
     struct stat opened {}, named {};
-    if (::fstat(fd, &opened) == 0 && ::stat(held.file.c_str(), &named) == 0 && opened.st_ino == named.st_ino &&
+    if (::fstat(fd, &opened) == 0 && ::stat(file.c_str(), &named) == 0 && opened.st_ino == named.st_ino &&
         opened.st_dev == named.st_dev) {
       const auto pid = std::to_string(::getpid());
       if (::ftruncate(fd, 0) == 0 && ::pwrite(fd, pid.data(), pid.size(), 0) < 0) {
@@ -343,7 +343,7 @@ LOOM_INLINE OutputDirLock::OutputDirLock(const std::filesystem::path& output_dir
     ::close(fd);
   }
   detail::held_locks().erase(key_);
-  fail("cannot lock {}: it keeps being replaced", (std::filesystem::path(key_) / kLockFile).string());
+  fail("cannot lock {}: it keeps being replaced", file.string());
 }
 
 LOOM_INLINE OutputDirLock::~OutputDirLock() {

@@ -231,12 +231,11 @@ LOOM_INLINE int apply_lora(torch::nn::Module& model, const LoraConfig& config) {
                                     detail::all_linear) != config.target_modules.end();
   std::vector<std::pair<std::string, AdaptableLinearImpl*>> chosen;
   std::vector<std::string> passed_over;
-  for (const auto& entry : layers) {
-    const auto& [name, layer] = entry;
+  for (const auto& [name, layer] : layers) {
     if (!detail::targeted(config, name)) continue;
-    const std::string& layer_name = entry.first;  // lambdas below capture it (clang 14 cannot capture a structured binding)
+    // An init-capture: clang 14 (the fuzz build's) cannot capture a structured binding directly.
     const auto saved = std::find_if(recorded->modules_to_save.begin(), recorded->modules_to_save.end(),
-                                    [&](const std::string& m) { return detail::inside_module(layer_name, m); });
+                                    [&layer_name = name](const std::string& m) { return detail::inside_module(layer_name, m); });
     if (saved == recorded->modules_to_save.end()) {
       chosen.emplace_back(name, layer);
       continue;
