@@ -3,6 +3,7 @@
 
 #include <loom/checkpoint/safetensors.hpp>
 #include <loom/config/json.hpp>
+#include <loom/config/json_io.hpp>
 #include <loom/config/paths.hpp>
 #include <loom/core/error.hpp>
 #include <loom/peft/lora.hpp>
