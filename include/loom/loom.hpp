@@ -20,6 +20,7 @@
 #include <loom/data/dataloader.hpp>
 #include <loom/data/dataset.hpp>
 #include <loom/data/idx.hpp>
+#include <loom/data/mlm.hpp>
 #include <loom/data/padding.hpp>
 #include <loom/data/sampler.hpp>
 #include <loom/data/text.hpp>

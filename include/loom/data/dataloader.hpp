@@ -67,7 +67,8 @@ class DataLoader {
   /// The order of the current epoch (call set_epoch first).
   [[nodiscard]] const torch::Tensor& order() const { return order_; }
 
-  /// Batch `i` of the current epoch.
+  /// Batch `i` of the current epoch (the dataset sees its place: this epoch, index
+  /// i * world + rank).
   [[nodiscard]] Batch batch(int64_t i) const {
     check(order_.defined(), "DataLoader::batch called before set_epoch");
     check(i >= 0 && i < size(), "batch index {} out of range [0, {})", i, size());
@@ -76,13 +77,13 @@ class DataLoader {
       const int64_t begin = i * batch_size_;
       const int64_t end = std::min(begin + batch_size_, n);
       std::span<const int64_t> idx(order_.data_ptr<int64_t>() + begin, static_cast<std::size_t>(end - begin));
-      return dataset_.get_batch(idx);
+      return dataset_.get_batch(idx, {epoch_, i});
     }
     const int64_t begin = (i * shard_.world + shard_.rank) * batch_size_;
     std::vector<int64_t> idx(static_cast<std::size_t>(batch_size_));
     const int64_t* order = order_.data_ptr<int64_t>();
     for (int64_t k = 0; k < batch_size_; ++k) idx[static_cast<std::size_t>(k)] = order[(begin + k) % n];
-    return dataset_.get_batch(std::span<const int64_t>(idx));
+    return dataset_.get_batch(std::span<const int64_t>(idx), {epoch_, i * shard_.world + shard_.rank});
   }
 
  private:

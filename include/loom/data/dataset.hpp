@@ -7,6 +7,11 @@
 // `collate(const std::vector<Example>&)` when it has one (e.g. padding variable-length
 // sequences, data/padding.hpp), else stacked field by field by loom::data::collate();
 // with_collator() gives any example dataset a collator of the caller's choice.
+//
+// A batch dataset may instead take `get_batch(indices, BatchPlace)`: the epoch and the batch's
+// place in it, which the DataLoader passes. A dataset that draws randomness per batch (the
+// masked-LM masking of data/mlm.hpp) keys it on the place, so a batch is the same whichever
+// thread reads it and whenever (a resumed run reads what the uninterrupted one read).
 
 #include <loom/core/error.hpp>
 #include <loom/data/collate.hpp>
@@ -21,9 +26,24 @@
 
 namespace loom::data {
 
-/// A dataset that gathers whole batches from a list of indices.
+/// Where a batch sits in a run: its epoch and its index in the epoch's whole order (the
+/// index over every rank's batches: batch i of rank r of W is i * W + r). Evaluation reads
+/// its batches in epoch 0.
+struct BatchPlace {
+  int64_t epoch = 0;  ///< the epoch the DataLoader reads
+  int64_t index = 0;  ///< the batch's index in that epoch's order, over all ranks
+};
+
+/// A batch dataset whose get_batch also takes the batch's place (per-batch randomness).
 template <class D>
-concept BatchDataset = requires(const D& d, std::span<const int64_t> idx) {
+concept PlacedBatchDataset = requires(const D& d, std::span<const int64_t> idx, BatchPlace place) {
+  { d.size() } -> std::convertible_to<int64_t>;
+  { d.get_batch(idx, place) } -> TensorAggregate;
+};
+
+/// A dataset that gathers whole batches from a list of indices (and maybe their place).
+template <class D>
+concept BatchDataset = PlacedBatchDataset<D> || requires(const D& d, std::span<const int64_t> idx) {
   { d.size() } -> std::convertible_to<int64_t>;
   { d.get_batch(idx) } -> TensorAggregate;
 };
@@ -69,17 +89,24 @@ template <BatchDataset D>
 struct batch_of<D> {
   using type = std::decay_t<decltype(std::declval<const D&>().get_batch(std::span<const int64_t>{}))>;
 };
+template <PlacedBatchDataset D>
+struct batch_of<D> {
+  using type = std::decay_t<decltype(std::declval<const D&>().get_batch(std::span<const int64_t>{}, BatchPlace{}))>;
+};
 }  // namespace detail
 
 /// The batch aggregate a dataset produces: get_batch's result, else collate's, else the example type.
 template <Dataset D>
 using batch_t = typename detail::batch_of<D>::type;
 
-/// The batch of rows `indices` of `dataset`: get_batch(indices) when the dataset has it, else
-/// its examples get(i) batched by its collate() or, without one, stacked by collate().
+/// The batch of rows `indices` of `dataset`, at `place`: get_batch(indices, place) or
+/// get_batch(indices) when the dataset has one, else its examples get(i) batched by its
+/// collate() or, without one, stacked by collate().
 template <Dataset D>
-batch_t<D> fetch(const D& dataset, std::span<const int64_t> indices) {
-  if constexpr (BatchDataset<D>) {
+batch_t<D> fetch(const D& dataset, std::span<const int64_t> indices, BatchPlace place = {}) {
+  if constexpr (PlacedBatchDataset<D>) {
+    return dataset.get_batch(indices, place);
+  } else if constexpr (BatchDataset<D>) {
     return dataset.get_batch(indices);
   } else {
     std::vector<example_t<D>> examples;
@@ -131,21 +158,23 @@ class AnyDataset {
   explicit AnyDataset(D dataset)
       : impl_(std::make_shared<const D>(std::move(dataset))),
         size_(static_cast<int64_t>(static_cast<const D&>(*static_cast<const D*>(impl_.get())).size())),
-        fetch_([](const void* self, std::span<const int64_t> idx) {
-          return fetch(*static_cast<const D*>(self), idx);
+        fetch_([](const void* self, std::span<const int64_t> idx, BatchPlace place) {
+          return fetch(*static_cast<const D*>(self), idx, place);
         }) {}
 
   /// True when a dataset is held.
   [[nodiscard]] explicit operator bool() const { return impl_ != nullptr; }
   /// Number of examples.
   [[nodiscard]] int64_t size() const { return size_; }
-  /// The batch of rows `indices`.
-  [[nodiscard]] Batch get_batch(std::span<const int64_t> indices) const { return fetch_(impl_.get(), indices); }
+  /// The batch of rows `indices`, read at `place`.
+  [[nodiscard]] Batch get_batch(std::span<const int64_t> indices, BatchPlace place = {}) const {
+    return fetch_(impl_.get(), indices, place);
+  }
 
  private:
   std::shared_ptr<const void> impl_;
   int64_t size_ = 0;
-  Batch (*fetch_)(const void*, std::span<const int64_t>) = nullptr;
+  Batch (*fetch_)(const void*, std::span<const int64_t>, BatchPlace) = nullptr;
 };
 
 /// An in-memory dataset: a batch aggregate of whole tensors whose rows are the examples.

@@ -222,6 +222,7 @@ struct TokenFileMeta {
   std::optional<int64_t> pad_token_id;        ///< "pad_token_id"
   std::optional<int64_t> cls_token_id;        ///< "cls_token_id"
   std::optional<int64_t> sep_token_id;        ///< "sep_token_id"
+  std::optional<int64_t> mask_token_id;       ///< "mask_token_id" (masked-LM data, data/mlm.hpp)
   std::map<std::string, std::filesystem::path> lm;          ///< "lm": split -> flat token file
   std::map<std::string, RaggedTokenFiles> classification;  ///< "classification": split -> ragged files
   std::map<std::string, SftFiles> sft;                      ///< "sft": split -> instruction files with loss masks

@@ -1,6 +1,7 @@
 #pragma once
-// BERT with a sequence-classification head (transformers' BertForSequenceClassification) as
-// a loom module: HF's architecture, parameter names and config.json.
+// BERT with a sequence-classification head (transformers' BertForSequenceClassification) or
+// the masked-LM head (BertForMaskedLM) as loom modules: HF's architecture, parameter names and
+// config.json.
 //
 //   auto model = loom::models::BertForSequenceClassification::from_pretrained("bert-folder");
 //   auto model = loom::models::BertForSequenceClassification(loom::models::BertConfig{.num_labels = 3});
@@ -39,6 +40,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -88,6 +90,8 @@ LOOM_INLINE void validate(const BertConfig& config, std::string_view where);
 /// The shapes `config` gives the embeddings, the last layer and the classifier, which
 /// from_pretrained compares with the weight files' headers before it builds the model.
 LOOM_INLINE std::vector<ConfigShape> config_shapes(const BertConfig& config);
+/// The same without the classifier (the body every BERT head shares).
+LOOM_INLINE std::vector<ConfigShape> body_shapes(const BertConfig& config);
 
 /// What BertForSequenceClassification's forward(batch) returns.
 struct SequenceClassifierOutput {
@@ -175,17 +179,20 @@ class BertEncoderImpl : public torch::nn::Module {
 };
 TORCH_MODULE(BertEncoder);
 
-/// The BERT body (HF's BertModel with its pooler).
+/// The BERT body (HF's BertModel, with its pooler unless add_pooling_layer is false).
 class BertModelImpl : public torch::nn::Module {
  public:
-  LOOM_INLINE explicit BertModelImpl(const BertConfig& config);
+  LOOM_INLINE explicit BertModelImpl(const BertConfig& config, bool add_pooling_layer = true);
   /// The pooled output tanh(pooler.dense(h[:, 0])) [batch, hidden_size]; attention_mask and
-  /// token_type_ids may be undefined (no padding, segment 0).
+  /// token_type_ids may be undefined (no padding, segment 0). Needs the pooler.
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                                     const torch::Tensor& token_type_ids);
+  /// The last layer's hidden states [batch, seq, hidden_size] (HF's sequence_output).
+  LOOM_INLINE torch::Tensor sequence_output(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                            const torch::Tensor& token_type_ids);
   BertEmbeddings embeddings{nullptr};
   BertEncoder encoder{nullptr};
-  torch::nn::Sequential pooler{nullptr};  ///< "dense" then tanh
+  torch::nn::Sequential pooler{nullptr};  ///< "dense" then tanh (none without the pooling layer)
 };
 TORCH_MODULE(BertModel);
 
@@ -232,6 +239,95 @@ class BertForSequenceClassification : public torch::nn::ModuleHolder<BertForSequ
   /// Reads an HF folder: config.json, then the weights, checked strictly.
   LOOM_INLINE static BertForSequenceClassification from_pretrained(const std::filesystem::path& dir,
                                                                    torch::ScalarType dtype = torch::kFloat);
+};
+
+
+/// What BertForMaskedLM's forward(batch) returns.
+struct MaskedLMOutput {
+  torch::Tensor loss;    ///< cross-entropy over the labelled tokens (-100 ignored); undefined without labels
+  torch::Tensor logits;  ///< [batch, seq, vocab_size]
+};
+
+/// dense, activation, LayerNorm (HF's BertPredictionHeadTransform).
+class BertPredictionHeadTransformImpl : public torch::nn::Module {
+ public:
+  LOOM_INLINE explicit BertPredictionHeadTransformImpl(const BertConfig& config);
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
+  peft::AdaptableLinear dense{nullptr};
+  torch::nn::LayerNorm LayerNorm{nullptr};  // NOLINT: HF's name
+
+ private:
+  ActivationFn activation_;  // hidden_act, resolved once
+};
+TORCH_MODULE(BertPredictionHeadTransform);
+
+/// HF's BertLMPredictionHead: the transform, then the decoder. Tied (tie_word_embeddings,
+/// HF's default): its weight is the word embeddings' and its bias is "bias" (files may hold
+/// both again as decoder.weight and decoder.bias). Untied: "decoder.weight" and
+/// "decoder.bias" are its own, and "bias" is kept but unused, as transformers 5 has it.
+class BertLMPredictionHeadImpl : public torch::nn::Module {
+ public:
+  LOOM_INLINE explicit BertLMPredictionHeadImpl(const BertConfig& config);
+  /// Scores [.., vocab_size] of hidden states [.., hidden_size], with `tied` the decoder
+  /// weight when the head has none of its own.
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& tied);
+  BertPredictionHeadTransform transform{nullptr};
+  torch::Tensor bias;                          ///< [vocab_size]
+  std::shared_ptr<torch::nn::Module> decoder;  ///< "weight" [vocab_size, hidden_size], "bias" when untied, else null
+  torch::Tensor decoder_weight, decoder_bias;  ///< those (undefined when tied)
+};
+TORCH_MODULE(BertLMPredictionHead);
+
+/// HF's BertOnlyMLMHead: "predictions".
+class BertOnlyMLMHeadImpl : public torch::nn::Module {
+ public:
+  LOOM_INLINE explicit BertOnlyMLMHeadImpl(const BertConfig& config);
+  BertLMPredictionHead predictions{nullptr};
+};
+TORCH_MODULE(BertOnlyMLMHead);
+
+/// BERT with the masked-language-model head (transformers' BertForMaskedLM): the body without
+/// its pooler ("bert"), and "cls.predictions". Its files may hold the tied copies
+/// cls.predictions.decoder.{weight,bias} (tied config); the pooler and next-sentence head of a
+/// BertForPreTraining file (bert.pooler.dense.*, cls.seq_relationship.*) are skipped, as HF
+/// skips them. Batches: SequenceBatch with labels [batch, seq] (data/mlm.hpp masks them).
+class BertForMaskedLMImpl : public PreTrainedModel<BertForMaskedLMImpl, BertConfig, data::SequenceBatch> {
+ public:
+  static constexpr std::string_view architecture = "BertForMaskedLM";  ///< config.json's architectures
+
+  /// A model with HF's random initialization (as BertForSequenceClassification's; the
+  /// prediction bias 0), drawn from torch's default generator.
+  LOOM_INLINE explicit BertForMaskedLMImpl(BertConfig config = {});
+
+  /// Loss (when batch.labels is defined) and logits: the Trainer's default compute_loss.
+  LOOM_INLINE MaskedLMOutput forward(const data::SequenceBatch& batch);
+  /// Logits [batch, seq, vocab_size]; attention_mask and token_type_ids may be undefined.
+  LOOM_INLINE torch::Tensor logits(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {},
+                                   const torch::Tensor& token_type_ids = {});
+  /// HF's masked-LM loss: cross-entropy of logits [batch, seq, vocab] against int64 labels
+  /// [batch, seq] with -100 ignored, the mean over the labelled tokens.
+  LOOM_INLINE torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& labels) const;
+  /// The tied copies and the BertForPreTraining heads a file may hold (see above).
+  LOOM_INLINE HfNameRules name_rules() const;
+  /// The body's shapes and the prediction bias, compared with a folder's weights.
+  LOOM_INLINE static std::vector<ConfigShape> config_shapes(const BertConfig& config);
+  /// HF's label rule (complete_labels), applied before every validation.
+  static void complete_config(BertConfig& config) { complete_labels(config); }
+
+  /// NEFTune's noise on the word embeddings (the Trainer sets it from --neftune_noise_alpha).
+  NEFTune& neftune() { return bert->embeddings->embedding_noise; }
+
+  BertModel bert{nullptr};
+  BertOnlyMLMHead cls{nullptr};
+};
+
+/// Module holder of BertForMaskedLMImpl, with HF's from_pretrained.
+class BertForMaskedLM : public torch::nn::ModuleHolder<BertForMaskedLMImpl> {
+ public:
+  using torch::nn::ModuleHolder<BertForMaskedLMImpl>::ModuleHolder;
+  /// Reads an HF folder: config.json, then the weights, checked strictly.
+  LOOM_INLINE static BertForMaskedLM from_pretrained(const std::filesystem::path& dir,
+                                                     torch::ScalarType dtype = torch::kFloat);
 };
 
 }  // namespace loom::models

@@ -30,6 +30,7 @@
 #include <filesystem>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace loom::models {
 
@@ -127,7 +128,12 @@ Model load_pretrained(const std::filesystem::path& dir, torch::ScalarType dtype 
   auto config = read_hf_config<typename Impl::Config>(dir);
   Impl::complete_config(config);
   validate(config, (dir / config_file).string());
-  check_config_shapes(dir, config_shapes(config), (dir / config_file).string());  // before anything is allocated
+  // The shapes the config gives (the model's own config_shapes when its head differs from
+  // the family's), compared before anything is allocated.
+  std::vector<ConfigShape> shapes;
+  if constexpr (requires { Impl::config_shapes(config); }) shapes = Impl::config_shapes(config);
+  else shapes = config_shapes(config);
+  check_config_shapes(dir, shapes, (dir / config_file).string());
   Model model(std::move(config));
   // The parameters in the dtype asked for; the files' tensors (float32, bf16, fp16) are
   // converted to it as they are copied in.

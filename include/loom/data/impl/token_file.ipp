@@ -320,6 +320,7 @@ LOOM_INLINE TokenFileMeta read_token_meta(const std::filesystem::path& meta_json
   meta.pad_token_id = token_id("pad_token_id");
   meta.cls_token_id = token_id("cls_token_id");
   meta.sep_token_id = token_id("sep_token_id");
+  meta.mask_token_id = token_id("mask_token_id");
   if (f.has("lm")) {
     const auto& lm = f.object("lm");
     for (auto it = lm.begin(); it != lm.end(); ++it)

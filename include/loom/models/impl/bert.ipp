@@ -65,6 +65,13 @@ LOOM_INLINE void validate(const BertConfig& c, std::string_view where) {
 }
 
 LOOM_INLINE std::vector<ConfigShape> config_shapes(const BertConfig& c) {
+  auto shapes = body_shapes(c);
+  shapes.push_back({"classifier.weight", {c.num_labels, c.hidden_size},
+                    "num_labels " + std::to_string(c.num_labels) + ", hidden_size " + std::to_string(c.hidden_size)});
+  return shapes;
+}
+
+LOOM_INLINE std::vector<ConfigShape> body_shapes(const BertConfig& c) {
   const auto h = ", hidden_size " + std::to_string(c.hidden_size);
   const auto last = std::to_string(c.num_hidden_layers - 1);
   return {{"bert.embeddings.word_embeddings.weight", {c.vocab_size, c.hidden_size},
@@ -75,13 +82,33 @@ LOOM_INLINE std::vector<ConfigShape> config_shapes(const BertConfig& c) {
            "type_vocab_size " + std::to_string(c.type_vocab_size) + h},
           {"bert.encoder.layer." + last + ".intermediate.dense.weight", {c.intermediate_size, c.hidden_size},
            "num_hidden_layers " + std::to_string(c.num_hidden_layers) + ", intermediate_size " +
-               std::to_string(c.intermediate_size) + h},
-          {"classifier.weight", {c.num_labels, c.hidden_size}, "num_labels " + std::to_string(c.num_labels) + h}};
+               std::to_string(c.intermediate_size) + h}};
 }
 
 namespace detail {
 LOOM_INLINE torch::nn::LayerNorm bert_layer_norm(const BertConfig& c) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps));
+}
+
+// PreTrainedModel._init_weights over every module of `model`, in module order: Linear weights
+// (peft::AdaptableLinear) and Embeddings normal(0, std) with the padding row 0, biases 0,
+// LayerNorms 1 and 0. The linear layers draw nothing when built, so the Embeddings'
+// constructors and these are the only draws.
+LOOM_INLINE void init_bert_weights(torch::nn::Module& model, double std) {
+  torch::NoGradGuard no_grad;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    auto* m = item.value().get();
+    if (auto* linear = dynamic_cast<peft::AdaptableLinearImpl*>(m)) {
+      linear->weight.normal_(0.0, std);
+      if (linear->bias.defined()) linear->bias.zero_();
+    } else if (auto* embedding = dynamic_cast<torch::nn::EmbeddingImpl*>(m)) {
+      embedding->weight.normal_(0.0, std);
+      if (const auto pad = embedding->options.padding_idx()) embedding->weight[*pad].zero_();
+    } else if (auto* norm = dynamic_cast<torch::nn::LayerNormImpl*>(m)) {
+      norm->weight.fill_(1.0);
+      norm->bias.zero_();
+    }
+  }
 }
 }  // namespace detail
 
@@ -192,16 +219,24 @@ LOOM_INLINE torch::Tensor BertEncoderImpl::forward(torch::Tensor x, const torch:
 
 // ---- the body and the classifier ------------------------------------------------------------
 
-LOOM_INLINE BertModelImpl::BertModelImpl(const BertConfig& c) {
+LOOM_INLINE BertModelImpl::BertModelImpl(const BertConfig& c, bool add_pooling_layer) {
   embeddings = register_module("embeddings", BertEmbeddings(c));
   encoder = register_module("encoder", BertEncoder(c));
-  pooler = register_module(
-      "pooler", torch::nn::Sequential({{"dense", peft::AdaptableLinear(c.hidden_size, c.hidden_size, /*bias=*/true)},
-                                       {"activation", torch::nn::Tanh()}}));
+  if (add_pooling_layer)
+    pooler = register_module(
+        "pooler", torch::nn::Sequential({{"dense", peft::AdaptableLinear(c.hidden_size, c.hidden_size, /*bias=*/true)},
+                                         {"activation", torch::nn::Tanh()}}));
 }
 
 LOOM_INLINE torch::Tensor BertModelImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                                                  const torch::Tensor& token_type_ids) {
+  check(!pooler.is_empty(), "this BertModel has no pooler (add_pooling_layer false); call sequence_output");
+  return pooler->forward(sequence_output(input_ids, attention_mask, token_type_ids).select(1, 0));
+}
+
+LOOM_INLINE torch::Tensor BertModelImpl::sequence_output(const torch::Tensor& input_ids,
+                                                         const torch::Tensor& attention_mask,
+                                                         const torch::Tensor& token_type_ids) {
   check(input_ids.dim() == 2, "BERT takes input_ids of shape [batch, seq], got {}", c10::str(input_ids.sizes()));
   const int64_t batch = input_ids.size(0), seq = input_ids.size(1);
   torch::Tensor mask;
@@ -213,8 +248,7 @@ LOOM_INLINE torch::Tensor BertModelImpl::forward(const torch::Tensor& input_ids,
     const auto keep = attention_mask.to(torch::kBool);
     if (!keep.all().item<bool>()) mask = keep.view({batch, 1, 1, seq}).expand({batch, 1, seq, seq});
   }
-  const auto hidden = encoder(embeddings(input_ids, token_type_ids), mask);
-  return pooler->forward(hidden.select(1, 0));
+  return encoder(embeddings(input_ids, token_type_ids), mask);
 }
 
 LOOM_INLINE BertForSequenceClassificationImpl::BertForSequenceClassificationImpl(BertConfig config)
@@ -227,24 +261,7 @@ LOOM_INLINE BertForSequenceClassificationImpl::BertForSequenceClassificationImpl
 }
 
 LOOM_INLINE void BertForSequenceClassificationImpl::init_weights() {
-  // PreTrainedModel._init_weights over every module, in module order. The linear layers
-  // (peft::AdaptableLinear) draw nothing when built, so the Embeddings' constructors and
-  // these are the only draws.
-  torch::NoGradGuard no_grad;
-  const double std = config_.initializer_range;
-  for (const auto& item : named_modules("", /*include_self=*/false)) {
-    auto* m = item.value().get();
-    if (auto* linear = dynamic_cast<peft::AdaptableLinearImpl*>(m)) {
-      linear->weight.normal_(0.0, std);
-      if (linear->bias.defined()) linear->bias.zero_();
-    } else if (auto* embedding = dynamic_cast<torch::nn::EmbeddingImpl*>(m)) {
-      embedding->weight.normal_(0.0, std);
-      if (const auto pad = embedding->options.padding_idx()) embedding->weight[*pad].zero_();
-    } else if (auto* norm = dynamic_cast<torch::nn::LayerNormImpl*>(m)) {
-      norm->weight.fill_(1.0);
-      norm->bias.zero_();
-    }
-  }
+  detail::init_bert_weights(*this, config_.initializer_range);
 }
 
 LOOM_INLINE torch::Tensor BertForSequenceClassificationImpl::logits(const torch::Tensor& input_ids,
@@ -306,6 +323,90 @@ LOOM_INLINE HfNameRules BertForSequenceClassificationImpl::name_rules() const {
 LOOM_INLINE BertForSequenceClassification BertForSequenceClassification::from_pretrained(
     const std::filesystem::path& dir, torch::ScalarType dtype) {
   return load_pretrained<BertForSequenceClassification>(dir, dtype);
+}
+
+// ---- the masked-LM head -----------------------------------------------------------------------
+
+LOOM_INLINE BertPredictionHeadTransformImpl::BertPredictionHeadTransformImpl(const BertConfig& c)
+    : activation_(activation_fn(c.hidden_act)) {
+  dense = register_module("dense", peft::AdaptableLinear(c.hidden_size, c.hidden_size, /*bias=*/true));
+  LayerNorm = register_module("LayerNorm", detail::bert_layer_norm(c));
+}
+
+LOOM_INLINE torch::Tensor BertPredictionHeadTransformImpl::forward(const torch::Tensor& x) {
+  return LayerNorm(activation_(dense(x)));
+}
+
+LOOM_INLINE BertLMPredictionHeadImpl::BertLMPredictionHeadImpl(const BertConfig& c) {
+  transform = register_module("transform", BertPredictionHeadTransform(c));
+  if (!c.tie_word_embeddings) {
+    decoder = register_module("decoder", std::make_shared<torch::nn::Module>());
+    decoder_weight = decoder->register_parameter("weight", torch::empty({c.vocab_size, c.hidden_size}));
+    decoder_bias = decoder->register_parameter("bias", torch::zeros({c.vocab_size}));
+  }
+  bias = register_parameter("bias", torch::zeros({c.vocab_size}));
+}
+
+LOOM_INLINE torch::Tensor BertLMPredictionHeadImpl::forward(const torch::Tensor& x, const torch::Tensor& tied) {
+  if (decoder_weight.defined()) return torch::nn::functional::linear(transform(x), decoder_weight, decoder_bias);
+  return torch::nn::functional::linear(transform(x), tied, bias);
+}
+
+LOOM_INLINE BertOnlyMLMHeadImpl::BertOnlyMLMHeadImpl(const BertConfig& c) {
+  predictions = register_module("predictions", BertLMPredictionHead(c));
+}
+
+LOOM_INLINE BertForMaskedLMImpl::BertForMaskedLMImpl(BertConfig config) : PreTrainedModel(std::move(config), "BertConfig") {
+  bert = register_module("bert", BertModel(config_, /*add_pooling_layer=*/false));
+  cls = register_module("cls", BertOnlyMLMHead(config_));
+  detail::init_bert_weights(*this, config_.initializer_range);
+  torch::NoGradGuard no_grad;
+  if (cls->predictions->decoder_weight.defined()) cls->predictions->decoder_weight.normal_(0.0, config_.initializer_range);
+  cls->predictions->bias.zero_();
+}
+
+LOOM_INLINE torch::Tensor BertForMaskedLMImpl::logits(const torch::Tensor& input_ids,
+                                                      const torch::Tensor& attention_mask,
+                                                      const torch::Tensor& token_type_ids) {
+  return cls->predictions(bert->sequence_output(input_ids, attention_mask, token_type_ids),
+                          bert->embeddings->word_embeddings->weight);
+}
+
+LOOM_INLINE torch::Tensor BertForMaskedLMImpl::loss(const torch::Tensor& logits, const torch::Tensor& labels) const {
+  const bool integer = labels.scalar_type() == torch::kLong || labels.scalar_type() == torch::kInt;
+  check(integer && labels.dim() == 2 && labels.size(0) == logits.size(0) && labels.size(1) == logits.size(1),
+        "BertForMaskedLM takes integer token labels [batch, seq] (-100: not predicted) matching input_ids {}; got {} "
+        "labels of shape {} (masked-LM data comes from loom::data::MaskedLMDataset)",
+        c10::str(logits.sizes().slice(0, 2)), c10::toString(labels.scalar_type()), c10::str(labels.sizes()));
+  const int64_t vocab = config_.vocab_size;
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}), labels.reshape({-1}).to(torch::kLong));
+}
+
+LOOM_INLINE MaskedLMOutput BertForMaskedLMImpl::forward(const data::SequenceBatch& batch) {
+  MaskedLMOutput out;
+  out.logits = logits(batch.input_ids, batch.attention_mask);
+  if (batch.labels.defined()) out.loss = loss(out.logits, batch.labels);
+  return out;
+}
+
+LOOM_INLINE HfNameRules BertForMaskedLMImpl::name_rules() const {
+  HfNameRules rules{.base_prefix = "bert", .derived = {},
+                    .ignored_suffixes = {"pooler.dense.weight", "pooler.dense.bias", "cls.seq_relationship.weight",
+                                         "cls.seq_relationship.bias"}};
+  if (config_.tie_word_embeddings)
+    rules.derived = {{"cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"},
+                     {"cls.predictions.decoder.bias", "cls.predictions.bias"}};
+  return rules;
+}
+
+LOOM_INLINE std::vector<ConfigShape> BertForMaskedLMImpl::config_shapes(const BertConfig& c) {
+  auto shapes = body_shapes(c);
+  shapes.push_back({"cls.predictions.bias", {c.vocab_size}, "vocab_size " + std::to_string(c.vocab_size)});
+  return shapes;
+}
+
+LOOM_INLINE BertForMaskedLM BertForMaskedLM::from_pretrained(const std::filesystem::path& dir, torch::ScalarType dtype) {
+  return load_pretrained<BertForMaskedLM>(dir, dtype);
 }
 
 }  // namespace loom::models

@@ -1,0 +1,201 @@
+// BERT pretrained (or pretraining continued) with the masked-language-model objective
+// (loom::models::BertForMaskedLM, Hugging Face's architecture and file format) on the verses
+// of the King James Bible: HF's run_mlm.py, in C++. Each batch is masked as transformers'
+// DataCollatorForLanguageModeling masks it (15 % of the tokens selected, of those 80 %
+// [MASK], 10 % a random token, 10 % unchanged; [CLS], [SEP], [MASK], padding and end of text
+// never), by loom::data::MaskedLMDataset, which keys each batch's mask on its place in the run:
+// a resumed run masks what the uninterrupted one masked. Evaluated on the held-out verses
+// (masked the same way every evaluation) with the loss, perplexity = exp(eval_loss) and the
+// accuracy of the predicted masked tokens, as run_mlm.py reports them.
+//
+// The data (make kjv-data writes data/kjv; the classification files hold [CLS] verse [SEP]):
+//   build/examples/bert_mlm                                   # random init, the defaults below
+//   build/examples/bert_mlm --model_name_or_path my-bert-mlm  # continue from an HF folder
+//                                                             # (BertForMaskedLM or BertForPreTraining)
+//   build/examples/bert_mlm --mlm_probability 0.3 --max_steps 200 --bf16
+//   .venv/bin/torchrun --nproc_per_node=2 --no-python build/examples/bert_mlm --sharding zero2
+//   build/examples/bert_mlm --help                            # every flag
+//
+// The output folder is an HF BertForMaskedLM folder (config.json, model.safetensors, the
+// tokenizer): transformers' pipeline("fill-mask") opens it.
+
+#include <loom/loom.hpp>
+#include <loom/data/mlm.hpp>
+#include <loom/data/token_file.hpp>
+#include <loom/models/bert.hpp>
+
+#include "../common/hf_example.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+/// Flags of this example, beside every TrainingArguments flag.
+struct ExampleArguments {
+  std::string data_dir = "data/kjv";   ///< folder with kjv.py's meta.json and classify_* files
+  int64_t max_seq_length = 128;        ///< ids per example after truncation ([CLS] and [SEP] included)
+  double mlm_probability = 0.15;       ///< share of the tokens selected for prediction (HF's)
+  double mask_replace_prob = 0.8;      ///< share of the selected tokens replaced by [MASK]
+  double random_replace_prob = 0.1;    ///< share of the selected tokens replaced by a random token
+  int64_t num_hidden_layers = 2;       ///< random init: encoder layers
+  int64_t hidden_size = 128;           ///< random init: width
+  int64_t num_attention_heads = 4;     ///< random init: heads per layer
+  int64_t intermediate_size = 512;     ///< random init: feed-forward width
+  double dropout = 0.1;                ///< random init: hidden_dropout_prob and attention_probs_dropout_prob
+
+  static constexpr loom::FieldHelp field_help[] = {
+      {"data_dir", "folder with kjv.py's meta.json and classify_{train,val} files"},
+      {"max_seq_length", "ids per example after truncation ([CLS] and [SEP] included)"},
+      {"mlm_probability", "share of the tokens selected for prediction"},
+      {"mask_replace_prob", "share of the selected tokens replaced by [MASK]"},
+      {"random_replace_prob", "share of the selected tokens replaced by a random token"},
+      {"num_hidden_layers", "encoder layers (random init, without --model_name_or_path)"},
+      {"hidden_size", "width (random init)"},
+      {"num_attention_heads", "attention heads per layer (random init)"},
+      {"intermediate_size", "feed-forward width (random init)"},
+      {"dropout", "hidden_dropout_prob and attention_probs_dropout_prob (random init)"},
+  };
+  static constexpr std::string_view help_heading = "example";
+};
+
+using loom::models::BertForMaskedLM;
+
+/// The trainer: the masked tokens' accuracy in evaluation. Evaluation keeps each batch's
+/// predicted ids, not its [batch, seq, vocab] logits (HF's preprocess_logits_for_metrics in
+/// run_mlm.py does the same).
+template <class Sharding, class Precision>
+struct MlmTrainer : loom::Trainer<MlmTrainer<Sharding, Precision>, BertForMaskedLM, Sharding, Precision> {
+  using Base = loom::Trainer<MlmTrainer<Sharding, Precision>, BertForMaskedLM, Sharding, Precision>;
+  using Base::Base;
+
+  /// The base prediction step, keeping the argmax of the logits.
+  loom::PredictionOutput prediction_step(BertForMaskedLM& model, loom::data::SequenceBatch& batch) {
+    auto out = Base::prediction_step(model, batch);
+    if (out.logits.defined()) out.logits = out.logits.argmax(-1);
+    return out;
+  }
+
+  /// The share of masked tokens predicted right (labels -100 are not counted).
+  loom::Metrics compute_metrics(const loom::EvalPrediction& p) {
+    const auto counted = p.label_ids.ne(-100);
+    const auto right = p.predictions.eq(p.label_ids).logical_and(counted).sum().template item<int64_t>();
+    const auto all = counted.sum().template item<int64_t>();
+    return {{"accuracy", all > 0 ? static_cast<double>(right) / static_cast<double>(all) : 0.0}};
+  }
+};
+
+int main(int argc, char** argv) {
+  return loom::run_main([&] {
+    // This example's defaults; any flag on the command line overrides them.
+    loom::TrainingArguments defaults;
+    defaults.output_dir = "output/bert_mlm";
+    defaults.learning_rate = 5e-4;
+    defaults.weight_decay = 0.01;
+    defaults.lr_scheduler_type = "linear";
+    defaults.warmup_steps = 100;
+    defaults.per_device_train_batch_size = 32;
+    defaults.per_device_eval_batch_size = 64;
+    defaults.num_train_epochs = 1;
+    defaults.logging_steps = 100;
+    defaults.eval_strategy = "epoch";
+    defaults.save_strategy = "no";
+    auto [example, args] = loom::parse_args(argc, argv, ExampleArguments{}, defaults);
+    loom::check(example.max_seq_length >= 3, "--max_seq_length must be at least 3 ([CLS], a token, [SEP]), got {}",
+                example.max_seq_length);
+    loom::check(example.num_hidden_layers > 0, "--num_hidden_layers must be positive, got {}",
+                example.num_hidden_layers);
+    loom::check(example.num_attention_heads > 0, "--num_attention_heads must be positive, got {}",
+                example.num_attention_heads);
+    loom::check(example.hidden_size > 0 && example.hidden_size % example.num_attention_heads == 0,
+                "--hidden_size must be a positive multiple of --num_attention_heads {}, got {}",
+                example.num_attention_heads, example.hidden_size);
+    loom::check(example.intermediate_size > 0, "--intermediate_size must be positive, got {}",
+                example.intermediate_size);
+    loom::check(example.dropout >= 0 && example.dropout < 1, "--dropout must lie in [0, 1), got {}", example.dropout);
+    hf_example::apply_script_rules(args, "bert_mlm");
+    const bool main_process = hf_example::is_main_process();
+
+    const auto meta = hf_example::read_token_folder(example.data_dir);
+    loom::check(meta.mask_token_id.has_value(),
+                "{}/meta.json names no mask_token_id; masked-LM data needs a tokenizer with a [MASK] token "
+                "(examples/text_data/prepare.py writes its id)", example.data_dir);
+    loom::models::BertConfig config;
+    if (args.model_name_or_path) {
+      config = loom::models::read_hf_config<loom::models::BertConfig>(*args.model_name_or_path);
+      loom::check(config.vocab_size >= meta.vocab_size,
+                  "--model_name_or_path {} has vocab_size {}, but the token files of {} use {} ids",
+                  *args.model_name_or_path, config.vocab_size, example.data_dir, meta.vocab_size);
+      loom::check(example.max_seq_length <= config.max_position_embeddings,
+                  "--max_seq_length {} exceeds --model_name_or_path {}'s max_position_embeddings {}",
+                  example.max_seq_length, *args.model_name_or_path, config.max_position_embeddings);
+    } else {
+      config.vocab_size = meta.vocab_size;
+      config.hidden_size = example.hidden_size;
+      config.num_hidden_layers = example.num_hidden_layers;
+      config.num_attention_heads = example.num_attention_heads;
+      config.intermediate_size = example.intermediate_size;
+      config.max_position_embeddings = example.max_seq_length;
+      config.hidden_dropout_prob = config.attention_probs_dropout_prob = example.dropout;
+      config.pad_token_id = meta.pad_token_id;
+    }
+
+    // The masking rule: every special token of the data's tokenizer stays as it is.
+    loom::data::MaskedLMOptions masking{.mlm_probability = example.mlm_probability,
+                                        .mask_replace_prob = example.mask_replace_prob,
+                                        .random_replace_prob = example.random_replace_prob,
+                                        .mask_token_id = *meta.mask_token_id,
+                                        .vocab_size = meta.vocab_size,
+                                        .special_token_ids = {},
+                                        .seed = static_cast<uint64_t>(args.data_seed.value_or(args.seed))};
+    for (const auto& id : {meta.eos_token_id, meta.pad_token_id, meta.cls_token_id, meta.sep_token_id,
+                           meta.mask_token_id})
+      if (id) masking.special_token_ids.push_back(*id);
+
+    loom::set_seed(args.seed);
+    const auto options = meta.sequence_options(example.max_seq_length);
+    const loom::data::MaskedLMDataset train_set(loom::data::TokenSequenceDataset(meta.classification_files("train"),
+                                                                                 options),
+                                                masking);
+    const loom::data::MaskedLMDataset eval_set(loom::data::TokenSequenceDataset(meta.classification_files("val"),
+                                                                                options),
+                                               masking);
+    const std::string origin = args.model_name_or_path ? *args.model_name_or_path : std::string("random init");
+    auto model = hf_example::pretrained_or_random<BertForMaskedLM>(args, config);
+    if (main_process) {
+      fmt::print("bert_mlm: {} training and {} held-out verses from {}, mlm_probability {}\n", train_set.size(),
+                 eval_set.size(), example.data_dir, masking.mlm_probability);
+      const auto& c = model->config();
+      fmt::print("bert_mlm: BertForMaskedLM ({}) with {} layers, {} heads, width {}: {:.2f} M parameters\n", origin,
+                 c.num_hidden_layers, c.num_attention_heads, c.hidden_size,
+                 static_cast<double>(hf_example::count_parameters(*model)) / 1e6);
+    }
+
+    // As HF's run_mlm: train, save the model, report, evaluate with perplexity, report.
+    double perplexity = -1;
+    loom::select_policies(args, [&]<class Sharding, class Precision>() {
+      MlmTrainer<Sharding, Precision> trainer(args, model, train_set, eval_set);
+      trainer.set_tokenizer_files(hf_example::tokenizer_files(meta));  // saved beside the weights
+      if (args.do_train) {
+        auto result = trainer.train();
+        trainer.save_model();  // a BertForMaskedLM folder transformers opens
+        trainer.log_metrics("train", result.metrics);
+      }
+      if (args.do_eval) {
+        auto metrics = trainer.evaluate();
+        const double loss = metrics.get("eval_loss").value_or(NAN);
+        perplexity = std::isfinite(loss) && loss < 700 ? std::exp(loss) : INFINITY;  // run_mlm.py's rule
+        metrics.set("perplexity", perplexity);
+        trainer.log_metrics("eval", metrics);
+        trainer.save_metrics("eval", metrics);
+      }
+    });
+    if (main_process) {
+      if (perplexity >= 0) fmt::print("bert_mlm: perplexity {:.2f} on the held-out verses\n", perplexity);
+      fmt::print("outputs in {}\n", args.output_dir);
+    }
+    return 0;
+  });
+}
