@@ -19,8 +19,9 @@
 //     glibc serves blocks below its mmap threshold from its heap, and raises that threshold
 //     to the size of each mmapped block freed (up to 32 MB), so a 25.7 MB logits block, once
 //     freed, comes back from the heap, which fragments and keeps freed pages resident: RSS
-//     then grows with the set in every mode. The threshold is fixed at --mmap_threshold_mb
-//     (mallopt) so that RSS follows the live blocks; 0 keeps glibc's dynamic default.
+//     then varies from run to run and can grow with the set where the live tensors do not
+//     (docs/building.md). The threshold is fixed at --mmap_threshold_mb (mallopt) so that RSS
+//     follows the live blocks; 0 keeps glibc's dynamic default.
 // The metric columns are the same in every mode, each computed from what that mode kept:
 // HF run_clm's accuracy (the prediction at t against the token at t + 1; near 0 for a random
 // model) and the mean predicted id over those tokens.
