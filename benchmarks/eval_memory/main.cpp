@@ -32,6 +32,7 @@
 #include <fmt/format.h>
 
 #include "../common/counting_allocator.hpp"
+#include "../common/gpt2_run.hpp"
 
 #include <malloc.h>
 
@@ -81,12 +82,7 @@ void run_mode(const BenchArguments& b, loom::TrainingArguments args) {
   if (b.mmap_threshold_mb > 0) mallopt(M_MMAP_THRESHOLD, static_cast<int>(b.mmap_threshold_mb << 20));
   auto& counting = bench::CountingAllocator::install();
   at::set_num_threads(static_cast<int>(b.threads));
-  loom::models::GPT2Config c;
-  c.vocab_size = b.vocab;
-  c.n_positions = b.block;
-  c.n_embd = b.n_embd;
-  c.n_layer = b.layers;
-  c.n_head = std::max<int64_t>(1, b.n_embd / 64);
+  const auto c = bench::gpt2_config(b.vocab, b.block, b.n_embd, b.layers);
   torch::manual_seed(1);
   loom::models::GPT2LMHeadModel model(c);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(2);
@@ -134,14 +130,9 @@ int main(int argc, char** argv) {
     std::filesystem::create_directories(args.output_dir);
     for (const std::string mode : {"full", "argmax", "batched"}) {
       for (const int64_t n : sizes) {
-        const std::string result = fmt::format("{}/{}_{}.txt", args.output_dir, mode, n);
-        std::string cmd = fmt::format("'{}' --mode {} --examples {} --result '{}'", argv[0], mode, n, result);
-        for (int i = 1; i < argc; ++i) cmd += fmt::format(" '{}'", argv[i]);
-        std::fflush(stdout);
-        loom::check(std::system(cmd.c_str()) == 0, "the {} run on {} examples failed: {}", mode, n, cmd);
-        double f[5];
-        std::ifstream in(result);
-        loom::check(static_cast<bool>(in >> f[0] >> f[1] >> f[2] >> f[3] >> f[4]), "no figures in {}", result);
+        const auto f = bench::run_in_own_process(argc, argv, fmt::format("--mode {} --examples {}", mode, n),
+                                                 fmt::format("{}/{}_{}.txt", args.output_dir, mode, n), 5,
+                                                 fmt::format("{} on {} examples", mode, n));
         fmt::print("{:<8} {:>9} {:>16.1f} {:>16.1f} {:>10.6f} {:>10.2f} {:>9.2f}\n", mode, n, f[0] / 1e6, f[1] / 1e6,
                    f[2], f[3], f[4]);
       }
