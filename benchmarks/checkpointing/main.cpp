@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "../common/counting_allocator.hpp"
+#include "../common/gpt2_run.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -72,12 +73,7 @@ double median(std::vector<double> v) {
 void run_mode(const BenchArguments& b, loom::TrainingArguments args) {
   auto& counting = bench::CountingAllocator::install();
   at::set_num_threads(static_cast<int>(b.threads));
-  loom::models::GPT2Config c;
-  c.vocab_size = b.vocab;
-  c.n_positions = b.block;
-  c.n_embd = b.n_embd;
-  c.n_layer = b.layers;
-  c.n_head = std::max<int64_t>(1, b.n_embd / 64);
+  const auto c = bench::gpt2_config(b.vocab, b.block, b.n_embd, b.layers);
   torch::manual_seed(1);
   loom::models::GPT2LMHeadModel model(c);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(2);
@@ -118,17 +114,10 @@ int main(int argc, char** argv) {
     fmt::print("{:<10} {:>16} {:>16} {:>12} {:>10}\n", "mode", "peak tensors MB", "peak RSS MB", "step ms", "loss");
     double first[4] = {0, 0, 0, 0};
     for (const std::string mode : {"plain", "recompute"}) {
-      const std::string result = args.output_dir + "/" + mode + ".txt";
       std::filesystem::create_directories(args.output_dir);
-      std::string cmd = fmt::format("'{}' --mode {} --result '{}'", argv[0], mode, result);
-      for (int i = 1; i < argc; ++i) cmd += fmt::format(" '{}'", argv[i]);
-      std::fflush(stdout);
-      loom::check(std::system(cmd.c_str()) == 0, "the {} run failed: {}", mode, cmd);
-      double f[4];
-      std::ifstream in(result);
-      loom::check(static_cast<bool>(in >> f[0] >> f[1] >> f[2] >> f[3]), "no figures in {}", result);
+      const auto f = bench::run_in_own_process(argc, argv, "--mode " + mode, args.output_dir + "/" + mode + ".txt", 4, mode);
       fmt::print("{:<10} {:>16.1f} {:>16.1f} {:>12.1f} {:>10.6f}\n", mode, f[0] / 1e6, f[1] / 1e6, f[2], f[3]);
-      if (mode == "plain") std::copy(f, f + 4, first);
+      if (mode == "plain") std::copy(f.begin(), f.end(), first);
       else
         fmt::print("recompute/plain: tensors {:.3f}, RSS {:.3f}, step time {:.3f}\n", f[0] / first[0], f[1] / first[1],
                    f[2] / first[2]);

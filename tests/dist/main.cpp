@@ -52,7 +52,7 @@ struct WorkerArguments {
   int64_t die_step = -1;     ///< ... at the end of this optimizer step
   bool hang = false;         ///< stop (SIGSTOP) instead of dying: a rank that no longer answers
   std::string die_signal = "KILL";  ///< KILL, or TERM/USR1/INT: a preemption signal the Trainer handles
-  std::string task = "mlp";  ///< mlp (the MLP above), tokens (ragged token batches, tests/trainer/token_support.hpp), buffers, lora
+  std::string task = "mlp";  ///< mlp (the MLP above), tokens (ragged token batches, tests/trainer/token_support.hpp), batch_metrics (--batch_eval_metrics on them), buffers, lora
   bool partly_used = false;  ///< the MLP also holds a layer the loss never reaches (spare) and one it reaches for rare rows only (rare)
   bool backward_twice = false;  ///< training_step backpropagates two losses one after the other
   std::string loop = "trainer";  ///< trainer, or accelerator: the same run as a loop written on loom::Accelerator
@@ -232,6 +232,37 @@ void run_tokens(const loom::TrainingArguments& args, const WorkerArguments& w) {
                         {"batch_tokens", trainer.batch_tokens}}.dump();
 }
 
+// The batch_metrics task: --batch_eval_metrics with argmax preprocessing on ragged token
+// batches; every rank writes each compute_metrics call it saw and the metrics.
+template <class Sharding>
+struct BatchMetricsRecorder : loom::Trainer<BatchMetricsRecorder<Sharding>, loom_test::TokenTagger, Sharding> {
+  using loom::Trainer<BatchMetricsRecorder<Sharding>, loom_test::TokenTagger, Sharding>::Trainer;
+  nlohmann::json calls = nlohmann::json::array();
+  double correct = 0, total = 0;
+  torch::Tensor preprocess_logits_for_metrics(const torch::Tensor& logits, const torch::Tensor&) {
+    return logits.argmax(-1);
+  }
+  loom::Metrics compute_metrics(const loom::EvalPrediction& p, bool compute_result) {
+    const auto mask = p.label_ids.ne(-100);
+    correct += p.predictions.eq(p.label_ids).logical_and(mask).sum().template item<double>();
+    total += mask.sum().template item<double>();
+    calls.push_back({{"rows", p.predictions.size(0)}, {"compute_result", compute_result},
+                     {"id_sum", p.predictions.masked_select(mask).sum().template item<int64_t>()}});
+    if (!compute_result) return {};
+    return {{"accuracy", correct / total}};
+  }
+};
+
+template <class Sharding>
+void run_batch_metrics(const loom::TrainingArguments& args, const WorkerArguments& w) {
+  BatchMetricsRecorder<Sharding> trainer(args, loom_test::fresh_tagger(), loom::no_train_dataset,
+                                         loom_test::RaggedTokens(41, 99));  // 11 batches of 4
+  const auto m = trainer.evaluate();
+  std::ofstream(w.result + ".rank" + std::to_string(trainer.world().rank) + ".json")
+      << nlohmann::json{{"calls", trainer.calls}, {"accuracy", m.get("eval_accuracy").value_or(-1)},
+                        {"loss", m.get("eval_loss").value_or(-1)}}.dump();
+}
+
 inline int run(int argc, char** argv) {
   return loom::run_main([&] {
     loom::TrainingArguments defaults;
@@ -251,6 +282,11 @@ inline int run(int argc, char** argv) {
     if (w.task == "tokens") {
       if (args.sharding == "ddp") run_tokens<loom::sharding::DDP>(args, w);
       else run_tokens<loom::sharding::NoShard>(args, w);
+      return 0;
+    }
+    if (w.task == "batch_metrics") {
+      if (args.sharding == "ddp") run_batch_metrics<loom::sharding::DDP>(args, w);
+      else run_batch_metrics<loom::sharding::NoShard>(args, w);
       return 0;
     }
     auto data = make_data(w.rows);
@@ -885,6 +921,48 @@ TEST_CASE("ragged token-level predictions and token counts at 2 ranks equal one 
       std::ifstream in((dir / ("result.rank" + std::to_string(r) + ".json")).string());
       CHECK(nlohmann::json::parse(in).at("tokens").get<int64_t>() == tokens);
     }
+}
+
+TEST_CASE("batch_eval_metrics at 2 ranks: every rank sees one call per round of gathered batches") {
+  // 11 batches of 4 (the last of 1) evaluated with argmax preprocessing: one process calls
+  // compute_metrics 11 times; 2 ranks call it on both ranks once per round, with the round's
+  // two batches gathered in batch order (HF gathers each step's batches across processes).
+  auto args = [](const std::string& sharding, const fs::path& out) {
+    return std::vector<std::string>{"--task", "batch_metrics", "--sharding", sharding, "--batch_eval_metrics", "true",
+                                    "--per_device_eval_batch_size", "4", "--save_strategy", "no", "--ddp_timeout",
+                                    "30", "--output_dir", out.string(), "--result", (out / "result").string()};
+  };
+  const auto read = [](const fs::path& dir, int rank) {
+    std::ifstream in((dir / ("result.rank" + std::to_string(rank) + ".json")).string());
+    return nlohmann::json::parse(in);
+  };
+  const auto ref = dist_dir("batch_metrics_ref");
+  require_success(launch(1, args("no", ref), ref / "logs", false));
+  const auto out = dist_dir("batch_metrics_ddp");
+  require_success(launch(2, args("ddp", out), out / "logs"));
+  const auto one = read(ref, 0);
+  const auto& calls = one.at("calls");
+  REQUIRE(calls.size() == 11);
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    CHECK(calls[i].at("rows").get<int64_t>() == (i < 10 ? 4 : 1));
+    CHECK(calls[i].at("compute_result").get<bool>() == (i == 10));
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    const auto two = read(out, rank);
+    const auto& got = two.at("calls");
+    REQUIRE(got.size() == 6);
+    for (std::size_t j = 0; j < got.size(); ++j) {
+      CAPTURE(j);
+      const std::size_t a = 2 * j, b = std::min<std::size_t>(2 * j + 1, 10);
+      CHECK(got[j].at("rows").get<int64_t>() == (j < 5 ? 8 : 1));
+      CHECK(got[j].at("compute_result").get<bool>() == (j == 5));
+      const int64_t want = calls[a].at("id_sum").get<int64_t>() + (b != a ? calls[b].at("id_sum").get<int64_t>() : 0);
+      CHECK(got[j].at("id_sum").get<int64_t>() == want);
+    }
+    CHECK(two.at("accuracy").get<double>() == one.at("accuracy").get<double>());
+    CHECK(two.at("loss").get<double>() == doctest::Approx(one.at("loss").get<double>()).epsilon(1e-6));
+  }
 }
 
 TEST_CASE("group_by_length at 2 ranks: each rank reads its batches of the one length-grouped order") {

@@ -56,9 +56,11 @@ LOOM_INLINE torch::Tensor gather_in_batch_order(dist::Engine& engine, const dist
 
 class EvalAccumulator {
  public:
-  /// An evaluation of `num_batches` batches on this rank's share of them.
+  /// An evaluation of `num_batches` batches on this rank's share of them. `accumulate` false
+  /// (--batch_eval_metrics in evaluate()): only the loss sums are kept, no per-batch outputs;
+  /// round_prediction hands each round's outputs out instead.
   LOOM_INLINE EvalAccumulator(const TrainingArguments& args, const dist::World& world, dist::Engine& engine,
-                              torch::Device device, int64_t num_batches);
+                              torch::Device device, int64_t num_batches, bool accumulate = true);
   /// Rounds of the loop: in round k, rank r evaluates batch k * W + r.
   [[nodiscard]] int64_t rounds() const { return (num_batches_ + world_.size - 1) / world_.size; }
   /// The batch of round k on this rank; none in a last round with fewer batches than ranks.
@@ -72,6 +74,18 @@ class EvalAccumulator {
   LOOM_INLINE void add(const PredictionOutput& p, int64_t rows, const torch::Tensor& inputs = {});
   /// After round k: moves predictions to the host every eval_accumulation_steps rounds.
   LOOM_INLINE void end_round(int64_t round);
+  /// Batches kept and not yet moved to the host (what end_round moves), over every kind of
+  /// output (predictions, each label field, inputs, losses).
+  [[nodiscard]] LOOM_INLINE int64_t batches_on_device() const;
+  /// --batch_eval_metrics: what compute_metrics gets for round k, when this rank evaluated
+  /// `p` (null: no batch this round) of `rows` rows with main input `inputs`: that batch's
+  /// predictions, labels (`label_fields` of them), and per include_for_metrics inputs and
+  /// losses; with W ranks, the round's W batches gathered in batch order (on the CPU, dim 1
+  /// padded with -100), the same on every rank. None when no batch of the round has both
+  /// predictions and labels (HF then makes no call). Every rank calls it every round.
+  [[nodiscard]] LOOM_INLINE std::optional<EvalPrediction> round_prediction(int64_t round, const PredictionOutput* p,
+                                                                           int64_t rows, const torch::Tensor& inputs,
+                                                                           std::size_t label_fields);
   /// Sums over ranks and gathers the predictions and labels in batch order (CPU).
   LOOM_INLINE PredictResult finish();
   /// `raw` (compute_metrics' output) plus the loss, each prefixed `<prefix>_`, plus HF's
@@ -104,7 +118,9 @@ class EvalAccumulator {
   dist::World world_;
   dist::Engine* engine_;
   int64_t num_batches_;
-  bool keep_preds_, keep_inputs_, keep_losses_;
+  bool outputs_;  // predictions exist (not --prediction_loss_only)
+  bool want_inputs_, want_losses_;  // include_for_metrics inputs / loss
+  bool keep_preds_, keep_inputs_, keep_losses_;  // the above, accumulated
   torch::Tensor loss_sum_;
   int64_t loss_rows_ = 0, rows_ = 0;
   Stream preds_{"predictions"}, inputs_{"inputs"}, losses_{"losses"};

@@ -85,6 +85,7 @@ struct TrainingArguments {
   bool prediction_loss_only = false;     ///< evaluation returns the loss only
   std::optional<std::string> label_names;  ///< the batch fields holding the labels, comma-separated (default: labels)
   std::string include_for_metrics = "";   ///< what compute_metrics also gets, comma-separated: inputs, loss
+  bool batch_eval_metrics = false;  ///< call compute_metrics(prediction, compute_result) per batch, keeping nothing (compute_result true on the last)
 
   // --- saving --------------------------------------------------------------------------
   std::string save_strategy = "steps";        ///< no | steps | epoch | best
@@ -190,6 +191,7 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"prediction_loss_only", "evaluation returns the loss only"},
     {"label_names", "the batch fields holding the labels, comma-separated (default: labels)"},
     {"include_for_metrics", "what compute_metrics also gets, comma-separated: inputs, loss"},
+    {"batch_eval_metrics", "call compute_metrics(prediction, compute_result) per batch, keeping nothing (compute_result true on the last)"},
     {"save_strategy", "no | steps | epoch | best"},
     {"save_steps", "save every N steps (below 1: fraction)"},
     {"save_total_limit", "keep at most N checkpoints"},

@@ -12,6 +12,7 @@
 #include <boost/pfr.hpp>
 #include <torch/torch.h>
 
+#include <concepts>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -67,8 +68,56 @@ LOOM_DEFINE_HOOK(get_test_dataloader,
                  "get_test_dataloader(const loom::data::AnyDataset<Batch>&) -> loom::data::DataLoader<Batch>")
 LOOM_DEFINE_HOOK(floating_point_ops, "floating_point_ops(const Batch&) -> double")
 LOOM_DEFINE_HOOK(log, "log(const loom::Metrics&) -> void")
-LOOM_DEFINE_HOOK(compute_metrics, "compute_metrics(const loom::EvalPrediction&) -> loom::Metrics")
+LOOM_DEFINE_HOOK(preprocess_logits_for_metrics,
+                 "preprocess_logits_for_metrics(const torch::Tensor& logits, const torch::Tensor& labels) -> "
+                 "torch::Tensor")
 #undef LOOM_DEFINE_HOOK
+
+/// compute_metrics in HF's two forms: compute_metrics(const EvalPrediction&) over the whole
+/// set, and compute_metrics(const EvalPrediction&, bool compute_result), which
+/// --batch_eval_metrics calls once per batch (HF's compute_metrics(eval_pred, compute_result)).
+/// A subclass declares either or both. The whole-set call takes the second form, with
+/// compute_result true, when the subclass declares only that one (one call over the whole set
+/// is also the last); the per-batch call needs the second form (`batched`, which the Trainer
+/// checks at construction when --batch_eval_metrics is set).
+struct compute_metrics {
+  template <class Self>
+  static constexpr bool whole = requires(Self& s, const EvalPrediction& p) {
+    { s.compute_metrics(p) } -> std::convertible_to<Metrics>;
+  };
+  template <class Self>
+  static constexpr bool batched = requires(Self& s, const EvalPrediction& p, bool last) {
+    { s.compute_metrics(p, last) } -> std::convertible_to<Metrics>;
+  };
+
+  template <class Self>
+  static Metrics call(Self& self, const EvalPrediction& p) {
+    if constexpr (whole<Self>) {
+      return self.compute_metrics(p);
+    } else if constexpr (batched<Self>) {
+      return self.compute_metrics(p, true);
+    } else {
+      wrong_signature();
+      return self.loom_trainer::compute_metrics(p);
+    }
+  }
+  template <class Self>
+  static Metrics call(Self& self, const EvalPrediction& p, bool compute_result) {
+    if constexpr (batched<Self>) {
+      return self.compute_metrics(p, compute_result);
+    } else {
+      if constexpr (!whole<Self>) wrong_signature();
+      return self.loom_trainer::compute_metrics(p, compute_result);  // unreachable after the constructor's check
+    }
+  }
+  template <class Once = void>
+  static void wrong_signature() {
+    static_assert(dependent_false_v<Once>,
+                  "loom: the override of compute_metrics has the wrong signature; expected "
+                  "compute_metrics(const loom::EvalPrediction&) -> loom::Metrics or compute_metrics(const "
+                  "loom::EvalPrediction&, bool compute_result) -> loom::Metrics");
+  }
+};
 
 }  // namespace hook
 

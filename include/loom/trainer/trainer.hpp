@@ -70,6 +70,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -96,6 +97,8 @@ class Trainer {
   using loom_trainer = Trainer;
   /// The parts the Trainer is built from (accelerate/accelerator.hpp): accelerator().
   using accelerator_type = Accelerator<sharding_policy, precision_policy>;
+  /// What set_preprocess_logits_for_metrics takes: (logits, labels) -> the tensor kept.
+  using PreprocessLogitsFn = std::function<torch::Tensor(const torch::Tensor& logits, const torch::Tensor& labels)>;
 
   /// A trainer without datasets: evaluate(dataset) and predict(dataset) only.
   Trainer(TrainingArguments args, Model model) : args_(std::move(args)), model_(std::move(model)) {
@@ -217,6 +220,26 @@ class Trainer {
 
   /// Metrics from the concatenated predictions (default: none).
   Metrics compute_metrics(const EvalPrediction&) { return {}; }
+  /// HF's compute_metrics(eval_pred, compute_result): with --batch_eval_metrics, called once
+  /// per evaluation batch (with W processes: per round of W batches, gathered, the same call
+  /// on every rank) with that batch's predictions and labels, compute_result true on the last;
+  /// the metrics of the last call are the evaluation's. Nothing is concatenated, so a metric
+  /// accumulates its own state across calls and returns it when compute_result is true.
+  /// Declaring only this form also serves the whole-set call, with compute_result true.
+  Metrics compute_metrics(const EvalPrediction&, bool /*compute_result*/) { return {}; }
+
+  /// HF's preprocess_logits_for_metrics: maps one evaluation batch's logits and labels (the
+  /// first --label_names field; undefined without labels) to the tensor kept instead of the
+  /// logits, per batch on this rank, before batches are concatenated or gathered; called only
+  /// when a batch has logits and outputs are kept (not with --prediction_loss_only). An argmax
+  /// keeps [N, T] token ids instead of [N, T, vocab] logits. Its dim 0 must be the batch's rows.
+  /// Default: the function given to set_preprocess_logits_for_metrics, else the logits as they are.
+  torch::Tensor preprocess_logits_for_metrics(const torch::Tensor& logits, const torch::Tensor& labels) {
+    return preprocess_logits_ ? preprocess_logits_(logits, labels) : logits;
+  }
+  /// The function the default preprocess_logits_for_metrics applies (HF's Trainer argument of
+  /// that name, given here at run time); an empty function switches it off.
+  void set_preprocess_logits_for_metrics(PreprocessLogitsFn fn) { preprocess_logits_ = std::move(fn); }
 
   // ---- entry points -------------------------------------------------------------------
 
@@ -469,8 +492,10 @@ class Trainer {
   // HF's evaluation_loop over this rank's batches (evaluation.hpp does the sums and the
   // gather). When every forward is a collective (FullShard), a rank without a batch in the
   // last round runs a discarded forward.
+  // `predicting`: predict() keeps every batch's outputs also under --batch_eval_metrics (HF's
+  // "Prediction" loop), as it returns them.
   template <class Batch>
-  PredictResult evaluation_loop(data::DataLoader<Batch>& loader, const std::string& prefix);
+  PredictResult evaluation_loop(data::DataLoader<Batch>& loader, const std::string& prefix, bool predicting = false);
 
   // config.json of save_model and the checkpoints (model_config_json) and the tokenizer's files.
   [[nodiscard]] nlohmann::json model_config_json() const;
@@ -492,6 +517,7 @@ class Trainer {
   int64_t tokens_at_start_ = 0;           // num_input_tokens_seen when this train() began (resumed runs)
   std::chrono::steady_clock::time_point train_start_{};
   LoaderInfo train_loader_info_, eval_loader_info_;
+  PreprocessLogitsFn preprocess_logits_;  // set_preprocess_logits_for_metrics
   // The job's parts (accelerate/accelerator.hpp), reached through their public API only. Last, so
   // it goes first: its engine unhooks the model's parameters while model_ lives.
   std::optional<accelerator_type> acc_;

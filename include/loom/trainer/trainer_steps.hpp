@@ -114,7 +114,7 @@ PredictResult Trainer<Derived, Model, Policies...>::predict(D test_dataset, cons
   auto loader = call_hook<hook::get_test_dataloader>(self(), dataset);
   const MemoryTracker memory(metric_key_prefix, !args_.skip_memory_metrics && !in_train_, acc_->device());
   acc_->begin_evaluation();
-  auto result = evaluation_loop<Batch>(loader, metric_key_prefix);
+  auto result = evaluation_loop<Batch>(loader, metric_key_prefix, /*predicting=*/true);
   acc_->end_evaluation();
   memory.stop(result.metrics);
   fire<event::on_predict>(result.metrics);
@@ -182,6 +182,10 @@ void Trainer<Derived, Model, Policies...>::init(Train train_dataset) {
         "on the module, applied to the token embeddings in forward (core/neftune.hpp; loom's GPT-2 and BERT "
         "have it)");
   if constexpr (known) check_label_names<Batch>();
+  check(!args_.batch_eval_metrics || hook::compute_metrics::batched<Self>,
+        "--batch_eval_metrics calls compute_metrics(const loom::EvalPrediction&, bool compute_result) once per "
+        "batch, and this Trainer's compute_metrics has no compute_result parameter; declare that form (HF's "
+        "compute_metrics(eval_pred, compute_result)) or drop the flag");
   // Only the default compute_loss applies --label_smoothing_factor (HF's rule too); an
   // override that does not would silently train without it.
   if constexpr (requires { &Self::compute_loss; }) {
@@ -322,7 +326,8 @@ Metrics Trainer<Derived, Model, Policies...>::evaluate_impl(const data::AnyDatas
 
 template <class Derived, class Model, class... Policies>
 template <class Batch>
-PredictResult Trainer<Derived, Model, Policies...>::evaluation_loop(data::DataLoader<Batch>& loader, const std::string& prefix) {
+PredictResult Trainer<Derived, Model, Policies...>::evaluation_loop(data::DataLoader<Batch>& loader, const std::string& prefix,
+                                                                    bool predicting) {
   auto& module = detail::module_of(model_);
   // HF's bf16_full_eval / fp16_full_eval: outside training the model itself is cast (and
   // stays so, as in HF); the batch's floating fields follow it.
@@ -335,7 +340,9 @@ PredictResult Trainer<Derived, Model, Policies...>::evaluation_loop(data::DataLo
   module.eval();
   const auto start = std::chrono::steady_clock::now();
   torch::NoGradGuard no_grad;
-  EvalAccumulator acc(args_, acc_->world(), acc_->sharding(), acc_->device(), loader.size());
+  // --batch_eval_metrics: compute_metrics per round, nothing kept (predict() keeps what it returns).
+  const bool per_batch = args_.batch_eval_metrics;
+  EvalAccumulator acc(args_, acc_->world(), acc_->sharding(), acc_->device(), loader.size(), !per_batch || predicting);
   eval_loader_info_ = {loader.size(), loader.num_examples(), loader.batch_size()};
   kwargs_.eval_dataloader = &eval_loader_info_;
   std::vector<int64_t> own;  // this rank's batches, in round order
@@ -343,6 +350,12 @@ PredictResult Trainer<Derived, Model, Policies...>::evaluation_loop(data::DataLo
     if (const auto b = acc.batch_of(k)) own.push_back(*b);
   data::BatchPrefetcher<Batch> batches(loader, prefetch_options());
   batches.start(0, std::move(own));
+  Metrics raw;
+  // HF's batch_eval_metrics call, the same on every rank (round_prediction gathers the round).
+  const auto batch_metrics = [&](int64_t k, const PredictionOutput* p, int64_t rows, const torch::Tensor& inputs) {
+    if (auto pred = acc.round_prediction(k, p, rows, inputs, label_names_.size()))
+      raw = call_hook<hook::compute_metrics>(self(), std::as_const(*pred), k + 1 == acc.rounds());
+  };
   for (int64_t k = 0; k < acc.rounds(); ++k) {
     const auto b = acc.batch_of(k);
     if (!b) {
@@ -352,19 +365,33 @@ PredictResult Trainer<Derived, Model, Policies...>::evaluation_loop(data::DataLo
         if (full_eval) data::cast_floating(dummy, *full_eval);
         (void)call_hook<hook::prediction_step>(self(), model_, dummy);
       }
+      if (per_batch) batch_metrics(k, nullptr, 0, {});
       continue;
     }
     Batch batch = batches.next();  // loader.batch(*b)
     data::to_device(batch, acc_->device());
     if (full_eval) data::cast_floating(batch, *full_eval);
     const int64_t n = data::batch_rows(batch);
-    acc.add(call_hook<hook::prediction_step>(self(), model_, batch), n, main_input(batch));
+    PredictionOutput p = call_hook<hook::prediction_step>(self(), model_, batch);
+    // HF applies preprocess_logits_for_metrics per batch, before the gather and the
+    // concatenation, and only when there are logits (none with prediction_loss_only).
+    if (!args_.prediction_loss_only && p.logits.defined()) {
+      torch::Tensor kept =
+          call_hook<hook::preprocess_logits_for_metrics>(self(), std::as_const(p.logits), std::as_const(p.labels));
+      if (!kept.is_same(p.logits))
+        check(kept.defined() && kept.dim() >= 1 && kept.size(0) == n,
+              "preprocess_logits_for_metrics returned a tensor of shape {} for a batch of {} rows; its dim 0 must be "
+              "the batch's rows, as the batches' outputs are concatenated along it (e.g. logits.argmax(-1))",
+              kept.defined() ? c10::str(kept.sizes()) : std::string("undefined"), n);
+      p.logits = std::move(kept);
+    }
+    acc.add(p, n, main_input(batch));
     acc.end_round(k);
     fire<event::on_prediction_step>();
+    if (per_batch) batch_metrics(k, &p, n, main_input(batch));
   }
   PredictResult result = acc.finish();
-  Metrics raw;
-  if (result.predictions.defined() && result.label_ids.defined()) {
+  if (!per_batch && result.predictions.defined() && result.label_ids.defined()) {
     const EvalPrediction pred{result.predictions, result.label_ids, result.all_label_ids, result.inputs,
                               result.losses};
     raw = call_hook<hook::compute_metrics>(self(), std::as_const(pred));

@@ -40,10 +40,13 @@ LOOM_INLINE torch::Tensor pad_and_concatenate(std::vector<torch::Tensor> parts, 
 }
 
 LOOM_INLINE EvalAccumulator::EvalAccumulator(const TrainingArguments& args, const dist::World& world,
-                                             dist::Engine& engine, torch::Device device, int64_t num_batches)
-    : args_(&args), world_(world), engine_(&engine), num_batches_(num_batches), keep_preds_(!args.prediction_loss_only),
-      keep_inputs_(keep_preds_ && detail::list_has(args.include_for_metrics, "inputs")),
-      keep_losses_(keep_preds_ && detail::list_has(args.include_for_metrics, "loss")) {
+                                             dist::Engine& engine, torch::Device device, int64_t num_batches,
+                                             bool accumulate)
+    : args_(&args), world_(world), engine_(&engine), num_batches_(num_batches), outputs_(!args.prediction_loss_only),
+      want_inputs_(outputs_ && detail::list_has(args.include_for_metrics, "inputs")),
+      want_losses_(outputs_ && detail::list_has(args.include_for_metrics, "loss")),
+      keep_preds_(outputs_ && accumulate), keep_inputs_(want_inputs_ && accumulate),
+      keep_losses_(want_losses_ && accumulate) {
   loss_sum_ = torch::zeros({}, torch::TensorOptions().device(device).dtype(torch::kDouble));
 }
 
@@ -71,6 +74,44 @@ LOOM_INLINE void EvalAccumulator::add(const PredictionOutput& p, int64_t n, cons
 
 LOOM_INLINE void EvalAccumulator::end_round(int64_t round) {
   if (args_->eval_accumulation_steps && (round + 1) % *args_->eval_accumulation_steps == 0) flush();
+}
+
+LOOM_INLINE int64_t EvalAccumulator::batches_on_device() const {
+  auto n = static_cast<int64_t>(preds_.device.size() + inputs_.device.size() + losses_.device.size());
+  for (const auto& s : labels_) n += static_cast<int64_t>(s.device.size());
+  return n;
+}
+
+LOOM_INLINE std::optional<EvalPrediction> EvalAccumulator::round_prediction(int64_t round, const PredictionOutput* p,
+                                                                            int64_t rows, const torch::Tensor& inputs,
+                                                                            std::size_t label_fields) {
+  if (!outputs_) return std::nullopt;
+  // The round's batches: round * W + q for the ranks q below `in_round`.
+  const int64_t in_round = std::min<int64_t>(world_.size, num_batches_ - round * world_.size);
+  const auto piece = [&](const torch::Tensor& t, const char* what) -> torch::Tensor {
+    const torch::Tensor local = p != nullptr && t.defined() ? t.detach() : torch::Tensor();
+    if (world_.size == 1) return local;
+    const std::vector<int64_t> sizes =
+        local.defined() ? std::vector<int64_t>{local.dim() > 0 ? local.size(0) : 1} : std::vector<int64_t>{};
+    return gather_in_batch_order(*engine_, world_, in_round, local.dim() == 0 ? local.reshape({1}) : local, sizes,
+                                 what);
+  };
+  EvalPrediction out;
+  out.predictions = piece(p != nullptr ? p->logits : torch::Tensor(), "predictions");
+  for (std::size_t i = 0; i < label_fields; ++i) {
+    torch::Tensor t;
+    if (p != nullptr) t = p->all_labels.empty() ? (i == 0 ? p->labels : torch::Tensor()) : p->all_labels.at(i);
+    out.all_label_ids.push_back(piece(t, "labels"));
+  }
+  if (!out.all_label_ids.empty()) out.label_ids = out.all_label_ids.front();
+  if (want_inputs_) out.inputs = piece(inputs, "inputs");
+  if (want_losses_) {
+    torch::Tensor losses;
+    if (p != nullptr && p->loss.defined()) losses = p->loss.detach().to(torch::kFloat).reshape({1}).expand({rows});
+    out.losses = piece(losses, "losses");
+  }
+  if (!out.predictions.defined() || !out.label_ids.defined()) return std::nullopt;
+  return out;
 }
 
 LOOM_INLINE void EvalAccumulator::flush() {
