@@ -206,7 +206,8 @@ TEST_CASE("generate: refusals, and generation past the position table") {
         "loom: generate: top_k must be 0 (off) or positive, got -1");
   CHECK(error({.max_length = 8}) == "loom: generate: the prompt has 10 tokens and max_length is 8, which leaves none "
                                     "to generate; set max_new_tokens");
-  CHECK(error({.max_new_tokens = 2}, ids.to(torch::kInt)).starts_with("loom: generate: input_ids must be int64"));
+  CHECK(error({.max_new_tokens = 2}, ids.to(torch::kInt)) ==
+        "loom: generate: input_ids must be int64 of shape [batch, seq] with batch and seq at least 1, got Int [2, 10]");
   CHECK(error({.max_new_tokens = 2}, {}, torch::ones({2, 9}, torch::kLong)) ==
         "loom: generate: attention_mask of shape [2, 9] does not match input_ids of shape [2, 10]");
   CHECK(error({.max_new_tokens = 2}, {}, torch::zeros({2, 10}, torch::kLong)) ==
