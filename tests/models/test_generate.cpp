@@ -14,46 +14,27 @@
 #include <doctest/doctest.h>
 
 #include "../support.hpp"
+#include "peer_support.hpp"
 
 #include <cstdio>
 #include <filesystem>
 #include <optional>
 #include <string>
 #include <unistd.h>
-#include <utility>
 #include <vector>
 
 namespace generate_test {
 
 namespace fs = std::filesystem;
 using loom::models::GenerationConfig;
-using Named = std::vector<std::pair<std::string, torch::Tensor>>;
 
 // The folders and expected.safetensors hf_generate.py makes, made once per run (nullptr: no Python).
 inline const fs::path* made() {
-  static std::optional<fs::path> dir;
-  static bool tried = false;
-  const char* py = loom_test::python("the comparison with transformers' generate");
-  if (py == nullptr) return nullptr;
-  if (!tried) {
-    tried = true;
-    const auto d = loom_test::fresh_dir("models/hf_generate");
-    const auto script = (loom_test::source_dir() / "tests/models/hf_generate.py").string();
-    const auto out = loom_test::run_capture(std::string(py) + " " + script + " make " + d.string() + " 2>&1");
-    INFO(out);
-    REQUIRE(out.find("made generate") != std::string::npos);
-    dir = d;
-  }
-  REQUIRE(dir.has_value());
-  return &*dir;
+  return loom_test::peer_made("hf_generate.py", "hf_generate", "made generate",
+                              "the comparison with transformers' generate");
 }
 
-inline torch::Tensor named(const Named& all, const std::string& name) {
-  for (const auto& [key, t] : all)
-    if (key == name) return t;
-  FAIL("no tensor " << name);
-  return {};
-}
+using loom_test::named;
 
 // Greedy generation of max_new_tokens 12 (hf_generate.py's NEW_TOKENS) with pad 0, with and
 // without the cache; both must give the same tokens, which are returned.
@@ -102,8 +83,8 @@ TEST_CASE("generate: the sampling warpers equal transformers' (temperature, then
   const auto* dir = made();
   if (dir == nullptr) return;
   const auto t = loom::checkpoint::load_safetensors(*dir / "expected.safetensors");
-  const auto warped =
-      loom::models::warp_scores(named(t, "warp_scores"), {.do_sample = true, .temperature = 0.7, .top_k = 10, .top_p = 0.8});
+  const GenerationConfig config{.do_sample = true, .temperature = 0.7, .top_k = 10, .top_p = 0.8};
+  const auto warped = loom::models::warp_scores(named(t, "warp_scores"), config);
   const auto expected = named(t, "warped");
   CHECK(torch::equal(warped.isinf(), expected.isinf()));
   const auto kept = expected.isfinite();

@@ -63,7 +63,9 @@ struct LayerCache {
 struct KVCache {
   std::vector<LayerCache> layers;  ///< one per layer (sized by the model's first step)
   /// Positions stored (0 before the first step).
-  [[nodiscard]] int64_t seq_length() const { return layers.empty() || !layers[0].keys.defined() ? 0 : layers[0].keys.size(2); }
+  [[nodiscard]] int64_t seq_length() const {
+    return layers.empty() || !layers[0].keys.defined() ? 0 : layers[0].keys.size(2);
+  }
 };
 
 /// What one attention module gets in a decoding step: the mask of this step (undefined:
@@ -80,10 +82,10 @@ struct AttentionStep {
 /// One forward of generation (a causal LM's next_token_logits): the new tokens and their
 /// positions, the attention mask of every position so far, and the cache.
 struct DecodeStep {
-  torch::Tensor input_ids{};     ///< int64 [batch, query]: the prompt, then one token a step (all of them without a cache)
-  torch::Tensor position_ids{};  ///< int64 [batch, query]: counted from each row's first real token
+  torch::Tensor input_ids{};       ///< int64 [batch, query]: the prompt, then one token a step (all, without a cache)
+  torch::Tensor position_ids{};    ///< int64 [batch, query]: counted from each row's first real token
   torch::Tensor attention_mask{};  ///< int64 [batch, cache + query]: 0 on left padding; undefined when there is none
-  KVCache* cache = nullptr;      ///< nullptr: no cache (the whole sequence each step)
+  KVCache* cache = nullptr;        ///< nullptr: no cache (the whole sequence each step)
 };
 
 /// The attention mask of a step as transformers' create_causal_mask makes it for sdpa:

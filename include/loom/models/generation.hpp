@@ -43,12 +43,13 @@ struct GenerationConfig {
   bool do_sample = false;                              ///< sample (true) or take the most likely token (greedy)
   double temperature = 1.0;                            ///< sampling: the logits divided by it
   int64_t top_k = 50;                                  ///< sampling: keep the k most likely tokens (0: all)
-  double top_p = 1.0;                                  ///< sampling: keep the smallest set whose probability reaches top_p
+  double top_p = 1.0;                                  ///< sampling: keep the fewest tokens whose mass reaches top_p
   int64_t num_beams = 1;                               ///< must be 1 (beam search is not implemented)
   std::optional<std::vector<int64_t>> eos_token_id{};  ///< ids that end a row (none: the model config's; empty: none)
-  std::optional<int64_t> pad_token_id{};               ///< what finished rows emit (none: the config's, else eos_token_id[0])
+  std::optional<int64_t> pad_token_id{};               ///< what ended rows emit (none: the config's, else eos[0])
   bool use_cache = true;                               ///< the key/value cache (false: the whole sequence each step)
-  std::optional<uint64_t> seed{};                      ///< (loom) sampling from a CPU generator seeded with it; none: torch's default generator
+  /// (loom's) sampling from a CPU generator seeded with it; none: torch's default generator.
+  std::optional<uint64_t> seed{};
 };
 
 namespace detail {

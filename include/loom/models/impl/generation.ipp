@@ -24,7 +24,8 @@ LOOM_INLINE std::vector<int64_t> token_ids(const nlohmann::json& ids) {
   check(ids.is_array(), "generate: the config's token id {} is neither a number nor a list of numbers", ids.dump());
   std::vector<int64_t> out;
   for (const auto& id : ids) {
-    check(id.is_number_integer(), "generate: the config's token ids {} hold a value that is not an integer", ids.dump());
+    check(id.is_number_integer(), "generate: the config's token ids {} hold a value that is not an integer",
+          ids.dump());
     out.push_back(id.get<int64_t>());
   }
   return out;
@@ -98,7 +99,8 @@ LOOM_INLINE torch::Tensor generate(const GenerationModel& model, const torch::Te
   // _prepare_attention_mask_for_generation: the pad tokens of the prompt, when pad is not an eos id.
   auto mask = attention_mask.defined() ? attention_mask.to(torch::kLong) : torch::Tensor();
   if (!mask.defined()) {
-    const bool infer = pad && std::find(eos.begin(), eos.end(), *pad) == eos.end() && input_ids.eq(*pad).any().item<bool>();
+    const bool infer =
+        pad && std::find(eos.begin(), eos.end(), *pad) == eos.end() && input_ids.eq(*pad).any().item<bool>();
     mask = infer ? input_ids.ne(*pad).to(torch::kLong) : torch::ones_like(input_ids);
   }
   const auto real = mask.sum(1);

@@ -85,8 +85,8 @@ LOOM_INLINE torch::Tensor GPT2AttentionImpl::forward_step(const torch::Tensor& x
   auto v = heads(qkv[2]);
   const auto q = heads(qkv[0]);
   if (step.cache != nullptr) std::tie(k, v) = step.cache->update(k, v);
-  auto y = at::scaled_dot_product_attention(q, k, v, step.sdpa_mask(), 0.0, /*is_causal=*/seq > 1 && !step.mask.defined(),
-                                            scaling_);
+  const bool causal = seq > 1 && !step.mask.defined();
+  auto y = at::scaled_dot_product_attention(q, k, v, step.sdpa_mask(), 0.0, causal, scaling_);
   y = y.transpose(1, 2).contiguous().reshape({batch, seq, n_embd_});
   return c_proj(y);
 }
