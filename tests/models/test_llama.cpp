@@ -15,6 +15,7 @@
 #include <doctest/doctest.h>
 
 #include "../support.hpp"
+#include "peer_support.hpp"
 
 #include <filesystem>
 #include <optional>
@@ -27,34 +28,16 @@ namespace llama_test {
 namespace fs = std::filesystem;
 using loom::models::LlamaConfig;
 using loom::models::LlamaForCausalLM;
-using Named = std::vector<std::pair<std::string, torch::Tensor>>;
+using Named = loom_test::NamedTensors;
 
 inline std::string script() { return (loom_test::source_dir() / "tests/models/hf_llama.py").string(); }
 
 // The folders hf_llama.py makes, made once per run (nullptr: no Python).
 inline const fs::path* made() {
-  static std::optional<fs::path> dir;
-  static bool tried = false;
-  const char* py = loom_test::python("the comparison with transformers");
-  if (py == nullptr) return nullptr;
-  if (!tried) {
-    tried = true;
-    const auto d = loom_test::fresh_dir("models/hf_llama");
-    const auto out = loom_test::run_capture(std::string(py) + " " + script() + " make " + d.string() + " 2>&1");
-    INFO(out);
-    REQUIRE(out.find("made llama") != std::string::npos);
-    dir = d;
-  }
-  REQUIRE(dir.has_value());
-  return &*dir;
+  return loom_test::peer_made("hf_llama.py", "hf_llama", "made llama", "the comparison with transformers");
 }
 
-inline torch::Tensor named(const Named& all, const std::string& name) {
-  for (const auto& [key, t] : all)
-    if (key == name) return t;
-  FAIL("no tensor " << name);
-  return {};
-}
+using loom_test::named;
 
 // Largest |a - b| over the largest |b|.
 inline double relative(const torch::Tensor& a, const torch::Tensor& b) {

@@ -2,6 +2,9 @@
 // What every causal language model here shares (GPT-2 now, the families to come): the
 // output of forward(batch) and transformers' causal LM loss (ForCausalLMLoss).
 //
+// The key/value cache of generation (models/generation.hpp) is here too: the per-layer store
+// and the step a causal LM's next_token_logits takes, which its attention modules read.
+//
 // The loss is always the mean over the scored tokens, as transformers' models compute it
 // when called without num_items_in_batch: loom's Trainer weights micro-batches and ranks by
 // their items itself (Accelerator::item_factor), so no model divides by a batch-wide count.
@@ -9,6 +12,11 @@
 #include <loom/config/inline.hpp>
 
 #include <torch/torch.h>
+
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
 
 namespace loom::models {
 
@@ -39,6 +47,53 @@ LOOM_INLINE torch::Tensor lm_head_logits(const torch::Tensor& hidden, const torc
 /// defined, causal_lm_loss over all of them. Every causal LM's forward(batch) and logits().
 LOOM_INLINE CausalLMOutput causal_lm_output(const torch::Tensor& hidden, const torch::Tensor& weight,
                                             const torch::Tensor& labels, bool fast);
+
+/// One layer's keys and values so far (transformers' DynamicLayer): [batch, kv_heads, seen,
+/// head_dim] each, undefined before the first step.
+struct LayerCache {
+  torch::Tensor keys;    ///< the keys of every position seen, after the rotary embedding where there is one
+  torch::Tensor values;  ///< the values of every position seen
+  /// Appends this step's keys and values (along the positions, as DynamicLayer.update) and
+  /// returns all of them.
+  LOOM_INLINE std::pair<torch::Tensor, torch::Tensor> update(const torch::Tensor& k, const torch::Tensor& v);
+};
+
+/// The key/value cache of a causal LM (transformers' DynamicCache): one LayerCache a layer,
+/// filled by the first step (the prompt) and grown by one position each step after it.
+struct KVCache {
+  std::vector<LayerCache> layers;  ///< one per layer (sized by the model's first step)
+  /// Positions stored (0 before the first step).
+  [[nodiscard]] int64_t seq_length() const {
+    return layers.empty() || !layers[0].keys.defined() ? 0 : layers[0].keys.size(2);
+  }
+};
+
+/// What one attention module gets in a decoding step: the mask of this step (undefined:
+/// causal attention, no padding) and its layer's cache (nullptr: no cache).
+struct AttentionStep {
+  torch::Tensor mask{};        ///< bool [batch, 1, query, key]: true where a query may attend
+  LayerCache* cache = nullptr;  ///< keys and values of the earlier positions
+  /// The mask as sdpa's attn_mask argument (nullopt when undefined).
+  [[nodiscard]] std::optional<torch::Tensor> sdpa_mask() const {
+    return mask.defined() ? std::optional<torch::Tensor>(mask) : std::nullopt;
+  }
+};
+
+/// One forward of generation (a causal LM's next_token_logits): the new tokens and their
+/// positions, the attention mask of every position so far, and the cache.
+struct DecodeStep {
+  torch::Tensor input_ids{};       ///< int64 [batch, query]: the prompt, then one token a step (all, without a cache)
+  torch::Tensor position_ids{};    ///< int64 [batch, query]: counted from each row's first real token
+  torch::Tensor attention_mask{};  ///< int64 [batch, cache + query]: 0 on left padding; undefined when there is none
+  KVCache* cache = nullptr;        ///< nullptr: no cache (the whole sequence each step)
+};
+
+/// The attention mask of a step as transformers' create_causal_mask makes it for sdpa:
+/// undefined where no padding and sdpa's is_causal (or a query of one) suffice, else bool
+/// [batch, 1, query, key]: causal (key position <= query position, the query offset by the
+/// keys already cached) and not on padding. `attention_mask`: int64 [batch, key] or undefined.
+LOOM_INLINE torch::Tensor step_attention_mask(const torch::Tensor& attention_mask, int64_t query, int64_t keys,
+                                              const torch::Device& device);
 
 }  // namespace loom::models
 

@@ -93,6 +93,8 @@ class GPT2AttentionImpl : public torch::nn::Module {
  public:
   LOOM_INLINE GPT2AttentionImpl(const GPT2Config& config, int64_t layer_idx);
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
+  /// A decoding step (generation): this step's mask, keys and values appended to the cache.
+  LOOM_INLINE torch::Tensor forward_step(const torch::Tensor& x, const AttentionStep& step);
   Conv1D c_attn{nullptr}, c_proj{nullptr};
   torch::nn::Dropout resid_dropout{nullptr};
 
@@ -122,6 +124,8 @@ class GPT2BlockImpl : public torch::nn::Module {
  public:
   LOOM_INLINE GPT2BlockImpl(const GPT2Config& config, int64_t layer_idx);
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
+  /// A decoding step (generation): the attention reads and grows the step's cache.
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const AttentionStep& step);
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   GPT2Attention attn{nullptr};
   GPT2MLP mlp{nullptr};
@@ -134,6 +138,9 @@ class GPT2ModelImpl : public torch::nn::Module {
   LOOM_INLINE explicit GPT2ModelImpl(const GPT2Config& config);
   /// Hidden states [batch, seq, n_embd] of int64 token ids [batch, seq].
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& input_ids);
+  /// Hidden states [batch, query, n_embd] of a decoding step (generation): the step's
+  /// positions, its padding mask, and the key/value cache when it has one.
+  LOOM_INLINE torch::Tensor forward_step(const DecodeStep& step);
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
   NEFTune embedding_noise;                         ///< on wte's output while training (--neftune_noise_alpha)
   torch::nn::Dropout drop{nullptr};
@@ -159,6 +166,12 @@ class GPT2LMHeadModelImpl : public PreTrainedModel<GPT2LMHeadModelImpl, GPT2Conf
   LOOM_INLINE CausalLMOutput forward(const data::CausalLMBatch& batch);
   /// Logits [batch, seq, vocab_size] of int64 token ids [batch, seq].
   LOOM_INLINE torch::Tensor logits(const torch::Tensor& input_ids);
+  /// Generation's forward (models/generation.hpp): the logits of the step's last position,
+  /// float32 [batch, vocab_size] (transformers' logits_to_keep=1).
+  LOOM_INLINE torch::Tensor next_token_logits(const DecodeStep& step);
+  /// Refuses a generation that needs more than n_positions positions (the learned table
+  /// has no row past its end).
+  LOOM_INLINE void check_generation_positions(int64_t positions) const;
   /// The names beyond the parameters that an HF GPT-2 file may hold.
   LOOM_INLINE HfNameRules name_rules() const;
 

@@ -120,6 +120,10 @@ class LlamaAttentionImpl : public torch::nn::Module {
   /// flattened tokens, for the variable-length flash kernel (half precision; else the mask).
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                                     const torch::Tensor& mask, const torch::Tensor& cu_seqlens);
+  /// A decoding step (generation): the rotated keys and values appended to the step's cache,
+  /// attention under the step's mask, grouped heads as transformers' sdpa path treats them.
+  LOOM_INLINE torch::Tensor forward_step(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                                         const AttentionStep& step);
   peft::AdaptableLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
@@ -147,6 +151,9 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
   LOOM_INLINE explicit LlamaDecoderLayerImpl(const LlamaConfig& config);
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                                     const torch::Tensor& mask, const torch::Tensor& cu_seqlens);
+  /// A decoding step (generation): the attention reads and grows the step's cache.
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                                    const AttentionStep& step);
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
   LlamaRMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
@@ -163,6 +170,9 @@ class LlamaModelImpl : public torch::nn::Module {
   /// flash kernel (the fast kernels' choice; one host sync a forward to find the documents).
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& position_ids = {},
                                     bool varlen = false);
+  /// Hidden states [batch, query, hidden_size] of a decoding step (generation): the rotary
+  /// table at the step's positions, its padding mask, and the key/value cache when it has one.
+  LOOM_INLINE torch::Tensor forward_step(const DecodeStep& step);
   /// The rotary table (cos, sin) for positions 0 .. seq-1, [1, seq, head_dim] each, in float32.
   LOOM_INLINE std::pair<torch::Tensor, torch::Tensor> rotary(int64_t seq, const torch::Device& device);
   /// The same for int64 positions [batch, seq]: [batch, seq, head_dim] each.
@@ -194,6 +204,12 @@ class LlamaForCausalLMImpl : public PreTrainedModel<LlamaForCausalLMImpl, LlamaC
   LOOM_INLINE CausalLMOutput forward(const data::CausalLMBatch& batch);
   /// Logits [batch, seq, vocab_size] of int64 token ids [batch, seq].
   LOOM_INLINE torch::Tensor logits(const torch::Tensor& input_ids);
+  /// Generation's forward (models/generation.hpp): the logits of the step's last position,
+  /// float32 [batch, vocab_size] (transformers' logits_to_keep=1).
+  LOOM_INLINE torch::Tensor next_token_logits(const DecodeStep& step);
+  /// Warns (once a call) when a generation needs more positions than max_position_embeddings:
+  /// the rotary embeddings go on past it, as in transformers, but the model was not trained there.
+  LOOM_INLINE void check_generation_positions(int64_t positions) const;
   /// config.json's architectures: LlamaForCausalLM, Qwen2ForCausalLM or MistralForCausalLM.
   LOOM_INLINE std::string_view architecture_name() const;
   /// The names beyond the parameters that an HF file may hold (lm_head.weight when tied).

@@ -57,4 +57,27 @@ LOOM_INLINE CausalLMOutput causal_lm_output(const torch::Tensor& hidden, const t
   return out;
 }
 
+LOOM_INLINE std::pair<torch::Tensor, torch::Tensor> LayerCache::update(const torch::Tensor& k, const torch::Tensor& v) {
+  // DynamicLayer starts from an empty tensor: the first step's keys come out as a copy
+  // (contiguous), as transformers hands them to sdpa.
+  keys = keys.defined() ? torch::cat({keys, k}, -2) : torch::cat({k}, -2);
+  values = values.defined() ? torch::cat({values, v}, -2) : torch::cat({v}, -2);
+  return {keys, values};
+}
+
+LOOM_INLINE torch::Tensor step_attention_mask(const torch::Tensor& attention_mask, int64_t query, int64_t keys,
+                                              const torch::Device& device) {
+  // The caller passes no mask when the batch has no padding (generate checks it once).
+  if (!attention_mask.defined() && (query == 1 || query == keys)) return {};
+  const auto options = torch::TensorOptions().device(device);
+  const auto q = torch::arange(query, options.dtype(torch::kLong)) + (keys - query);
+  const auto k = torch::arange(keys, options.dtype(torch::kLong));
+  auto mask = k.unsqueeze(0).le(q.unsqueeze(1)).view({1, 1, query, keys});
+  if (attention_mask.defined()) {
+    const auto pad = attention_mask.narrow(1, attention_mask.size(1) - keys, keys).to(device, torch::kBool);
+    mask = mask.logical_and(pad.view({pad.size(0), 1, 1, keys}));
+  }
+  return mask.expand({attention_mask.defined() ? attention_mask.size(0) : 1, 1, query, keys});
+}
+
 }  // namespace loom::models

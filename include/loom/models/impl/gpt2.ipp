@@ -13,6 +13,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <tuple>
 
 namespace loom::models {
 
@@ -74,6 +75,22 @@ LOOM_INLINE torch::Tensor GPT2AttentionImpl::forward(const torch::Tensor& x) {
   return resid_dropout(c_proj(y));
 }
 
+LOOM_INLINE torch::Tensor GPT2AttentionImpl::forward_step(const torch::Tensor& x, const AttentionStep& step) {
+  // GPT2Attention.forward with a cache, in eval mode: q, k, v split, the cache's keys and
+  // values before this step's, then sdpa with the step's mask (none: causal for a prompt).
+  const int64_t batch = x.size(0), seq = x.size(1), head_dim = n_embd_ / n_head_;
+  const auto qkv = c_attn(x).split(n_embd_, 2);
+  const auto heads = [&](const torch::Tensor& t) { return t.view({batch, seq, -1, head_dim}).transpose(1, 2); };
+  auto k = heads(qkv[1]);
+  auto v = heads(qkv[2]);
+  const auto q = heads(qkv[0]);
+  if (step.cache != nullptr) std::tie(k, v) = step.cache->update(k, v);
+  const bool causal = seq > 1 && !step.mask.defined();
+  auto y = at::scaled_dot_product_attention(q, k, v, step.sdpa_mask(), 0.0, causal, scaling_);
+  y = y.transpose(1, 2).contiguous().reshape({batch, seq, n_embd_});
+  return c_proj(y);
+}
+
 LOOM_INLINE GPT2MLPImpl::GPT2MLPImpl(const GPT2Config& c)
     : activation_(activation_fn(c.activation_function)),
       fast_activation_(activation_fn(c.activation_function == "gelu_new" ? "gelu_pytorch_tanh" : c.activation_function)) {
@@ -101,6 +118,11 @@ LOOM_INLINE torch::Tensor GPT2BlockImpl::forward(const torch::Tensor& x) {
   return h + mlp(ln_2(h));
 }
 
+LOOM_INLINE torch::Tensor GPT2BlockImpl::forward(const torch::Tensor& x, const AttentionStep& step) {
+  auto h = attn->forward_step(ln_1(x), step) + x;
+  return h + mlp(ln_2(h));
+}
+
 // ---- the body and the LM head -------------------------------------------------------------
 
 LOOM_INLINE GPT2ModelImpl::GPT2ModelImpl(const GPT2Config& c) {
@@ -123,6 +145,20 @@ LOOM_INLINE torch::Tensor GPT2ModelImpl::forward(const torch::Tensor& input_ids)
   const auto tokens = embedding_noise(wte(input_ids), is_training());
   auto x = drop(tokens + wpe(positions));
   for (auto& block : blocks) x = block->forward(x);
+  return ln_f(x);
+}
+
+LOOM_INLINE torch::Tensor GPT2ModelImpl::forward_step(const DecodeStep& step) {
+  // GPT2Model.forward as generate calls it: wte + wpe(position_ids), the causal mask with
+  // padding, each block with its layer of the cache.
+  const int64_t query = step.input_ids.size(1);
+  const int64_t past = step.cache != nullptr ? step.cache->seq_length() : 0;
+  if (step.cache != nullptr) step.cache->layers.resize(blocks.size());
+  const auto x0 = wte(step.input_ids) + wpe(step.position_ids);
+  const auto mask = step_attention_mask(step.attention_mask, query, past + query, x0.device());
+  auto x = drop(x0);
+  for (size_t i = 0; i < blocks.size(); ++i)
+    x = blocks[i]->forward(x, AttentionStep{mask, step.cache != nullptr ? &step.cache->layers[i] : nullptr});
   return ln_f(x);
 }
 
@@ -177,6 +213,21 @@ LOOM_INLINE CausalLMOutput GPT2LMHeadModelImpl::forward(const data::CausalLMBatc
   const auto hidden = transformer(batch.input_ids);
   const torch::Tensor& weight = lm_head ? lm_head->weight : transformer->wte->weight;
   return causal_lm_output(hidden, weight, batch.labels, fast_kernels(kernels_, hidden));
+}
+
+LOOM_INLINE torch::Tensor GPT2LMHeadModelImpl::next_token_logits(const DecodeStep& step) {
+  const auto hidden = transformer->forward_step(step);
+  const auto last = hidden.narrow(1, hidden.size(1) - 1, 1);
+  const torch::Tensor& weight = lm_head ? lm_head->weight : transformer->wte->weight;
+  const auto logits = lm_head_logits(last, weight, fast_kernels(kernels_, last)).narrow(-1, 0, weight.size(0));
+  return logits.select(1, 0).to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
+}
+
+LOOM_INLINE void GPT2LMHeadModelImpl::check_generation_positions(int64_t positions) const {
+  check(positions <= config_.n_positions,
+        "generate: the longest prompt plus max_new_tokens needs {} positions, past GPT-2's n_positions ({}): its "
+        "learned position table has no row beyond; shorten the prompt or max_new_tokens",
+        positions, config_.n_positions);
 }
 
 LOOM_INLINE HfNameRules GPT2LMHeadModelImpl::name_rules() const {

@@ -2,6 +2,7 @@
 // Definitions of models/llama.hpp (compiled once with LOOM_SEPARATE_COMPILATION).
 
 #include <loom/core/error.hpp>
+#include <loom/core/log.hpp>
 #include <loom/models/activations.hpp>
 #include <loom/models/causal_lm.hpp>
 #include <loom/models/hf_folder.hpp>
@@ -16,6 +17,7 @@
 #include <numbers>
 #include <set>
 #include <string>
+#include <tuple>
 
 namespace loom::models {
 
@@ -235,6 +237,46 @@ LOOM_INLINE torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, co
   return o_proj(y);
 }
 
+LOOM_INLINE torch::Tensor LlamaAttentionImpl::forward_step(const torch::Tensor& x, const torch::Tensor& cos,
+                                                           const torch::Tensor& sin, const AttentionStep& step) {
+  const int64_t batch = x.size(0), seq = x.size(1);
+  const auto heads = [&](const torch::Tensor& t) { return t.view({batch, seq, -1, head_dim_}).transpose(1, 2); };
+  auto q = heads(q_proj(x));
+  auto k = heads(k_proj(x));
+  auto v = heads(v_proj(x));
+  const auto c = cos.unsqueeze(1), s = sin.unsqueeze(1);
+  q = (q * c) + (detail::rotate_half(q) * s);
+  k = (k * c) + (detail::rotate_half(k) * s);
+  if (step.cache != nullptr) std::tie(k, v) = step.cache->update(k, v);
+  const int64_t keys = k.size(2);
+  check(!window_ || keys <= *window_,
+        "a sequence of {} tokens is longer than the config's sliding_window ({}); loom's Llama architecture has no "
+        "sliding-window attention, so use sequences of at most {} tokens",
+        keys, *window_, *window_);
+  // transformers' sdpa_attention_forward: grouped heads by sdpa's enable_gqa without a mask;
+  // a single query with a mask as [batch, kv_heads, groups] queries against the kv heads;
+  // else the key/value heads repeated (repeat_kv).
+  const int64_t groups = heads_ / kv_heads_;
+  const bool causal = seq > 1 && !step.mask.defined();
+  torch::Tensor y;
+  if (groups > 1 && !step.mask.defined() && head_dim_ <= 256) {
+    y = at::scaled_dot_product_attention(q, k, v, {}, 0.0, causal, scaling_, /*enable_gqa=*/true);
+  } else if (groups > 1 && seq == 1) {
+    y = at::scaled_dot_product_attention(q.reshape({batch, kv_heads_, groups, head_dim_}), k, v, step.sdpa_mask(), 0.0,
+                                         false, scaling_)
+            .reshape({batch, -1, seq, head_dim_});
+  } else {
+    const auto repeat = [&](const torch::Tensor& t) {
+      if (groups == 1) return t;
+      return t.unsqueeze(2).expand({batch, kv_heads_, groups, t.size(2), head_dim_}).reshape(
+          {batch, heads_, t.size(2), head_dim_});
+    };
+    y = at::scaled_dot_product_attention(q, repeat(k), repeat(v), step.sdpa_mask(), 0.0, causal, scaling_);
+  }
+  y = y.transpose(1, 2).contiguous().reshape({batch, seq, -1}).contiguous();
+  return o_proj(y);
+}
+
 LOOM_INLINE LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) : activation_(activation_fn(c.hidden_act)) {
   const auto linear = [&](int64_t in, int64_t out) { return peft::AdaptableLinear(in, out, c.mlp_bias); };
   gate_proj = register_module("gate_proj", linear(c.hidden_size, c.intermediate_size));
@@ -258,6 +300,12 @@ LOOM_INLINE torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x,
                                                          const torch::Tensor& sin, const torch::Tensor& mask,
                                                          const torch::Tensor& cu_seqlens) {
   auto h = x + self_attn(input_layernorm(x), cos, sin, mask, cu_seqlens);
+  return h + mlp(post_attention_layernorm(h));
+}
+
+LOOM_INLINE torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                                         const torch::Tensor& sin, const AttentionStep& step) {
+  auto h = x + self_attn->forward_step(input_layernorm(x), cos, sin, step);
   return h + mlp(post_attention_layernorm(h));
 }
 
@@ -345,6 +393,22 @@ LOOM_INLINE torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids
   return norm(x);
 }
 
+LOOM_INLINE torch::Tensor LlamaModelImpl::forward_step(const DecodeStep& step) {
+  // LlamaModel.forward as generate calls it: the rotary table at the step's positions, the
+  // causal mask with padding, each layer with its layer of the cache.
+  const int64_t query = step.input_ids.size(1);
+  const int64_t past = step.cache != nullptr ? step.cache->seq_length() : 0;
+  if (step.cache != nullptr) step.cache->layers.resize(units.size());
+  auto x = embed_tokens(step.input_ids);
+  auto [cos, sin] = rotary(step.position_ids.to(x.device()));
+  cos = cos.to(x.scalar_type());
+  sin = sin.to(x.scalar_type());
+  const auto mask = step_attention_mask(step.attention_mask, query, past + query, x.device());
+  for (size_t i = 0; i < units.size(); ++i)
+    x = units[i]->forward(x, cos, sin, AttentionStep{mask, step.cache != nullptr ? &step.cache->layers[i] : nullptr});
+  return norm(x);
+}
+
 // ---- the causal LM -------------------------------------------------------------------------
 
 LOOM_INLINE LlamaForCausalLMImpl::LlamaForCausalLMImpl(LlamaConfig config)
@@ -383,6 +447,23 @@ LOOM_INLINE CausalLMOutput LlamaForCausalLMImpl::forward(const data::CausalLMBat
   const auto hidden = model(batch.input_ids, batch.position_ids, fast_kernels(kernels_, batch.input_ids));
   const torch::Tensor& weight = lm_head ? lm_head->weight : model->embed_tokens->weight;
   return causal_lm_output(hidden, weight, batch.labels, fast_kernels(kernels_, hidden));
+}
+
+LOOM_INLINE torch::Tensor LlamaForCausalLMImpl::next_token_logits(const DecodeStep& step) {
+  const auto hidden = model->forward_step(step);
+  const auto last = hidden.narrow(1, hidden.size(1) - 1, 1);
+  const torch::Tensor& weight = lm_head ? lm_head->weight : model->embed_tokens->weight;
+  const auto logits = lm_head_logits(last, weight, fast_kernels(kernels_, last)).narrow(-1, 0, weight.size(0));
+  return logits.select(1, 0).to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
+}
+
+LOOM_INLINE void LlamaForCausalLMImpl::check_generation_positions(int64_t positions) const {
+  if (positions > config_.max_position_embeddings)
+    log_message(LogLevel::warning,
+                "generate: the longest prompt plus max_new_tokens needs {} positions, past the config's "
+                "max_position_embeddings ({}); the rotary embeddings extrapolate (as in transformers), where the "
+                "model was not trained",
+                positions, config_.max_position_embeddings);
 }
 
 LOOM_INLINE std::string_view LlamaForCausalLMImpl::architecture_name() const {
