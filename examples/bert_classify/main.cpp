@@ -18,6 +18,17 @@
 //   .venv/bin/torchrun --nproc_per_node=2 --no-python build/examples/bert_classify --sharding zero2
 //   build/examples/bert_classify --help                           # every flag
 //
+// Your own data, any of HF's three problem types (examples/text_data/prepare.py --classify: JSON
+// Lines of {"text", "label"}; the label's form says the task, meta.json records it):
+//   .venv/bin/python examples/text_data/prepare.py --classify reviews.jsonl --out data/reviews
+//   build/examples/bert_classify --data_dir data/reviews     # single-label: accuracy, macro F1
+//   # multi_label_classification (labels: lists of class names): BCE-with-logits; sigmoid > 0.5
+//   #   predictions, eval_exact_match (subset accuracy), eval_f1_micro, eval_f1_macro
+//   # regression (labels: numbers): MSE; eval_mse, eval_rmse, eval_mae (and eval_pearson for one target)
+// The model's problem_type is the data's (a --model_name_or_path folder's must agree, or be
+// unset). Each run also reports a baseline that ignores the text: the majority class (accuracy),
+// the training labels' mean (mse) or each label's majority value (exact match).
+//
 // Each example is [CLS] verse [SEP] (kjv.py's classify_{train,val} ragged files),
 // truncated to --max_seq_length ids; batches are padded to their longest example by the
 // dataset's DataCollatorWithPadding (HF's), with attention_mask 0 on the padding. Without
@@ -27,6 +38,8 @@
 
 #include <loom/loom.hpp>
 #include <loom/data/token_file.hpp>
+#include <loom/metrics/classification.hpp>
+#include <loom/metrics/regression.hpp>
 #include <loom/models/bert.hpp>
 
 #include "../common/hf_example.hpp"
@@ -35,6 +48,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -62,32 +77,74 @@ struct ExampleArguments {
 
 using loom::models::BertForSequenceClassification;
 
+using loom::data::LabelKind;
+
+/// HF-style metrics of `kind` for logits and labels: single-label accuracy and macro F1;
+/// multi-label (sigmoid > 0.5) exact match (subset accuracy) and micro / macro F1; regression
+/// MSE, RMSE, MAE (and Pearson's r for one target).
+static loom::Metrics problem_metrics(LabelKind kind, const torch::Tensor& logits, const torch::Tensor& labels) {
+  namespace m = loom::metrics;
+  m::ClassificationOptions options;
+  options.zero_division = 0.0;  // a class never predicted scores 0, silently (sklearn's zero_division=0)
+  if (kind == LabelKind::class_id) {
+    options.average = "macro";
+    return {{"accuracy", m::accuracy(logits, labels)}, {"f1_macro", m::f1(logits, labels, options)}};
+  }
+  if (kind == LabelKind::multi_hot) {
+    options.multi_label = true;
+    const auto predicted = m::multi_label_predictions(logits);
+    loom::Metrics out{{"exact_match", m::accuracy(predicted, labels, options)}};
+    for (const char* average : {"micro", "macro"}) {
+      options.average = average;
+      out.set(std::string("f1_") + average, m::f1(predicted, labels, options));
+    }
+    return out;
+  }
+  loom::Metrics out{{"mse", m::mean_squared_error(logits, labels)},
+                    {"rmse", m::root_mean_squared_error(logits, labels)},
+                    {"mae", m::mean_absolute_error(logits, labels)}};
+  if (labels.dim() == 1 && labels.size(0) > 1) out.set("pearson", m::pearson(logits, labels));
+  return out;
+}
+
 // Sharding and precision are types; main() picks them from --sharding and --bf16 / --fp16
-// through loom::select_policies. The model's forward(batch) returns {loss, logits} (HF's
-// single-label cross-entropy), so the Trainer's default compute_loss is the model's loss.
-/// The trainer: accuracy in evaluation.
+// through loom::select_policies. The model's forward(batch) returns {loss, logits} (HF's loss
+// for the config's problem_type), so the Trainer's default compute_loss is the model's loss.
+/// The trainer: the data's problem type's metrics in evaluation.
 template <class Sharding, class Precision>
 struct BertTrainer
     : loom::Trainer<BertTrainer<Sharding, Precision>, BertForSequenceClassification, Sharding, Precision> {
   using loom::Trainer<BertTrainer<Sharding, Precision>, BertForSequenceClassification, Sharding, Precision>::Trainer;
 
-  /// The share of held-out verses whose group has the largest logit.
-  loom::Metrics compute_metrics(const loom::EvalPrediction& p) {
-    const auto predicted = p.predictions.argmax(-1);
-    return {{"accuracy", predicted.eq(p.label_ids).to(torch::kDouble).mean().template item<double>()}};
-  }
+  LabelKind kind = LabelKind::class_id;  ///< the data's labels (meta.json's problem_type)
+
+  /// problem_metrics of the held-out examples.
+  loom::Metrics compute_metrics(const loom::EvalPrediction& p) { return problem_metrics(kind, p.predictions, p.label_ids); }
 };
 
-/// The accuracy of always answering the most frequent label of `dataset`.
-static double majority_accuracy(const loom::data::TokenSequenceDataset& dataset) {
-  std::vector<int64_t> counts;
-  for (int64_t i = 0; i < dataset.size(); ++i) {
-    const auto label = dataset.get(i).labels.item<int64_t>();
-    if (label >= static_cast<int64_t>(counts.size())) counts.resize(static_cast<size_t>(label) + 1, 0);
-    ++counts[static_cast<size_t>(label)];
+/// A baseline that ignores the text, as the metric it is compared with: the majority class's
+/// accuracy (single-label), each label's training majority as exact match (multi-label), the
+/// training mean's mse (regression). Returns {metric name, value}.
+static std::pair<std::string, double> text_blind_baseline(LabelKind kind, const loom::data::TokenSequenceDataset& train,
+                                               const loom::data::TokenSequenceDataset& eval) {
+  const auto all = [](const loom::data::TokenSequenceDataset& d) {
+    std::vector<torch::Tensor> labels;
+    for (int64_t i = 0; i < d.size(); ++i) labels.push_back(d.get(i).labels);
+    return torch::stack(labels);
+  };
+  const auto eval_labels = all(eval);
+  if (kind == LabelKind::class_id) {
+    const auto majority = std::get<0>(at::mode(eval_labels));  // the held-out set's most frequent class
+    return {"majority_accuracy", loom::metrics::accuracy(majority.expand_as(eval_labels), eval_labels)};
   }
-  const int64_t most = counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end());
-  return static_cast<double>(most) / static_cast<double>(std::max<int64_t>(dataset.size(), 1));
+  const auto train_labels = all(train);
+  if (kind == LabelKind::multi_hot) {
+    const auto majority = train_labels.mean(0).gt(0.5).to(torch::kFloat);
+    loom::metrics::ClassificationOptions options;
+    options.multi_label = true;
+    return {"majority_exact_match", loom::metrics::accuracy(majority.expand_as(eval_labels), eval_labels, options)};
+  }
+  return {"mean_baseline_mse", loom::metrics::mean_squared_error(train_labels.mean(0).expand_as(eval_labels), eval_labels)};
 }
 
 int main(int argc, char** argv) {
@@ -126,8 +183,10 @@ int main(int argc, char** argv) {
     // The model's configuration before any data: a folder's config.json, else the flags.
     const auto meta = hf_example::read_token_folder(example.data_dir);
     const auto num_labels = static_cast<int64_t>(meta.label_names.size());
-    loom::check(num_labels > 1, "{}/meta.json names {} classification labels; kjv.py writes 7",
-                example.data_dir, num_labels);
+    const std::string problem(loom::data::problem_type_name(meta.label_kind));
+    loom::check(num_labels > (meta.label_kind == LabelKind::class_id ? 1 : 0),
+                "{}/meta.json names {} classification labels; single-label classification needs at least 2 "
+                "(kjv.py writes 7)", example.data_dir, num_labels);
     loom::models::BertConfig config;
     if (args.model_name_or_path) {
       config = loom::models::read_hf_config<loom::models::BertConfig>(*args.model_name_or_path);
@@ -137,13 +196,13 @@ int main(int argc, char** argv) {
       loom::check(config.vocab_size >= meta.vocab_size,
                   "--model_name_or_path {} has vocab_size {}, but the token files of {} use {} ids",
                   *args.model_name_or_path, config.vocab_size, example.data_dir, meta.vocab_size);
-      // The token files hold one integer class id per verse: HF's regression and multi-label
-      // losses take float labels, which this example's data cannot give.
-      const auto problem = config.problem_type.value_or("single_label_classification");
-      loom::check(problem == "single_label_classification",
-                  "--model_name_or_path {} has problem_type {}, which takes float labels; bert_classify's data "
-                  "holds one integer class id per verse (single_label_classification)",
-                  *args.model_name_or_path, problem);
+      // The loss follows the data's labels: an unset problem_type becomes the data's (as HF's
+      // run_classification.py sets it), a different one is refused.
+      loom::check(!config.problem_type || *config.problem_type == problem,
+                  "--model_name_or_path {} has problem_type {}, but the labels of {} are {} (meta.json's "
+                  "classification.problem_type)", *args.model_name_or_path, *config.problem_type, example.data_dir,
+                  problem);
+      config.problem_type = problem;
       loom::check(example.max_seq_length <= config.max_position_embeddings,
                   "--max_seq_length {} exceeds --model_name_or_path {}'s max_position_embeddings {}",
                   example.max_seq_length, *args.model_name_or_path, config.max_position_embeddings);
@@ -157,7 +216,7 @@ int main(int argc, char** argv) {
       config.hidden_dropout_prob = config.attention_probs_dropout_prob = example.dropout;
       config.pad_token_id = meta.pad_token_id;
       for (int64_t i = 0; i < num_labels; ++i) config.id2label[i] = meta.label_names[static_cast<size_t>(i)];
-      config.problem_type = "single_label_classification";
+      config.problem_type = problem;
       loom::models::complete_labels(config);
     }
 
@@ -166,12 +225,21 @@ int main(int argc, char** argv) {
     options.num_labels = config.num_labels;  // every label checked against the model's count at open
     const loom::data::TokenSequenceDataset train_set(meta.classification_files("train"), options);
     const loom::data::TokenSequenceDataset eval_set(meta.classification_files("val"), options);
-    const double baseline = majority_accuracy(eval_set);
+    const auto blind = text_blind_baseline(meta.label_kind, train_set, eval_set);
+    const std::string& baseline_name = blind.first;
+    const double baseline = blind.second;
+    const std::string compared = meta.label_kind == LabelKind::class_id ? "accuracy"
+                                 : meta.label_kind == LabelKind::multi_hot ? "exact_match" : "mse";
     const std::string origin = args.model_name_or_path ? *args.model_name_or_path : std::string("random init");
-    auto model = hf_example::pretrained_or_random<BertForSequenceClassification>(args, config);
+    // From a folder: its weights in a model of the config read above, whose problem_type is now the data's.
+    BertForSequenceClassification model(config);
+    if (args.model_name_or_path) {
+      model->load_weights(*args.model_name_or_path);
+      args.model_name_or_path.reset();  // loaded here, not again by the Trainer
+    }
     if (main_process) {
-      fmt::print("bert_classify: {} training and {} held-out verses from {}, {} labels, majority baseline {:.4f}\n",
-                 train_set.size(), eval_set.size(), example.data_dir, num_labels, baseline);
+      fmt::print("bert_classify: {} training and {} held-out examples from {}, {} labels ({}), {} {:.4f}\n",
+                 train_set.size(), eval_set.size(), example.data_dir, num_labels, problem, baseline_name, baseline);
       const auto& c = model->config();
       fmt::print("bert_classify: BertForSequenceClassification ({}) with {} layers, {} heads, width {}: "
                  "{:.2f} M parameters\n", origin, c.num_hidden_layers, c.num_attention_heads, c.hidden_size,
@@ -179,9 +247,10 @@ int main(int argc, char** argv) {
     }
 
     // As HF's run_glue: train, save the model, report, evaluate, report.
-    double accuracy = -1;
+    std::optional<double> score;  // the metric the baseline is compared with
     loom::select_policies(args, [&]<class Sharding, class Precision>() {
       BertTrainer<Sharding, Precision> trainer(args, model, train_set, eval_set);
+      trainer.kind = meta.label_kind;
       trainer.set_tokenizer_files(hf_example::tokenizer_files(meta));  // saved beside the weights
       if (args.do_train) {
         auto result = trainer.train();
@@ -190,16 +259,20 @@ int main(int argc, char** argv) {
       }
       if (args.do_eval) {
         auto metrics = trainer.evaluate();
-        metrics.set("eval_majority_accuracy", baseline);
+        metrics.set("eval_" + baseline_name, baseline);
         trainer.log_metrics("eval", metrics);
         trainer.save_metrics("eval", metrics);
-        accuracy = metrics.get("eval_accuracy").value_or(-1);
+        score = metrics.get("eval_" + compared);
       }
     });
     if (main_process) {
-      if (accuracy >= 0)
-        fmt::print("bert_classify: eval_accuracy {:.4f} against the majority baseline {:.4f} ({:+.4f})\n", accuracy,
-                   baseline, accuracy - baseline);
+      if (score && meta.label_kind == LabelKind::class_id) {
+        fmt::print("bert_classify: eval_accuracy {:.4f} against the majority baseline {:.4f} ({:+.4f})\n", *score,
+                   baseline, *score - baseline);
+      } else if (score) {
+        fmt::print("bert_classify: eval_{} {:.4f} against the baseline eval_{} {:.4f} ({:+.4f})\n", compared, *score,
+                   baseline_name, baseline, *score - baseline);
+      }
       fmt::print("outputs in {}\n", args.output_dir);
     }
     return 0;

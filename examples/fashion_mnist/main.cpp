@@ -61,9 +61,9 @@ struct FashionTrainer : loom::Trainer<FashionTrainer<Sharding, Precision>, Net, 
     return {torch::cross_entropy_loss(logits, batch.labels), logits};
   }
 
+  // sklearn's accuracy_score of the logits' argmax (loom/metrics/classification.hpp).
   loom::Metrics compute_metrics(const loom::EvalPrediction& p) {
-    const auto predicted = p.predictions.argmax(1);
-    return {{"accuracy", predicted.eq(p.label_ids).to(torch::kDouble).mean().item<double>()}};
+    return {{"accuracy", loom::metrics::accuracy(p.predictions, p.label_ids)}};
   }
 };
 

@@ -11,6 +11,16 @@ One kind of input per run (UTF-8 files; blank lines of a JSONL file are skipped)
                      of a run the same form; other fields are ignored):
                        {"prompt": "...", "completion": "..."}
                        {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}
+  --classify FILE... sequence classification or regression, JSON Lines {"text": "...", "label": ...}
+                     (--text_field, --label_field rename them); the label's form and --label_type
+                     (HF's problem_type; default auto) decide the task, the same for every line:
+                       single_label_classification: a class name ("sports") or a class id (3)
+                       multi_label_classification:  a list of class names (["a", "c"], may be
+                                                    empty) or a multi-hot list of num_labels 0/1
+                       regression:                  a number (0.7) or a list of num_labels numbers
+                     auto: names or integers -> single-label; lists of names -> multi-label;
+                     numbers with a fraction among them -> regression; lists of numbers are
+                     ambiguous (multi-hot or targets) and need --label_type.
 
 The tokenizer: a byte-level BPE of --vocab_size tokens (fewer when the input has fewer merges to
 learn) trained here on the input with `tokenizers` (no download), or --tokenizer, an existing
@@ -39,11 +49,22 @@ Output, in --out:
       (example i is ids[offsets[i]:offsets[i+1]]), .mask uint8, one per id: 1 on a token the
       loss counts (the completion, the assistant's replies, their eos), 0 on the rest (labels
       -100). A seeded shuffle picks --val_fraction of the examples for val.
+  classify_train.bin / .offsets / .labels, classify_val.* (--classify)
+      one example per line: .bin and .offsets as for SFT, each example [CLS] text [SEP] when
+      the tokenizer has both tokens (a BPE trained here does), else its prefix and the text;
+      --max_length truncates the text so that an example has at most that many ids. .labels:
+      single-label: int64, one class id per example; multi-label and regression: float32,
+      num_labels values per example, row after row (0/1 multi-hot rows; the targets).
+      Class names become ids in sorted order; ids and rows get the names LABEL_0, LABEL_1, ...
+      (HF's default id2label). A seeded shuffle picks --val_fraction of the examples for val.
   meta.json
       dtype, vocab_size, tokenizer_file, the special token ids (eos_token_id, pad_token_id,
       and cls/sep/mask when the tokenizer has them), special_tokens, then "lm": {split:
-      {file, tokens, documents}} or "sft": {"format": "prompt_completion" | "chat", split:
-      {ids, offsets, mask, examples, tokens, completion_tokens}}, and "source" (the options).
+      {file, tokens, documents}}, "sft": {"format": "prompt_completion" | "chat", split:
+      {ids, offsets, mask, examples, tokens, completion_tokens}} or "classification":
+      {"problem_type", "label_dtype": "int64" | "float32", "label_names", split: {ids,
+      offsets, labels, examples, tokens}}, and "source" (the options). loom's
+      read_token_meta reads it (data/token_file.hpp).
 
 A prompt-completion example is the prompt's ids, the completion's ids and the eos id; the
 prompt and the completion are tokenized separately, so the mask's boundary is exact. The
@@ -62,20 +83,23 @@ No bos is added unless the tokenizer's post-processor puts one before a text (Ll
 then every document and example starts with it. Special-token spellings inside the data are
 tokenized as text, never as the special ids (except through a tokenizer's chat_template).
 
---max_length N drops every example longer than N ids (counted, reported, and recorded in
-meta.json's source as dropped_too_long); nothing is truncated, so no example loses its
-completion. Bad input ends the run with one line naming FILE:LINE and exit status 1. The same
+--max_length N (--sft) drops every example longer than N ids (counted, reported, and recorded
+in meta.json's source as dropped_too_long); nothing is truncated, so no example loses its
+completion. With --classify it truncates instead (see above). Bad input ends the run with one line naming FILE:LINE and exit status 1. The same
 input and options give the same bytes. The ids are held in memory (about 40 bytes a token)
 before they are written.
 
   .venv/bin/python examples/text_data/prepare.py --text book1.txt book2.txt --out data/books
   .venv/bin/python examples/text_data/prepare.py --sft pairs.jsonl --out data/sft --vocab_size 8192
   .venv/bin/python examples/text_data/prepare.py --sft chats.jsonl --tokenizer my-model/ --out data/chat
+  .venv/bin/python examples/text_data/prepare.py --classify reviews.jsonl --out data/reviews --max_length 128
+  .venv/bin/python examples/text_data/prepare.py --classify scores.jsonl --label_type regression --out data/scores
 """
 
 import argparse
 import itertools
 import json
+import math
 import random
 import re
 import sys
@@ -209,6 +233,116 @@ def instructions(paths):
     if not examples:
         fail(f"no examples in {', '.join(map(str, paths))}")
     return form, examples
+
+
+PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
+
+
+def is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def label_form(label):
+    """The form of one label: name, id, number (with a fraction), names, numbers, empty (a list), or None."""
+    if isinstance(label, str):
+        return "name"
+    if is_number(label):
+        return "id" if isinstance(label, int) else "number"
+    if isinstance(label, list):
+        if not label:
+            return "empty"
+        if all(isinstance(v, str) for v in label):
+            return "names"
+        if all(is_number(v) for v in label):
+            return "numbers"
+    return None
+
+
+# The forms each problem_type takes.
+FORMS = {"single_label_classification": {"name", "id"}, "multi_label_classification": {"names", "empty", "numbers"},
+         "regression": {"id", "number", "numbers"}}
+
+
+def labelled_examples(paths, text_field, label_field, label_type):
+    """(problem_type, [(text, label)], where of each): the lines of --classify, their task checked."""
+    examples, wheres, first = [], [], {}
+    for path in paths:
+        for where, record in jsonl_records(path):
+            text = string_field(record, text_field, where)
+            if label_field not in record:
+                fail(f"{where}: missing field '{label_field}'")
+            label = record[label_field]
+            form = label_form(label)
+            if form is None:
+                fail(f"{where}: field '{label_field}' must be a class name, a number, or a list of names or of "
+                     f"numbers, got {json.dumps(label)[:40]}")
+            values = label if isinstance(label, list) else [label]
+            if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+                fail(f"{where}: field '{label_field}' holds NaN or infinity")
+            first.setdefault(form, where)
+            examples.append((text, label))
+            wheres.append(where)
+    if not examples:
+        fail(f"no examples in {', '.join(map(str, paths))}")
+    forms = set(first)
+    if label_type == "auto":
+        listed = forms - {"empty"}
+        if listed <= {"names"}:
+            label_type = "multi_label_classification"
+        elif listed <= {"name"} or listed <= {"id"}:
+            label_type = "single_label_classification"
+        elif listed <= {"id", "number"}:
+            label_type = "regression"
+        elif listed <= {"numbers"}:
+            fail(f"{first['numbers']}: a list of numbers is a multi-hot row or regression targets; say which with "
+                 "--label_type multi_label_classification or regression")
+        else:
+            a, b = sorted(forms, key=lambda f: first[f])[:2]
+            fail(f"{first[b]}: a label of another form ({b}) than the one at {first[a]} ({a}); one run holds one task")
+    bad = sorted((first[f], f) for f in forms - FORMS[label_type])
+    if bad:
+        fail(f"{bad[0][0]}: a label of form '{bad[0][1]}' does not fit --label_type {label_type}")
+    if label_type == "single_label_classification" and len(forms) > 1:
+        fail(f"{first['id']}: class ids and class names mixed (a name at {first['name']})")
+    if label_type == "multi_label_classification" and "numbers" in forms and len(forms) > 1:
+        other = min(first[f] for f in forms if f != "numbers")
+        fail(f"{other}: multi-hot rows (as at {first['numbers']}) and lists of class names mixed")
+    return label_type, examples, wheres
+
+
+def encode_labels(problem_type, examples, wheres):
+    """(label_names, labels): int64 class ids, or float32 rows of num_labels values."""
+    labels = [label for _, label in examples]
+    if problem_type == "single_label_classification":
+        if isinstance(labels[0], str):
+            names = sorted(set(labels))
+            index = {name: i for i, name in enumerate(names)}
+            return names, np.asarray([index[v] for v in labels], dtype="<i8")
+        for label, where in zip(labels, wheres):
+            if label < 0:
+                fail(f"{where}: class id {label} is negative")
+        return [f"LABEL_{i}" for i in range(max(labels) + 1)], np.asarray(labels, dtype="<i8")
+    if problem_type == "multi_label_classification" and all(label_form(v) in ("names", "empty") for v in labels):
+        names = sorted({name for label in labels for name in label})
+        if not names:
+            fail("no example of --classify has a class; multi-label data needs at least one")
+        index = {name: i for i, name in enumerate(names)}
+        rows = np.zeros((len(labels), len(names)), dtype="<f4")
+        for r, label in enumerate(labels):
+            rows[r, [index[name] for name in label]] = 1
+        return names, rows
+    rows = [label if isinstance(label, list) else [label] for label in labels]
+    width = len(rows[0])
+    for row, where in zip(rows, wheres):
+        if len(row) != width or width == 0:
+            fail(f"{where}: {len(row)} label values, but {wheres[0]} has {width}; every row has num_labels values")
+        if problem_type == "multi_label_classification" and any(v not in (0, 1) for v in row):
+            fail(f"{where}: a multi-hot label holds 0 or 1, got {json.dumps(row)[:40]}")
+    out = np.asarray(rows, dtype="<f4")
+    finite = np.isfinite(out).all(axis=1)
+    if not finite.all():
+        fail(f"{wheres[int(np.argmin(finite))]}: a label value overflows float32 (the label file's type)")
+    return [f"LABEL_{i}" for i in range(width)], out
 
 
 # --- the tokenizer ------------------------------------------------------------------------
@@ -419,6 +553,35 @@ def template_examples(vocab, conversations, tokenizer):
         yield ids, mask
 
 
+def classification_files(a, vocab, items, source):
+    """classify_<split>.bin / .offsets / .labels of the labelled examples; meta.json's "classification"."""
+    problem_type, examples, wheres = items
+    names, labels = encode_labels(problem_type, examples, wheres)
+    cls, sep = vocab.fast.cls_token_id, vocab.fast.sep_token_id
+    wrap = cls is not None and sep is not None
+    head, tail = ([cls], [sep]) if wrap else (list(vocab.prefix), [])
+    room = None if a.max_length is None else a.max_length - len(head) - len(tail)
+    if room is not None and room < 1:
+        fail(f"--max_length {a.max_length} leaves no room for text beside {len(head) + len(tail)} special ids")
+    seqs = [head + ids[:room] + tail for ids in vocab.encode([text for text, _ in examples])]
+    if len(seqs) < 2:
+        fail(f"{len(seqs)} example(s); train and val need at least one each")
+    if a.max_length is not None:
+        source["max_length"] = a.max_length
+    source["label_type"] = a.label_type
+    meta = {"problem_type": problem_type, "label_dtype": "int64" if labels.dtype == np.int64 else "float32",
+            "label_names": names}
+    counts = []
+    for split, idx in zip(("train", "val"), split_indices(len(seqs), a.val_fraction, a.seed)):
+        files = {"ids": f"classify_{split}.bin", "offsets": f"classify_{split}.offsets",
+                 "labels": f"classify_{split}.labels"}
+        tokens = write_ragged(a.out, files, [seqs[i] for i in idx], vocab.dtype)
+        labels[idx].tofile(a.out / files["labels"])
+        meta[split] = {**files, "examples": len(idx), "tokens": tokens}
+        counts.append(f"{split} {len(idx)} examples, {tokens} tokens")
+    return meta, f"{len(seqs)} {problem_type} examples, {len(names)} labels; classification {', '.join(counts)}"
+
+
 def sft_split(out, split, examples, dtype):
     """sft_<split>.bin / .offsets / .mask of (ids, mask) examples; their entry of meta.json's "sft"."""
     files = {"ids": f"sft_{split}.bin", "offsets": f"sft_{split}.offsets", "mask": f"sft_{split}.mask"}
@@ -438,9 +601,14 @@ def parse_args():
     src.add_argument("--jsonl", nargs="+", type=Path, metavar="FILE", help="JSON Lines, a document per line")
     src.add_argument("--sft", nargs="+", type=Path, metavar="FILE",
                      help="JSON Lines of {prompt, completion} or {messages}: SFT token files with loss masks")
+    src.add_argument("--classify", nargs="+", type=Path, metavar="FILE",
+                     help="JSON Lines of {text, label}: classification or regression token and label files")
     p.add_argument("--out", type=Path, required=True, help="output folder (created)")
     p.add_argument("--one_document_per_line", action="store_true", help="--text: each non-blank line is a document")
-    p.add_argument("--text_field", default=None, help="--jsonl: the field holding the text (default: text)")
+    p.add_argument("--text_field", default=None, help="--jsonl, --classify: the field holding the text (default: text)")
+    p.add_argument("--label_field", default=None, help="--classify: the field holding the label (default: label)")
+    p.add_argument("--label_type", default=None, choices=("auto",) + PROBLEM_TYPES,
+                   help="--classify: the task, HF's problem_type (default auto: from the labels' form)")
     p.add_argument("--tokenizer", type=Path, help="an existing tokenizer.json, or its folder, instead of training one")
     p.add_argument("--eos_token", help="--tokenizer: the end-of-text token, when the tokenizer does not say")
     p.add_argument("--vocab_size", type=int, default=None,
@@ -448,17 +616,22 @@ def parse_args():
     p.add_argument("--min_frequency", type=int, default=2, help="the BPE trained here: a merge must occur this often")
     p.add_argument("--val_fraction", type=float, default=0.05,
                    help="share of the documents or examples held out (default 0.05)")
-    p.add_argument("--max_length", type=int, default=None, help="--sft: drop examples of more ids than this")
+    p.add_argument("--max_length", type=int, default=None,
+                   help="--sft: drop examples of more ids than this; --classify: truncate examples to this many")
     p.add_argument("--seed", type=int, default=1234, help="the train/val shuffle (default 1234)")
     a = p.parse_args()
     if a.one_document_per_line and not a.text:
         fail("--one_document_per_line goes with --text")
-    if a.text_field is not None and not a.jsonl:
-        fail("--text_field goes with --jsonl")
-    if a.max_length is not None and not a.sft:
-        fail("--max_length goes with --sft")
+    if a.text_field is not None and not (a.jsonl or a.classify):
+        fail("--text_field goes with --jsonl or --classify")
+    for flag in ("label_field", "label_type"):
+        if getattr(a, flag) is not None and not a.classify:
+            fail(f"--{flag} goes with --classify")
+    a.label_type = a.label_type or "auto"
+    if a.max_length is not None and not (a.sft or a.classify):
+        fail("--max_length goes with --sft or --classify")
     if a.max_length is not None and a.max_length < 2:
-        fail("--max_length must be at least 2 (a token and the eos)")
+        fail("--max_length must be at least 2 (a token and the eos; [CLS] and [SEP])")
     if a.tokenizer is not None and a.vocab_size is not None:
         fail("--vocab_size sizes the BPE trained here; --tokenizer brings its own vocabulary")
     if a.eos_token is not None and a.tokenizer is None:
@@ -479,6 +652,11 @@ def read_input(a, source):
             texts = [content for conv in items for _, content in conv]
         source.update(format=form, examples=len(items))
         return form, items, texts
+    if a.classify:
+        problem_type, examples, wheres = labelled_examples(a.classify, a.text_field or "text",
+                                                           a.label_field or "label", a.label_type)
+        source.update(format="classification", problem_type=problem_type, examples=len(examples))
+        return "classification", (problem_type, examples, wheres), [text for text, _ in examples]
     form = "text" if a.text else "jsonl"
     docs = text_documents(a.text, a.one_document_per_line) if a.text else jsonl_documents(a.jsonl, a.text_field or "text")
     if not docs:
@@ -514,7 +692,8 @@ def sft_files(a, vocab, form, items, source):
 def main():
     a = parse_args()
     start = time.time()
-    source = {"inputs": [str(f) for f in a.text or a.jsonl or a.sft], "seed": a.seed, "val_fraction": a.val_fraction}
+    source = {"inputs": [str(f) for f in a.text or a.jsonl or a.sft or a.classify], "seed": a.seed,
+              "val_fraction": a.val_fraction}
     form, items, texts = read_input(a, source)
     if a.tokenizer is not None:
         vocab = existing_vocab(a.tokenizer, a.eos_token)
@@ -530,6 +709,8 @@ def main():
     meta = vocab.meta()
     if a.sft:
         meta["sft"], summary = sft_files(a, vocab, form, items, source)
+    elif a.classify:
+        meta["classification"], summary = classification_files(a, vocab, items, source)
     else:
         meta["lm"] = lm_files(a.out, vocab, texts, a.val_fraction, a.seed)
         lm = meta["lm"]

@@ -30,7 +30,9 @@
 #include <loom/distributed/sharding.hpp>
 #include <loom/checkpoint/folders.hpp>
 #include <loom/checkpoint/safetensors.hpp>
+#include <loom/metrics/classification.hpp>
 #include <loom/metrics/memory.hpp>
+#include <loom/metrics/regression.hpp>
 #include <loom/metrics/speed.hpp>
 #include <loom/peft/lora_arguments.hpp>
 #include <loom/policy/bundle.hpp>

@@ -33,15 +33,15 @@ expect_loom_error("--hidden_size must be a positive multiple of --num_attention_
                   --data_dir "${DATA}" --hidden_size 30)
 expect_loom_error("--max_seq_length 512 exceeds --model_name_or_path [^ ]*'s max_position_embeddings 32"
                   --data_dir "${DATA}" --model_name_or_path "${base}/single" --max_seq_length 512)
-# An HF folder whose problem_type takes float labels (the token files hold class ids).
+# An HF folder whose problem_type is not the data's (the KJV token files hold class ids).
 foreach(problem regression multi_label_classification)
   file(REMOVE_RECURSE "${base}/${problem}")
   file(COPY "${base}/single/" DESTINATION "${base}/${problem}")
   file(READ "${base}/${problem}/config.json" config)
   string(JSON config SET "${config}" problem_type "\"${problem}\"")
   file(WRITE "${base}/${problem}/config.json" "${config}")
-  set(says "bert_classify's data holds one integer class id per verse \\(single_label_classification\\)")
-  expect_loom_error("--model_name_or_path [^ ]*/${problem} has problem_type ${problem}, which takes float labels; ${says}"
+  set(says "but the labels of [^ ]* are single_label_classification \\(meta.json's classification.problem_type\\)")
+  expect_loom_error("--model_name_or_path [^ ]*/${problem} has problem_type ${problem}, ${says}"
                     --data_dir "${DATA}" --model_name_or_path "${base}/${problem}")
 endforeach()
 # A label outside [0, num_labels) stops the run when the data is read (libtorch aborted on a

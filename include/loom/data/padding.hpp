@@ -19,7 +19,7 @@ namespace loom::data {
 /// One tokenized example before padding.
 struct TokenSequence {
   torch::Tensor input_ids;  ///< integer [length]
-  torch::Tensor labels;     ///< one label (a 0-dim tensor), one per token ([length]), or undefined
+  torch::Tensor labels;     ///< one label (0-dim), a float row ([num_labels]), integer ones per token ([length]), or undefined
 };
 
 /// Which end of a sequence the padding goes to (HF's tokenizer.padding_side).
@@ -38,7 +38,8 @@ enum class PaddingStrategy {
 /// - input_ids are padded with `pad_token_id`, attention_mask is 1 on tokens and 0 on padding,
 ///   both int64, on `padding_side`;
 /// - labels: one per sequence are stacked (their dtype kept: int64 classes, float
-///   regression); one per token (as long as the sequence) are padded with
+///   regression) and so are floating-point rows (multi-hot or regression targets: [B,
+///   num_labels]); integer ones per token (as long as the sequence) are padded with
 ///   `label_pad_token_id` (-100) on the same side; undefined in every example stays undefined.
 /// A sequence longer than max_length under PaddingStrategy::max_length is an error (HF would
 /// return ragged lists): truncate first (TokenSequenceDataset's max_length).

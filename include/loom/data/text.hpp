@@ -17,8 +17,10 @@ struct CausalLMBatch {
   torch::Tensor position_ids{};
 };
 
-/// A padded batch of token sequences with one label per sequence (classification: int64
-/// [batch]; regression: float [batch]) or per token (int64 [batch, seq], -100 ignored).
+/// A padded batch of token sequences with one label per sequence (single-label
+/// classification: int64 [batch]; regression with one target: float [batch]; multi-label
+/// multi-hot rows or several regression targets: float [batch, num_labels]) or per token
+/// (int64 [batch, seq], -100 ignored).
 struct SequenceBatch {
   torch::Tensor input_ids;       ///< int64 [batch, seq], padded with the pad id
   torch::Tensor attention_mask;  ///< int64 [batch, seq]: 1 on tokens, 0 on padding

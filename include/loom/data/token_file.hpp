@@ -10,9 +10,11 @@
 //   once (run_clm applies it to each map batch of 1000 texts, so it drops a remainder per
 //   batch), or windows every `stride` tokens.
 // - a ragged token file: variable-length examples, three files: the ids (as above), uint64
-//   offsets (n + 1 values: example i is ids [offsets[i], offsets[i+1])) and int64 labels (one
-//   per example, or one per token). TokenSequenceDataset serves its examples, truncated to
-//   max_length, and pads batches with DataCollatorWithPadding (data/padding.hpp).
+//   offsets (n + 1 values: example i is ids [offsets[i], offsets[i+1])) and labels, whose
+//   kind is HF's problem_type (LabelKind): int64 class ids (one per example, or one per
+//   token), or little-endian float32, num_labels per example, row after row (multi-label:
+//   0/1 multi-hot rows; regression: the targets). TokenSequenceDataset serves its examples,
+//   truncated to max_length, and pads batches with DataCollatorWithPadding (data/padding.hpp).
 // - meta.json beside them (read_token_meta) names the files, the element type, the
 //   vocabulary size and the special token ids.
 //
@@ -135,8 +137,21 @@ class TokenFileDataset {
 struct RaggedTokenFiles {
   std::filesystem::path ids;      ///< the examples' ids, one after another
   std::filesystem::path offsets;  ///< uint64, n + 1 values: 0, the end of example 0, ..., the number of ids
-  std::filesystem::path labels;   ///< int64, one per example (or per id); empty: no labels
+  std::filesystem::path labels;   ///< the labels (LabelKind says how they are stored); empty: no labels
 };
+
+/// What a label file holds: HF's problem_type, which meta.json's classification section
+/// names ("problem_type"; absent: single_label_classification).
+enum class LabelKind {
+  class_id,    ///< single_label_classification: int64 class ids, one per example (or per id)
+  multi_hot,   ///< multi_label_classification: float32, num_labels values of 0 or 1 per example
+  regression,  ///< regression: float32, num_labels finite targets per example
+};
+
+/// The LabelKind of HF's problem_type name; another name is a loom::Error listing HF's three.
+LOOM_INLINE LabelKind label_kind(std::string_view problem_type);
+/// HF's problem_type name of `kind` ("single_label_classification", ...).
+[[nodiscard]] LOOM_INLINE std::string_view problem_type_name(LabelKind kind);
 
 /// How TokenSequenceDataset reads a ragged token file.
 struct TokenSequenceOptions {
@@ -144,21 +159,28 @@ struct TokenSequenceOptions {
   std::optional<int64_t> max_length;      ///< truncation: an example keeps its first max_length ids
   std::optional<int64_t> vocab_size;      ///< when given, every id must be below it (checked once at open)
   bool labels_per_token = false;          ///< the labels file holds one label per id (token classification)
-  /// When given, every label must lie in [0, num_labels) (per-token labels may also be -100,
-  /// HF's ignored index), checked once at open: the model's label count.
+  /// What the labels file holds; float kinds take num_labels values per example and no labels_per_token.
+  LabelKind label_kind = LabelKind::class_id;
+  /// The model's label count. class_id: when given, every label must lie in [0, num_labels)
+  /// (per-token labels may also be -100, HF's ignored index). multi_hot and regression: required,
+  /// the values per example. Checked once at open.
   std::optional<int64_t> num_labels;
   DataCollatorWithPadding collator;       ///< how collate() pads a batch (set its pad_token_id)
 };
 
 /// Variable-length examples of a ragged token file, each a TokenSequence (int64 input_ids,
-/// truncated to max_length; its label, a 0-dim int64 tensor, or its per-token labels),
-/// batched into SequenceBatch by the options' DataCollatorWithPadding through collate(): the
-/// Trainer, DataLoader and AnyDataset call it. with_collator() replaces the collator.
+/// truncated to max_length; its label: a 0-dim int64 class id, its per-token int64 labels, a
+/// float [num_labels] row (multi-label, or regression with several targets) or a 0-dim float
+/// (regression with one target)), batched into SequenceBatch by the options'
+/// DataCollatorWithPadding through collate() (labels int64 [B], int64 [B, T], float [B,
+/// num_labels] or float [B]): the Trainer, DataLoader and AnyDataset call it.
+/// with_collator() replaces the collator.
 class TokenSequenceDataset {
  public:
   /// Maps the files and checks them (offsets start at 0, never decrease and end at the number
-  /// of ids; one label per example or per id; ids below vocab_size; labels below num_labels):
-  /// a loom::Error names the file.
+  /// of ids; one label per example or per id, or num_labels floats per example; ids below
+  /// vocab_size; class ids below num_labels; float labels finite, multi-hot ones 0 or 1):
+  /// a loom::Error names the file (and the example).
   LOOM_INLINE TokenSequenceDataset(const RaggedTokenFiles& files, TokenSequenceOptions options);
   /// Number of examples.
   [[nodiscard]] int64_t size() const { return size_; }
@@ -177,12 +199,16 @@ class TokenSequenceDataset {
   LOOM_INLINE std::pair<int64_t, int64_t> span_of(int64_t i) const;  // [begin, end) in the ids, truncated
   // Fails naming `file`, the example and the label unless every label is in [0, num_labels) (or -100 per token).
   LOOM_INLINE void check_labels_below(const std::filesystem::path& file, int64_t num_labels) const;
+  // Float labels: fails naming `file`, the example and the column unless each is finite (and 0 or 1 for multi_hot).
+  LOOM_INLINE void check_float_labels(const std::filesystem::path& file) const;
   std::shared_ptr<const TokenFile> ids_;
   std::shared_ptr<const MappedFile> offsets_;
   std::shared_ptr<const MappedFile> labels_;  // null without labels
   int64_t size_ = 0;
   std::optional<int64_t> max_length_;
   bool labels_per_token_ = false;
+  LabelKind label_kind_ = LabelKind::class_id;
+  int64_t label_width_ = 1;  // float labels per example
   DataCollatorWithPadding collator_;
 };
 
@@ -227,6 +253,9 @@ struct TokenFileMeta {
   std::map<std::string, RaggedTokenFiles> classification;  ///< "classification": split -> ragged files
   std::map<std::string, SftFiles> sft;                      ///< "sft": split -> instruction files with loss masks
   std::vector<std::string> label_names;       ///< "classification"."label_names"
+  /// "classification"."problem_type" (HF's name; absent: single_label_classification), with
+  /// "label_dtype" ("int64" for class ids, "float32" otherwise) checked against it when given.
+  LabelKind label_kind = LabelKind::class_id;
 
   /// The flat token file of `split` ("train", "val"); a loom::Error lists the splits there are.
   [[nodiscard]] LOOM_INLINE const std::filesystem::path& lm_file(std::string_view split) const;
@@ -238,8 +267,8 @@ struct TokenFileMeta {
   [[nodiscard]] TokenFileOptions lm_options(int64_t block_size) const {
     return {.dtype = dtype, .block_size = block_size, .stride = {}, .vocab_size = vocab_size};
   }
-  /// TokenSequenceOptions with this folder's dtype, vocab_size and pad id (and num_labels, the
-  /// number of label_names when there are any), truncating to `max_length`.
+  /// TokenSequenceOptions with this folder's dtype, vocab_size, pad id and label kind (and
+  /// num_labels, the number of label_names when there are any), truncating to `max_length`.
   [[nodiscard]] LOOM_INLINE TokenSequenceOptions sequence_options(std::optional<int64_t> max_length = {}) const;
 };
 

@@ -30,9 +30,10 @@ LOOM_INLINE SequenceBatch DataCollatorWithPadding::operator()(std::span<const To
     longest = std::max(longest, length);
     if (!e.labels.defined()) continue;
     ++labelled;
-    check(e.labels.dim() <= 1, "DataCollatorWithPadding: example {} of the batch: labels must be one value or one "
-          "per token, got {} dimensions", b, e.labels.dim());
-    if (e.labels.dim() == 1) {
+    check(e.labels.dim() <= 1, "DataCollatorWithPadding: example {} of the batch: labels must be one value, one "
+          "row of floats or one per token, got {} dimensions", b, e.labels.dim());
+    // A floating-point row is one example's targets (multi-hot or regression), stacked, not padded.
+    if (e.labels.dim() == 1 && !e.labels.is_floating_point()) {
       ++per_token;
       check(e.labels.size(0) == length, "DataCollatorWithPadding: example {} of the batch has {} tokens but {} "
             "per-token labels", b, length, e.labels.size(0));

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -44,6 +45,23 @@ int64_t first_at_or_above(const std::byte* bytes, int64_t n, uint64_t limit) {
 }
 
 }  // namespace detail
+
+LOOM_INLINE LabelKind label_kind(std::string_view problem_type) {
+  if (problem_type == "single_label_classification") return LabelKind::class_id;
+  if (problem_type == "multi_label_classification") return LabelKind::multi_hot;
+  if (problem_type == "regression") return LabelKind::regression;
+  fail("a problem_type is \"single_label_classification\", \"multi_label_classification\" or \"regression\" "
+       "(HF's names), got \"{}\"", problem_type);
+}
+
+LOOM_INLINE std::string_view problem_type_name(LabelKind kind) {
+  switch (kind) {
+    case LabelKind::class_id: return "single_label_classification";
+    case LabelKind::multi_hot: return "multi_label_classification";
+    case LabelKind::regression: return "regression";
+  }
+  return "?";
+}
 
 LOOM_INLINE TokenDtype token_dtype(std::string_view name) {
   if (name == "uint16") return TokenDtype::uint16;
@@ -185,7 +203,7 @@ LOOM_INLINE int64_t checked_offsets(const MappedFile& offsets, const TokenFile& 
 
 LOOM_INLINE TokenSequenceDataset::TokenSequenceDataset(const RaggedTokenFiles& files, TokenSequenceOptions options)
     : max_length_(options.max_length), labels_per_token_(options.labels_per_token),
-      collator_(std::move(options.collator)) {
+      label_kind_(options.label_kind), collator_(std::move(options.collator)) {
   check(!max_length_ || *max_length_ > 0, "TokenSequenceDataset({}): max_length must be positive, got {}",
         files.ids.string(), max_length_.value_or(0));
   ids_ = std::make_shared<const TokenFile>(files.ids, options.dtype);
@@ -194,7 +212,22 @@ LOOM_INLINE TokenSequenceDataset::TokenSequenceDataset(const RaggedTokenFiles& f
   size_ = detail::checked_offsets(*offsets_, *ids_, /*allow_empty=*/true);
   check(size_ == 0 || ids_->size() > 0, "{}: all {} examples are empty (every offset is 0); an example needs a token",
         files.offsets.string(), size_);
-  if (!files.labels.empty()) {
+  if (!files.labels.empty() && label_kind_ != LabelKind::class_id) {
+    // float32 rows of num_labels values (multi-hot or regression targets), one per example.
+    const auto kind = problem_type_name(label_kind_);
+    check(!labels_per_token_, "TokenSequenceDataset({}): {} labels are one row per example, not per token",
+          files.labels.string(), kind);
+    check(options.num_labels.has_value() && *options.num_labels > 0, "TokenSequenceDataset({}): {} labels need "
+          "num_labels (the values per example), got {}", files.labels.string(), kind,
+          options.num_labels ? std::to_string(*options.num_labels) : std::string("none"));
+    label_width_ = *options.num_labels;
+    labels_ = std::make_shared<const MappedFile>(files.labels);
+    const std::size_t bytes = labels_->bytes().size();
+    check(bytes % 4 == 0 && static_cast<int64_t>(bytes / 4) == size_ * label_width_, "{}: {} bytes, expected {} "
+          "float32 labels ({}: {} per example, {} examples in {})", files.labels.string(), bytes,
+          size_ * label_width_, kind, label_width_, size_, files.offsets.string());
+    check_float_labels(files.labels);
+  } else if (!files.labels.empty()) {
     labels_ = std::make_shared<const MappedFile>(files.labels);
     const std::size_t bytes = labels_->bytes().size();
     const int64_t expected = labels_per_token_ ? ids_->size() : size_;
@@ -228,6 +261,22 @@ LOOM_INLINE void TokenSequenceDataset::check_labels_below(const std::filesystem:
   }
 }
 
+LOOM_INLINE void TokenSequenceDataset::check_float_labels(const std::filesystem::path& file) const {
+  const std::byte* bytes = labels_->bytes().data();
+  const int64_t n = size_ * label_width_;
+  for (int64_t k = 0; k < n; ++k) {
+    const auto v = std::bit_cast<float>(detail::load_le<uint32_t>(bytes, k));
+    if (!std::isfinite(v)) {
+      fail("{}: example {} has label {} at column {}; {} labels must be finite", file.string(), k / label_width_, v,
+           k % label_width_, problem_type_name(label_kind_));
+    }
+    if (label_kind_ == LabelKind::multi_hot && v != 0.0f && v != 1.0f) {
+      fail("{}: example {} has label {} at column {}; multi_label_classification labels are 0 or 1 (multi-hot)",
+           file.string(), k / label_width_, v, k % label_width_);
+    }
+  }
+}
+
 LOOM_INLINE std::pair<int64_t, int64_t> TokenSequenceDataset::span_of(int64_t i) const {
   check(i >= 0 && i < size_, "{}: example {} out of range [0, {})", ids_->path().string(), i, size_);
   const auto begin = static_cast<int64_t>(detail::load_le<uint64_t>(offsets_->bytes().data(), i));
@@ -241,7 +290,14 @@ LOOM_INLINE TokenSequence TokenSequenceDataset::get(int64_t i) const {
   TokenSequence out{ids_->slice(begin, end - begin), {}};
   if (labels_ == nullptr) return out;
   const std::byte* labels = labels_->bytes().data();
-  if (labels_per_token_) {
+  if (label_kind_ != LabelKind::class_id) {
+    // One regression target: a 0-dim label, so that a batch's labels are [B] (HF's squeeze).
+    const bool scalar = label_kind_ == LabelKind::regression && label_width_ == 1;
+    out.labels = scalar ? torch::empty({}, torch::kFloat) : torch::empty({label_width_}, torch::kFloat);
+    auto* p = out.labels.data_ptr<float>();
+    for (int64_t k = 0; k < label_width_; ++k)
+      p[k] = std::bit_cast<float>(detail::load_le<uint32_t>(labels, i * label_width_ + k));
+  } else if (labels_per_token_) {
     out.labels = torch::empty({end - begin}, torch::kLong);
     auto* p = out.labels.data_ptr<int64_t>();
     for (int64_t k = begin; k < end; ++k) p[k - begin] = static_cast<int64_t>(detail::load_le<uint64_t>(labels, k));
@@ -295,6 +351,7 @@ LOOM_INLINE TokenSequenceOptions TokenFileMeta::sequence_options(std::optional<i
   o.max_length = max_length;
   o.vocab_size = vocab_size;
   o.collator.pad_token_id = pad_token_id.value_or(0);
+  o.label_kind = label_kind;
   if (!label_names.empty()) o.num_labels = static_cast<int64_t>(label_names.size());
   return o;
 }
@@ -335,6 +392,20 @@ LOOM_INLINE TokenFileMeta read_token_meta(const std::filesystem::path& meta_json
         meta.label_names.push_back(name.get<std::string>());
       }
     }
+    if (const auto problem = c.optional_string("problem_type")) {
+      if (*problem != "single_label_classification" && *problem != "multi_label_classification" &&
+          *problem != "regression")
+        c.fail("problem_type", "must be \"single_label_classification\", \"multi_label_classification\" or "
+               "\"regression\" (HF's names), got \"" + *problem + "\"");
+      meta.label_kind = label_kind(*problem);
+    }
+    const std::string want_dtype = meta.label_kind == LabelKind::class_id ? "int64" : "float32";
+    if (const auto dtype = c.optional_string("label_dtype"); dtype && *dtype != want_dtype)
+      c.fail("label_dtype", "is \"" + *dtype + "\" but problem_type " +
+             std::string(problem_type_name(meta.label_kind)) + " stores labels as \"" + want_dtype + "\"");
+    if (meta.label_kind != LabelKind::class_id && meta.label_names.empty())
+      c.fail("label_names", "must name the " + std::string(problem_type_name(meta.label_kind)) +
+             " labels (one per value of an example's label row)");
     for (auto it = cls.begin(); it != cls.end(); ++it) {
       if (!it.value().is_object()) continue;  // the splits are the objects; the rest describes the task
       const json::Fields s(it.value(), where + ": classification." + it.key());
