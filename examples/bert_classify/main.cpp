@@ -42,6 +42,7 @@
 #include <loom/metrics/regression.hpp>
 #include <loom/models/bert.hpp>
 
+#include "../common/bert_example.hpp"
 #include "../common/hf_example.hpp"
 
 #include <fmt/format.h>
@@ -165,18 +166,7 @@ int main(int argc, char** argv) {
     defaults.eval_strategy = "epoch";
     defaults.save_strategy = "no";
     auto [example, args] = loom::parse_args(argc, argv, ExampleArguments{}, defaults);
-    loom::check(example.max_seq_length >= 2, "--max_seq_length must be at least 2 ([CLS], [SEP]), got {}",
-                example.max_seq_length);
-    loom::check(example.num_hidden_layers > 0, "--num_hidden_layers must be positive, got {}",
-                example.num_hidden_layers);
-    loom::check(example.num_attention_heads > 0, "--num_attention_heads must be positive, got {}",
-                example.num_attention_heads);
-    loom::check(example.hidden_size > 0 && example.hidden_size % example.num_attention_heads == 0,
-                "--hidden_size must be a positive multiple of --num_attention_heads {}, got {}",
-                example.num_attention_heads, example.hidden_size);
-    loom::check(example.intermediate_size > 0, "--intermediate_size must be positive, got {}",
-                example.intermediate_size);
-    loom::check(example.dropout >= 0 && example.dropout < 1, "--dropout must lie in [0, 1), got {}", example.dropout);
+    bert_example::check_size_flags(example, 2, "[CLS], [SEP]");
     hf_example::apply_script_rules(args, "bert_classify");
     const bool main_process = hf_example::is_main_process();
 
@@ -207,14 +197,7 @@ int main(int argc, char** argv) {
                   "--max_seq_length {} exceeds --model_name_or_path {}'s max_position_embeddings {}",
                   example.max_seq_length, *args.model_name_or_path, config.max_position_embeddings);
     } else {
-      config.vocab_size = meta.vocab_size;
-      config.hidden_size = example.hidden_size;
-      config.num_hidden_layers = example.num_hidden_layers;
-      config.num_attention_heads = example.num_attention_heads;
-      config.intermediate_size = example.intermediate_size;
-      config.max_position_embeddings = example.max_seq_length;
-      config.hidden_dropout_prob = config.attention_probs_dropout_prob = example.dropout;
-      config.pad_token_id = meta.pad_token_id;
+      config = bert_example::random_config(example, meta);
       for (int64_t i = 0; i < num_labels; ++i) config.id2label[i] = meta.label_names[static_cast<size_t>(i)];
       config.problem_type = problem;
       loom::models::complete_labels(config);

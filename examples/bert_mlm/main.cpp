@@ -24,6 +24,7 @@
 #include <loom/data/token_file.hpp>
 #include <loom/models/bert.hpp>
 
+#include "../common/bert_example.hpp"
 #include "../common/hf_example.hpp"
 
 #include <fmt/format.h>
@@ -63,27 +64,21 @@ struct ExampleArguments {
 
 using loom::models::BertForMaskedLM;
 
-/// The trainer: the masked tokens' accuracy in evaluation. Evaluation keeps each batch's
-/// predicted ids, not its [batch, seq, vocab] logits (HF's preprocess_logits_for_metrics in
-/// run_mlm.py does the same).
+/// The trainer: the masked tokens' accuracy in evaluation, from each batch's predicted ids
+/// (preprocess_logits_for_metrics keeps them instead of the [batch, seq, vocab] logits, as HF's
+/// run_mlm.py does).
 template <class Sharding, class Precision>
 struct MlmTrainer : loom::Trainer<MlmTrainer<Sharding, Precision>, BertForMaskedLM, Sharding, Precision> {
-  using Base = loom::Trainer<MlmTrainer<Sharding, Precision>, BertForMaskedLM, Sharding, Precision>;
-  using Base::Base;
+  using loom::Trainer<MlmTrainer<Sharding, Precision>, BertForMaskedLM, Sharding, Precision>::Trainer;
 
-  /// The base prediction step, keeping the argmax of the logits.
-  loom::PredictionOutput prediction_step(BertForMaskedLM& model, loom::data::SequenceBatch& batch) {
-    auto out = Base::prediction_step(model, batch);
-    if (out.logits.defined()) out.logits = out.logits.argmax(-1);
-    return out;
+  /// The predicted token ids.
+  torch::Tensor preprocess_logits_for_metrics(const torch::Tensor& logits, const torch::Tensor& /*labels*/) {
+    return logits.argmax(-1);
   }
 
   /// The share of masked tokens predicted right (labels -100 are not counted).
   loom::Metrics compute_metrics(const loom::EvalPrediction& p) {
-    const auto counted = p.label_ids.ne(-100);
-    const auto right = p.predictions.eq(p.label_ids).logical_and(counted).sum().template item<int64_t>();
-    const auto all = counted.sum().template item<int64_t>();
-    return {{"accuracy", all > 0 ? static_cast<double>(right) / static_cast<double>(all) : 0.0}};
+    return {{"accuracy", loom::metrics::accuracy(p.predictions, p.label_ids)}};
   }
 };
 
@@ -103,18 +98,7 @@ int main(int argc, char** argv) {
     defaults.eval_strategy = "epoch";
     defaults.save_strategy = "no";
     auto [example, args] = loom::parse_args(argc, argv, ExampleArguments{}, defaults);
-    loom::check(example.max_seq_length >= 3, "--max_seq_length must be at least 3 ([CLS], a token, [SEP]), got {}",
-                example.max_seq_length);
-    loom::check(example.num_hidden_layers > 0, "--num_hidden_layers must be positive, got {}",
-                example.num_hidden_layers);
-    loom::check(example.num_attention_heads > 0, "--num_attention_heads must be positive, got {}",
-                example.num_attention_heads);
-    loom::check(example.hidden_size > 0 && example.hidden_size % example.num_attention_heads == 0,
-                "--hidden_size must be a positive multiple of --num_attention_heads {}, got {}",
-                example.num_attention_heads, example.hidden_size);
-    loom::check(example.intermediate_size > 0, "--intermediate_size must be positive, got {}",
-                example.intermediate_size);
-    loom::check(example.dropout >= 0 && example.dropout < 1, "--dropout must lie in [0, 1), got {}", example.dropout);
+    bert_example::check_size_flags(example, 3, "[CLS], a token, [SEP]");
     hf_example::apply_script_rules(args, "bert_mlm");
     const bool main_process = hf_example::is_main_process();
 
@@ -132,14 +116,7 @@ int main(int argc, char** argv) {
                   "--max_seq_length {} exceeds --model_name_or_path {}'s max_position_embeddings {}",
                   example.max_seq_length, *args.model_name_or_path, config.max_position_embeddings);
     } else {
-      config.vocab_size = meta.vocab_size;
-      config.hidden_size = example.hidden_size;
-      config.num_hidden_layers = example.num_hidden_layers;
-      config.num_attention_heads = example.num_attention_heads;
-      config.intermediate_size = example.intermediate_size;
-      config.max_position_embeddings = example.max_seq_length;
-      config.hidden_dropout_prob = config.attention_probs_dropout_prob = example.dropout;
-      config.pad_token_id = meta.pad_token_id;
+      config = bert_example::random_config(example, meta);
     }
 
     // The masking rule: every special token of the data's tokenizer stays as it is.

@@ -13,7 +13,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <doctest/doctest.h>
 
-#include "../support.hpp"
+#include "peer_support.hpp"
 
 #include <filesystem>
 #include <optional>
@@ -26,34 +26,16 @@ namespace bert_mlm_test {
 namespace fs = std::filesystem;
 using loom::models::BertConfig;
 using loom::models::BertForMaskedLM;
-using Named = std::vector<std::pair<std::string, torch::Tensor>>;
 
 inline std::string script() { return (loom_test::source_dir() / "tests/models/hf_bert_mlm.py").string(); }
 
 // The folders hf_bert_mlm.py makes, once per run (nullptr: no Python).
 inline const fs::path* made() {
-  static std::optional<fs::path> dir;
-  static bool tried = false;
-  const char* py = loom_test::python("the comparison with transformers' masked LM");
-  if (py == nullptr) return nullptr;
-  if (!tried) {
-    tried = true;
-    const auto d = loom_test::fresh_dir("models/hf_bert_mlm");
-    const auto out = loom_test::run_capture(std::string(py) + " " + script() + " make " + d.string() + " 2>&1");
-    INFO(out);
-    REQUIRE(out.find("made bert mlm") != std::string::npos);
-    dir = d;
-  }
-  REQUIRE(dir.has_value());
-  return &*dir;
+  return loom_test::peer_made("hf_bert_mlm.py", "hf_bert_mlm", "made bert mlm",
+                              "the comparison with transformers' masked LM");
 }
 
-inline torch::Tensor named(const Named& all, const std::string& name) {
-  for (const auto& [key, t] : all)
-    if (key == name) return t;
-  FAIL("no tensor " << name);
-  return {};
-}
+using loom_test::named;
 
 inline double relative(const torch::Tensor& a, const torch::Tensor& b) {
   return (a - b).abs().max().item<double>() / b.abs().max().item<double>();
