@@ -48,6 +48,9 @@ struct LoopState {
   int64_t last_logged = 0;     ///< global_step of the last log (HF's _globalstep_last_logged)
   int64_t items_seen = 0;      ///< num_items of this run's micro-batches (tokens, for token losses)
   int64_t skipped_logged = 0;  ///< fp16 skipped steps counted in the logs so far
+  /// Training on a stream: where it stood after the last optimizer step (DataLoader::
+  /// position_after), saved as loop_state.json's "train_stream"; null for a sized dataset.
+  nlohmann::json train_stream;
 
   /// loop_state.json's loss fields: the unlogged window is summed (a collective when
   /// distributed). OptimizerStep adds its skipped_steps to the same file.
@@ -74,6 +77,11 @@ struct TrainingPlan {
   /// The plan for a loader of `batches` batches over `examples` examples; a loader with no
   /// batch is a loom::Error.
   LOOM_INLINE static TrainingPlan make(const TrainingArguments& args, int64_t batches, int64_t examples, int world_size);
+  /// The plan for a training stream (a loader without a length): HF's rule, --max_steps
+  /// optimizer steps (without it, a loom::Error) over epochs of max_steps x
+  /// gradient_accumulation_steps batches (the length HF gives state.epoch's fraction), as many
+  /// epochs as the steps take (num_epochs: the largest int64, HF's sys.maxsize).
+  LOOM_INLINE static TrainingPlan for_stream(const TrainingArguments& args, int world_size);
   /// A fresh TrainerState for this plan (HF's, with the resolved logging/eval/save intervals).
   [[nodiscard]] LOOM_INLINE TrainerState initial_state(const TrainingArguments& args, bool world_zero,
                                                        bool local_zero) const;

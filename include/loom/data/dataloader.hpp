@@ -7,14 +7,27 @@
 // same examples as one process with W x batch_size. Every rank gets the same number of
 // batches: without drop_last the order is read cyclically past its end (accelerate's
 // even_batches); with drop_last only rounds where every rank has a full batch are kept.
+//
+// Over a stream (an iterable dataset, data/iterable.hpp) the loader has no length
+// (has_length() is false) and reads its batches in order, one after the other: batch(i)
+// must follow batch(i - 1) of the same epoch; each rank keeps its slice of every chunk
+// (read_shard). The loader records the stream's position after every batch
+// (position_after), which a checkpoint saves and seek() restores.
 
 #include <loom/core/error.hpp>
 #include <loom/data/dataset.hpp>
+#include <loom/data/iterable.hpp>
 #include <loom/data/sampler.hpp>
+
+#include <nlohmann/json.hpp>
 
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <span>
 #include <variant>
 #include <vector>
@@ -44,8 +57,25 @@ class DataLoader {
           shard_.rank, shard_.world);
   }
 
-  /// Batches per epoch on this reader (HF's len(dataloader)).
+  /// Loader over the stream `stream` with `batch_size` rows per batch (shorter or dropped at
+  /// the stream's end: data/iterable.hpp); `shard` picks this reader's slice of each chunk.
+  /// Copies of the loader share one reading of the stream.
+  DataLoader(AnyStream<Batch> stream, int64_t batch_size, bool drop_last, Shard shard = {})
+      : batch_size_(batch_size), drop_last_(drop_last), sampler_(SequentialSampler{}), shard_(shard),
+        reader_(std::make_shared<StreamReader>()) {
+    check(batch_size_ > 0, "batch size must be positive, got {}", batch_size_);
+    check(static_cast<bool>(stream), "the DataLoader has no stream");
+    check(shard_.world >= 1 && shard_.rank >= 0 && shard_.rank < shard_.world, "bad DataLoader shard {} of {}",
+          shard_.rank, shard_.world);
+    reader_->stream = std::move(stream);
+  }
+
+  /// False over a stream: it has no size() (HF's len(dataloader) raises).
+  [[nodiscard]] bool has_length() const { return reader_ == nullptr; }
+
+  /// Batches per epoch on this reader (HF's len(dataloader)); a stream has none (a loom::Error).
   [[nodiscard]] int64_t size() const {
+    check(has_length(), "a DataLoader over a stream (an iterable dataset) has no length");
     const int64_t n = dataset_.size();
     const int64_t batches = drop_last_ ? n / batch_size_ : (n + batch_size_ - 1) / batch_size_;
     if (shard_.world == 1) return batches;
@@ -53,13 +83,26 @@ class DataLoader {
   }
   /// The reader's place among all readers.
   [[nodiscard]] const Shard& shard() const { return shard_; }
-  /// Examples in the dataset.
-  [[nodiscard]] int64_t num_examples() const { return dataset_.size(); }
+  /// Examples in the dataset; a stream has no count (a loom::Error).
+  [[nodiscard]] int64_t num_examples() const {
+    check(has_length(), "a DataLoader over a stream (an iterable dataset) has no example count");
+    return dataset_.size();
+  }
   /// Rows per full batch.
   [[nodiscard]] int64_t batch_size() const { return batch_size_; }
 
   /// Fixes the order for `epoch`; batch(i) then reads from it.
+  /// Over a stream: starts `epoch` at its beginning, unless the loader already reads it (seek).
   void set_epoch(int64_t epoch) {
+    if (reader_) {
+      std::lock_guard lock(reader_->mutex);
+      if (epoch == reader_->epoch) return;
+      reader_->epoch = epoch;
+      reader_->next = 0;
+      reader_->positions.clear();
+      reader_->stream.set_epoch(epoch);
+      return;
+    }
     if (epoch == epoch_ && order_.defined()) return;
     epoch_ = epoch;
     order_ = std::visit([&](const auto& s) { return s.order(dataset_.size(), epoch); }, sampler_).contiguous();
@@ -70,6 +113,11 @@ class DataLoader {
   /// Batch `i` of the current epoch (the dataset sees its place: this epoch, index
   /// i * world + rank).
   [[nodiscard]] Batch batch(int64_t i) const {
+    if (reader_) {
+      auto b = try_batch(i);
+      check(b.has_value(), "the stream ended before batch {} of epoch {}", i, reader_->epoch);
+      return std::move(*b);
+    }
     check(order_.defined(), "DataLoader::batch called before set_epoch");
     check(i >= 0 && i < size(), "batch index {} out of range [0, {})", i, size());
     const int64_t n = dataset_.size();
@@ -86,6 +134,48 @@ class DataLoader {
     return dataset_.get_batch(std::span<const int64_t>(idx), {epoch_, i * shard_.world + shard_.rank});
   }
 
+  /// Batch `i` of the current epoch, or nullopt where a stream has ended (a sized loader:
+  /// batch(i)). Over a stream, i must be the batch after the last one read.
+  [[nodiscard]] std::optional<Batch> try_batch(int64_t i) const {
+    if (!reader_) return batch(i);
+    std::lock_guard lock(reader_->mutex);
+    auto& r = *reader_;
+    check(r.epoch >= 0, "DataLoader::batch called before set_epoch");
+    check(i == r.next, "a stream's batches are read in order: batch {} asked for after batch {}", i, r.next - 1);
+    auto b = r.stream.read(r.epoch, batch_size_, shard_.rank, shard_.world, drop_last_);
+    ++r.next;
+    r.positions[i] = nlohmann::json{{"epoch", r.epoch}, {"batches", r.next}, {"stream", r.stream.state_dict()}};
+    return b;
+  }
+
+  /// Over a stream: where it stood after batch `i` of the current epoch ({"epoch", "batches"
+  /// read in it, "stream": its state_dict()}), what seek() takes. Positions up to i are then
+  /// forgotten (ask in increasing order).
+  [[nodiscard]] nlohmann::json position_after(int64_t i) const {
+    check(reader_ != nullptr, "position_after: this DataLoader reads no stream");
+    std::lock_guard lock(reader_->mutex);
+    auto& positions = reader_->positions;
+    const auto it = positions.find(i);
+    check(it != positions.end(), "position_after({}): that batch has not been read", i);
+    nlohmann::json out = std::move(it->second);
+    positions.erase(positions.begin(), std::next(it));
+    return out;
+  }
+
+  /// Over a stream: continues where position_after() was (its epoch, after its batches);
+  /// set_epoch of that epoch then keeps the place.
+  void seek(const nlohmann::json& position) {
+    check(reader_ != nullptr, "seek: this DataLoader reads no stream");
+    check(position.is_object() && position.contains("epoch") && position.contains("batches") &&
+              position.contains("stream"),
+          "a stream position needs epoch, batches and stream; got {}", position.dump());
+    std::lock_guard lock(reader_->mutex);
+    reader_->stream.load_state_dict(position.at("stream"));
+    reader_->epoch = position.at("epoch").get<int64_t>();
+    reader_->next = position.at("batches").get<int64_t>();
+    reader_->positions.clear();
+  }
+
  private:
   AnyDataset<Batch> dataset_;
   int64_t batch_size_;
@@ -94,6 +184,15 @@ class DataLoader {
   Shard shard_;
   int64_t epoch_ = -1;
   torch::Tensor order_;
+  // A stream's reading, shared by copies of the loader.
+  struct StreamReader {
+    AnyStream<Batch> stream;
+    std::mutex mutex;
+    int64_t epoch = -1;  // the epoch read
+    int64_t next = 0;    // batches of it read
+    std::map<int64_t, nlohmann::json> positions;  // batch -> the position after it
+  };
+  std::shared_ptr<StreamReader> reader_;  // null: a sized dataset
 };
 
 }  // namespace loom::data

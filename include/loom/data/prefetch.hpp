@@ -12,6 +12,9 @@
 // that batch, in order.
 //
 // With 0 workers, next() reads the batch on the caller's thread: the loop has one code path.
+//
+// A loader over a stream (data/iterable.hpp) reads its batches in order, so at most one
+// worker reads it ahead; try_next() says where the stream ends.
 
 #include <loom/core/device.hpp>
 #include <loom/core/error.hpp>
@@ -20,11 +23,13 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <variant>
@@ -56,34 +61,31 @@ class BatchPrefetcher {
 
   /// Sets the loader's epoch and starts reading batches `indices` of it, in that order.
   void start(int64_t epoch, std::vector<int64_t> indices) {
-    stop();  // no worker may read the loader's order while set_epoch replaces it
-    loader_.set_epoch(epoch);
-    indices_ = std::move(indices);
-    issued_ = consumed_ = 0;
-    ready_.clear();
-    stopping_ = false;
-    for (int64_t w = 0; w < options_.num_workers; ++w) workers_.emplace_back([this] { work(); });
+    const auto count = static_cast<int64_t>(indices.size());
+    begin(epoch, std::move(indices), 0, count);
   }
 
   /// Sets the loader's epoch and starts reading batches [first, last) of it.
-  void start(int64_t epoch, int64_t first, int64_t last) {
-    std::vector<int64_t> indices;
-    for (int64_t i = first; i < last; ++i) indices.push_back(i);
-    start(epoch, std::move(indices));
-  }
+  void start(int64_t epoch, int64_t first, int64_t last) { begin(epoch, {}, first, std::max<int64_t>(last - first, 0)); }
 
   /// The next batch of the started sequence (waits for it when a worker still prepares it).
   Batch next() {
-    check(consumed_ < static_cast<int64_t>(indices_.size()), "BatchPrefetcher::next past the end of its {} batches",
-          indices_.size());
-    if (workers_.empty()) return prepare(indices_[static_cast<std::size_t>(consumed_++)]);
+    auto batch = try_next();
+    check(batch.has_value(), "the stream ended before batch {}", index_at(consumed_ - 1));
+    return std::move(*batch);
+  }
+
+  /// The next batch, or nullopt where the loader's stream has ended (a sized loader always has one).
+  std::optional<Batch> try_next() {
+    check(consumed_ < count_, "BatchPrefetcher::next past the end of its {} batches", count_);
+    if (workers_.empty()) return prepare(index_at(consumed_++));
     std::unique_lock lock(mutex_);
     changed_.wait(lock, [&] { return ready_.contains(consumed_); });
     auto node = ready_.extract(consumed_++);
     lock.unlock();
     changed_.notify_all();  // a slot is free
     if (auto* error = std::get_if<std::exception_ptr>(&node.mapped())) std::rethrow_exception(*error);
-    return std::move(std::get<Batch>(node.mapped()));
+    return std::move(std::get<std::optional<Batch>>(node.mapped()));
   }
 
   /// Stops the workers (batches not yet taken are dropped).
@@ -98,10 +100,26 @@ class BatchPrefetcher {
   }
 
  private:
-  Batch prepare(int64_t i) const {
-    Batch batch = loader_.batch(i);
-    if (options_.pin_memory)
-      boost::pfr::for_each_field(batch, [](torch::Tensor& t) {
+  void begin(int64_t epoch, std::vector<int64_t> indices, int64_t first, int64_t count) {
+    stop();  // no worker may read the loader's order while set_epoch replaces it
+    loader_.set_epoch(epoch);
+    indices_ = std::move(indices);
+    first_ = first;
+    count_ = count;
+    issued_ = consumed_ = 0;
+    ready_.clear();
+    stopping_ = false;
+    const int64_t workers = loader_.has_length() ? options_.num_workers : std::min<int64_t>(options_.num_workers, 1);
+    for (int64_t w = 0; w < workers; ++w) workers_.emplace_back([this] { work(); });
+  }
+
+  // The loader's index of position k of the started sequence.
+  int64_t index_at(int64_t k) const { return indices_.empty() ? first_ + k : indices_[static_cast<std::size_t>(k)]; }
+
+  std::optional<Batch> prepare(int64_t i) const {
+    std::optional<Batch> batch = loader_.try_batch(i);
+    if (options_.pin_memory && batch)
+      boost::pfr::for_each_field(*batch, [](torch::Tensor& t) {
         if (t.defined() && t.device().is_cpu()) t = t.pin_memory();
       });
     return batch;
@@ -115,14 +133,14 @@ class BatchPrefetcher {
       {
         std::unique_lock lock(mutex_);
         changed_.wait(lock, [&] {
-          return stopping_ || (issued_ < static_cast<int64_t>(indices_.size()) && issued_ - consumed_ < in_flight);
+          return stopping_ || (issued_ < count_ && issued_ - consumed_ < in_flight);
         });
         if (stopping_) return;
         k = issued_++;
       }
-      std::variant<Batch, std::exception_ptr> result;
+      std::variant<std::optional<Batch>, std::exception_ptr> result;
       try {
-        result = prepare(indices_[static_cast<std::size_t>(k)]);
+        result = prepare(index_at(k));
       } catch (...) {
         result = std::current_exception();
       }
@@ -136,11 +154,13 @@ class BatchPrefetcher {
 
   DataLoader<Batch>& loader_;
   PrefetchOptions options_;
-  std::vector<int64_t> indices_;
+  std::vector<int64_t> indices_;  // the loader's batches to read; empty: first_, first_ + 1, ...
+  int64_t first_ = 0;
+  int64_t count_ = 0;  // batches in the started sequence
   std::vector<std::thread> workers_;
   std::mutex mutex_;
   std::condition_variable changed_;
-  std::map<int64_t, std::variant<Batch, std::exception_ptr>> ready_;  // position in indices_ -> batch
+  std::map<int64_t, std::variant<std::optional<Batch>, std::exception_ptr>> ready_;  // position in indices_ -> batch
   int64_t issued_ = 0;    // positions handed to workers
   int64_t consumed_ = 0;  // positions returned by next()
   bool stopping_ = false;

@@ -27,6 +27,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -66,6 +67,11 @@ class MappedFile {
   [[nodiscard]] std::span<const std::byte> bytes() const { return {data_, size_}; }
   /// The file mapped.
   [[nodiscard]] const std::filesystem::path& path() const { return path_; }
+  /// Drops this process's pages of bytes [begin, end) (the whole pages inside; madvise
+  /// MADV_DONTNEED): they leave its resident memory and are read from the file again if
+  /// touched, so the contents seen never change. A reader streaming through a file larger
+  /// than memory calls it behind itself.
+  LOOM_INLINE void release(std::size_t begin, std::size_t end) const;
 
  private:
   std::filesystem::path path_;
@@ -88,6 +94,12 @@ class TokenFile {
   LOOM_INLINE void read(int64_t begin, int64_t count, int64_t* out) const;
   /// Ids [begin, begin + count) as a new int64 tensor.
   [[nodiscard]] LOOM_INLINE torch::Tensor slice(int64_t begin, int64_t count) const;
+  /// Drops this process's pages of ids [begin, end) (MappedFile::release).
+  void release(int64_t begin, int64_t end) const {
+    const auto width = static_cast<int64_t>(element_size(dtype_));
+    map_.release(static_cast<std::size_t>(std::max<int64_t>(begin, 0) * width),
+                 static_cast<std::size_t>(std::min(end, size_) * width));
+  }
   /// Fails with a loom::Error naming the file, the position and the id unless every id is
   /// below `vocab_size` (one pass over the file).
   LOOM_INLINE void check_ids_below(int64_t vocab_size) const;

@@ -104,7 +104,8 @@ class Trainer {
   Trainer(TrainingArguments args, Model model) : args_(std::move(args)), model_(std::move(model)) {
     init(no_train_dataset);
   }
-  /// A trainer with a training dataset (or loom::no_train_dataset).
+  /// A trainer with a training dataset (or a stream: an iterable dataset, data/iterable.hpp,
+  /// which trains with --max_steps; or loom::no_train_dataset).
   template <detail::TrainSource Train>
   Trainer(TrainingArguments args, Model model, Train train_dataset)
       : args_(std::move(args)), model_(std::move(model)) {
@@ -193,9 +194,14 @@ class Trainer {
   /// Training batches: seeded shuffle (data_seed, else seed), per_device_train_batch_size;
   /// --train_sampling_strategy sequential reads in order, group_by_length groups by length
   /// (HF's LengthGroupedSampler over per_device_train_batch_size x gradient_accumulation_steps).
+  /// A training stream (an iterable dataset) is read in its own order, each rank its slice
+  /// (data/iterable.hpp).
   template <class Batch = void>
   auto get_train_dataloader() {
     using B = batch_type<Batch>;
+    if (data_->train_stream)
+      return data::DataLoader<B>(*data_->train_stream, args_.per_device_train_batch_size, args_.dataloader_drop_last,
+                                 data::Shard{acc_->world().rank, acc_->world().size});
     check(data_->train.has_value(),
           "training needs a training dataset; this Trainer was built without one (loom::no_train_dataset)");
     return data::DataLoader<B>(*data_->train, args_.per_device_train_batch_size, args_.dataloader_drop_last,

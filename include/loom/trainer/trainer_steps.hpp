@@ -162,7 +162,7 @@ void Trainer<Derived, Model, Policies...>::init(Train train_dataset) {
   using Batch = batch_type<Train>;
   constexpr bool known = !std::is_same_v<Batch, detail::UnknownBatch>;  // else already an error
   if constexpr (!std::is_same_v<Train, NoTrainDataset>)
-    static_assert(std::is_same_v<data::batch_t<Train>, Batch> || !known,
+    static_assert(std::is_same_v<data::train_batch_t<Train>, Batch> || !known,
                   "loom: the training dataset yields another batch type than compute_loss takes");
   static_assert(schedule::Schedule<scheduler_type>,
                 "loom: the scheduler does not provide the Schedule interface (schedule/schedule_decl.hpp)");
@@ -170,7 +170,14 @@ void Trainer<Derived, Model, Policies...>::init(Train train_dataset) {
   // Start-up: the arguments checked against the policies, the world, device, precision, seed
   // and engine.
   acc_.emplace(args_, schedule_policy::name, !data_->eval.empty());
-  if constexpr (!std::is_same_v<Train, NoTrainDataset> && known) {
+  if constexpr (!data::Dataset<Train> && data::IterableDataset<Train> && known) {
+    // HF's rule, at start-up: a dataset without a length trains for --max_steps.
+    data::check_stream_max_steps(args_.max_steps);
+    check(args_.train_sampling_strategy != "group_by_length",
+          "--train_sampling_strategy group_by_length needs every example's length, and the training dataset is a "
+          "stream (an iterable dataset)");
+    data_->train_stream.emplace(std::move(train_dataset));
+  } else if constexpr (!std::is_same_v<Train, NoTrainDataset> && known) {
     if (args_.train_sampling_strategy == "group_by_length")
       train_lengths_ = std::make_shared<const std::vector<int64_t>>(
           data::example_lengths(train_dataset, args_.length_column_name));

@@ -12,6 +12,7 @@
 #include <loom/core/neftune.hpp>
 #include <loom/data/collate.hpp>
 #include <loom/data/dataset.hpp>
+#include <loom/data/iterable.hpp>
 #include <loom/policy/bundle.hpp>
 #include <loom/trainer/events.hpp>
 #include <loom/trainer/hooks.hpp>
@@ -87,11 +88,12 @@ template <class Self, class Model>
 struct Datasets {
   using Batch = typename batch_type_of<Self, Model>::type;
   std::optional<data::AnyDataset<Batch>> train;
+  std::optional<data::AnyStream<Batch>> train_stream;  // a training stream (iterable dataset) instead
   std::vector<std::pair<std::string, data::AnyDataset<Batch>>> eval;
 };
 
 template <class T>
-concept TrainSource = data::Dataset<T> || std::is_same_v<T, NoTrainDataset>;
+concept TrainSource = data::Dataset<T> || data::IterableDataset<T> || std::is_same_v<T, NoTrainDataset>;
 
 }  // namespace detail
 

@@ -4,6 +4,12 @@
 // (forward, backward, gradient exchange), the optimizer step and what follows it (logging,
 // evaluation, saving, preemption), and the end of training. Every step goes through the
 // Trainer's Accelerator's public API. Included by trainer.hpp.
+//
+// A training stream (a loader without a length, data/iterable.hpp) runs the same loop under
+// TrainingPlan::for_stream: an epoch lasts until the stream ends (a short last accumulation
+// group still steps), the next epoch starts it again, and the run stops at max_steps. The
+// stream's position after each optimizer step goes into the checkpoint (loop_state.json's
+// train_stream), and a resume seeks there instead of skipping batches.
 
 #include <loom/trainer/trainer.hpp>
 
@@ -19,7 +25,9 @@ template <class Derived, class Model, class... Policies>
 template <class Batch>
 TrainOutput Trainer<Derived, Model, Policies...>::train_impl() {
   auto loader = call_hook<hook::get_train_dataloader>(self());
-  const auto plan = TrainingPlan::make(args_, loader.size(), loader.num_examples(), acc_->world().size);
+  const bool stream = !loader.has_length();
+  const auto plan = stream ? TrainingPlan::for_stream(args_, acc_->world().size)
+                           : TrainingPlan::make(args_, loader.size(), loader.num_examples(), acc_->world().size);
   const int64_t len = plan.batches_per_epoch, ga = args_.gradient_accumulation_steps;
   acc_->state() = plan.initial_state(args_, acc_->world().is_main(), acc_->world().is_local_main());
   control_ = TrainerControl{};
@@ -31,7 +39,8 @@ TrainOutput Trainer<Derived, Model, Policies...>::train_impl() {
   module.train();
   kwargs_.optimizer = &acc_->optimizer();
   kwargs_.lr_scheduler = &*scheduler_;
-  train_loader_info_ = {loader.size(), loader.num_examples(), loader.batch_size()};
+  train_loader_info_ = stream ? LoaderInfo{0, 0, loader.batch_size()}
+                              : LoaderInfo{loader.size(), loader.num_examples(), loader.batch_size()};
   kwargs_.train_dataloader = &train_loader_info_;
 
   last_saved_step_ = -1;
@@ -44,8 +53,17 @@ TrainOutput Trainer<Derived, Model, Policies...>::train_impl() {
       if (acc_->state().stateful_callbacks.contains("TrainerControl"))
         control_ = TrainerControl::from_state(nlohmann::json(acc_->state().stateful_callbacks["TrainerControl"]));
     }
-    epochs_trained = acc_->state().global_step / plan.updates_per_epoch;
-    batches_to_skip = (acc_->state().global_step % plan.updates_per_epoch) * ga;
+    if (stream) {  // seek to where the stream stood (nothing is read again)
+      const auto& position = acc_->loop().train_stream;
+      check(!position.is_null(), "resuming training on a stream needs the stream's position, and {} has none (its "
+            "loop_state.json has no train_stream: it was not saved by a run on a stream)", resume->string());
+      loader.seek(position);
+      epochs_trained = position.at("epoch").template get<int64_t>();
+      batches_to_skip = position.at("batches").template get<int64_t>();
+    } else {
+      epochs_trained = acc_->state().global_step / plan.updates_per_epoch;
+      batches_to_skip = (acc_->state().global_step % plan.updates_per_epoch) * ga;
+    }
   }
 
   const auto start = std::chrono::steady_clock::now();
@@ -67,18 +85,25 @@ TrainOutput Trainer<Derived, Model, Policies...>::train_impl() {
   for (int64_t epoch = epochs_trained; epoch < plan.num_epochs; ++epoch) {
     // Resuming mid-epoch starts at the first batch not yet trained; nothing before it is read.
     const int64_t first_update = epoch == epochs_trained ? batches_to_skip / ga : 0;
-    batches.start(epoch, first_update * ga, len);
+    // A stream goes on after its last batch read (a group cut short by its end included).
+    const int64_t first_batch = stream && epoch == epochs_trained ? batches_to_skip : first_update * ga;
+    batches.start(epoch, first_batch, len);
     fire<event::on_epoch_begin>();
-    int64_t step = first_update * ga - 1;
+    int64_t step = first_batch - 1;
     for (int64_t update = first_update; update < plan.updates_per_epoch; ++update) {
       const int64_t first = update * ga;
-      const int64_t count = std::min(ga, len - first);
+      int64_t count = std::min(ga, len - first);
       // Gather the whole accumulation group first: the loss weights need its item count.
       group.clear();
       items.clear();
       int64_t group_items = 0;
       for (int64_t i = 0; i < count; ++i) {
-        group.push_back(batches.next());  // batch first + i
+        auto batch = batches.try_next();  // batch first + i
+        if (!batch) {  // a stream's end: the epoch ends after this (shorter) group
+          count = i;
+          break;
+        }
+        group.push_back(std::move(*batch));
         // Counted on the host batch, so a token count never waits for the device.
         items.push_back(call_hook<hook::num_items>(self(), std::as_const(group.back())));
         if (args_.include_num_input_tokens_seen != "no") tokens_pending_ += input_tokens(group.back());
@@ -87,6 +112,7 @@ TrainOutput Trainer<Derived, Model, Policies...>::train_impl() {
         group_items += items.back();
         acc_->loop().items_seen += items.back();
       }
+      if (count == 0) break;  // the stream has ended
       // Distributed: each rank's gradients are scaled by its share of the group's items.
       acc_->begin_accumulation(group_items);
       for (int64_t i = 0; i < count; ++i) {
@@ -106,6 +132,7 @@ TrainOutput Trainer<Derived, Model, Policies...>::train_impl() {
           fire<event::on_optimizer_step>();
           acc_->finish_step();  // scaler update, scheduler, zero_grad
           acc_->state().global_step += 1;
+          if (stream) acc_->loop().train_stream = loader.position_after(step);
           acc_->state().epoch = static_cast<double>(epoch) + static_cast<double>(step + 1) / static_cast<double>(len);
           fire<event::on_step_end>();
           maybe_log_save_evaluate<Batch>(grad_norm, last_lr);
@@ -116,6 +143,11 @@ TrainOutput Trainer<Derived, Model, Policies...>::train_impl() {
         if (control_.should_epoch_stop || control_.should_training_stop) break;
       }
       if (control_.should_epoch_stop || control_.should_training_stop) break;
+    }
+    if (stream && step < 0) {  // HF: an epoch without a single batch stops the run
+      log_message(LogLevel::warning, "the training stream yields no batch in epoch {}: training stops at step {} of "
+                  "--max_steps {}", epoch, acc_->state().global_step, plan.max_steps);
+      control_.should_training_stop = true;
     }
     fire<event::on_epoch_end>();
     maybe_log_save_evaluate<Batch>(grad_norm, last_lr);

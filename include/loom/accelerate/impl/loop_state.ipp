@@ -3,6 +3,7 @@
 
 #include <loom/config/json.hpp>
 #include <loom/core/error.hpp>
+#include <loom/data/iterable.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -27,10 +28,12 @@ LOOM_INLINE double LossWindow::total(bool nan_filter) const {
 }
 
 LOOM_INLINE nlohmann::json LoopState::state_dict(bool nan_filter) const {
-  return {{"tr_loss", tr_loss.total(nan_filter)},
-          {"total_loss", total_loss},
-          {"globalstep_last_logged", last_logged},
-          {"skipped_steps_logged", skipped_logged}};
+  nlohmann::json j{{"tr_loss", tr_loss.total(nan_filter)},
+                   {"total_loss", total_loss},
+                   {"globalstep_last_logged", last_logged},
+                   {"skipped_steps_logged", skipped_logged}};
+  if (!train_stream.is_null()) j["train_stream"] = train_stream;
+  return j;
 }
 
 LOOM_INLINE void LoopState::load_state_dict(const nlohmann::json& j) {
@@ -45,6 +48,7 @@ LOOM_INLINE void LoopState::load_state_dict(const nlohmann::json& j) {
   total_loss = loss("total_loss");
   last_logged = f.integer("globalstep_last_logged", 0);
   skipped_logged = f.optional_integer("skipped_steps_logged", 0).value_or(0);
+  train_stream = j.contains("train_stream") ? j["train_stream"] : nlohmann::json();
 }
 
 LOOM_INLINE std::string resume_warning(const nlohmann::json& saved, const TrainingArguments& args, int world_size,
@@ -96,6 +100,18 @@ LOOM_INLINE TrainingPlan TrainingPlan::make(const TrainingArguments& args, int64
     p.num_epochs = static_cast<int64_t>(std::ceil(args.num_train_epochs));
     p.num_train_samples = static_cast<double>(examples) * args.num_train_epochs;
   }
+  return p;
+}
+
+LOOM_INLINE TrainingPlan TrainingPlan::for_stream(const TrainingArguments& args, int world_size) {
+  data::check_stream_max_steps(args.max_steps);
+  TrainingPlan p;
+  const int64_t ga = args.gradient_accumulation_steps;
+  p.max_steps = args.max_steps;
+  p.updates_per_epoch = args.max_steps;
+  p.batches_per_epoch = args.max_steps * ga;
+  p.num_epochs = std::numeric_limits<int64_t>::max();
+  p.num_train_samples = static_cast<double>(args.max_steps * args.per_device_train_batch_size * ga * world_size);
   return p;
 }
 

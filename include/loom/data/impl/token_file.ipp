@@ -110,6 +110,14 @@ LOOM_INLINE MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   return *this;
 }
 
+LOOM_INLINE void MappedFile::release(std::size_t begin, std::size_t end) const {
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t first = (begin + page - 1) / page * page, last = std::min(end, size_) / page * page;
+  if (data_ == nullptr || first >= last) return;
+  // Advice only: a failure leaves the pages where they are, which changes nothing read.
+  (void)::madvise(const_cast<std::byte*>(data_) + first, last - first, MADV_DONTNEED);
+}
+
 // ---- TokenFile -------------------------------------------------------------------------
 
 LOOM_INLINE TokenFile::TokenFile(const std::filesystem::path& path, TokenDtype dtype) : map_(path), dtype_(dtype) {
