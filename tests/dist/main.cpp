@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -52,7 +53,7 @@ struct WorkerArguments {
   int64_t die_step = -1;     ///< ... at the end of this optimizer step
   bool hang = false;         ///< stop (SIGSTOP) instead of dying: a rank that no longer answers
   std::string die_signal = "KILL";  ///< KILL, or TERM/USR1/INT: a preemption signal the Trainer handles
-  std::string task = "mlp";  ///< mlp (the MLP above), tokens (ragged token batches, tests/trainer/token_support.hpp), batch_metrics (--batch_eval_metrics on them), buffers, lora
+  std::string task = "mlp";  ///< mlp (the MLP above), tokens (ragged token batches, tests/trainer/token_support.hpp), batch_metrics (--batch_eval_metrics on them), buffers, lora, stream (the MLP on a stream, RowStream)
   bool partly_used = false;  ///< the MLP also holds a layer the loss never reaches (spare) and one it reaches for rare rows only (rare)
   bool backward_twice = false;  ///< training_step backpropagates two losses one after the other
   std::string loop = "trainer";  ///< trainer, or accelerator: the same run as a loop written on loom::Accelerator
@@ -147,6 +148,40 @@ inline loom::data::TensorDataset<Batch> make_data(int64_t rows, uint64_t seed = 
   auto labels = (x.matmul(w) + 0.5 * torch::randn({rows, 4}, gen)).argmax(1);
   return loom::data::TensorDataset<Batch>({x, labels});
 }
+
+// The stream task's data: make_data's rows as a stream (data/iterable.hpp) in an order
+// shuffled per epoch (a permutation seeded 17 + epoch), with skip(): each example it makes is
+// recorded in g_stream_reads as [epoch, index], so the test sees what each rank read.
+inline std::vector<std::array<int64_t, 2>> g_stream_reads;
+struct RowStream {
+  std::shared_ptr<const Batch> rows;
+  int64_t n = 0, epoch = 0, next_index = 0;
+  torch::Tensor order;
+  explicit RowStream(int64_t rows_) : rows(std::make_shared<const Batch>(make_data(rows_).tensors())), n(rows_) {
+    set_epoch(0);
+  }
+  std::optional<Batch> next() {
+    if (next_index >= n) return std::nullopt;
+    g_stream_reads.push_back({epoch, next_index});
+    const int64_t row = order[next_index++].item<int64_t>();
+    return Batch{rows->x[row], rows->labels[row]};
+  }
+  int64_t skip(int64_t k) {
+    k = std::min(k, n - next_index);
+    next_index += k;
+    return k;
+  }
+  void set_epoch(int64_t e) {
+    epoch = e;
+    next_index = 0;
+    order = loom::data::seeded_permutation(n, 17, e);
+  }
+  nlohmann::json state_dict() const { return {{"epoch", epoch}, {"index", next_index}}; }
+  void load_state_dict(const nlohmann::json& j) {
+    set_epoch(j.at("epoch").get<int64_t>());
+    next_index = j.at("index").get<int64_t>();
+  }
+};
 
 // A linear model with a buffer each rank moves differently in a training forward (by RANK +
 // 1), as BatchNorm's running statistics move with each rank's own batch: the buffers task
@@ -324,6 +359,14 @@ inline int run(int argc, char** argv) {
         std::ofstream(w.result + ".rank" + std::to_string(acc.process_index()) + ".json")
             << nlohmann::json{{"world", acc.num_processes()}}.dump();
         acc.save_model(w.result + ".model");
+        return;
+      }
+      if (w.task == "stream") {
+        DistTrainer<Sharding, Precision> trainer(args, Mlp(w.hidden), RowStream(w.rows), eval_data);
+        trainer.train();
+        std::ofstream(w.result + ".rank" + std::to_string(trainer.world().rank) + ".json")
+            << nlohmann::json{{"reads", g_stream_reads}}.dump();
+        trainer.save_model(w.result + ".model");
         return;
       }
       DistTrainer<Sharding, Precision> trainer(args, Mlp(w.hidden, w.partly_used), data, eval_data);
@@ -985,6 +1028,52 @@ TEST_CASE("group_by_length at 2 ranks: each rank reads its batches of the one le
     }
     std::ifstream in((out / ("result.rank" + std::to_string(r) + ".json")).string());
     CHECK(nlohmann::json::parse(in).at("batch_tokens").get<std::vector<int64_t>>() == want);
+  }
+}
+
+TEST_CASE("a stream at 2 ranks: each rank reads its slices; a resume seeks there and ends bitwise") {
+  // 100 rows in batches of 8 at 2 ranks, 2 micro-batches a step: an epoch is 6 chunks of 16
+  // rows and a short one (4 rows, completed from the epoch's start), 3.5 steps; 10 steps run
+  // into the third epoch. Saved every step.
+  const auto reads = [](const fs::path& out, int r) {
+    std::ifstream in((out / ("result.rank" + std::to_string(r) + ".json")).string());
+    return nlohmann::json::parse(in).at("reads").get<std::vector<std::array<int64_t, 2>>>();
+  };
+  for (const std::string policy : {"ddp", "zero2"}) {
+    CAPTURE(policy);
+    const auto straight = dist_dir("stream_straight_" + policy);
+    auto args = base_args(policy, 8, straight, 10);
+    set_flags(args, {{"--task", "stream"}, {"--rows", "100"}, {"--save_strategy", "steps"}, {"--save_steps", "1"}});
+    require_success(launch(2, args, straight / "logs"));
+    for (int r = 0; r < 2; ++r) {
+      // Rank r reads its slice, rows [16k + 8r, 16k + 8r + 8), of each full chunk and no other
+      // row; the chunk at the end of an epoch is completed from the epoch's start.
+      const auto got = reads(straight, r);
+      std::vector<std::array<int64_t, 2>> want;
+      for (int64_t e = 0; e < 3; ++e)
+        for (int64_t k = 0; k < 7 && static_cast<int64_t>(want.size()) < static_cast<int64_t>(got.size()); ++k) {
+          for (int64_t i = 16 * k + 8 * r; i < std::min<int64_t>(16 * k + 8 * r + 8, 100); ++i) want.push_back({e, i});
+          if (k == 6)  // the short chunk: positions 4 .. 15 are the epoch's rows 0 .. 11
+            for (int64_t i = 0; i < 16; ++i) want.push_back({e, i});
+        }
+      want.resize(got.size());
+      CHECK(nlohmann::json(got).dump() == nlohmann::json(want).dump());
+    }
+    for (const int step : {3, 4, 6}) {
+      CAPTURE(step);
+      const auto out = dist_dir("stream_resume_" + policy + "_" + std::to_string(step));
+      auto resume = base_args(policy, 8, out, 10);
+      set_flags(resume, {{"--task", "stream"}, {"--rows", "100"}, {"--save_strategy", "steps"}, {"--save_steps", "1"},
+                         {"--resume_from_checkpoint", (straight / ("checkpoint-" + std::to_string(step))).string()}});
+      require_success(launch(2, resume, out / "logs"));
+      CHECK(weight_difference(out, straight) == 0.0);
+      check_losses(logged_losses(out), logged_losses(straight), 0.0);
+      for (int r = 0; r < 2; ++r) {  // the rows the straight run read after that step, no row before
+        const auto all = reads(straight, r), resumed = reads(out, r);
+        REQUIRE(resumed.size() < all.size());
+        CHECK(std::equal(resumed.begin(), resumed.end(), all.end() - static_cast<std::ptrdiff_t>(resumed.size())));
+      }
+    }
   }
 }
 
