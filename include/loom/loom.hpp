@@ -20,12 +20,14 @@
 #include <loom/data/dataloader.hpp>
 #include <loom/data/dataset.hpp>
 #include <loom/data/idx.hpp>
+#include <loom/data/iterable.hpp>
 #include <loom/data/mlm.hpp>
 #include <loom/data/padding.hpp>
 #include <loom/data/sampler.hpp>
 #include <loom/data/text.hpp>
 #include <loom/data/sft.hpp>
 #include <loom/data/token_file.hpp>
+#include <loom/data/token_stream.hpp>
 #include <loom/distributed/env.hpp>
 #include <loom/distributed/sharding.hpp>
 #include <loom/checkpoint/folders.hpp>
