@@ -117,6 +117,18 @@ std::vector<double> losses_of(const loom::TrainerState& s) {
   return out;
 }
 
+// The log history without its times: step, epoch, loss, eval_loss, grad_norm, learning_rate.
+nlohmann::json history(const loom::TrainerState& s) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& e : s.log_history) {
+    nlohmann::json kept;
+    for (const char* key : {"step", "epoch", "loss", "eval_loss", "grad_norm", "learning_rate"})
+      if (e.contains(key)) kept[key] = e.at(key);
+    out.push_back(kept);
+  }
+  return out;
+}
+
 bool bitwise_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
   if (a.size() != b.size()) return false;
   for (std::size_t i = 0; i < a.size(); ++i)
@@ -274,7 +286,7 @@ TEST_CASE("a resume on a stream seeks to its position: no example is read again,
       const auto got_losses = losses_of(resumed.state());
       CHECK(got_losses == want_losses);
       CHECK(resumed.state().epoch == straight.state().epoch);
-      if (workers == 0) {  // read-ahead would read a few examples past the end
+      if (workers == 0) {  // read-ahead reads a few examples past the end
         // Exactly the examples the straight run read after that step, none before.
         REQUIRE(calls->read.size() < straight_calls->read.size());
         CHECK(std::equal(calls->read.begin(), calls->read.end(),
@@ -339,6 +351,31 @@ TEST_CASE("token stream memory child" * doctest::skip()) {
                                                {"rss_anon_before_mib", rss_anon_before >> 10},
                                                {"rss_anon_mib", rss_anon >> 10}, {"hwm_before_mib", hwm_before >> 10}, {"hwm_mib", hwm >> 10}}.dump();
   fs::remove(file);
+}
+
+TEST_CASE("a stream resumed from a checkpoint saved at an epoch's end goes on with the next epoch, bitwise") {
+  // --save_strategy epoch: checkpoint-6 is saved once epoch 0's stream has ended, after
+  // on_epoch_end; the resumed run starts epoch 1 (no second epoch end, as a sized run).
+  auto calls = std::make_shared<Calls>();
+  auto args = stream_args("iterable/epoch_saves");
+  args.save_strategy = "epoch";
+  args.eval_strategy = "epoch";
+  StreamTrainer<> straight(args, fresh_mlp(), shuffled_rows(kRows, calls), loom_test::argmax_data(20, 9, 6));
+  straight.train();
+  auto resume = stream_args("iterable/epoch_saves_resumed");
+  resume.save_strategy = "epoch";
+  resume.eval_strategy = "epoch";
+  resume.resume_from_checkpoint = (fs::path(args.output_dir) / "checkpoint-6").string();
+  auto resumed_calls = std::make_shared<Calls>();
+  StreamTrainer<> resumed(resume, fresh_mlp(), shuffled_rows(kRows, resumed_calls), loom_test::argmax_data(20, 9, 6));
+  resumed.train();
+  CHECK(bitwise_equal(loom_test::weights(resumed.model()), loom_test::weights(straight.model())));
+  CHECK(history(resumed.state()) == history(straight.state()));  // the evaluations included, none twice
+  CHECK(history(straight.state()).dump().find("eval_loss") != std::string::npos);
+  REQUIRE(resumed_calls->read.size() < calls->read.size());
+  CHECK(resumed_calls->read.front() == std::pair<int64_t, int64_t>{1, 0});
+  CHECK(std::equal(resumed_calls->read.begin(), resumed_calls->read.end(),
+                   calls->read.end() - static_cast<std::ptrdiff_t>(resumed_calls->read.size())));
 }
 
 TEST_CASE("a token file larger than the process's memory limit is read whole through its mapping") {

@@ -162,16 +162,22 @@ class DataLoader {
     return out;
   }
 
-  /// Over a stream: continues where position_after() was (its epoch, after its batches);
-  /// set_epoch of that epoch then keeps the place.
+  /// The position of the start of `epoch` (what seek() takes; "stream" null: set_epoch).
+  [[nodiscard]] static nlohmann::json epoch_start(int64_t epoch) {
+    return {{"epoch", epoch}, {"batches", 0}, {"stream", nullptr}};
+  }
+
+  /// Over a stream: continues where position_after() (or epoch_start()) was: its epoch, after
+  /// its batches; set_epoch of that epoch then keeps the place.
   void seek(const nlohmann::json& position) {
     check(reader_ != nullptr, "seek: this DataLoader reads no stream");
     check(position.is_object() && position.contains("epoch") && position.contains("batches") &&
               position.contains("stream"),
           "a stream position needs epoch, batches and stream; got {}", position.dump());
     std::lock_guard lock(reader_->mutex);
-    reader_->stream.load_state_dict(position.at("stream"));
     reader_->epoch = position.at("epoch").get<int64_t>();
+    if (position.at("stream").is_null()) reader_->stream.set_epoch(reader_->epoch);
+    else reader_->stream.load_state_dict(position.at("stream"));
     reader_->next = position.at("batches").get<int64_t>();
     reader_->positions.clear();
   }

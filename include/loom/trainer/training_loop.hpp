@@ -112,7 +112,10 @@ TrainOutput Trainer<Derived, Model, Policies...>::train_impl() {
         group_items += items.back();
         acc_->loop().items_seen += items.back();
       }
-      if (count == 0) break;  // the stream has ended
+      if (count == 0) {  // the stream has ended: a checkpoint from here on resumes in the next epoch
+        acc_->loop().train_stream = decltype(loader)::epoch_start(epoch + 1);
+        break;
+      }
       // Distributed: each rank's gradients are scaled by its share of the group's items.
       acc_->begin_accumulation(group_items);
       for (int64_t i = 0; i < count; ++i) {
