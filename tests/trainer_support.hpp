@@ -63,6 +63,24 @@ inline loom::TrainingArguments accumulation_args(const std::string& name, int64_
   return a;
 }
 
+/// quiet_args(name) for `steps` steps of `batch` rows x 2 micro-batches: lr 1e-2 on a linear
+/// schedule with 2 warmup steps, weight decay 0.01, clipping at 0.5 (active), logging every
+/// step, seed 5. Training runs whose resumes are compared bitwise use it.
+inline loom::TrainingArguments resume_args(const std::string& name, int64_t batch, int64_t steps) {
+  auto a = quiet_args(name);
+  a.per_device_train_batch_size = batch;
+  a.gradient_accumulation_steps = 2;
+  a.max_steps = steps;
+  a.learning_rate = 1e-2;
+  a.lr_scheduler_type = "linear";
+  a.warmup_steps = 2;
+  a.weight_decay = 0.01;
+  a.max_grad_norm = 0.5;
+  a.logging_steps = 1;
+  a.seed = 5;
+  return a;
+}
+
 /// Detached copies of `model`'s parameters, in order.
 template <class Model>
 std::vector<torch::Tensor> weights(Model& model) {
@@ -98,6 +116,28 @@ struct Mlp6Impl : torch::nn::Module {
   torch::nn::Linear a, b;
 };
 TORCH_MODULE(Mlp6);
+
+/// An Mlp6 with the same initial weights every call (seed 11).
+inline Mlp6 fresh_mlp6() {
+  torch::manual_seed(11);
+  return Mlp6();
+}
+
+/// A Trainer of Mlp6 on Batch with the cross-entropy loss, with `Policies`.
+template <class... Policies>
+struct Mlp6Trainer : loom::Trainer<Mlp6Trainer<Policies...>, Mlp6, Policies...> {
+  using Base = loom::Trainer<Mlp6Trainer<Policies...>, Mlp6, Policies...>;
+  using Base::Base;
+  torch::Tensor compute_loss(Mlp6& model, Batch& b) { return torch::cross_entropy_loss(model->forward(b.x), b.labels); }
+};
+
+/// The training losses of `s`'s log history, in order.
+inline std::vector<double> losses_of(const loom::TrainerState& s) {
+  std::vector<double> out;
+  for (const auto& e : s.log_history)
+    if (e.contains("loss")) out.push_back(e.at("loss").get<double>());
+  return out;
+}
 
 /// A linear classifier Trainer on Batch with `Policies`, reporting accuracy.
 template <class... Policies>

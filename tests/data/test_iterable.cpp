@@ -32,7 +32,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using loom_test::Batch;
-using loom_test::Mlp6;
 
 struct Value {
   torch::Tensor v;  // int64, 0-dim: the example's index
@@ -77,45 +76,20 @@ auto shuffled_rows(int64_t n, std::shared_ptr<Calls> calls) {
   });
 }
 
-template <class... Policies>
-struct StreamTrainer : loom::Trainer<StreamTrainer<Policies...>, Mlp6, Policies...> {
-  using Base = loom::Trainer<StreamTrainer<Policies...>, Mlp6, Policies...>;
-  using Base::Base;
-  torch::Tensor compute_loss(Mlp6& model, Batch& b) { return torch::cross_entropy_loss(model->forward(b.x), b.labels); }
-};
-
-Mlp6 fresh_mlp() {
-  torch::manual_seed(11);
-  return Mlp6();
-}
+using StreamTrainer = loom_test::Mlp6Trainer<>;
+using loom_test::fresh_mlp6;
+using loom_test::losses_of;
 
 // 45 rows in batches of 4 with 2 micro-batches a step: 12 batches an epoch (the last of one
 // row), so an epoch is 6 steps (the last of 2 batches, one of them short) and 14 steps run 2
 // epochs and part of a third. Checkpoints every step.
 loom::TrainingArguments stream_args(const std::string& name) {
-  auto a = loom_test::quiet_args(name);
-  a.per_device_train_batch_size = 4;
-  a.gradient_accumulation_steps = 2;
-  a.max_steps = 14;
-  a.learning_rate = 1e-2;
-  a.lr_scheduler_type = "linear";
-  a.warmup_steps = 2;
-  a.weight_decay = 0.01;
-  a.max_grad_norm = 0.5;
-  a.logging_steps = 1;
-  a.seed = 5;
+  auto a = loom_test::resume_args(name, 4, 14);
   a.save_strategy = "steps";
   a.save_steps = 1;
   return a;
 }
 constexpr int64_t kRows = 45;
-
-std::vector<double> losses_of(const loom::TrainerState& s) {
-  std::vector<double> out;
-  for (const auto& e : s.log_history)
-    if (e.contains("loss")) out.push_back(e.at("loss").get<double>());
-  return out;
-}
 
 // The log history without its times: step, epoch, loss, eval_loss, grad_norm, learning_rate.
 nlohmann::json history(const loom::TrainerState& s) {
@@ -242,14 +216,14 @@ TEST_CASE("the Trainer trains on a stream with --max_steps; without it, one loom
   auto calls = std::make_shared<Calls>();
   auto args = stream_args("iterable/no_max_steps");
   args.max_steps = -1;
-  const auto err = loom_test::error_of([&] { StreamTrainer<> t(args, fresh_mlp(), shuffled_rows(kRows, calls)); });
+  const auto err = loom_test::error_of([&] { StreamTrainer t(args, fresh_mlp6(), shuffled_rows(kRows, calls)); });
   CHECK(err.find("loom: the training dataset is a stream") == 0);
   CHECK(err.find("--max_steps") != std::string::npos);
   CHECK(err.find('\n') == std::string::npos);
 
   args = stream_args("iterable/trains");
   args.save_strategy = "no";
-  StreamTrainer<> t(args, fresh_mlp(), shuffled_rows(kRows, calls));
+  StreamTrainer t(args, fresh_mlp6(), shuffled_rows(kRows, calls));
   const auto before = loom_test::weights(t.model());
   const auto out = t.train();
   CHECK(out.global_step == 14);
@@ -266,7 +240,7 @@ TEST_CASE("the Trainer trains on a stream with --max_steps; without it, one loom
 TEST_CASE("a resume on a stream seeks to its position: no example is read again, the run ends bitwise") {
   auto straight_calls = std::make_shared<Calls>();
   auto args = stream_args("iterable/straight");
-  StreamTrainer<> straight(args, fresh_mlp(), shuffled_rows(kRows, straight_calls));
+  StreamTrainer straight(args, fresh_mlp6(), shuffled_rows(kRows, straight_calls));
   straight.train();
   const auto want = loom_test::weights(straight.model());
   const auto want_losses = losses_of(straight.state());
@@ -280,7 +254,7 @@ TEST_CASE("a resume on a stream seeks to its position: no example is read again,
       auto resume = stream_args("iterable/resumed_" + std::to_string(step) + "_" + std::to_string(workers));
       resume.resume_from_checkpoint = (fs::path(args.output_dir) / ("checkpoint-" + std::to_string(step))).string();
       resume.dataloader_num_workers = workers;
-      StreamTrainer<> resumed(resume, fresh_mlp(), shuffled_rows(kRows, calls));
+      StreamTrainer resumed(resume, fresh_mlp6(), shuffled_rows(kRows, calls));
       resumed.train();
       CHECK(bitwise_equal(loom_test::weights(resumed.model()), want));
       const auto got_losses = losses_of(resumed.state());
@@ -360,14 +334,14 @@ TEST_CASE("a stream resumed from a checkpoint saved at an epoch's end goes on wi
   auto args = stream_args("iterable/epoch_saves");
   args.save_strategy = "epoch";
   args.eval_strategy = "epoch";
-  StreamTrainer<> straight(args, fresh_mlp(), shuffled_rows(kRows, calls), loom_test::argmax_data(20, 9, 6));
+  StreamTrainer straight(args, fresh_mlp6(), shuffled_rows(kRows, calls), loom_test::argmax_data(20, 9, 6));
   straight.train();
   auto resume = stream_args("iterable/epoch_saves_resumed");
   resume.save_strategy = "epoch";
   resume.eval_strategy = "epoch";
   resume.resume_from_checkpoint = (fs::path(args.output_dir) / "checkpoint-6").string();
   auto resumed_calls = std::make_shared<Calls>();
-  StreamTrainer<> resumed(resume, fresh_mlp(), shuffled_rows(kRows, resumed_calls), loom_test::argmax_data(20, 9, 6));
+  StreamTrainer resumed(resume, fresh_mlp6(), shuffled_rows(kRows, resumed_calls), loom_test::argmax_data(20, 9, 6));
   resumed.train();
   CHECK(bitwise_equal(loom_test::weights(resumed.model()), loom_test::weights(straight.model())));
   CHECK(history(resumed.state()) == history(straight.state()));  // the evaluations included, none twice

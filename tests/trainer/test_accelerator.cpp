@@ -19,44 +19,18 @@ using loom_test::Batch;
 using loom_test::Mlp6;
 
 template <class... Policies>
-struct MlpTrainer : loom::Trainer<MlpTrainer<Policies...>, Mlp6, Policies...> {
-  using Base = loom::Trainer<MlpTrainer<Policies...>, Mlp6, Policies...>;
-  using Base::Base;
-  torch::Tensor compute_loss(Mlp6& model, Batch& b) { return torch::cross_entropy_loss(model->forward(b.x), b.labels); }
-};
+using MlpTrainer = loom_test::Mlp6Trainer<Policies...>;
+using loom_test::fresh_mlp6;
+using loom_test::losses_of;
 
 torch::Tensor mlp_loss(Mlp6& model, const Batch& b) { return torch::cross_entropy_loss(model->forward(b.x), b.labels); }
 
-Mlp6 fresh_mlp() {
-  torch::manual_seed(11);
-  return Mlp6();
-}
-
 // 100 rows in batches of 8 with 2 micro-batches per step: 7 steps per epoch (the last of one
 // batch of 4 rows), 10 steps in all (a second, reshuffled epoch), warmup, decay, clipping.
-loom::TrainingArguments loop_args(const std::string& name) {
-  auto a = loom_test::quiet_args(name);
-  a.per_device_train_batch_size = 8;
-  a.gradient_accumulation_steps = 2;
-  a.max_steps = 10;
-  a.learning_rate = 1e-2;
-  a.lr_scheduler_type = "linear";
-  a.warmup_steps = 2;
-  a.weight_decay = 0.01;
-  a.max_grad_norm = 0.5;
-  a.logging_steps = 1;
-  a.seed = 5;
-  return a;
-}
+loom::TrainingArguments loop_args(const std::string& name) { return loom_test::resume_args(name, 8, 10); }
 
 loom::data::TensorDataset<Batch> loop_data() { return loom_test::argmax_data(100, 3, 6); }
 
-std::vector<double> losses_of(const loom::TrainerState& s) {
-  std::vector<double> out;
-  for (const auto& e : s.log_history)
-    if (e.contains("loss")) out.push_back(e.at("loss").get<double>());
-  return out;
-}
 
 void check_close(const std::vector<double>& got, const std::vector<double>& want, double rel) {
   REQUIRE(got.size() == want.size());
@@ -83,14 +57,14 @@ std::set<std::string> files_in(const std::filesystem::path& dir) {
 template <class... Policies>
 void check_loop_matches_trainer(const std::string& name, double tolerance) {
   const auto args = loop_args(name + "_trainer");
-  MlpTrainer<Policies...> trainer(args, fresh_mlp(), loop_data());
+  MlpTrainer<Policies...> trainer(args, fresh_mlp6(), loop_data());
   trainer.train();
   const auto want_losses = losses_of(trainer.state());
   REQUIRE(want_losses.size() == 10);
 
   auto plain_args = loop_args(name + "_plain");
   loom::Accelerator<Policies...> acc(plain_args);
-  auto model = fresh_mlp();
+  auto model = fresh_mlp6();
   loom_test::plain_train(acc, model, loom::data::AnyDataset<Batch>(loop_data()), mlp_loss);
   check_close(losses_of(acc.state()), want_losses, tolerance);
   CHECK(max_difference(loom_test::weights(model), loom_test::weights(trainer.model())) <= tolerance);
@@ -110,7 +84,7 @@ TEST_CASE("the Trainer and a loop on loom::Accelerator resume from each other's 
   auto ref_args = loop_args("acc_resume_ref");
   ref_args.save_strategy = "steps";
   ref_args.save_steps = 4;
-  MlpTrainer<> ref(ref_args, fresh_mlp(), loop_data());
+  MlpTrainer<> ref(ref_args, fresh_mlp6(), loop_data());
   ref.train();
   const auto want_weights = loom_test::weights(ref.model());
   const auto want_losses = losses_of(ref.state());
@@ -121,7 +95,7 @@ TEST_CASE("the Trainer and a loop on loom::Accelerator resume from each other's 
     auto args = loop_args("acc_resume_plain");
     args.resume_from_checkpoint = trainer_ckpt.string();
     loom::Accelerator<> acc(args);
-    auto model = fresh_mlp();
+    auto model = fresh_mlp6();
     loom_test::plain_train(acc, model, loom::data::AnyDataset<Batch>(loop_data()), mlp_loss);
     CHECK(max_difference(loom_test::weights(model), want_weights) <= 1e-6);
     // The checkpoint's log history and the six steps after it.
@@ -133,7 +107,7 @@ TEST_CASE("the Trainer and a loop on loom::Accelerator resume from each other's 
     args.save_strategy = "steps";
     args.save_steps = 4;
     loom::Accelerator<> acc(args);
-    auto model = fresh_mlp();
+    auto model = fresh_mlp6();
     loom_test::plain_train(acc, model, loom::data::AnyDataset<Batch>(loop_data()), mlp_loss);
     const auto plain_ckpt = std::filesystem::path(args.output_dir) / "checkpoint-4";
     REQUIRE(std::filesystem::is_directory(plain_ckpt));
@@ -141,7 +115,7 @@ TEST_CASE("the Trainer and a loop on loom::Accelerator resume from each other's 
 
     auto resume_args = loop_args("acc_resume_trainer");
     resume_args.resume_from_checkpoint = plain_ckpt.string();
-    MlpTrainer<> trainer(resume_args, fresh_mlp(), loop_data());
+    MlpTrainer<> trainer(resume_args, fresh_mlp6(), loop_data());
     trainer.train();
     CHECK(max_difference(loom_test::weights(trainer.model()), want_weights) <= 1e-6);
     check_close(losses_of(trainer.state()), want_losses, 1e-6);
@@ -156,21 +130,21 @@ TEST_CASE("loom::Accelerator: start-up errors and what it refuses") {
   }
   SUBCASE("prepare_optimizer before prepare_model") {
     loom::Accelerator<> acc(loop_args("acc_order"));
-    auto model = fresh_mlp();
+    auto model = fresh_mlp6();
     loom::schedule::LRScheduler<loom::schedule::Constant> scheduler(loom::schedule::make_schedule_params(acc.args(), 10));
     CHECK_THROWS_WITH_AS(acc.prepare_optimizer(loom::optim::make_optimizer(acc.args(), *model), scheduler),
                          doctest::Contains("call prepare_model"), loom::Error);
   }
   SUBCASE("a second model") {
     loom::Accelerator<> acc(loop_args("acc_twice"));
-    auto model = fresh_mlp();
+    auto model = fresh_mlp6();
     acc.prepare_model(model);
-    auto other = fresh_mlp();
+    auto other = fresh_mlp6();
     CHECK_THROWS_WITH_AS(acc.prepare_model(other), doctest::Contains("prepare_model was called twice"), loom::Error);
   }
   SUBCASE("save_state before an optimizer") {
     loom::Accelerator<> acc(loop_args("acc_save_early"));
-    auto model = fresh_mlp();
+    auto model = fresh_mlp6();
     acc.prepare_model(model);
     CHECK_THROWS_WITH_AS((void)acc.save_state(), doctest::Contains("call prepare_optimizer first"), loom::Error);
   }
