@@ -221,6 +221,25 @@ TEST_CASE("the Trainer trains on a stream with --max_steps; without it, one loom
   CHECK(err.find("--max_steps") != std::string::npos);
   CHECK(err.find('\n') == std::string::npos);
 
+  args = stream_args("iterable/group_by_length");
+  args.train_sampling_strategy = "group_by_length";
+  CHECK(loom_test::error_of([&] { StreamTrainer t(args, fresh_mlp6(), shuffled_rows(kRows, calls)); }) ==
+        "loom: --train_sampling_strategy group_by_length needs every example's length, and the training dataset is a "
+        "stream (an iterable dataset)");
+
+  // A checkpoint of a run on a sized dataset holds no stream position.
+  args = stream_args("iterable/sized_checkpoint");
+  args.max_steps = 2;
+  StreamTrainer sized(args, fresh_mlp6(), loom_test::argmax_data(kRows, 3, 6));
+  sized.train();
+  auto resume = stream_args("iterable/sized_checkpoint_resumed");
+  resume.resume_from_checkpoint = (fs::path(args.output_dir) / "checkpoint-2").string();
+  StreamTrainer on_stream(resume, fresh_mlp6(), shuffled_rows(kRows, calls));
+  CHECK(loom_test::error_of([&] { on_stream.train(); })
+            .find("loom: resuming training on a stream needs the stream's position, and " +
+                  *resume.resume_from_checkpoint + " has none") == 0);
+  calls->read.clear();
+
   args = stream_args("iterable/trains");
   args.save_strategy = "no";
   StreamTrainer t(args, fresh_mlp6(), shuffled_rows(kRows, calls));
