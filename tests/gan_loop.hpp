@@ -44,6 +44,7 @@ inline loom::data::TensorDataset<Batch> gan_data() {
 /// The run's arguments (the generator's optimizer and schedule): 5 batches of 8 per epoch, 6 steps.
 inline void set_gan_args(loom::TrainingArguments& a) {
   a.per_device_train_batch_size = 8;
+  a.gradient_accumulation_steps = 1;
   a.max_steps = 6;
   a.learning_rate = 1e-3;
   a.lr_scheduler_type = "linear";
@@ -101,13 +102,14 @@ GanRun gan_train(Acc& acc, Gan& model) {
       loom::data::to_device(batch, acc.device());
       const int64_t rows = batch.x.size(0);
       // The discriminator: real points are 1, generated ones 0 (the generator not trained here).
+      // Every forward comes after begin_micro_step (FullShard gathers the parameters there).
+      acc.begin_accumulation(rows);
+      acc.begin_micro_step(true);
       torch::Tensor fake;
       {
         torch::NoGradGuard no_grad;
         fake = model->generator->forward(torch::randn({rows, kGanNoise}).to(acc.device()));
       }
-      acc.begin_accumulation(rows);
-      acc.begin_micro_step(true);
       torch::Tensor d_loss;
       {
         auto autocast = acc.autocast();

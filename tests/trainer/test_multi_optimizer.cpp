@@ -152,6 +152,18 @@ TEST_CASE("two optimizers in loom::Accelerator: what it refuses") {
     CHECK_THROWS_WITH_AS(acc.add_optimizer(loom::optim::make_optimizer(args, *model->generator), s),
                          doctest::Contains("call prepare_optimizer"), loom::Error);
   }
+  SUBCASE("several optimizers under fp16") {
+    auto fp16 = args;
+    fp16.fp16 = true;
+    loom::Accelerator<loom::precision::FP16> acc(fp16);
+    auto model = loom_test::fresh_gan();
+    acc.prepare_model(model);
+    loom::schedule::LRScheduler<loom::schedule::Constant> s0(loom::schedule::make_schedule_params(args, 6)),
+        s1(loom::schedule::make_schedule_params(args, 6));
+    acc.prepare_optimizer(loom::optim::make_optimizer(args, *model->generator), s0);
+    CHECK_THROWS_WITH_AS(acc.add_optimizer(loom::optim::make_optimizer(args, *model->discriminator), s1),
+                         doctest::Contains("several optimizers cannot run under --fp16"), loom::Error);
+  }
   SUBCASE("an optimizer index it does not hold") {
     loom::Accelerator<> acc(args);
     auto model = loom_test::fresh_gan();

@@ -92,8 +92,9 @@ LOOM_INLINE optim::Optimizer AcceleratorBase::claim_parameters(optim::Optimizer 
         renamed = true;
       }
     }
-  if (!renamed || optimizer.wrapped() != nullptr) return optimizer;
-  // Named as in the model, so checkpoints key each state by the name the model saves.
+  // Named as in the model, so checkpoints key each state by the name the model saves (an
+  // optimizer that has stepped already keeps its names with its state).
+  if (!renamed || optimizer.wrapped() != nullptr || optimizer.steps() > 0) return optimizer;
   return optim::Optimizer(std::move(groups), optimizer.options());
 }
 
