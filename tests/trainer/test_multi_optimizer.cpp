@@ -67,6 +67,12 @@ loom_test::GanRun check_gan_resumes_bitwise(const std::string& name) {
     CHECK(files.count(sharded ? shard : whole) == 1);
     CHECK(files.count(sharded ? whole : shard) == 0);
   }
+  // model_state_bytes counts both optimizers' state.
+  double state_bytes = 0;
+  for (std::size_t k = 0; k < 2; ++k)
+    for (const auto& [key, t] : acc.optimizer(k).state_tensors()) state_bytes += static_cast<double>(t.nbytes());
+  CHECK(state_bytes > 0);
+  CHECK(acc.model_state_bytes().optimizer == state_bytes);
   // Each optimizer's state is over its own parameters, named as the model names them.
   for (const auto& [key, t] : acc.optimizer(0).state_tensors()) CHECK(key.find(".generator.") != std::string::npos);
   for (const auto& [key, t] : acc.optimizer(1).state_tensors()) CHECK(key.find(".discriminator.") != std::string::npos);

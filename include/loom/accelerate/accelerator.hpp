@@ -282,9 +282,11 @@ class AcceleratorBase {
   /// fp16 optimizer steps the loss scaler skipped since prepare_optimizer.
   [[nodiscard]] int64_t skipped_steps() const { return steps_ ? steps_->skipped_steps() : 0; }
   /// Bytes this rank holds for parameters, gradients and optimizer state, measured after the
-  /// first optimizer step (zero before).
+  /// first optimizer step (zero before); with several optimizers, every optimizer's state once
+  /// each has stepped.
   [[nodiscard]] const dist::StateBytes& model_state_bytes() const {
     static const dist::StateBytes none;
+    if (!more_.empty()) return all_bytes_;
     return steps_ ? steps_->state_bytes() : none;
   }
 
@@ -337,6 +339,7 @@ class AcceleratorBase {
   std::vector<FurtherOptimizer> more_;  // after engine_, as steps_
   std::unordered_map<const c10::TensorImpl*, std::size_t> held_;  // parameter -> the optimizer holding it
   bool scales_loss_ = false;  // the precision policy scales the loss (fp16): one optimizer only
+  dist::StateBytes all_bytes_;  // model_state_bytes with several optimizers
   std::optional<Checkpointer> checkpointer_;
   std::optional<checkpoint::OutputDirLock> output_lock_;  // rank 0: one run per output folder
   TrainerState state_;

@@ -6,6 +6,7 @@
 #include <loom/accelerate/accelerator.hpp>
 #include <loom/accelerate/evaluation.hpp>
 
+#include <algorithm>
 #include <cstdio>
 
 namespace loom {
@@ -51,6 +52,7 @@ LOOM_INLINE void AcceleratorBase::prepare_optimizer(optim::Optimizer optimizer, 
   scheduler_ptr_ = &scheduler;
   more_.clear();  // a new first optimizer starts a new set
   held_.clear();
+  all_bytes_ = {};
   steps_->reset(claim_parameters(std::move(optimizer), 0), scheduler, module_->parameters());
   loop_ = LoopState{};
   if (world_.size > 1) loop_.tr_loss.set_reducer([this](torch::Tensor& t) { engine_->all_reduce(t, "the loss all-reduce"); });
@@ -116,9 +118,15 @@ LOOM_INLINE std::vector<OptimizerStep*> AcceleratorBase::all_steps() {
 
 LOOM_INLINE void AcceleratorBase::finish_optimizer(std::size_t k) {
   steps_of(k).finish();  // zeroes every gradient when the engine owns them
-  if (more_.empty() || engine_->owns_grads()) return;
-  for (std::size_t j = 0; j < num_optimizers(); ++j)
-    if (j != k) steps_of(j).optimizer().zero_grad();
+  if (more_.empty()) return;
+  if (!engine_->owns_grads())
+    for (std::size_t j = 0; j < num_optimizers(); ++j)
+      if (j != k) steps_of(j).optimizer().zero_grad();
+  if (all_bytes_.total() == 0 && std::all_of(more_.begin(), more_.end(), [](const auto& m) { return m.steps->state_bytes().total() > 0; }) &&
+      steps_->state_bytes().total() > 0) {
+    all_bytes_ = steps_->state_bytes();
+    for (const auto& m : more_) all_bytes_.optimizer += m.steps->state_bytes().optimizer;
+  }
 }
 
 LOOM_INLINE optim::Optimizer& AcceleratorBase::optimizer(std::size_t k) {
