@@ -135,17 +135,27 @@ TEST_CASE("two optimizers in loom::Accelerator: a GAN with its own schedules res
   SUBCASE("FullShard") { close_to_plain(check_gan_resumes_bitwise<loom::sharding::FullShard>("gan_full_shard")); }
 }
 
+// An Accelerator with the GAN prepared and the generator's optimizer (index 0) at a constant
+// schedule; `further` is a scheduler for an optimizer added by the test.
+template <class... Policies>
+struct GanPrepared {
+  explicit GanPrepared(const loom::TrainingArguments& args)
+      : acc(args), model(loom_test::fresh_gan()), first(loom::schedule::make_schedule_params(args, 6)),
+        further(loom::schedule::make_schedule_params(args, 6)) {
+    acc.prepare_model(model);
+    acc.prepare_optimizer(loom::optim::make_optimizer(args, *model->generator), first);
+  }
+  loom::Accelerator<Policies...> acc;
+  Gan model;
+  loom::schedule::LRScheduler<loom::schedule::Constant> first, further;
+};
+
 TEST_CASE("two optimizers in loom::Accelerator: what it refuses") {
   auto args = gan_args("gan_refused");
   SUBCASE("a parameter another optimizer holds") {
-    loom::Accelerator<> acc(args);
-    auto model = loom_test::fresh_gan();
-    acc.prepare_model(model);
-    loom::schedule::LRScheduler<loom::schedule::Constant> s0(loom::schedule::make_schedule_params(args, 6)),
-        s1(loom::schedule::make_schedule_params(args, 6));
-    acc.prepare_optimizer(loom::optim::make_optimizer(args, *model->generator), s0);
+    GanPrepared<> p(args);
     // The second optimizer over the whole model takes the generator's parameters too.
-    CHECK_THROWS_WITH_AS(acc.add_optimizer(loom::optim::make_optimizer(args, *model), s1),
+    CHECK_THROWS_WITH_AS(p.acc.add_optimizer(loom::optim::make_optimizer(args, *p.model), p.further),
                          doctest::Contains("loom: parameter generator.0.weight is given to optimizer 1, but optimizer 0 "
                                            "already holds it"),
                          loom::Error);
@@ -161,33 +171,21 @@ TEST_CASE("two optimizers in loom::Accelerator: what it refuses") {
   SUBCASE("several optimizers under fp16") {
     auto fp16 = args;
     fp16.fp16 = true;
-    loom::Accelerator<loom::precision::FP16> acc(fp16);
-    auto model = loom_test::fresh_gan();
-    acc.prepare_model(model);
-    loom::schedule::LRScheduler<loom::schedule::Constant> s0(loom::schedule::make_schedule_params(args, 6)),
-        s1(loom::schedule::make_schedule_params(args, 6));
-    acc.prepare_optimizer(loom::optim::make_optimizer(args, *model->generator), s0);
-    CHECK_THROWS_WITH_AS(acc.add_optimizer(loom::optim::make_optimizer(args, *model->discriminator), s1),
+    GanPrepared<loom::precision::FP16> p(fp16);
+    CHECK_THROWS_WITH_AS(p.acc.add_optimizer(loom::optim::make_optimizer(args, *p.model->discriminator), p.further),
                          doctest::Contains("several optimizers cannot run under --fp16"), loom::Error);
   }
   SUBCASE("an optimizer index it does not hold") {
-    loom::Accelerator<> acc(args);
-    auto model = loom_test::fresh_gan();
-    acc.prepare_model(model);
-    loom::schedule::LRScheduler<loom::schedule::Constant> s(loom::schedule::make_schedule_params(args, 6));
-    acc.prepare_optimizer(loom::optim::make_optimizer(args, *model->generator), s);
-    CHECK_THROWS_WITH_AS((void)acc.optimizer(1), doctest::Contains("there is no optimizer 1"), loom::Error);
+    GanPrepared<> p(args);
+    CHECK_THROWS_WITH_AS((void)p.acc.optimizer(1), doctest::Contains("there is no optimizer 1"), loom::Error);
+    CHECK_THROWS_WITH_AS((void)p.acc.step(1), doctest::Contains("there is no optimizer 1"), loom::Error);
   }
   SUBCASE("a checkpoint of one optimizer cannot resume two") {
-    loom::Accelerator<> one(args);
-    auto model = loom_test::fresh_gan();
-    one.prepare_model(model);
-    loom::schedule::LRScheduler<loom::schedule::Constant> s0(loom::schedule::make_schedule_params(args, 6)),
-        s1(loom::schedule::make_schedule_params(args, 6));
-    one.prepare_optimizer(loom::optim::make_optimizer(args, *model->generator), s0);
-    const auto dir = one.save_state();
-    one.add_optimizer(loom::optim::make_optimizer(args, *model->discriminator), s1);
-    CHECK_THROWS_WITH_AS(one.load_state(dir), doctest::Contains("it has no optimizer_1.json"), loom::Error);
+    GanPrepared<> p(args);
+    const auto dir = p.acc.save_state();
+    p.acc.add_optimizer(loom::optim::make_optimizer(args, *p.model->discriminator), p.further);
+    CHECK(p.acc.num_optimizers() == 2);
+    CHECK_THROWS_WITH_AS(p.acc.load_state(dir), doctest::Contains("it has no optimizer_1.json"), loom::Error);
   }
 }
 
