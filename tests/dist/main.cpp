@@ -1185,10 +1185,10 @@ TEST_CASE("a loop written on loom::Accelerator at 2 ranks reproduces the Trainer
   }
 }
 
-TEST_CASE("a GAN with two optimizers at 2 ranks resumes bitwise under DDP, ZeRO-2 and FullShard") {
+TEST_CASE("a GAN with two optimizers at 2 ranks resumes bitwise under DDP, ZeRO-1, ZeRO-2 and FullShard") {
   // tests/gan_loop.hpp: 6 steps straight (saving at 3), then 3 more resumed from checkpoint-3,
   // whose files hold each optimizer's shards apart.
-  for (const std::string policy : {"ddp", "zero2", "full_shard"}) {
+  for (const std::string policy : {"ddp", "zero1", "zero2", "full_shard"}) {
     INFO(policy);
     const auto straight = dist_dir("gan_" + policy), resumed = dist_dir("gan_resumed_" + policy);
     auto a = base_args(policy, 8, straight);
