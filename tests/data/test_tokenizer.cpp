@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 // A namespace of its own: the light test files compile as one unit (tests/CMakeLists.txt).
@@ -320,6 +321,38 @@ TEST_CASE("Tokenizer: bad calls end in loom: lines") {
   CHECK(tok.vocab_size() == 7);
   CHECK(tok.token_to_id("##e") == 6);
   CHECK(tok.id_to_token(5) == "the");
+}
+
+TEST_CASE("Tokenizer: a folder's tokenizer_config.json names the pad token, as AutoTokenizer reads it") {
+  const fs::path dir = loom_test::fresh_dir("data/tokenizer_folder");
+  loom_test::write_bytes(dir / "tokenizer.json", wordpiece_json().dump());
+  CHECK(Tokenizer::from_file(dir).pad_token_id() == std::nullopt);
+  loom_test::write_bytes(dir / "tokenizer_config.json", R"({"pad_token": {"content": "[PAD]"}})");
+  const Tokenizer tok = Tokenizer::from_file(dir);
+  REQUIRE(tok.pad_token_id() == tok.token_to_id("[PAD]"));
+  const std::vector<std::string> texts = {"in the", "the"};
+  const auto batch = tok(texts);  // [CLS] in the [SEP] / [CLS] the [SEP] [PAD]
+  CHECK(batch.input_ids[1][3].item<int64_t>() == *tok.token_to_id("[PAD]"));
+  CHECK(batch.attention_mask.sum(1).equal(torch::tensor({4, 3}, torch::kLong)));
+}
+
+TEST_CASE("Tokenizer: calls from several threads give the ids of one thread") {
+  const Peer& p = peer();
+  if (p.dir.empty()) return;
+  const auto texts = loom::json::read_file(p.dir / "texts.json")["texts"].get<std::vector<std::string>>();
+  for (const std::string name : {"gpt2_split", "bert_uncased"}) {
+    CAPTURE(name);
+    const Tokenizer tok = Tokenizer::from_file(p.dir / (name + ".json"));
+    std::vector<std::vector<int64_t>> threaded(texts.size());
+    {
+      std::vector<std::jthread> workers;
+      for (std::size_t w = 0; w < 4; ++w)
+        workers.emplace_back([&, w] {
+          for (std::size_t i = w; i < texts.size(); i += 4) threaded[i] = tok.encode(texts[i]);
+        });
+    }
+    CHECK(threaded == Tokenizer::from_file(p.dir / (name + ".json")).encode_batch(texts));
+  }
 }
 
 }  // namespace tokenizer_test

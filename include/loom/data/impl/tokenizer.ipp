@@ -354,6 +354,18 @@ struct Normalizer {
   [[nodiscard]] std::string apply(std::string s) const {
     switch (kind) {
       case Kind::bert: {
+        if (std::all_of(s.begin(), s.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x80; })) {
+          // ASCII in one pass: no CJK and nothing to strip; controls out, whitespace to ' '
+          std::string out;
+          out.reserve(s.size());
+          for (const char ch : s) {
+            const auto c = static_cast<unsigned char>(ch);
+            if (clean_text && ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7F)) continue;
+            if (clean_text && is_whitespace(c)) out.push_back(' ');
+            else out.push_back(lowercase && c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : ch);
+          }
+          return out;
+        }
         if (clean_text)
           s = map_chars(s, [](std::string& out, char32_t c) {
             if (c == 0 || c == 0xFFFD || is_control(c)) return;
