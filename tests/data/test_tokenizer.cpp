@@ -1,6 +1,6 @@
 // data/tokenizer.hpp against the `tokenizers` package: tests/data/tokenizer_peer.py trains
-// byte-level BPEs (prepare.py's; GPT-2's and Llama 3's patterns as Split regexes) and WordPiece
-// BERT tokenizers on the KJV text (build/examples/kjv_text), encodes the 31102 verses, the
+// byte-level BPEs (prepare.py's; GPT-2's and Llama 3's patterns as Split regexes; Splits of each
+// behavior) and WordPiece BERT tokenizers (BertNormalizer, normalizer sequences) on the KJV text (build/examples/kjv_text), encodes the 31102 verses, the
 // text as documents of 200 verses and a set of hard strings (Unicode, emoji, numbers,
 // whitespace runs, contractions, added tokens), and decodes them; loom's ids and text must be
 // the same. Padded batches are checked against transformers' tokenizer(texts, padding=...,
@@ -31,7 +31,8 @@ using loom::data::Tokenizer;
 using loom::data::TruncationSide;
 using loom_test::error_of;
 
-const std::vector<std::string> kNames = {"bpe", "gpt2_split", "llama3", "bert_uncased", "bert_cased", "wordpiece_seq"};
+const std::vector<std::string> kNames = {"bpe",        "gpt2_split",    "llama3",        "bert_uncased",
+                                         "bert_cased", "wordpiece_seq", "bpe_behaviors", "wordpiece_ws"};
 
 /// Runs `cmd` and REQUIREs exit status 0.
 void run_ok(const std::string& cmd) {

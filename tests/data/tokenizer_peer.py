@@ -23,6 +23,10 @@ The tokenizers (each refers to the same trained vocabularies):
                 [CLS] $A [SEP], WordPiece decoder; added (normalized) "Lord God"
   bert_cased    a cased WordPiece: BertNormalizer(lowercase=False), BertProcessing
   wordpiece_seq bert_uncased's model behind Sequence[NFKD, StripAccents, Lowercase] and Whitespace
+  bpe_behaviors the BPE behind NFC and Splits of each behavior (MergedWithPrevious, MergedWithNext,
+                a String Removed) before ByteLevel's regex; RobertaProcessing
+  wordpiece_ws  bert_uncased's model behind Sequence[NFC, Lowercase], WhitespaceSplit, BertProcessing,
+                the WordPiece decoder without cleanup
 """
 
 import json
@@ -138,6 +142,24 @@ def make(kjv_txt, out):
     cased.post_processor = processors.BertProcessing(("[SEP]", cased.token_to_id("[SEP]")),
                                                      ("[CLS]", cased.token_to_id("[CLS]")))
     cased.save(str(out / "bert_cased.json"))
+
+    behaviors = byte_bpe(r"\s+", False, False)  # Split(\s+) replaced below
+    behaviors.normalizer = normalizers.NFC()
+    behaviors.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"\s+"), behavior="merged_with_previous"),
+        pre_tokenizers.Split(Regex(r"[,.;:!?]"), behavior="merged_with_next"),
+        pre_tokenizers.Split(" the ", behavior="removed"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    behaviors.post_processor = processors.RobertaProcessing(("[SEP]", behaviors.token_to_id("[SEP]")),
+                                                            ("[CLS]", behaviors.token_to_id("[CLS]")))
+    behaviors.save(str(out / "bpe_behaviors.json"))
+
+    ws = Tokenizer.from_str(uncased.to_str())
+    ws.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Lowercase()])
+    ws.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    ws.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    ws.post_processor = processors.BertProcessing(("[SEP]", sep), ("[CLS]", cls))
+    ws.save(str(out / "wordpiece_ws.json"))
 
     seq = Tokenizer.from_str(uncased.to_str())
     seq.normalizer = normalizers.Sequence([normalizers.NFKD(), normalizers.StripAccents(), normalizers.Lowercase()])

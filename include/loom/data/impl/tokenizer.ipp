@@ -182,7 +182,7 @@ std::string map_chars(std::string_view s, F&& f) {
   return out;
 }
 
-/// Canonical decomposition of each character, marks of the categories `drop` left out.
+/// NFD of `s` without its marks: the nonspacing ones (Mn, BertNormalizer) or all (M*).
 inline std::string strip_marks(std::string_view s, bool nonspacing_only) {
   std::string decomposed = normal_form(s, UTF8PROC_DECOMPOSE);
   return map_chars(decomposed, [&](std::string& out, char32_t c) {
@@ -244,7 +244,7 @@ class Regex {
   Regex(const std::string& pattern, bool literal, std::string_view where) {
     int error = 0;
     PCRE2_SIZE offset = 0;
-    const uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    const uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);  // LITERAL takes no UCP
     code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &error, &offset, nullptr);
     if (code_ == nullptr) {
       std::array<PCRE2_UCHAR, 256> message{};
