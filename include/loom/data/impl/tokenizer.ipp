@@ -21,7 +21,7 @@
 
 #include <algorithm>
 #include <array>
-#include <climits>
+#include <cstdint>
 #include <cstdlib>
 #include <deque>
 #include <fstream>
