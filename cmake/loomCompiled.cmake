@@ -16,11 +16,14 @@ list(SORT LOOM_IMPL_FILES)
 # again, so the library compiles as a few units: the files whose edits must relink in
 # seconds get small units of their own (the process group and engines, the safetensors and
 # folder code, the checkpointer), the rest of trainer/ is loom_trainer, the model families
-# loom_models, everything else loom_base. docs/building.md has the figures.
+# loom_models, everything else loom_base. The tokenizer is a unit of its own so that only the
+# programs that call it pull its object, and with it PCRE2 and utf8proc, from the archive.
+# docs/building.md has the figures.
 set(LOOM_COMPILED_UNITS
     distributed/impl/comm.ipp=loom_distributed distributed/impl/engine.ipp=loom_distributed
     distributed/impl/env.ipp=loom_distributed checkpoint/impl/safetensors.ipp=loom_checkpoint
-    checkpoint/impl/folders.ipp=loom_checkpoint accelerate/impl/checkpointer.ipp=loom_checkpointer)
+    checkpoint/impl/folders.ipp=loom_checkpoint accelerate/impl/checkpointer.ipp=loom_checkpointer
+    data/impl/tokenizer.ipp=loom_tokenizer)
 set(_loom_compiled_sources)
 set(_loom_units)
 foreach(_ipp IN LISTS LOOM_IMPL_FILES)

@@ -7,6 +7,8 @@
 #   Boost.PFR    header-only, from the PyPI boost-headers package (>= 1.84 for names).
 #   nlohmann     Debian nlohmann-json3-dev.
 #   {fmt}        torch's bundled copy, header-only (docs/dependencies.md says why).
+#   PCRE2        Debian libpcre2-dev (8-bit library): the tokenizer's pre-tokenizer regexes.
+#   utf8proc     Debian libutf8proc-dev: the tokenizer's Unicode categories and normal forms.
 
 include_guard(GLOBAL)
 
@@ -113,6 +115,30 @@ if(NOT TARGET loom::fmt)
     set_target_properties(loom::fmt PROPERTIES INTERFACE_LINK_LIBRARIES fmt::fmt-header-only)
   endif()
 endif()
+
+# --- PCRE2 and utf8proc (data/tokenizer.hpp) --------------------------------------------
+# Only data/impl/tokenizer.ipp includes their headers; the libraries are small shared ones.
+# Debian ships neither a CMake package nor (for utf8proc) one every release agrees on, so
+# both are found by header and library name.
+foreach(_loom_dep IN ITEMS "pcre2|pcre2.h|pcre2-8|libpcre2-dev" "utf8proc|utf8proc.h|utf8proc|libutf8proc-dev")
+  string(REPLACE "|" ";" _loom_dep "${_loom_dep}")
+  list(GET _loom_dep 0 _name)
+  list(GET _loom_dep 1 _header)
+  list(GET _loom_dep 2 _lib)
+  list(GET _loom_dep 3 _package)
+  string(TOUPPER "${_name}" _upper)
+  if(NOT TARGET loom::${_name})
+    find_path(LOOM_${_upper}_INCLUDE_DIR ${_header})
+    find_library(LOOM_${_upper}_LIBRARY ${_lib})
+    if(NOT LOOM_${_upper}_INCLUDE_DIR OR NOT LOOM_${_upper}_LIBRARY)
+      message(FATAL_ERROR "loom: ${_name} (${_header}, lib${_lib}) was not found; install Debian's ${_package} "
+                          "(make deps does) or pass -DLOOM_${_upper}_INCLUDE_DIR=<dir> -DLOOM_${_upper}_LIBRARY=<file>")
+    endif()
+    add_library(loom::${_name} UNKNOWN IMPORTED)
+    set_target_properties(loom::${_name} PROPERTIES IMPORTED_LOCATION "${LOOM_${_upper}_LIBRARY}"
+                          INTERFACE_INCLUDE_DIRECTORIES "${LOOM_${_upper}_INCLUDE_DIR}")
+  endif()
+endforeach()
 
 # --- c10d (torch.distributed from C++) -------------------------------------------------
 # libtorch carries ProcessGroupGloo and ProcessGroupNCCL but its wheel ships neither Gloo's

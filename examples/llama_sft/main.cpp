@@ -18,6 +18,8 @@
 //   build/examples/llama_sft --model_name_or_path my-llama    # a Llama, Qwen2 or Mistral folder as the base
 //   build/examples/llama_sft --use_peft false                 # full fine-tuning instead
 //   build/examples/llama_sft --packing 0                      # one example per row, padded per batch
+//   build/examples/llama_sft --do_eval --model_name_or_path output/llama_sft/merged --use_peft false \
+//       --predict_with_generate                               # eval_exact_match of generated completions
 //   build/examples/llama_sft --resume_from_checkpoint latest
 //   .venv/bin/torchrun --nproc_per_node=2 --no-python build/examples/llama_sft --sharding zero2
 //   build/examples/llama_sft --help                           # every flag
@@ -29,6 +31,7 @@
 #include <loom/loom.hpp>
 #include <loom/data/sft.hpp>
 #include <loom/data/token_file.hpp>
+#include <loom/models/generation.hpp>
 #include <loom/models/llama.hpp>
 #include <loom/peft/lora_arguments.hpp>
 
@@ -76,6 +79,13 @@ struct SFTTrainer : loom::Trainer<SFTTrainer<Sharding, Precision>, LlamaForCausa
 
   /// The tokens the loss averages over (labels[:, 1:] != -100).
   int64_t num_items(const CausalLMBatch& batch) { return hf_example::predicted_tokens(batch); }
+
+  /// With --predict_with_generate: the share of held-out completions generated exactly (greedy,
+  /// from each prompt, through the completion's end of text).
+  loom::Metrics compute_metrics(const loom::EvalPrediction& p) {
+    if (!this->args().predict_with_generate) return {};
+    return {{"exact_match", loom::metrics::sequence_exact_match(p.predictions, p.label_ids)}};
+  }
 };
 
 int main(int argc, char** argv) {
@@ -104,6 +114,8 @@ int main(int argc, char** argv) {
     auto [example, lora_args, args] = loom::parse_args(argc, argv, ExampleArguments{}, lora_defaults, defaults);
     loom::check(example.packing >= 0, "--packing must be 0 (padded rows) or a window size, got {}", example.packing);
     loom::check(example.max_length > 1, "--max_length must be at least 2, got {}", example.max_length);
+    // Generation in evaluation hands compute_metrics the generated completions (not logits).
+    if (args.predict_with_generate) args.prediction_loss_only = false;
     hf_example::apply_script_rules(args, "llama_sft");
     const bool main_process = hf_example::is_main_process();
 
@@ -134,7 +146,9 @@ int main(int argc, char** argv) {
     data_options.max_length = example.max_length;
     if (example.packing > 0) data_options.packing = example.packing;
     const loom::data::SftDataset train_set(meta.sft_files("train"), data_options);
-    const loom::data::SftDataset eval_set(meta.sft_files("val"), data_options);
+    auto eval_options = data_options;
+    if (args.predict_with_generate) eval_options.packing.reset();  // one example per row to generate from
+    const loom::data::SftDataset eval_set(meta.sft_files("val"), eval_options);
 
     loom::set_seed(args.seed);
     // An adapter goes onto its base: a random base is saved as <output_dir>/base (an HF folder)

@@ -16,6 +16,7 @@
 #include <loom/loom.hpp>
 
 #include "../accelerator_loop.hpp"
+#include "../gan_loop.hpp"
 #include "../trainer_support.hpp"
 #include "../trainer/token_support.hpp"
 
@@ -56,7 +57,7 @@ struct WorkerArguments {
   std::string task = "mlp";  ///< mlp (the MLP above), tokens (ragged token batches, tests/trainer/token_support.hpp), batch_metrics (--batch_eval_metrics on them), buffers, lora, stream (the MLP on a stream, RowStream)
   bool partly_used = false;  ///< the MLP also holds a layer the loss never reaches (spare) and one it reaches for rare rows only (rare)
   bool backward_twice = false;  ///< training_step backpropagates two losses one after the other
-  std::string loop = "trainer";  ///< trainer, or accelerator: the same run as a loop written on loom::Accelerator
+  std::string loop = "trainer";  ///< trainer, or accelerator: the same run as a loop written on loom::Accelerator; gan: tests/gan_loop.hpp's GAN (two optimizers)
   int64_t poison_step = -1;  ///< every rank's loss is infinite in this optimizer step (an fp16 overflow everywhere)
 };
 
@@ -346,6 +347,18 @@ inline int run(int argc, char** argv) {
             << nlohmann::json{{"base_change", base_change}, {"frozen", frozen.size()}, {"optimizer", bytes.optimizer},
                               {"world", trainer.world().size}}.dump();
         trainer.save_model(w.result + ".model");
+        return;
+      }
+      if (w.loop == "gan") {  // tests/gan_loop.hpp: a hand-written loop with two optimizers
+        auto gan_args = args;
+        loom_test::set_gan_args(gan_args);  // its own batch, steps and schedules; the flags' folders and policy
+        loom::Accelerator<Sharding, Precision> acc(gan_args);
+        auto model = loom_test::fresh_gan();
+        const auto run = loom_test::gan_train(acc, model);
+        std::ofstream(w.result + ".rank" + std::to_string(acc.process_index()) + ".json")
+            << nlohmann::json{{"d_losses", run.d_losses}, {"g_losses", run.g_losses}, {"d_lrs", run.d_lrs},
+                              {"g_lrs", run.g_lrs}}.dump();
+        acc.save_model(w.result + ".model");
         return;
       }
       if (w.loop == "accelerator") {  // tests/accelerator_loop.hpp: what the Trainer does, by hand
@@ -1258,6 +1271,44 @@ TEST_CASE("a loop written on loom::Accelerator at 2 ranks reproduces the Trainer
     require_success(launch(2, b, trainer_resumed / "logs"));
     CHECK(weight_difference(trainer_resumed, trainer_dir) <= 1e-6);
     check_losses(logged_losses(trainer_resumed), want, 1e-6);
+  }
+}
+
+TEST_CASE("a GAN with two optimizers at 2 ranks resumes bitwise under DDP, ZeRO-1, ZeRO-2 and FullShard") {
+  // tests/gan_loop.hpp: 6 steps straight (saving at 3), then 3 more resumed from checkpoint-3,
+  // whose files hold each optimizer's shards apart.
+  for (const std::string policy : {"ddp", "zero1", "zero2", "full_shard"}) {
+    INFO(policy);
+    const auto straight = dist_dir("gan_" + policy), resumed = dist_dir("gan_resumed_" + policy);
+    auto a = base_args(policy, 8, straight);
+    set_flags(a, {{"--save_strategy", "steps"}, {"--save_steps", "3"}, {"--eval_strategy", "no"}, {"--loop", "gan"}});
+    require_success(launch(2, a, straight / "logs"));
+    const auto ckpt = straight / "checkpoint-3";
+    const bool sharded = policy != "ddp";
+    for (const std::string stem : {"optimizer", "optimizer_1"}) {
+      INFO(stem);
+      CHECK(fs::exists(ckpt / (stem + ".json")));
+      if (sharded)
+        for (int r = 0; r < 2; ++r) CHECK(fs::exists(ckpt / (stem + "-" + std::to_string(r) + "-of-2.safetensors")));
+      else
+        CHECK(fs::exists(ckpt / (stem + ".safetensors")));
+    }
+    CHECK(fs::exists(ckpt / "scheduler_1.json"));
+    auto b = base_args(policy, 8, resumed);
+    set_flags(b, {{"--eval_strategy", "no"}, {"--loop", "gan"}, {"--resume_from_checkpoint", ckpt.string()}});
+    require_success(launch(2, b, resumed / "logs"));
+    CHECK(weight_difference(resumed, straight) == 0.0);
+    auto read = [](const fs::path& dir) {
+      std::ifstream in((dir / "result.rank0.json").string());
+      return nlohmann::json::parse(in);
+    };
+    const auto want = read(straight), got = read(resumed);
+    for (const char* key : {"d_losses", "g_losses", "d_lrs", "g_lrs"}) {
+      INFO(key);
+      const auto w = want.at(key).get<std::vector<double>>(), g = got.at(key).get<std::vector<double>>();
+      REQUIRE(w.size() == 6);
+      CHECK(g == std::vector<double>(w.begin() + 3, w.end()));
+    }
   }
 }
 

@@ -79,6 +79,18 @@ def kjv_sft_data(opts):
     print("kjv sft data ok")
 
 
+def sft_val(data):
+    """The held-out instruction files of a prepare.py --sft folder: ids, offsets, loss mask."""
+    import numpy as np
+
+    meta = read_json(os.path.join(data, "meta.json"))
+    files = meta["sft"]["val"]
+    dtype = np.uint16 if meta["dtype"] == "uint16" else np.uint32
+    ids = np.fromfile(os.path.join(data, files["ids"]), dtype=dtype).astype(np.int64)
+    offsets = np.fromfile(os.path.join(data, files["offsets"]), dtype="<u8").astype(np.int64)
+    return ids, offsets, np.fromfile(os.path.join(data, files["mask"]), dtype=np.uint8)
+
+
 def peft_check(opts):
     import numpy as np
     import torch
@@ -91,12 +103,7 @@ def peft_check(opts):
     base = adapter["base_model_name_or_path"]
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), opts.output).eval()
     merged = AutoModelForCausalLM.from_pretrained(os.path.join(opts.output, "merged"), dtype=torch.float32).eval()
-    meta = read_json(os.path.join(opts.data, "meta.json"))
-    files = meta["sft"]["val"]
-    dtype = np.uint16 if meta["dtype"] == "uint16" else np.uint32
-    ids = np.fromfile(os.path.join(opts.data, files["ids"]), dtype=dtype).astype(np.int64)
-    offsets = np.fromfile(os.path.join(opts.data, files["offsets"]), dtype="<u8").astype(np.int64)
-    mask = np.fromfile(os.path.join(opts.data, files["mask"]), dtype=np.uint8)
+    ids, offsets, mask = sft_val(opts.data)
     reported = read_json(opts.results)
     losses, worst = [], 0.0
     with torch.no_grad():
@@ -115,6 +122,38 @@ def peft_check(opts):
         fail(f"PEFT's held-out completion loss {loss!r}, loom's eval_loss {reported['eval_loss']!r}")
     print(f"peft ok: adapter on {base}, merged logits {worst:.2g} relative, held-out loss {loss:.6f} "
           f"(loom {reported['eval_loss']:.6f})")
+
+
+def generate_check(opts):
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(opts.model, dtype=torch.float32).eval()
+    ids, offsets, mask = sft_val(opts.data)
+    reported = read_json(opts.results)
+    right = rows = tokens = same = 0
+    with torch.no_grad():
+        for b, e in zip(offsets[:-1], offsets[1:]):
+            m = mask[b:e].copy()
+            m[0] = 0  # an example's first token is never labelled
+            first = int(np.argmax(m == 1))
+            last = int(len(m) - 1 - np.argmax(m[::-1] == 1))
+            prompt = torch.from_numpy(ids[b:b + first]).unsqueeze(0)
+            reference = torch.from_numpy(ids[b + first:b + last + 1])
+            out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                 max_new_tokens=len(reference))[0, first:]
+            n = min(len(out), len(reference))
+            same += int((out[:n] == reference[:n]).sum())
+            tokens += len(reference)
+            right += int(n == len(reference) and bool((out[:n] == reference).all()))
+            rows += 1
+    exact = right / rows
+    if abs(exact - reported["eval_exact_match"]) > 0.5 / rows:
+        fail(f"transformers' greedy exact match {exact!r}, loom's eval_exact_match {reported['eval_exact_match']!r}")
+    print(f"generate ok: {rows} held-out prompts, exact match {exact:.4f} (loom {reported['eval_exact_match']:.4f}), "
+          f"{same} of {tokens} reference tokens generated in place")
 
 
 def set_label(opts):
@@ -261,6 +300,10 @@ def main():
     e.add_argument("--data", required=True)
     e.add_argument("--results", required=True)
     e.add_argument("--rtol", type=float, default=1e-5)
+    g = sub.add_parser("generate")
+    g.add_argument("--model", required=True)
+    g.add_argument("--data", required=True)
+    g.add_argument("--results", required=True)
     b = sub.add_parser("set_label")
     b.add_argument("--data", required=True)
     b.add_argument("--out", required=True)
@@ -269,7 +312,7 @@ def main():
     b.add_argument("--value", type=int, required=True)
     opts = p.parse_args()
     {"set_label": set_label, "kjv_data": kjv_data, "resumed": resumed, "same": same, "transformers": transformers_check,
-     "kjv_sft_data": kjv_sft_data, "peft": peft_check}[opts.command](opts)
+     "kjv_sft_data": kjv_sft_data, "peft": peft_check, "generate": generate_check}[opts.command](opts)
 
 
 if __name__ == "__main__":

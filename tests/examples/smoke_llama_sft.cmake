@@ -5,6 +5,8 @@
 # resumed from checkpoint-3 logs the same losses after step 3. PEFT opens the adapter onto the
 # base with the merged folder's logits, and gets, in fp32, the held-out completion loss that
 # loom reports from the base and the adapter (--lora_adapter, one unpacked example a batch).
+# --predict_with_generate on the merged folder reports the exact match that transformers'
+# greedy generate gives on the same prompts.
 include("${CMAKE_CURRENT_LIST_DIR}/example_outputs.cmake")
 set(base "${OUT}")
 set(flags --data_dir "${DATA}" --max_steps 6 --warmup_steps 1 --logging_steps 1 --eval_steps 3 --save_steps 3
@@ -40,7 +42,16 @@ run_example(llama_sft --data_dir "${DATA}" --model_name_or_path "${base}/straigh
             --do_eval --bf16 false --packing 0 --max_length 1024 --per_device_eval_batch_size 1)
 hf_check(peft --output "${base}/straight" --data "${DATA}" --results "${OUT}/eval_results.json")
 
+# Generation in evaluation: the merged model's greedy completions of the held-out prompts,
+# scored by exact match, equal to transformers' generate on each prompt.
+set(OUT "${base}/generate")
+run_example(llama_sft --data_dir "${DATA}" --model_name_or_path "${base}/straight/merged" --use_peft false --do_eval
+            --bf16 false --predict_with_generate --per_device_eval_batch_size 1)
+hf_check(generate --model "${base}/straight/merged" --data "${DATA}" --results "${OUT}/eval_results.json")
+
 set(OUT "${base}")
+expect_loom_error("--generation_num_beams 4: beam search is not implemented; generation is greedy \\(1 beam\\)"
+                  --data_dir "${DATA}" --predict_with_generate --generation_num_beams 4)
 expect_loom_error("--packing must be 0 \\(padded rows\\) or a window size, got -1" --data_dir "${DATA}" --packing -1)
 expect_loom_error("--lora_config and --lora_adapter both give the LoRA config.*" --data_dir "${DATA}"
                   --lora_config x.json --lora_adapter y)

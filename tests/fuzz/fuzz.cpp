@@ -10,8 +10,9 @@
 //                     the rest also as adapter_config.json: lora_config_from_json
 //   token_meta        the input is a data folder's meta.json: read_token_meta and its files' names
 //   token_files       the input is a ragged token file cut in four by its first bytes (ids,
-//                     offsets, labels, loss mask): TokenSequenceDataset (labels per example and
-//                     per token) and SftDataset (padded and packed), every row read
+//                     offsets, labels, loss mask): TokenSequenceDataset (class ids per example and
+//                     per token, multi-hot and regression float32 rows) and SftDataset (padded and
+//                     packed), every row read
 // Only loom::Error may leave loom; any other exception aborts (a finding), as do crashes and
 // sanitizer reports. Build and run: `make fuzz` (tests/fuzz/README.md).
 // Header-only mode on purpose: LOOM_SEPARATE_COMPILATION is not defined, so the .ipp bodies
@@ -223,13 +224,17 @@ void fuzz_token_files(const uint8_t* data, size_t size) {
     at += n;
   }
   const loom::data::RaggedTokenFiles ragged{g_dir / names[0], g_dir / names[1], g_dir / names[2]};
-  for (const bool per_token : {false, true}) {
-    only_loom_errors([&] {
+  // Class ids per example and per token, multi-hot rows and regression targets (float32).
+  using loom::data::LabelKind;
+  for (const auto& [per_token, kind] : {std::pair{false, LabelKind::class_id}, std::pair{true, LabelKind::class_id},
+                                        std::pair{false, LabelKind::multi_hot}, std::pair{false, LabelKind::regression}}) {
+    only_loom_errors([&, per_token = per_token, kind = kind] {
       loom::data::TokenSequenceOptions options;
       options.max_length = 8;
       options.vocab_size = 300;
       options.labels_per_token = per_token;
-      options.num_labels = 5;
+      options.label_kind = kind;
+      options.num_labels = kind == LabelKind::class_id ? 5 : 3;
       const loom::data::TokenSequenceDataset d(ragged, options);
       read_rows(d, [&](int64_t i) {
         const std::vector<int64_t> rows{i};

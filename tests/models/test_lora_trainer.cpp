@@ -3,9 +3,12 @@
 // run ends bitwise where the uninterrupted one does; PEFT opens save_model's folder onto the
 // base transformers reads, and transformers opens the merged folder. Also: save_model and every
 // checkpoint-N of a full fine-tune hold config.json and the tokenizer files, so transformers'
-// from_pretrained opens them.
+// from_pretrained opens them. And --predict_with_generate: evaluation hands compute_metrics each
+// row's completion generated from its prompt (models/generation.hpp's generate, which
+// tests/models/test_generate.cpp checks against transformers) and the reference completions.
 
 #include <loom/loom.hpp>
+#include <loom/models/generation.hpp>
 #include <loom/models/llama.hpp>
 
 #include <doctest/doctest.h>
@@ -254,6 +257,65 @@ TEST_CASE("save_model and every checkpoint-N of a full fine-tune hold config.jso
                                              " 2>&1; echo \"exit=$?\"");
   INFO(opened);
   CHECK(opened.find("exit=0") != std::string::npos);
+}
+
+// A Trainer that keeps what compute_metrics received.
+struct GenerateTrainer : loom::Trainer<GenerateTrainer, LlamaForCausalLM> {
+  using loom::Trainer<GenerateTrainer, LlamaForCausalLM>::Trainer;
+  std::vector<loom::EvalPrediction> seen;
+  loom::Metrics compute_metrics(const loom::EvalPrediction& p) {
+    seen.push_back(p);
+    return {{"exact_match", loom::metrics::sequence_exact_match(p.predictions, p.label_ids)}};
+  }
+};
+
+TEST_CASE("--predict_with_generate: compute_metrics gets each row's completion generated from its prompt") {
+  auto model = LlamaForCausalLM::from_pretrained(base_folder());
+  // Rows of prompt (labels -100) + completion, right-padded with 2 (labels -100): prompts of 3,
+  // 5 and 2 tokens, completions of 4, 2 and 3.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(21);
+  auto ids = torch::randint(3, 100, {3, 8}, gen);
+  auto labels = torch::full({3, 8}, -100, torch::kLong);
+  const std::vector<std::pair<int64_t, int64_t>> parts{{3, 4}, {5, 2}, {2, 3}};
+  for (int64_t r = 0; r < 3; ++r) {
+    const auto [p, c] = parts[static_cast<std::size_t>(r)];
+    labels[r].narrow(0, p, c).copy_(ids[r].narrow(0, p, c));
+    ids[r].narrow(0, p + c, 8 - p - c).fill_(2);
+  }
+  const loom::data::TensorDataset<CausalLMBatch> eval({ids, labels});
+  auto args = args_for("lora_trainer/generate", 1);
+  args.predict_with_generate = true;
+  args.per_device_eval_batch_size = 3;
+  GenerateTrainer trainer(args, model, eval, eval);
+  const auto metrics = trainer.evaluate();
+  REQUIRE(trainer.seen.size() == 1);
+  const auto& p = trainer.seen.front();
+  CHECK(metrics.contains("eval_loss"));  // the loss is computed as without generation
+  CHECK(metrics.get("eval_exact_match") == loom::metrics::sequence_exact_match(p.predictions, p.label_ids));
+  // The references: each row's completion, -100 after it.
+  REQUIRE(p.label_ids.sizes() == torch::IntArrayRef{3, 4});
+  // The predictions: generate() on each prompt alone, as many new tokens as the longest completion.
+  for (int64_t r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    const auto [n_prompt, n_completion] = parts[static_cast<std::size_t>(r)];
+    CHECK(torch::equal(p.label_ids[r].narrow(0, 0, n_completion), ids[r].narrow(0, n_prompt, n_completion)));
+    CHECK(p.label_ids[r].narrow(0, n_completion, 4 - n_completion).eq(-100).all().item<bool>());
+    // (a row that produced the eos id 1 goes on with the pad id, here the eos id as well)
+    const auto alone = loom::models::generate(model, ids[r].narrow(0, 0, n_prompt).unsqueeze(0), {},
+                                              {.max_new_tokens = 4});
+    auto expected = torch::full({4}, 1, torch::kLong);
+    expected.narrow(0, 0, alone.size(1) - n_prompt).copy_(alone[0].narrow(0, n_prompt, alone.size(1) - n_prompt));
+    CHECK(torch::equal(p.predictions[r], expected));
+  }
+  // A prompt-less row and packed rows are refused; a generation_max_length within the prompts too.
+  const auto no_prompt = loom::data::TensorDataset<CausalLMBatch>({ids, ids.clone()});
+  CHECK(loom_test::error_of([&] { (void)trainer.evaluate(no_prompt); })
+            .find("row 0 of the batch is labelled from its first token, so it has no prompt") != std::string::npos);
+  args.generation_max_length = 5;
+  GenerateTrainer short_trainer(args, model, eval, eval);
+  CHECK(loom_test::error_of([&] { (void)short_trainer.evaluate(); }) ==
+        "loom: --generation_max_length 5 leaves no new token after this batch's prompts of 5 tokens (left-padded to "
+        "the longest); max_length counts the prompt and the new tokens");
 }
 
 TEST_CASE("LoraArguments: TRL's flags and defaults, PEFT's default targets, one loom: line per mistake") {

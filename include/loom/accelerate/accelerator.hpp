@@ -12,6 +12,10 @@
 //       acc.clip_grad_norm(args.max_grad_norm); acc.step(); ++acc.state().global_step;
 //   acc.save_state();                                    // output_dir/checkpoint-<global_step>
 //
+// Several optimizers (a GAN's generator and discriminator): prepare_optimizer takes the first,
+// add_optimizer each further one over its own parameters with its own scheduler, and the
+// per-optimizer calls take its index: acc.clip_grad_norm(norm, 1); acc.step(1).
+//
 // AcceleratorBase is the non-template part (compiled once into loom::compiled): the process's
 // place in the job, the sharding engine (dist::Engine), the optimizer step sequence
 // (OptimizerStep), the checkpoint writer (Checkpointer) and the run's TrainerState and loss
@@ -50,6 +54,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace loom {
@@ -133,8 +138,26 @@ class AcceleratorBase {
     current_lr_ = [&scheduler] { return scheduler.current_lr(); };
     prepare_optimizer(std::move(optimizer), static_cast<schedule::LRSchedulerBase&>(scheduler));
   }
-  /// The optimizer this rank steps (after prepare_optimizer).
-  [[nodiscard]] LOOM_INLINE optim::Optimizer& optimizer();
+  /// A further optimizer, with the scheduler it follows (HF Accelerate's
+  /// `accelerator.prepare(model, opt_g, opt_d, sched_g, sched_d)`: a GAN's discriminator, an
+  /// actor-critic's critic). After prepare_optimizer, which takes the first. Its parameters
+  /// are its own: a parameter another optimizer already holds is a loom::Error naming it. Under
+  /// ZeRO-1/2 and FullShard it is rebuilt over this rank's pieces of its parameters, as the
+  /// first. Returns its index (1 for the first added, then 2, ...), which clip_grad_norm,
+  /// optimizer_step, finish_step, step and optimizer take; its checkpoint files are
+  /// optimizer_<index>.* and scheduler_<index>.json. Not under --fp16 (one loss scaler for one
+  /// backward per step).
+  template <schedule::Schedule S>
+  std::size_t add_optimizer(optim::Optimizer optimizer, S& scheduler) {
+    return add_optimizer_impl(std::move(optimizer), static_cast<schedule::LRSchedulerBase&>(scheduler),
+                              [&scheduler] { return scheduler.current_lr(); });
+  }
+  /// The optimizers prepared: 1 after prepare_optimizer, one more per add_optimizer (0 before).
+  [[nodiscard]] std::size_t num_optimizers() const {
+    return steps_ && steps_->has_optimizer() ? 1 + more_.size() : 0;
+  }
+  /// The optimizer `k` (0: prepare_optimizer's; 1, 2, ...: add_optimizer's) this rank steps.
+  [[nodiscard]] LOOM_INLINE optim::Optimizer& optimizer(std::size_t k = 0);
 
   /// Training batches for this rank, as the Trainer reads them: seeded shuffle (--data_seed,
   /// else --seed; reshuffled per epoch by set_epoch), --per_device_train_batch_size,
@@ -259,9 +282,11 @@ class AcceleratorBase {
   /// fp16 optimizer steps the loss scaler skipped since prepare_optimizer.
   [[nodiscard]] int64_t skipped_steps() const { return steps_ ? steps_->skipped_steps() : 0; }
   /// Bytes this rank holds for parameters, gradients and optimizer state, measured after the
-  /// first optimizer step (zero before).
+  /// first optimizer step (zero before); with several optimizers, every optimizer's state once
+  /// each has stepped.
   [[nodiscard]] const dist::StateBytes& model_state_bytes() const {
     static const dist::StateBytes none;
+    if (!more_.empty()) return all_bytes_;
     return steps_ ? steps_->state_bytes() : none;
   }
 
@@ -270,6 +295,22 @@ class AcceleratorBase {
 
   /// prepare_optimizer's non-template part (current_lr_ set by the caller).
   LOOM_INLINE void prepare_optimizer(optim::Optimizer optimizer, schedule::LRSchedulerBase& scheduler);
+  /// add_optimizer's non-template part.
+  LOOM_INLINE std::size_t add_optimizer_impl(optim::Optimizer optimizer, schedule::LRSchedulerBase& scheduler,
+                                             std::function<double()> current_lr);
+  /// `optimizer` with each parameter named as the prepared model names it (an optimizer built
+  /// over a submodule names them from there), after checking that no earlier optimizer holds
+  /// one of them; records them as held by optimizer `k`.
+  LOOM_INLINE optim::Optimizer claim_parameters(optim::Optimizer optimizer, std::size_t k);
+  /// The step sequence of optimizer `k` (a loom::Error naming the count when there is none).
+  LOOM_INLINE OptimizerStep& steps_of(std::size_t k);
+  /// Every optimizer's step sequence, in index order.
+  LOOM_INLINE std::vector<OptimizerStep*> all_steps();
+  /// The learning rate optimizer `k` steps at next (its scheduler's).
+  double current_lr_of(std::size_t k) { return k == 0 ? current_lr_() : more_.at(k - 1).current_lr(); }
+  /// After optimizer `k`'s step: its state bytes (the first time) and every optimizer's
+  /// gradients zeroed, so each optimizer's next step sees only the backward that follows.
+  LOOM_INLINE void finish_optimizer(std::size_t k);
   /// After start_up: the world, the device and the engine of the sharding policy `sharding`;
   /// seeds the generators. `args` must outlive this object.
   LOOM_INLINE void start(TrainingArguments& args, Startup up, const ShardingFacts& sharding);
@@ -289,6 +330,16 @@ class AcceleratorBase {
   schedule::LRSchedulerBase* scheduler_ptr_ = nullptr;
   std::function<double()> current_lr_;  // the prepared scheduler's current_lr
   std::optional<OptimizerStep> steps_;  // after engine_: its optimizer steps views of the engine's storage
+  /// An optimizer add_optimizer added (index 1, 2, ...), with its scheduler.
+  struct FurtherOptimizer {
+    std::unique_ptr<OptimizerStep> steps;
+    schedule::LRSchedulerBase* scheduler = nullptr;
+    std::function<double()> current_lr;
+  };
+  std::vector<FurtherOptimizer> more_;  // after engine_, as steps_
+  std::unordered_map<const c10::TensorImpl*, std::size_t> held_;  // parameter -> the optimizer holding it
+  bool scales_loss_ = false;  // the precision policy scales the loss (fp16): one optimizer only
+  dist::StateBytes all_bytes_;  // model_state_bytes with several optimizers
   std::optional<Checkpointer> checkpointer_;
   std::optional<checkpoint::OutputDirLock> output_lock_;  // rank 0: one run per output folder
   TrainerState state_;
@@ -346,30 +397,35 @@ class Accelerator : public AcceleratorBase {
   }
   /// Unscales the gradients (fp16) and clips them to a global norm of `max_norm` over every
   /// rank's part (0: no clipping, the norm only). Returns the norm (a device scalar).
-  torch::Tensor clip_grad_norm(double max_norm) {
-    const auto& params = steps_->params();
+  /// `k`: which optimizer's parameters (0: prepare_optimizer's, else add_optimizer's index).
+  torch::Tensor clip_grad_norm(double max_norm, std::size_t k = 0) {
+    auto& steps = steps_of(k);
+    const auto& params = steps.params();
     precision_->unscale(params);
-    return steps_->clip(params, precision_->found_inf(), max_norm);
+    return steps.clip(params, precision_->found_inf(), max_norm);
   }
   /// The optimizer step at the scheduler's learning rate, skipped on the device when fp16 found
-  /// an overflow; returns that rate. Follow it with finish_step (or call step for both).
-  double optimizer_step() {
-    settle_skip();
-    const double lr = current_lr_();
-    steps_->step(lr, precision_->found_inf());
+  /// an overflow; returns that rate. Follow it with finish_step (or call step for both). `k`:
+  /// which optimizer steps (0: prepare_optimizer's, else add_optimizer's index), at its own
+  /// scheduler's rate.
+  double optimizer_step(std::size_t k = 0) {
+    settle_skip(k);
+    const double lr = current_lr_of(k);
+    steps_of(k).step(lr, precision_->found_inf());
     return lr;
   }
-  /// After optimizer_step: the loss scale's update, the scheduler's step (not after a skipped
-  /// fp16 step, as HF), the gradients zeroed.
-  void finish_step() {
+  /// After optimizer_step(k): the loss scale's update, optimizer k's scheduler's step (not after
+  /// a skipped fp16 step, as HF), the gradients zeroed (with several optimizers, every
+  /// optimizer's: a GAN's discriminator step starts from its own backward alone).
+  void finish_step(std::size_t k = 0) {
     precision_->update();
-    steps_->after_update(precision_->found_inf());
-    steps_->finish();
+    steps_of(k).after_update(precision_->found_inf());
+    finish_optimizer(k);
   }
   /// optimizer_step then finish_step; returns the learning rate used.
-  double step() {
-    const double lr = optimizer_step();
-    finish_step();
+  double step(std::size_t k = 0) {
+    const double lr = optimizer_step(k);
+    finish_step(k);
     return lr;
   }
   /// The precision policy's state (fp16: the loss scaler).
@@ -379,11 +435,12 @@ class Accelerator : public AcceleratorBase {
   /// after it). After a skipped step it checks that the loss scale has not collapsed, a
   /// loom::Error below the floor. optimizer_step calls it for the step before; call it before
   /// reading skipped_steps(), saving or ending a run.
-  void settle_skip() {
-    const int64_t before = steps_->skipped_steps();
-    steps_->settle_skip();
+  void settle_skip(std::size_t k = 0) {
+    auto& steps = steps_of(k);
+    const int64_t before = steps.skipped_steps();
+    steps.settle_skip();
     if constexpr (precision::ScalesLoss<precision_type>)
-      if (steps_->skipped_steps() != before) precision_->check_scale_floor(steps_->skipped_steps(), state_.global_step);
+      if (steps.skipped_steps() != before) precision_->check_scale_floor(steps.skipped_steps(), state_.global_step);
   }
 
  protected:
@@ -394,6 +451,7 @@ class Accelerator : public AcceleratorBase {
   void start(TrainingArguments& args, Startup up) {
     precision_.emplace(args, up.device);
     precision_part_ = json_part("scaler.json", *precision_);
+    scales_loss_ = precision_policy::facts.scales_loss;
     AcceleratorBase::start(args, std::move(up), sharding_policy::facts);
   }
   std::optional<precision_type> precision_;

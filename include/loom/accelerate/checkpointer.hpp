@@ -15,6 +15,11 @@
 //                                         instead, when the optimizer is sharded: rank R's
 //                                         pieces, and each piece's flat range in its parameter
 //   checkpoint-N/optimizer.json           optimizer scalars
+//   checkpoint-N/optimizer_K.*            the same files for the Accelerator's further optimizers
+//                                         (add_optimizer, K = 1, 2, ...): optimizer_K.safetensors
+//                                         (or .pt, or optimizer_K-R-of-W.safetensors / .json),
+//                                         optimizer_K.json, and its scheduler's scheduler_K.json
+//                                         (HF Accelerate's optimizer_1.bin / scheduler_1.bin)
 //   checkpoint-N/<part>.json              each JsonPart: scheduler.json (torch's LambdaLR
 //                                         field names), scaler.json (fp16; HF forgets it),
 //                                         loop_state.json (the loop's loss totals)
@@ -71,13 +76,15 @@ class Checkpointer {
       : args_(&args), world_(world), engine_(&engine), model_(&model) {}
 
   /// Writes output_dir/checkpoint-<state.global_step> and rotates old ones (every rank calls it).
-  LOOM_INLINE void save(const TrainerState& state, OptimizerStep& optimizer, const std::vector<JsonPart>& parts);
+  /// `optimizers`: the first writes optimizer.*, optimizer k (k >= 1) optimizer_k.*.
+  LOOM_INLINE void save(const TrainerState& state, const std::vector<OptimizerStep*>& optimizers,
+                        const std::vector<JsonPart>& parts);
   /// The folder --resume_from_checkpoint names ("latest": the newest complete one in output_dir).
   LOOM_INLINE std::optional<std::filesystem::path> resume_dir();
   /// Restores a checkpoint: weights, this rank's optimizer state (resharded), the parts, the
   /// RNG states, and the progress fields of `state` (the plan stays this run's, as HF does).
-  LOOM_INLINE void load(const std::filesystem::path& dir, TrainerState& state, OptimizerStep& optimizer,
-                        const std::vector<JsonPart>& parts);
+  LOOM_INLINE void load(const std::filesystem::path& dir, TrainerState& state,
+                        const std::vector<OptimizerStep*>& optimizers, const std::vector<JsonPart>& parts);
   /// Loads the weights of `dir`/model.safetensors into the model (strict names and shapes), or
   /// its adapter_model.safetensors into the adapter the model carries.
   LOOM_INLINE void load_weights(const std::filesystem::path& dir);
@@ -106,7 +113,11 @@ class Checkpointer {
   /// Every parameter's full shape, by name (the optimizer shards record and check them).
   [[nodiscard]] LOOM_INLINE std::map<std::string, std::vector<int64_t>> parameter_shapes() const;
   LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> optimizer_state_for_this_rank(
-      const std::filesystem::path& dir, OptimizerStep& optimizer);
+      const std::filesystem::path& dir, OptimizerStep& optimizer, const std::string& stem);
+  /// Writes one optimizer's files, named from `stem` ("optimizer", "optimizer_1", ...), into `tmp`.
+  LOOM_INLINE void save_optimizer(const std::filesystem::path& tmp, OptimizerStep& optimizer, const std::string& stem);
+  /// Restores one optimizer from the files of `dir` named from `stem`.
+  LOOM_INLINE void load_optimizer(const std::filesystem::path& dir, OptimizerStep& optimizer, const std::string& stem);
 
   /// Rank 0: config.json (unless null or an adapter is trained) and the program's files into `dir`.
   LOOM_INLINE void write_model_files(const std::filesystem::path& dir, const nlohmann::json& config, bool adapter_too);
@@ -126,6 +137,16 @@ class Checkpointer {
 /// --overwrite_output_dir to train in it from scratch). With --overwrite_output_dir, or
 /// without --do_train, always none.
 LOOM_INLINE std::optional<std::filesystem::path> detect_last_checkpoint(const TrainingArguments& args);
+
+/// The file stem of optimizer `k`'s checkpoint files: "optimizer" for the first (k = 0),
+/// "optimizer_<k>" for the further ones (HF Accelerate's numbering).
+inline std::string optimizer_file_stem(std::size_t k) {
+  return k == 0 ? std::string("optimizer") : "optimizer_" + std::to_string(k);
+}
+/// The file of scheduler `k` (the one optimizer `k` follows): scheduler.json, scheduler_<k>.json.
+inline std::string scheduler_file(std::size_t k) {
+  return k == 0 ? std::string("scheduler.json") : "scheduler_" + std::to_string(k) + ".json";
+}
 
 }  // namespace loom
 

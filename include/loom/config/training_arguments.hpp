@@ -86,6 +86,9 @@ struct TrainingArguments {
   std::optional<std::string> label_names;  ///< the batch fields holding the labels, comma-separated (default: labels)
   std::string include_for_metrics = "";   ///< what compute_metrics also gets, comma-separated: inputs, loss
   bool batch_eval_metrics = false;  ///< call compute_metrics(prediction, compute_result) per batch, keeping nothing (compute_result true on the last)
+  bool predict_with_generate = false;  ///< evaluation generates (a causal LM: each row's completion from its prompt) and hands the generated ids to compute_metrics
+  std::optional<int64_t> generation_max_length;  ///< --predict_with_generate: max_length, prompt plus new tokens (default: the batch's longest reference completion as new tokens)
+  std::optional<int64_t> generation_num_beams;   ///< --predict_with_generate: beams (1 only: beam search is not implemented)
 
   // --- saving --------------------------------------------------------------------------
   std::string save_strategy = "steps";        ///< no | steps | epoch | best
@@ -192,6 +195,9 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"label_names", "the batch fields holding the labels, comma-separated (default: labels)"},
     {"include_for_metrics", "what compute_metrics also gets, comma-separated: inputs, loss"},
     {"batch_eval_metrics", "call compute_metrics(prediction, compute_result) per batch, keeping nothing (compute_result true on the last)"},
+    {"predict_with_generate", "evaluation generates (a causal LM: each row's completion from its prompt) and hands the generated ids to compute_metrics"},
+    {"generation_max_length", "--predict_with_generate: max_length, prompt plus new tokens (default: the batch's longest reference completion as new tokens)"},
+    {"generation_num_beams", "--predict_with_generate: beams (1 only: beam search is not implemented)"},
     {"save_strategy", "no | steps | epoch | best"},
     {"save_steps", "save every N steps (below 1: fraction)"},
     {"save_total_limit", "keep at most N checkpoints"},

@@ -23,6 +23,8 @@
 // `check_generation_positions(positions)`, and a `config()` with eos_token_id / pad_token_id.
 
 #include <loom/config/inline.hpp>
+#include <loom/config/training_arguments.hpp>
+#include <loom/data/text.hpp>
 #include <loom/models/causal_lm.hpp>
 
 #include <nlohmann/json.hpp>
@@ -32,6 +34,7 @@
 #include <functional>
 #include <optional>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace loom::models {
@@ -52,6 +55,8 @@ struct GenerationConfig {
   std::optional<uint64_t> seed{};
 };
 
+struct GeneratedCompletions;
+
 namespace detail {
 
 /// What generation needs of a model, its type erased so the loop compiles once.
@@ -66,6 +71,9 @@ struct GenerationModel {
 /// The generation loop (generate's body).
 LOOM_INLINE torch::Tensor generate(const GenerationModel& model, const torch::Tensor& input_ids,
                                    const torch::Tensor& attention_mask, const GenerationConfig& config);
+
+/// `generated` and `references` brought to one width (see GeneratedCompletions).
+LOOM_INLINE GeneratedCompletions completions(torch::Tensor generated, torch::Tensor references, int64_t pad_token_id);
 
 /// A config's token ids: none, one, or (a JSON list, Llama 3's eos_token_id) several.
 LOOM_INLINE std::vector<int64_t> token_ids(const nlohmann::json& ids);
@@ -106,6 +114,62 @@ torch::Tensor generate(Model& model, const torch::Tensor& input_ids, const torch
       impl->config().pad_token_id,
   };
   return detail::generate(erased, input_ids, attention_mask, config);
+}
+
+
+/// A causal-LM batch cut for generation during evaluation (the Trainer's
+/// --predict_with_generate): each row's prompt, its tokens before its first labelled one, and
+/// its reference, its labelled tokens from the first to the last (the completion, with its eos).
+struct PromptsAndReferences {
+  torch::Tensor input_ids;       ///< int64 [batch, longest prompt], left-padded with the pad id
+  torch::Tensor attention_mask;  ///< int64, the same shape: 0 on the padding
+  torch::Tensor references;      ///< int64 [batch, longest reference], right-padded with -100
+};
+
+/// `batch` cut into prompts and references (see PromptsAndReferences). Rows of one example
+/// each (padded rows); packed windows (position_ids) and a row without a labelled token or
+/// without a prompt are a loom::Error.
+LOOM_INLINE PromptsAndReferences split_prompts(const data::CausalLMBatch& batch, int64_t pad_token_id);
+
+/// What generation during evaluation hands to compute_metrics: the generated tokens and the
+/// references, both [batch, width] (the wider of the two): the generated ones padded with the
+/// pad id, the references with -100, so that a token-level exact match counts each reference
+/// through its eos and nothing generated after it.
+struct GeneratedCompletions {
+  torch::Tensor predictions;  ///< int64 generated tokens (without the prompt)
+  torch::Tensor references;   ///< int64 reference completions, -100 past their end
+};
+
+/// Seq2SeqTrainer's prediction_step generation for a causal LM: each row's completion
+/// generated greedily from its prompt (split_prompts), with max_length
+/// --generation_max_length (the longest prompt plus the new tokens) or, unset, as many new
+/// tokens as the batch's longest reference. The Trainer calls it (found by argument-dependent
+/// lookup) under --predict_with_generate.
+template <GenerativeModel Model>
+GeneratedCompletions evaluation_generate(Model& model, const data::CausalLMBatch& batch,
+                                         const TrainingArguments& args) {
+  const auto& config = model->config();
+  const auto eos = detail::token_ids(config.eos_token_id);
+  const std::optional<int64_t> pad = config.pad_token_id ? config.pad_token_id
+                                     : eos.empty()        ? std::nullopt
+                                                          : std::optional<int64_t>(eos.front());
+  check(pad.has_value(), "--predict_with_generate needs the model config's pad_token_id or eos_token_id (what "
+                         "pads the prompts and the rows that ended)");
+  auto split = split_prompts(batch, *pad);
+  GenerationConfig generation;
+  generation.num_beams = args.generation_num_beams.value_or(1);
+  const int64_t prompt = split.input_ids.size(1), reference = split.references.size(1);
+  if (args.generation_max_length) {
+    check(*args.generation_max_length > prompt,
+          "--generation_max_length {} leaves no new token after this batch's prompts of {} tokens (left-padded to "
+          "the longest); max_length counts the prompt and the new tokens",
+          *args.generation_max_length, prompt);
+    generation.max_new_tokens = *args.generation_max_length - prompt;
+  } else {
+    generation.max_new_tokens = reference;
+  }
+  const auto out = generate(model, split.input_ids, split.attention_mask, generation);
+  return detail::completions(out.narrow(1, prompt, out.size(1) - prompt), std::move(split.references), *pad);
 }
 
 }  // namespace loom::models

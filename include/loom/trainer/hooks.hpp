@@ -5,6 +5,7 @@
 // compile error here, with a "loom:" message naming the hook and its expected form.
 
 #include <loom/config/meta.hpp>
+#include <loom/config/training_arguments.hpp>
 #include <loom/core/metrics.hpp>
 #include <loom/accelerate/outputs.hpp>
 #include <loom/data/collate.hpp>
@@ -128,6 +129,14 @@ decltype(auto) call_hook(Self& self, A&&... a) {
 }
 
 namespace detail {
+
+/// True when evaluation can generate on Batch (--predict_with_generate): an
+/// evaluation_generate(model, batch, args) found by argument-dependent lookup
+/// (models/generation.hpp's, for loom's causal LMs).
+template <class Model, class Batch>
+inline constexpr bool can_generate = requires(Model& m, const Batch& b, const TrainingArguments& a) {
+  evaluation_generate(m, b, a);
+};
 
 template <class F>
 struct member_fn_args {};

@@ -91,6 +91,16 @@ PredictionOutput Trainer<Derived, Model, Policies...>::prediction_step(Model& mo
   if (labels.empty()) return p;
   p.labels = labels.front();
   if (labels.size() > 1) p.all_labels = std::move(labels);
+  // Seq2SeqTrainer's predict_with_generate: the generated tokens (a causal LM: each row's
+  // completion from its prompt) and their references replace the logits and labels.
+  if constexpr (detail::can_generate<Model, Batch>) {
+    if (args_.predict_with_generate && !args_.prediction_loss_only) {
+      auto generated = evaluation_generate(model, std::as_const(batch), std::as_const(args_));
+      p.logits = std::move(generated.predictions);
+      p.labels = std::move(generated.references);
+      p.all_labels.clear();
+    }
+  }
   return p;
 }
 
@@ -189,6 +199,13 @@ void Trainer<Derived, Model, Policies...>::init(Train train_dataset) {
         "on the module, applied to the token embeddings in forward (core/neftune.hpp; loom's GPT-2 and BERT "
         "have it)");
   if constexpr (known) check_label_names<Batch>();
+  if constexpr (known)
+    check(!args_.predict_with_generate || detail::can_generate<Model, Batch>,
+          "--predict_with_generate needs a model that generates from this batch type: loom::models' causal LMs "
+          "(GPT-2, the Llama family) on CausalLMBatch, with <loom/models/generation.hpp> included");
+  check(!args_.predict_with_generate || !accelerator_type::forward_is_collective,
+        "--predict_with_generate is not supported under --sharding {}: its ranks would generate different numbers "
+        "of tokens through a collective forward", args_.sharding);
   check(!args_.batch_eval_metrics || hook::compute_metrics::batched<Self>,
         "--batch_eval_metrics calls compute_metrics(const loom::EvalPrediction&, bool compute_result) once per "
         "batch, and this Trainer's compute_metrics has no compute_result parameter; declare that form (HF's "

@@ -6,6 +6,7 @@
 #include <loom/accelerate/accelerator.hpp>
 #include <loom/accelerate/evaluation.hpp>
 
+#include <algorithm>
 #include <cstdio>
 
 namespace loom {
@@ -49,14 +50,88 @@ LOOM_INLINE void AcceleratorBase::prepare_module(torch::nn::Module& module) {
 LOOM_INLINE void AcceleratorBase::prepare_optimizer(optim::Optimizer optimizer, schedule::LRSchedulerBase& scheduler) {
   check(module_ != nullptr, "prepare_optimizer needs the model first: call prepare_model");
   scheduler_ptr_ = &scheduler;
-  steps_->reset(std::move(optimizer), scheduler, module_->parameters());
+  more_.clear();  // a new first optimizer starts a new set
+  held_.clear();
+  all_bytes_ = {};
+  steps_->reset(claim_parameters(std::move(optimizer), 0), scheduler, module_->parameters());
   loop_ = LoopState{};
   if (world_.size > 1) loop_.tr_loss.set_reducer([this](torch::Tensor& t) { engine_->all_reduce(t, "the loss all-reduce"); });
 }
 
-LOOM_INLINE optim::Optimizer& AcceleratorBase::optimizer() {
+LOOM_INLINE std::size_t AcceleratorBase::add_optimizer_impl(optim::Optimizer optimizer,
+                                                            schedule::LRSchedulerBase& scheduler,
+                                                            std::function<double()> current_lr) {
+  check(steps_ && steps_->has_optimizer(),
+        "add_optimizer adds a further optimizer: call prepare_optimizer with the first one before");
+  check(!scales_loss_,
+        "add_optimizer: several optimizers cannot run under --fp16 (its one dynamic loss scale belongs to one "
+        "optimizer's steps); use --bf16 or fp32");
+  const std::size_t k = 1 + more_.size();
+  auto steps = std::make_unique<OptimizerStep>(*engine_, device_, engine_->owns_grads());
+  steps->reset(claim_parameters(std::move(optimizer), k), scheduler, module_->parameters());
+  more_.push_back({std::move(steps), &scheduler, std::move(current_lr)});
+  return k;
+}
+
+LOOM_INLINE optim::Optimizer AcceleratorBase::claim_parameters(optim::Optimizer optimizer, std::size_t k) {
+  std::unordered_map<const c10::TensorImpl*, std::string> model_names;
+  for (const auto& item : module_->named_parameters(true)) model_names.emplace(item.value().unsafeGetTensorImpl(), item.key());
+  bool renamed = false;
+  std::vector<optim::ParamGroup> groups = optimizer.groups();
+  for (auto& g : groups)
+    for (std::size_t i = 0; i < g.params.size(); ++i) {
+      const auto* impl = g.params[i].unsafeGetTensorImpl();
+      const auto named = model_names.find(impl);
+      const std::string name = named != model_names.end() ? named->second
+                               : i < g.names.size()        ? g.names[i]
+                                                           : std::string("(a tensor the model does not hold)");
+      const auto [held, fresh] = held_.emplace(impl, k);
+      check(fresh || held->second == k,
+            "parameter {} is given to optimizer {}, but optimizer {} already holds it: each parameter belongs to one "
+            "optimizer (build each over its own part of the model)", name, k, held->second);
+      if (i < g.names.size() && g.names[i] != name && named != model_names.end()) {
+        g.names[i] = name;
+        renamed = true;
+      }
+    }
+  // Named as in the model, so checkpoints key each state by the name the model saves (an
+  // optimizer that has stepped already keeps its names with its state).
+  if (!renamed || optimizer.wrapped() != nullptr || optimizer.steps() > 0) return optimizer;
+  return optim::Optimizer(std::move(groups), optimizer.options());
+}
+
+LOOM_INLINE OptimizerStep& AcceleratorBase::steps_of(std::size_t k) {
+  if (k == 0) {
+    check(steps_.has_value(), "there is no optimizer yet: call prepare_model, then prepare_optimizer");
+    return *steps_;
+  }
+  check(k <= more_.size(), "there is no optimizer {}: the Accelerator holds {} (prepare_optimizer's is 0, "
+        "add_optimizer's 1, 2, ...)", k, num_optimizers());
+  return *more_[k - 1].steps;
+}
+
+LOOM_INLINE std::vector<OptimizerStep*> AcceleratorBase::all_steps() {
+  std::vector<OptimizerStep*> out{&*steps_};
+  for (auto& m : more_) out.push_back(m.steps.get());
+  return out;
+}
+
+LOOM_INLINE void AcceleratorBase::finish_optimizer(std::size_t k) {
+  steps_of(k).finish();  // zeroes every gradient when the engine owns them
+  if (more_.empty()) return;
+  if (!engine_->owns_grads())
+    for (std::size_t j = 0; j < num_optimizers(); ++j)
+      if (j != k) steps_of(j).optimizer().zero_grad();
+  if (all_bytes_.total() == 0 && std::all_of(more_.begin(), more_.end(), [](const auto& m) { return m.steps->state_bytes().total() > 0; }) &&
+      steps_->state_bytes().total() > 0) {
+    all_bytes_ = steps_->state_bytes();
+    for (const auto& m : more_) all_bytes_.optimizer += m.steps->state_bytes().optimizer;
+  }
+}
+
+LOOM_INLINE optim::Optimizer& AcceleratorBase::optimizer(std::size_t k) {
   check(steps_ && steps_->has_optimizer(), "there is no optimizer yet: it is created by train() (or prepare_optimizer)");
-  return steps_->optimizer();
+  return steps_of(k).optimizer();
 }
 
 LOOM_INLINE std::vector<std::optional<int64_t>> AcceleratorBase::eval_batches(int64_t num_batches) const {
@@ -101,7 +176,7 @@ LOOM_INLINE std::vector<JsonPart> AcceleratorBase::checkpoint_parts() {
   check(scheduler_ptr_ != nullptr && steps_ && steps_->has_optimizer(),
         "a checkpoint needs the optimizer and its scheduler: call prepare_optimizer first");
   std::vector<JsonPart> parts{
-      json_part("scheduler.json", *scheduler_ptr_), precision_part_,
+      json_part(scheduler_file(0), *scheduler_ptr_), precision_part_,
       JsonPart{"loop_state.json",
                [this] {
                  auto j = loop_.state_dict(run_args_->logging_nan_inf_filter);
@@ -117,14 +192,16 @@ LOOM_INLINE std::vector<JsonPart> AcceleratorBase::checkpoint_parts() {
                  steps_->set_skipped_steps(json::Fields(j, "").integer("skipped_steps", 0));
                  resumed_loop_state_ = j;
                }}};
+  for (std::size_t k = 1; k <= more_.size(); ++k) parts.push_back(json_part(scheduler_file(k), *more_[k - 1].scheduler));
   parts.insert(parts.end(), extra_parts_.begin(), extra_parts_.end());
   return parts;
 }
 
 LOOM_INLINE std::filesystem::path AcceleratorBase::save_state() {
   auto parts = checkpoint_parts();
-  steps_->settle_skip();
-  checkpointer_->save(state_, *steps_, parts);
+  const auto optimizers = all_steps();
+  for (auto* s : optimizers) s->settle_skip();
+  checkpointer_->save(state_, optimizers, parts);
   return checkpoint::checkpoint_dir(run_args_->output_dir, state_.global_step);
 }
 
@@ -141,7 +218,7 @@ LOOM_INLINE std::optional<std::filesystem::path> AcceleratorBase::load_state() {
 
 LOOM_INLINE void AcceleratorBase::load_state(const std::filesystem::path& dir) {
   auto parts = checkpoint_parts();
-  checkpointer_->load(dir, state_, *steps_, parts);
+  checkpointer_->load(dir, state_, all_steps(), parts);
   const auto warning = resume_warning(resumed_loop_state_, *run_args_, world_.size, state_.global_step);
   if (!warning.empty() && world_.is_main() && log_enabled(LogLevel::warning)) std::fprintf(stderr, "%s\n", warning.c_str());
 }

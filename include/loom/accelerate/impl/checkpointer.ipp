@@ -18,9 +18,9 @@
 namespace loom {
 
 namespace detail {
-inline constexpr const char* kOptimizerMeta = "optimizer.json";
-inline constexpr const char* kOptimizerState = "optimizer.safetensors";
-inline constexpr const char* kTorchOptimizerState = "optimizer.pt";  // a wrapped torch::optim::Optimizer
+// The optimizers' files are named from optimizer_file_stem(k): <stem>.safetensors (or <stem>.pt
+// for a wrapped torch::optim::Optimizer, or <stem>-R-of-W.safetensors / .json when sharded) and
+// <stem>.json.
 inline constexpr const char* kRngState = "rng_state.safetensors";
 inline constexpr const char* kTrainingArgs = "training_args.json";
 }  // namespace detail
@@ -120,7 +120,36 @@ LOOM_INLINE std::map<std::string, std::vector<int64_t>> Checkpointer::parameter_
   return shapes;
 }
 
-LOOM_INLINE void Checkpointer::save(const TrainerState& state, OptimizerStep& optimizer,
+LOOM_INLINE void Checkpointer::save_optimizer(const std::filesystem::path& tmp, OptimizerStep& optimizer,
+                                              const std::string& stem) {
+  const bool main = world_.is_main();
+  auto& opt = optimizer.optimizer();
+  if (engine_->shards_optimizer()) {
+    const auto shard = fmt::format("{}-{}-of-{}", stem, world_.rank, world_.size);
+    checkpoint::save_safetensors(opt.state_tensors(), tmp / (shard + ".safetensors"));
+    // Each piece's flat range in its parameter, and the parameter's shape (checked on load).
+    nlohmann::json ranges = nlohmann::json::object(), shapes = nlohmann::json::object();
+    const auto shape_of = parameter_shapes();
+    for (const auto& p : optimizer.pieces()) {
+      ranges[p.name] = {p.begin, p.end, p.numel};
+      if (auto it = shape_of.find(p.name); it != shape_of.end()) shapes[p.name] = it->second;
+    }
+    detail::write_json_file(tmp / (shard + ".json"), {{"ranges", ranges}, {"shapes", shapes}}, 2);
+  }
+  if (!main) return;
+  if (!engine_->shards_optimizer()) {
+    if (opt.wrapped() != nullptr) {  // torch's own serialization of its optimizer
+      torch::serialize::OutputArchive archive;
+      opt.wrapped()->save(archive);
+      archive.save_to((tmp / (stem + ".pt")).string());
+    } else {
+      checkpoint::save_safetensors(opt.state_tensors(), tmp / (stem + ".safetensors"));
+    }
+  }
+  detail::write_json_file(tmp / (stem + ".json"), opt.state_meta(), 2);
+}
+
+LOOM_INLINE void Checkpointer::save(const TrainerState& state, const std::vector<OptimizerStep*>& optimizers,
                                     const std::vector<JsonPart>& parts) {
   const auto& args = *args_;
   const std::filesystem::path out(args.output_dir);
@@ -136,31 +165,10 @@ LOOM_INLINE void Checkpointer::save(const TrainerState& state, OptimizerStep& op
   checkpoint::detail::fault_point("begin");
   save_weights(tmp);
   checkpoint::detail::fault_point("weights_written");
-  auto& opt = optimizer.optimizer();
-  if (!args.save_only_model && engine_->shards_optimizer()) {
-    const auto stem = fmt::format("optimizer-{}-of-{}", world_.rank, world_.size);
-    checkpoint::save_safetensors(opt.state_tensors(), tmp / (stem + ".safetensors"));
-    // Each piece's flat range in its parameter, and the parameter's shape (checked on load).
-    nlohmann::json ranges = nlohmann::json::object(), shapes = nlohmann::json::object();
-    const auto shape_of = parameter_shapes();
-    for (const auto& p : optimizer.pieces()) {
-      ranges[p.name] = {p.begin, p.end, p.numel};
-      if (auto it = shape_of.find(p.name); it != shape_of.end()) shapes[p.name] = it->second;
-    }
-    detail::write_json_file(tmp / (stem + ".json"), {{"ranges", ranges}, {"shapes", shapes}}, 2);
-  }
-  if (main && !args.save_only_model && !engine_->shards_optimizer()) {
-    if (opt.wrapped() != nullptr) {  // torch's own serialization of its optimizer
-      torch::serialize::OutputArchive archive;
-      opt.wrapped()->save(archive);
-      archive.save_to((tmp / detail::kTorchOptimizerState).string());
-    } else {
-      checkpoint::save_safetensors(opt.state_tensors(), tmp / detail::kOptimizerState);
-    }
-  }
+  if (!args.save_only_model)
+    for (std::size_t k = 0; k < optimizers.size(); ++k) save_optimizer(tmp, *optimizers[k], optimizer_file_stem(k));
   checkpoint::detail::fault_point("optimizer_written");
   if (main && !args.save_only_model) {
-    detail::write_json_file(tmp / detail::kOptimizerMeta, opt.state_meta(), 2);
     for (std::size_t i = 0; i < parts.size(); ++i) detail::write_json_file(tmp / parts[i].file, values[i], 2);
     std::vector<std::pair<std::string, torch::Tensor>> rng{{"cpu", at::detail::getDefaultCPUGenerator().get_state()}};
     if (torch::cuda::is_available())
@@ -205,24 +213,16 @@ LOOM_INLINE std::optional<std::filesystem::path> Checkpointer::resume_dir() {
   return dir;
 }
 
-LOOM_INLINE void Checkpointer::load(const std::filesystem::path& dir, TrainerState& state, OptimizerStep& optimizer,
-                                    const std::vector<JsonPart>& parts) {
-  // The weights first: a damaged model file is the most useful thing to report.
-  load_weights(dir);
-  std::vector<std::string> required{detail::kOptimizerMeta};
-  for (const auto& part : parts) required.push_back(part.file);
-  required.emplace_back(detail::kRngState);
-  for (const auto& f : required)
-    check(std::filesystem::exists(dir / f),
-          "{} cannot resume training: it has no {} (saved with save_only_model? then start from its "
-          "weights with --model_name_or_path {})", dir.string(), f, dir.string());
-  const auto meta = json::read_file(dir / detail::kOptimizerMeta);
-  json::Fields(meta, (dir / detail::kOptimizerMeta).string()).integer("steps", 0);
+LOOM_INLINE void Checkpointer::load_optimizer(const std::filesystem::path& dir, OptimizerStep& optimizer,
+                                              const std::string& stem) {
+  const auto meta_file = dir / (stem + ".json");
+  const auto meta = json::read_file(meta_file);
+  json::Fields(meta, meta_file.string()).integer("steps", 0);
   if (auto* wrapped = optimizer.optimizer().wrapped()) {
-    const auto file = dir / detail::kTorchOptimizerState;
+    const auto file = dir / (stem + ".pt");
     optimizer.optimizer().load_state({}, meta);  // the step count; the algorithm must be the same
     check(std::filesystem::exists(file), "{} cannot resume a torch::optim::Optimizer: it has no {}", dir.string(),
-          detail::kTorchOptimizerState);
+          file.filename().string());
     try {
       torch::serialize::InputArchive archive;
       archive.load_from(file.string());
@@ -231,8 +231,23 @@ LOOM_INLINE void Checkpointer::load(const std::filesystem::path& dir, TrainerSta
       fail("{}: torch could not load the optimizer state: {}", file.string(), e.what_without_backtrace());
     }
   } else {
-    optimizer.optimizer().load_state(optimizer_state_for_this_rank(dir, optimizer), meta);
+    optimizer.optimizer().load_state(optimizer_state_for_this_rank(dir, optimizer, stem), meta);
   }
+}
+
+LOOM_INLINE void Checkpointer::load(const std::filesystem::path& dir, TrainerState& state,
+                                    const std::vector<OptimizerStep*>& optimizers, const std::vector<JsonPart>& parts) {
+  // The weights first: a damaged model file is the most useful thing to report.
+  load_weights(dir);
+  std::vector<std::string> required;
+  for (std::size_t k = 0; k < optimizers.size(); ++k) required.push_back(optimizer_file_stem(k) + ".json");
+  for (const auto& part : parts) required.push_back(part.file);
+  required.emplace_back(detail::kRngState);
+  for (const auto& f : required)
+    check(std::filesystem::exists(dir / f),
+          "{} cannot resume training: it has no {} (saved with save_only_model? then start from its "
+          "weights with --model_name_or_path {})", dir.string(), f, dir.string());
+  for (std::size_t k = 0; k < optimizers.size(); ++k) load_optimizer(dir, *optimizers[k], optimizer_file_stem(k));
   for (const auto& part : parts) {
     const auto file = dir / part.file;
     const auto j = json::read_file(file);
@@ -275,15 +290,16 @@ LOOM_INLINE void Checkpointer::load(const std::filesystem::path& dir, TrainerSta
 // The optimizer state of checkpoint `dir`, whole or sharded at any world size, cut to what
 // this rank's optimizer steps (whole parameters, or this rank's pieces).
 LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> Checkpointer::optimizer_state_for_this_rank(
-    const std::filesystem::path& dir, OptimizerStep& optimizer) {
+    const std::filesystem::path& dir, OptimizerStep& optimizer, const std::string& stem) {
   std::map<std::string, torch::Tensor> full;
+  const auto whole_file = dir / (stem + ".safetensors");
   // The shape each moment was saved with, checked against its parameter's below (a moment
   // with the right element count in another layout must not load flattened).
   std::map<std::string, std::pair<std::vector<int64_t>, std::string>> saved_shape;  // key -> (shape, file)
-  if (std::filesystem::exists(dir / detail::kOptimizerState)) {
-    for (auto& [k, t] : checkpoint::load_safetensors(dir / detail::kOptimizerState)) {
+  if (std::filesystem::exists(whole_file)) {
+    for (auto& [k, t] : checkpoint::load_safetensors(whole_file)) {
       const bool shaped = optim::is_param_shaped(k.substr(0, k.find('.')));
-      if (shaped) saved_shape[k] = {t.sizes().vec(), (dir / detail::kOptimizerState).string()};
+      if (shaped) saved_shape[k] = {t.sizes().vec(), whole_file.string()};
       full[k] = shaped ? t.reshape({-1}) : t;
     }
   } else {
@@ -291,28 +307,28 @@ LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> Checkpointer::opt
     std::map<std::string, int64_t> covered, numels;
     for (int64_t r = 0; world == 0 || r < world; ++r) {
       if (world == 0) {  // the world size the checkpoint was saved at
-        static const std::regex shard0(R"(optimizer-0-of-([1-9][0-9]{0,5})\.safetensors)");
+        const std::regex shard0(stem + R"(-0-of-([1-9][0-9]{0,5})\.safetensors)");
         for (const auto& e : std::filesystem::directory_iterator(dir)) {
           std::smatch m;
           const auto name = e.path().filename().string();
           if (std::regex_match(name, m, shard0)) world = std::stoll(m[1].str());
         }
         check(world > 0,
-              "{} cannot resume training: it has neither optimizer.safetensors nor optimizer-0-of-N.safetensors "
+              "{} cannot resume training: it has neither {}.safetensors nor {}-0-of-N.safetensors "
               "(saved with save_only_model? then start from its weights with --model_name_or_path {})",
-              dir.string(), dir.string());
+              dir.string(), stem, stem, dir.string());
       }
-      const auto stem = dir / fmt::format("optimizer-{}-of-{}", r, world);
-      check(std::filesystem::exists(stem.string() + ".safetensors") && std::filesystem::exists(stem.string() + ".json"),
+      const auto shard = dir / fmt::format("{}-{}-of-{}", stem, r, world);
+      check(std::filesystem::exists(shard.string() + ".safetensors") && std::filesystem::exists(shard.string() + ".json"),
             "{} is missing the optimizer shard of rank {} ({}.safetensors/.json)", dir.string(), r,
-            stem.filename().string());
-      const std::string meta_file = stem.string() + ".json";
+            shard.filename().string());
+      const std::string meta_file = shard.string() + ".json";
       const auto meta = json::read_file(meta_file);
       const json::Fields fields(meta, meta_file);
       const auto& ranges = fields.object("ranges");
       const nlohmann::json no_shapes = nlohmann::json::object();
       const auto& shapes = fields.has("shapes") ? fields.object("shapes") : no_shapes;  // absent before 2026-11-23
-      for (auto& [key, t] : checkpoint::load_safetensors(stem.string() + ".safetensors")) {
+      for (auto& [key, t] : checkpoint::load_safetensors(shard.string() + ".safetensors")) {
         const auto dot = key.find('.');
         const std::string kind = key.substr(0, dot), param = key.substr(dot + 1);
         if (!optim::is_param_shaped(kind)) {

@@ -264,6 +264,17 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
   if (args.eval_accumulation_steps)
     check_positive("eval_accumulation_steps", static_cast<double>(*args.eval_accumulation_steps));
   check_non_negative("dataloader_num_workers", static_cast<double>(args.dataloader_num_workers));
+  // --- generation during evaluation (Seq2SeqTrainingArguments' flags) -------------------
+  if (args.generation_max_length) check_positive("generation_max_length", static_cast<double>(*args.generation_max_length));
+  if (args.generation_num_beams) {
+    check_positive("generation_num_beams", static_cast<double>(*args.generation_num_beams));
+    if (*args.generation_num_beams > 1)
+      throw Error("loom: --generation_num_beams " + std::to_string(*args.generation_num_beams) +
+                  ": beam search is not implemented; generation is greedy (1 beam)");
+  }
+  if ((args.generation_max_length || args.generation_num_beams) && !args.predict_with_generate)
+    throw Error("loom: --generation_max_length / --generation_num_beams apply to --predict_with_generate, which is "
+                "not set");
   if (args.dataloader_prefetch_factor) {
     // HF's rule: a prefetch depth means nothing when the loop reads its own batches.
     if (args.dataloader_num_workers == 0)

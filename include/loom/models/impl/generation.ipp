@@ -167,6 +167,64 @@ LOOM_INLINE torch::Tensor generate(const GenerationModel& model, const torch::Te
   return sequences;
 }
 
+LOOM_INLINE GeneratedCompletions completions(torch::Tensor generated, torch::Tensor references, int64_t pad_token_id) {
+  const int64_t width = std::max(generated.size(1), references.size(1));
+  const auto widen = [&](const torch::Tensor& t, int64_t fill) {
+    if (t.size(1) == width) return t;
+    auto out = torch::full({t.size(0), width}, fill, t.options());
+    out.narrow(1, 0, t.size(1)).copy_(t);
+    return out;
+  };
+  return {widen(generated, pad_token_id), widen(references.to(generated.device()), -100)};
+}
+
 }  // namespace detail
+
+LOOM_INLINE PromptsAndReferences split_prompts(const data::CausalLMBatch& batch, int64_t pad_token_id) {
+  check(!batch.position_ids.defined(),
+        "--predict_with_generate needs one example per row; this batch packs several (position_ids): evaluate on "
+        "padded rows");
+  check(batch.input_ids.defined() && batch.labels.defined() && batch.input_ids.dim() == 2 &&
+            batch.labels.sizes() == batch.input_ids.sizes(),
+        "--predict_with_generate needs a causal-LM batch with input_ids and labels of one shape [batch, seq]");
+  const auto ids = batch.input_ids.to(torch::kCPU, torch::kLong);
+  const auto labels = batch.labels.to(torch::kCPU, torch::kLong);
+  const int64_t rows = ids.size(0), seq = ids.size(1);
+  std::vector<int64_t> first(static_cast<std::size_t>(rows)), last(static_cast<std::size_t>(rows));
+  const auto* l = labels.data_ptr<int64_t>();
+  int64_t prompt_width = 0, reference_width = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t f = -1, e = -1;
+    for (int64_t t = 0; t < seq; ++t)
+      if (l[r * seq + t] != -100) {
+        if (f < 0) f = t;
+        e = t;
+      }
+    check(f >= 0, "--predict_with_generate: row {} of the batch has no labelled token, so no completion to generate "
+                  "(its labels are all -100)", r);
+    check(f > 0, "--predict_with_generate: row {} of the batch is labelled from its first token, so it has no prompt "
+                 "to generate from (the prompt's labels are -100)", r);
+    first[static_cast<std::size_t>(r)] = f;
+    last[static_cast<std::size_t>(r)] = e;
+    prompt_width = std::max(prompt_width, f);
+    reference_width = std::max(reference_width, e - f + 1);
+  }
+  PromptsAndReferences out;
+  out.input_ids = torch::full({rows, prompt_width}, pad_token_id, torch::kLong);
+  out.attention_mask = torch::zeros({rows, prompt_width}, torch::kLong);
+  out.references = torch::full({rows, reference_width}, -100, torch::kLong);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t f = first[static_cast<std::size_t>(r)], e = last[static_cast<std::size_t>(r)];
+    out.input_ids[r].narrow(0, prompt_width - f, f).copy_(ids[r].narrow(0, 0, f));
+    out.attention_mask[r].narrow(0, prompt_width - f, f).fill_(1);
+    out.references[r].narrow(0, 0, e - f + 1).copy_(ids[r].narrow(0, f, e - f + 1));
+  }
+  const auto device = batch.input_ids.device();
+  out.input_ids = out.input_ids.to(device);
+  out.attention_mask = out.attention_mask.to(device);
+  out.references = out.references.to(device);
+  return out;
+}
+
 
 }  // namespace loom::models
