@@ -121,14 +121,7 @@ class Trainer {
   /// A trainer with a training dataset (or loom::no_train_dataset) and several named
   /// evaluation datasets, evaluated in their order.
   template <detail::TrainSource Train, data::Dataset Eval>
-  Trainer(TrainingArguments args, Model model, Train train_dataset, EvalDatasets<Eval> eval_datasets)
-      : args_(std::move(args)), model_(std::move(model)) {
-    for (auto& [name, dataset] : eval_datasets) {
-      check(!name.empty(), "the names of the evaluation datasets must not be empty");
-      add_eval_dataset(std::move(name), std::move(dataset));
-    }
-    init(std::move(train_dataset));
-  }
+  Trainer(TrainingArguments args, Model model, Train train_dataset, EvalDatasets<Eval> eval_datasets);
 
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -162,12 +155,7 @@ class Trainer {
   /// Floating-point operations of one training micro-batch, summed into total_flos: the
   /// model's `floating_point_ops(batch)` when it has one, else 0 (unknown).
   template <class Batch>
-  double floating_point_ops(const Batch& batch) {
-    if constexpr (requires { model_->floating_point_ops(batch); })
-      return static_cast<double>(model_->floating_point_ops(batch));
-    else
-      return 0.0;
-  }
+  double floating_point_ops(const Batch& batch);
 
   /// Loss, logits and labels of one evaluation batch (labels: the batch fields --label_names
   /// names, `labels` by default; with several, `all_labels` holds each, as HF's tuple). The
@@ -183,13 +171,7 @@ class Trainer {
   optim::Optimizer create_optimizer() { return optim::make_optimizer(args_, detail::module_of(model_)); }
 
   /// The schedule policy's scheduler over `num_training_steps` optimizer steps.
-  scheduler_type create_scheduler(int64_t num_training_steps) {
-    auto p = schedule::make_schedule_params(args_, num_training_steps);
-    if constexpr (schedule::NamedAtRunTime<scheduler_type>)
-      return scheduler_type(std::move(p), args_.lr_scheduler_type);
-    else
-      return scheduler_type(std::move(p));
-  }
+  scheduler_type create_scheduler(int64_t num_training_steps);
 
   /// Training batches: seeded shuffle (data_seed, else seed), per_device_train_batch_size;
   /// --train_sampling_strategy sequential reads in order, group_by_length groups by length
@@ -197,16 +179,7 @@ class Trainer {
   /// A training stream (an iterable dataset) is read in its own order, each rank its slice
   /// (data/iterable.hpp).
   template <class Batch = void>
-  auto get_train_dataloader() {
-    using B = batch_type<Batch>;
-    if (data_->train_stream)
-      return data::DataLoader<B>(*data_->train_stream, args_.per_device_train_batch_size, args_.dataloader_drop_last,
-                                 data::Shard{acc_->world().rank, acc_->world().size});
-    check(data_->train.has_value(),
-          "training needs a training dataset; this Trainer was built without one (loom::no_train_dataset)");
-    return data::DataLoader<B>(*data_->train, args_.per_device_train_batch_size, args_.dataloader_drop_last,
-                               acc_->train_sampler(train_lengths_), data::Shard{acc_->world().rank, acc_->world().size});
-  }
+  auto get_train_dataloader();
 
   /// Batches of an evaluation dataset: in order, per_device_eval_batch_size, nothing dropped.
   template <class Batch>
@@ -226,20 +199,15 @@ class Trainer {
 
   /// Metrics from the concatenated predictions (default: none).
   Metrics compute_metrics(const EvalPrediction&) { return {}; }
-  /// HF's compute_metrics(eval_pred, compute_result): with --batch_eval_metrics, called once
-  /// per evaluation batch (with W processes: per round of W batches, gathered, the same call
-  /// on every rank) with that batch's predictions and labels, compute_result true on the last;
-  /// the metrics of the last call are the evaluation's. Nothing is concatenated, so a metric
-  /// accumulates its own state across calls and returns it when compute_result is true.
-  /// Declaring only this form also serves the whole-set call, with compute_result true.
+  /// HF's compute_metrics(eval_pred, compute_result): with --batch_eval_metrics, once per batch
+  /// (per round of W gathered batches), compute_result true on the last, whose metrics are the
+  /// evaluation's (docs/semantics.md). Declared alone, it also serves the whole-set call.
   Metrics compute_metrics(const EvalPrediction&, bool /*compute_result*/) { return {}; }
 
-  /// HF's preprocess_logits_for_metrics: maps one evaluation batch's logits and labels (the
-  /// first --label_names field; undefined without labels) to the tensor kept instead of the
-  /// logits, per batch on this rank, before batches are concatenated or gathered; called only
-  /// when a batch has logits and outputs are kept (not with --prediction_loss_only). An argmax
-  /// keeps [N, T] token ids instead of [N, T, vocab] logits. Its dim 0 must be the batch's rows.
-  /// Default: the function given to set_preprocess_logits_for_metrics, else the logits as they are.
+  /// HF's preprocess_logits_for_metrics: one evaluation batch's (logits, first label field) to
+  /// the tensor kept instead of the logits (an argmax: [N, T] ids, not [N, T, vocab]), per batch
+  /// before batches are joined; its dim 0 must be the batch's rows. Default: the function of
+  /// set_preprocess_logits_for_metrics, else the logits.
   torch::Tensor preprocess_logits_for_metrics(const torch::Tensor& logits, const torch::Tensor& labels) {
     return preprocess_logits_ ? preprocess_logits_(logits, labels) : logits;
   }
@@ -451,15 +419,10 @@ class Trainer {
 
   // Fires `Event` on every callback with HF's keyword arguments (and the event's extra).
   template <class Event, class... X>
-  void fire(const X&... x) {
-    callbacks_.template fire<Event>(args_, acc_->state(), control_, kwargs_, x...);
-  }
+  void fire(const X&... x);
 
   // The stateful callbacks' states and the TrainerControl flags, as trainer_state.json keeps them.
-  void record_callback_states() {
-    callbacks_.save_states(acc_->state().stateful_callbacks);
-    acc_->state().stateful_callbacks["TrainerControl"] = control_.state();
-  }
+  void record_callback_states();
 
   // Input tokens of a training batch (include_num_input_tokens_seen): the attention_mask's
   // sum for non_padding when the batch has one, else the main input's elements (HF's rule).
@@ -490,10 +453,7 @@ class Trainer {
   Metrics evaluate_impl(const data::AnyDataset<Batch>& dataset, const std::string& prefix);
 
   // TrainingArguments' dataloader_* flags (pinned memory only helps copies to a GPU).
-  [[nodiscard]] data::PrefetchOptions prefetch_options() const {
-    return {args_.dataloader_num_workers, args_.dataloader_prefetch_factor.value_or(2),
-            args_.dataloader_pin_memory && acc_->device().is_cuda(), acc_->device()};
-  }
+  [[nodiscard]] data::PrefetchOptions prefetch_options() const;
 
   // HF's evaluation_loop over this rank's batches (evaluation.hpp does the sums and the
   // gather). When every forward is a collective (FullShard), a rank without a batch in the

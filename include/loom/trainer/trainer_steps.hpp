@@ -20,6 +20,69 @@
 
 namespace loom {
 
+// ---- default hooks and helpers defined out of the class ---------------------------------
+
+template <class Derived, class Model, class... Policies>
+template <detail::TrainSource Train, data::Dataset Eval>
+Trainer<Derived, Model, Policies...>::Trainer(TrainingArguments args, Model model, Train train_dataset,
+                                              EvalDatasets<Eval> eval_datasets)
+    : args_(std::move(args)), model_(std::move(model)) {
+  for (auto& [name, dataset] : eval_datasets) {
+    check(!name.empty(), "the names of the evaluation datasets must not be empty");
+    add_eval_dataset(std::move(name), std::move(dataset));
+  }
+  init(std::move(train_dataset));
+}
+
+template <class Derived, class Model, class... Policies>
+template <class Batch>
+double Trainer<Derived, Model, Policies...>::floating_point_ops(const Batch& batch) {
+  if constexpr (requires { model_->floating_point_ops(batch); })
+    return static_cast<double>(model_->floating_point_ops(batch));
+  else
+    return 0.0;
+}
+
+template <class Derived, class Model, class... Policies>
+auto Trainer<Derived, Model, Policies...>::create_scheduler(int64_t num_training_steps) -> scheduler_type {
+  auto p = schedule::make_schedule_params(args_, num_training_steps);
+  if constexpr (schedule::NamedAtRunTime<scheduler_type>)
+    return scheduler_type(std::move(p), args_.lr_scheduler_type);
+  else
+    return scheduler_type(std::move(p));
+}
+
+template <class Derived, class Model, class... Policies>
+template <class Batch>
+auto Trainer<Derived, Model, Policies...>::get_train_dataloader() {
+  using B = batch_type<Batch>;
+  if (data_->train_stream)
+    return data::DataLoader<B>(*data_->train_stream, args_.per_device_train_batch_size, args_.dataloader_drop_last,
+                               data::Shard{acc_->world().rank, acc_->world().size});
+  check(data_->train.has_value(),
+        "training needs a training dataset; this Trainer was built without one (loom::no_train_dataset)");
+  return data::DataLoader<B>(*data_->train, args_.per_device_train_batch_size, args_.dataloader_drop_last,
+                             acc_->train_sampler(train_lengths_), data::Shard{acc_->world().rank, acc_->world().size});
+}
+
+template <class Derived, class Model, class... Policies>
+template <class Event, class... X>
+void Trainer<Derived, Model, Policies...>::fire(const X&... x) {
+  callbacks_.template fire<Event>(args_, acc_->state(), control_, kwargs_, x...);
+}
+
+template <class Derived, class Model, class... Policies>
+void Trainer<Derived, Model, Policies...>::record_callback_states() {
+  callbacks_.save_states(acc_->state().stateful_callbacks);
+  acc_->state().stateful_callbacks["TrainerControl"] = control_.state();
+}
+
+template <class Derived, class Model, class... Policies>
+data::PrefetchOptions Trainer<Derived, Model, Policies...>::prefetch_options() const {
+  return {args_.dataloader_num_workers, args_.dataloader_prefetch_factor.value_or(2),
+          args_.dataloader_pin_memory && acc_->device().is_cuda(), acc_->device()};
+}
+
 template <class Derived, class Model, class... Policies>
 template <class Batch>
 auto Trainer<Derived, Model, Policies...>::compute_loss(Model& model, Batch& batch) {
