@@ -72,6 +72,16 @@ struct GenerationModel {
 LOOM_INLINE torch::Tensor generate(const GenerationModel& model, const torch::Tensor& input_ids,
                                    const torch::Tensor& attention_mask, const GenerationConfig& config);
 
+/// transformers' _prepare_special_tokens rule for the pad id: the call's, else the config's,
+/// else the first eos id (none when there is no eos id either).
+inline std::optional<int64_t> pad_token_id(std::optional<int64_t> given, std::optional<int64_t> config,
+                                           const std::vector<int64_t>& eos) {
+  if (given) return given;
+  if (config) return config;
+  if (!eos.empty()) return eos.front();
+  return std::nullopt;
+}
+
 /// `generated` and `references` brought to one width (see GeneratedCompletions).
 LOOM_INLINE GeneratedCompletions completions(torch::Tensor generated, torch::Tensor references, int64_t pad_token_id);
 
@@ -149,10 +159,7 @@ template <GenerativeModel Model>
 GeneratedCompletions evaluation_generate(Model& model, const data::CausalLMBatch& batch,
                                          const TrainingArguments& args) {
   const auto& config = model->config();
-  const auto eos = detail::token_ids(config.eos_token_id);
-  const std::optional<int64_t> pad = config.pad_token_id ? config.pad_token_id
-                                     : eos.empty()        ? std::nullopt
-                                                          : std::optional<int64_t>(eos.front());
+  const auto pad = detail::pad_token_id(std::nullopt, config.pad_token_id, detail::token_ids(config.eos_token_id));
   check(pad.has_value(), "--predict_with_generate needs the model config's pad_token_id or eos_token_id (what "
                          "pads the prompts and the rows that ended)");
   auto split = split_prompts(batch, *pad);

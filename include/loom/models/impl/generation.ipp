@@ -88,8 +88,7 @@ LOOM_INLINE torch::Tensor generate(const GenerationModel& model, const torch::Te
   // _prepare_special_tokens: the config's ids unless the call gives them; pad defaults to
   // the first eos id.
   const std::vector<int64_t> eos = c.eos_token_id.value_or(model.eos_token_id);
-  std::optional<int64_t> pad = c.pad_token_id ? c.pad_token_id : model.pad_token_id;
-  if (!pad && !eos.empty()) pad = eos.front();
+  const std::optional<int64_t> pad = pad_token_id(c.pad_token_id, model.pad_token_id, eos);
 
   const int64_t new_tokens = c.max_new_tokens.value_or(c.max_length - prompt);
   check(new_tokens > 0,
