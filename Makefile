@@ -70,7 +70,7 @@ $(DEPS)/venv.stamp: requirements.txt
 	@echo "== setting up $(VENV) (torch wheel: several GB on first run)"
 	@[ -x $(PY) ] || python3 -m venv $(VENV)
 	@$(PY) -m pip install -q --upgrade pip
-	@$(PY) -m pip install -q -r requirements.txt
+	@$(PY) -m pip install -q --no-cache-dir -r requirements.txt
 	@touch $@
 
 $(BUILD)/build.ninja: $(DEPS)/apt.stamp $(DEPS)/venv.stamp CMakeLists.txt
