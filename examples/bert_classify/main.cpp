@@ -16,6 +16,9 @@
 //   build/examples/bert_classify --num_hidden_layers 1 --max_steps 100 --bf16
 //   build/examples/bert_classify --group_by_length                # batches of similar lengths: less padding
 //   .venv/bin/torchrun --nproc_per_node=2 --no-python build/examples/bert_classify --sharding zero2
+//   build/examples/bert_classify --do_train --predict "Jesus wept."  # train, then classify a sentence
+//   build/examples/bert_classify --model_name_or_path output/bert_classify --predict "The LORD is my shepherd"
+//                                                                 # prediction only (no --do_train / --do_eval)
 //   build/examples/bert_classify --help                           # every flag
 //
 // Your own data, any of HF's three problem types (examples/text_data/prepare.py --classify: JSON
@@ -34,10 +37,15 @@
 // dataset's DataCollatorWithPadding (HF's), with attention_mask 0 on the padding. Without
 // --model_name_or_path the model is BERT with HF's initialization, sized by the flags below,
 // meta.json's vocabulary and padding id, and the seven group names as id2label. Each encoder
-// layer is a FullShard unit.
+// layer is a FullShard unit. --predict encodes its sentence with the data folder's
+// tokenizer.json as kjv.py / prepare.py encoded the examples ([CLS] text [SEP], truncated to
+// --max_seq_length) and prints the model's labels: the most likely classes with their
+// probabilities (single-label), the labels whose sigmoid exceeds 0.5 (multi-label), or the
+// predicted values (regression).
 
 #include <loom/loom.hpp>
 #include <loom/data/token_file.hpp>
+#include <loom/data/tokenizer.hpp>
 #include <loom/metrics/classification.hpp>
 #include <loom/metrics/regression.hpp>
 #include <loom/models/bert.hpp>
@@ -46,6 +54,7 @@
 #include "../common/hf_example.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -63,6 +72,7 @@ struct ExampleArguments {
   int64_t num_attention_heads = 4;     ///< random init: heads per layer
   int64_t intermediate_size = 512;     ///< random init: feed-forward width
   double dropout = 0.1;                ///< random init: hidden_dropout_prob and attention_probs_dropout_prob
+  std::string predict;                 ///< a sentence to classify after training and evaluation ("": none)
 
   static constexpr loom::FieldHelp field_help[] = {
       {"data_dir", "folder with kjv.py's meta.json and classify_{train,val} files"},
@@ -72,6 +82,8 @@ struct ExampleArguments {
       {"num_attention_heads", "attention heads per layer (random init)"},
       {"intermediate_size", "feed-forward width (random init)"},
       {"dropout", "hidden_dropout_prob and attention_probs_dropout_prob (random init)"},
+      {"predict", "a sentence to classify after training and evaluation, printed with the model's labels; given "
+                  "alone (no --do_train / --do_eval), the run only predicts (--model_name_or_path: a saved folder)"},
   };
   static constexpr std::string_view help_heading = "example";
 };
@@ -148,6 +160,60 @@ static std::pair<std::string, double> text_blind_baseline(LabelKind kind, const 
   return {"mean_baseline_mse", loom::metrics::mean_squared_error(train_labels.mean(0).expand_as(eval_labels), eval_labels)};
 }
 
+/// The ids of `text` as prepare.py encodes a classification example: [CLS] text [SEP] when the
+/// data has both ids (truncating the text to fit `max_length`), else the tokenizer's own
+/// special tokens around it.
+static std::vector<int64_t> encode_example(const loom::data::Tokenizer& tokenizer, const loom::data::TokenFileMeta& meta,
+                                           const std::string& text, int64_t max_length) {
+  loom::data::EncodeOptions options;
+  options.truncation = true;
+  options.max_length = max_length;
+  if (!meta.cls_token_id || !meta.sep_token_id) return tokenizer.encode(text, options);
+  options.add_special_tokens = false;
+  options.max_length = max_length - 2;
+  std::vector<int64_t> ids{*meta.cls_token_id};
+  for (const auto id : tokenizer.encode(text, options)) ids.push_back(id);
+  ids.push_back(*meta.sep_token_id);
+  return ids;
+}
+
+/// Prints the model's labels for `text` (see the comment at the top).
+static void print_prediction(BertForSequenceClassification& model, const loom::data::TokenFileMeta& meta,
+                             const std::string& text, int64_t max_length) {
+  const auto tokenizer = loom::data::Tokenizer::from_file(meta.tokenizer_file);
+  const auto ids = encode_example(tokenizer, meta, text, max_length);
+  const auto device = model->parameters().front().device();
+  const auto input_ids = torch::tensor(ids, torch::kLong).unsqueeze(0).to(device);
+  torch::Tensor logits;
+  {
+    torch::NoGradGuard no_grad;
+    const bool training = model->is_training();
+    model->eval();
+    logits = model->logits(input_ids, torch::ones_like(input_ids)).to(torch::kFloat).cpu()[0];
+    model->train(training);
+  }
+  const auto& names = model->config().id2label;
+  const auto name = [&](int64_t i) { return names.contains(i) ? names.at(i) : fmt::format("LABEL_{}", i); };
+  fmt::print("bert_classify: sentence {:?} ({} ids)\n", text, ids.size());
+  if (meta.label_kind == LabelKind::regression) {
+    for (int64_t i = 0; i < logits.size(0); ++i)
+      fmt::print("bert_classify: predicted {} = {:.6f}\n", name(i), logits[i].item<double>());
+    return;
+  }
+  const bool multi = meta.label_kind == LabelKind::multi_hot;
+  const auto probs = multi ? logits.sigmoid() : logits.softmax(0);
+  const auto order = probs.argsort(0, /*descending=*/true);
+  std::vector<std::string> chosen, listed;
+  for (int64_t k = 0; k < order.size(0); ++k) {
+    const auto i = order[k].item<int64_t>();
+    const auto p = probs[i].item<double>();
+    if (multi ? p > 0.5 : k == 0) chosen.push_back(name(i));
+    if (k < 3) listed.push_back(fmt::format("{} {:.6f}", name(i), p));
+  }
+  fmt::print("bert_classify: predicted {} ({}: {})\n", chosen.empty() ? std::string("no label") : fmt::format("{}", fmt::join(chosen, ", ")),
+             multi ? "sigmoid, > 0.5 chosen" : "softmax, most likely first", fmt::join(listed, ", "));
+}
+
 int main(int argc, char** argv) {
   return loom::run_main([&] {
     // This example's defaults; any flag on the command line overrides them. Sized for about
@@ -167,7 +233,9 @@ int main(int argc, char** argv) {
     defaults.save_strategy = "no";
     auto [example, args] = loom::parse_args(argc, argv, ExampleArguments{}, defaults);
     bert_example::check_size_flags(example, 2, "[CLS], [SEP]");
-    hf_example::apply_script_rules(args, "bert_classify");
+    // A sentence to classify without --do_train / --do_eval only predicts.
+    const bool predict_only = !example.predict.empty() && !args.do_train && !args.do_eval && !args.do_predict;
+    hf_example::apply_script_rules(args, "bert_classify", /*train_by_default=*/!predict_only);
     const bool main_process = hf_example::is_main_process();
 
     // The model's configuration before any data: a folder's config.json, else the flags.
@@ -231,7 +299,10 @@ int main(int argc, char** argv) {
 
     // As HF's run_glue: train, save the model, report, evaluate, report.
     std::optional<double> score;  // the metric the baseline is compared with
-    loom::select_policies(args, [&]<class Sharding, class Precision>() {
+    if (!predict_only) loom::select_policies(args, [&]<class Sharding, class Precision>() {
+      if constexpr (BertTrainer<Sharding, Precision>::accelerator_type::forward_is_collective)
+        loom::check(example.predict.empty(), "--predict is not supported under --sharding full_shard (the parameters "
+                    "are sharded across the ranks): predict from the saved model in one process, without --do_train");
       BertTrainer<Sharding, Precision> trainer(args, model, train_set, eval_set);
       trainer.kind = meta.label_kind;
       trainer.set_tokenizer_files(hf_example::tokenizer_files(meta));  // saved beside the weights
@@ -256,7 +327,8 @@ int main(int argc, char** argv) {
         fmt::print("bert_classify: eval_{} {:.4f} against the baseline eval_{} {:.4f} ({:+.4f})\n", compared, *score,
                    baseline_name, baseline, *score - baseline);
       }
-      fmt::print("outputs in {}\n", args.output_dir);
+      if (!example.predict.empty()) print_prediction(model, meta, example.predict, example.max_seq_length);
+      if (!predict_only) fmt::print("outputs in {}\n", args.output_dir);
     }
     return 0;
   });

@@ -29,11 +29,12 @@ inline bool is_main_process() { return loom::dist::world_from_env().is_main(); }
 /// finalizes them, and, when one of those flags was given, resumes from the last
 /// checkpoint-N of output_dir (HF's detect rule: an output folder with other files only is
 /// an error; --overwrite_output_dir trains from scratch). `program` names the example in
-/// what it prints.
-inline void apply_script_rules(loom::TrainingArguments& args, std::string_view program) {
+/// what it prints. Without `train_by_default` (a run that only generates) none of the three
+/// is set.
+inline void apply_script_rules(loom::TrainingArguments& args, std::string_view program, bool train_by_default = true) {
   loom::validate(args);
   const bool hf_mode = args.do_train || args.do_eval || args.do_predict;
-  if (!hf_mode) args.do_train = args.do_eval = true;
+  if (!hf_mode && train_by_default) args.do_train = args.do_eval = true;
   loom::finalize(args);
   if (!hf_mode) return;
   if (auto last = loom::detect_last_checkpoint(args)) {

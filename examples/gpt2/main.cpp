@@ -15,6 +15,9 @@
 //   build/examples/gpt2 --n_layer 2 --n_embd 64 --max_steps 100 --bf16 false
 //   build/examples/gpt2 --do_train --do_eval               # HF's script rules: resumes from output_dir's last checkpoint
 //   build/examples/gpt2 --resume_from_checkpoint latest    # or a checkpoint-N folder
+//   build/examples/gpt2 --do_train --prompt "And God said"  # train, then print the prompt's completion
+//   build/examples/gpt2 --model_name_or_path output/gpt2 --prompt "And God said" --do_sample --top_k 20
+//                                                          # generation only, sampled
 //   .venv/bin/torchrun --nproc_per_node=2 --no-python build/examples/gpt2 --sharding full_shard
 //   build/examples/gpt2 --help                             # every flag
 //
@@ -31,6 +34,7 @@
 #include <loom/data/token_file.hpp>
 #include <loom/models/gpt2.hpp>
 
+#include "../common/generate_text.hpp"
 #include "../common/hf_example.hpp"
 
 #include <fmt/format.h>
@@ -99,14 +103,15 @@ int main(int argc, char** argv) {
     defaults.save_steps = 150;
     defaults.save_total_limit = 2;
     defaults.prediction_loss_only = true;  // evaluation keeps the loss, not [batch, block, vocab] logits
-    auto [example, args] = loom::parse_args(argc, argv, ExampleArguments{}, defaults);
+    auto [example, gen, args] = loom::parse_args(argc, argv, ExampleArguments{}, hf_example::GenerateArguments{}, defaults);
     loom::check(example.block_size > 0, "--block_size must be positive, got {}", example.block_size);
     loom::check(example.n_layer > 0, "--n_layer must be positive, got {}", example.n_layer);
     loom::check(example.n_head > 0, "--n_head must be positive, got {}", example.n_head);
     loom::check(example.n_embd > 0 && example.n_embd % example.n_head == 0,
                 "--n_embd must be a positive multiple of --n_head {}, got {}", example.n_head, example.n_embd);
     loom::check(example.dropout >= 0 && example.dropout < 1, "--dropout must lie in [0, 1), got {}", example.dropout);
-    hf_example::apply_script_rules(args, "gpt2");
+    const bool generate_only = hf_example::generate_only(gen, args);  // a prompt alone only generates
+    hf_example::apply_script_rules(args, "gpt2", /*train_by_default=*/!generate_only);
     const bool main_process = hf_example::is_main_process();
 
     // The model's configuration before any data: a folder's config.json, else the flags.
@@ -117,7 +122,7 @@ int main(int argc, char** argv) {
       loom::check(config.vocab_size >= meta.vocab_size,
                   "--model_name_or_path {} has vocab_size {}, but the token files of {} use {} ids",
                   *args.model_name_or_path, config.vocab_size, example.data_dir, meta.vocab_size);
-      loom::check(example.block_size <= config.n_positions,
+      loom::check(generate_only || example.block_size <= config.n_positions,
                   "--block_size {} exceeds --model_name_or_path {}'s n_positions {}", example.block_size,
                   *args.model_name_or_path, config.n_positions);
     } else {
@@ -144,7 +149,8 @@ int main(int argc, char** argv) {
     }
 
     // As HF's run_clm: train, save the model, report, evaluate (perplexity), report.
-    loom::select_policies(args, [&]<class Sharding, class Precision>() {
+    if (!generate_only) loom::select_policies(args, [&]<class Sharding, class Precision>() {
+      hf_example::check_generation_policy<GPT2Trainer<Sharding, Precision>>(gen);
       GPT2Trainer<Sharding, Precision> trainer(args, model, train_set, eval_set);
       trainer.set_tokenizer_files(hf_example::tokenizer_files(meta));  // saved beside the weights
       if (args.do_train) {
@@ -162,7 +168,9 @@ int main(int argc, char** argv) {
         trainer.save_metrics("eval", metrics);
       }
     });
-    if (main_process) fmt::print("outputs in {}\n", args.output_dir);
+    if (gen.wanted() && main_process)
+      hf_example::print_completion(model, meta.tokenizer_file, gen.prompt, gen, args.seed, "gpt2");
+    if (main_process && !generate_only) fmt::print("outputs in {}\n", args.output_dir);
     return 0;
   });
 }

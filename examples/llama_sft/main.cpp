@@ -20,6 +20,9 @@
 //   build/examples/llama_sft --packing 0                      # one example per row, padded per batch
 //   build/examples/llama_sft --do_eval --model_name_or_path output/llama_sft/merged --use_peft false \
 //       --predict_with_generate                               # eval_exact_match of generated completions
+//   build/examples/llama_sft --do_train --prompt "Genesis 1:1"   # train, then print the prompt's completion
+//   build/examples/llama_sft --model_name_or_path output/llama_sft/merged --use_peft false \
+//       --prompt "Exodus 20:13"                               # generation only (no --do_train / --do_eval)
 //   build/examples/llama_sft --resume_from_checkpoint latest
 //   .venv/bin/torchrun --nproc_per_node=2 --no-python build/examples/llama_sft --sharding zero2
 //   build/examples/llama_sft --help                           # every flag
@@ -27,6 +30,10 @@
 // The loss is the mean over the completion tokens of a batch, and num_items counts them, so
 // gradient accumulation and data parallelism normalize by completion tokens across the whole
 // global batch. Each decoder layer is a FullShard unit.
+//
+// --prompt is encoded with the data folder's tokenizer.json (a newline is appended when it ends
+// in none, as kjv.py's instruction prompts end), continued greedily (or --do_sample) for up to
+// --max_new_tokens, and decoded (examples/common/generate_text.hpp).
 
 #include <loom/loom.hpp>
 #include <loom/data/sft.hpp>
@@ -35,10 +42,12 @@
 #include <loom/models/llama.hpp>
 #include <loom/peft/lora_arguments.hpp>
 
+#include "../common/generate_text.hpp"
 #include "../common/hf_example.hpp"
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -111,12 +120,14 @@ int main(int argc, char** argv) {
     defaults.prediction_loss_only = true;  // evaluation keeps the loss, not [batch, seq, vocab] logits
     loom::peft::LoraArguments lora_defaults;
     lora_defaults.use_peft = true;  // PEFT's default targets for the model type: q_proj, v_proj
-    auto [example, lora_args, args] = loom::parse_args(argc, argv, ExampleArguments{}, lora_defaults, defaults);
+    auto [example, gen, lora_args, args] =
+        loom::parse_args(argc, argv, ExampleArguments{}, hf_example::GenerateArguments{}, lora_defaults, defaults);
     loom::check(example.packing >= 0, "--packing must be 0 (padded rows) or a window size, got {}", example.packing);
     loom::check(example.max_length > 1, "--max_length must be at least 2, got {}", example.max_length);
     // Generation in evaluation hands compute_metrics the generated completions (not logits).
     if (args.predict_with_generate) args.prediction_loss_only = false;
-    hf_example::apply_script_rules(args, "llama_sft");
+    const bool generate_only = hf_example::generate_only(gen, args);  // a prompt alone only generates
+    hf_example::apply_script_rules(args, "llama_sft", /*train_by_default=*/!generate_only);
     const bool main_process = hf_example::is_main_process();
 
     // The base's configuration before any data: a folder's config.json, else the flags.
@@ -182,7 +193,8 @@ int main(int argc, char** argv) {
     }
 
     // As HF's run_clm / TRL's sft script: train, save, report, evaluate, report.
-    loom::select_policies(args, [&]<class Sharding, class Precision>() {
+    if (!generate_only) loom::select_policies(args, [&]<class Sharding, class Precision>() {
+      hf_example::check_generation_policy<SFTTrainer<Sharding, Precision>>(gen);
       SFTTrainer<Sharding, Precision> trainer(args, model, train_set, eval_set);
       trainer.set_tokenizer_files(hf_example::tokenizer_files(meta));
       if (args.do_train) {
@@ -198,7 +210,12 @@ int main(int argc, char** argv) {
         trainer.save_metrics("eval", metrics);
       }
     });
-    if (main_process) fmt::print("outputs in {}\n", args.output_dir);
+    if (gen.wanted() && main_process) {
+      auto prompt = gen.prompt;
+      if (!std::isspace(static_cast<unsigned char>(prompt.back()))) prompt += '\n';
+      hf_example::print_completion(model, meta.tokenizer_file, prompt, gen, args.seed, "llama_sft");
+    }
+    if (main_process && !generate_only) fmt::print("outputs in {}\n", args.output_dir);
     return 0;
   });
 }

@@ -50,6 +50,11 @@ function(hf_check)
   endif()
 endfunction()
 
+# save_output(<file>): writes the last run_example's output to <file> (for hf_check's --log).
+function(save_output file)
+  file(WRITE "${file}" "${out}")
+endfunction()
+
 # check_files(<dir> <files>...): each of <files> exists in <dir>.
 function(check_files dir)
   foreach(f IN LISTS ARGN)

@@ -20,6 +20,13 @@
       PEFT opens the adapter folder DIR onto the base its adapter_config.json names, with the
       logits of the merged folder DIR/merged, and in fp32 gets the held-out completion loss
       (one example per batch, prompt labelled -100) that loom reported in FILE
+  hf_examples_check.py complete --model DIR --prompt TEXT --max_new_tokens N --log FILE
+      transformers' greedy generate on DIR (its tokenizer encoding TEXT) gives the completion that
+      an example's --prompt printed into FILE ("<program>: completion \"...\"")
+  hf_examples_check.py classify --model DIR --data DIR --sentence TEXT --max_seq_length N --log FILE
+      transformers' BertForSequenceClassification on DIR, the sentence encoded as prepare.py
+      encodes an example ([CLS] text [SEP]), gives the labels and probabilities that
+      bert_classify's --predict printed into FILE
 
 Each prints one "... ok" line or exits non-zero with the reason.
 """
@@ -27,6 +34,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -154,6 +162,85 @@ def generate_check(opts):
         fail(f"transformers' greedy exact match {exact!r}, loom's eval_exact_match {reported['eval_exact_match']!r}")
     print(f"generate ok: {rows} held-out prompts, exact match {exact:.4f} (loom {reported['eval_exact_match']:.4f}), "
           f"{same} of {tokens} reference tokens generated in place")
+
+
+def printed(log, label):
+    """The text after `label` on the line of `log` that has it: a {fmt} {:?} string unescaped."""
+    with open(log, encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for line in f if label in line]
+    if not lines:
+        fail(f"{log}: no line with {label!r}")
+    text = lines[-1].split(label, 1)[1]
+    if not (text.startswith('"') and text.endswith('"')):
+        fail(f"{log}: {label!r} is not followed by a quoted string: {text!r}")
+    out, i, body = [], 0, text[1:-1]
+    simple = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "'": "'", "\\": "\\"}
+    while i < len(body):
+        c = body[i]
+        if c != "\\":
+            out.append(c)
+            i += 1
+        elif body[i + 1] in simple:
+            out.append(simple[body[i + 1]])
+            i += 2
+        elif body[i + 1] in "xuU":  # {fmt}'s \xHH, \uHHHH, \UHHHHHHHH (a code point's hex digits)
+            width = {"x": 2, "u": 4, "U": 8}[body[i + 1]]
+            out.append(chr(int(body[i + 2:i + 2 + width], 16)))
+            i += 2 + width
+        else:
+            fail(f"{log}: unknown escape {body[i:i + 2]!r}")
+    return "".join(out)
+
+
+def complete_check(opts):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)
+    tokenizer = AutoTokenizer.from_pretrained(opts.model)
+    model = AutoModelForCausalLM.from_pretrained(opts.model, dtype=torch.float32).eval()
+    prompt = printed(opts.log, ": prompt ")
+    if prompt.rstrip() != opts.prompt.rstrip():
+        fail(f"the example completed {prompt!r}, not the prompt given {opts.prompt!r}")
+    ids = torch.tensor([tokenizer(prompt)["input_ids"]])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=opts.max_new_tokens)[0, ids.shape[1]:]
+    expected = tokenizer.decode(out, skip_special_tokens=True)
+    got = printed(opts.log, ": completion ")
+    if got != expected:
+        fail(f"the example printed the completion {got!r}, transformers generates {expected!r}")
+    print(f"complete ok: {len(out)} tokens generated after {ids.shape[1]} prompt tokens, the same text as transformers")
+
+
+def classify_check(opts):
+    import torch
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    torch.set_num_threads(1)
+    meta = read_json(os.path.join(opts.data, "meta.json"))
+    tokenizer = AutoTokenizer.from_pretrained(opts.model)
+    model = BertForSequenceClassification.from_pretrained(opts.model).eval()
+    body = tokenizer(opts.sentence, add_special_tokens=False)["input_ids"][: opts.max_seq_length - 2]
+    ids = torch.tensor([[meta["cls_token_id"]] + body + [meta["sep_token_id"]]])
+    with torch.no_grad():
+        probs = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].softmax(-1)
+    order = probs.argsort(descending=True).tolist()
+    names = model.config.id2label
+    listed = ", ".join(f"{names[i]} {float(probs[i]):.6f}" for i in order[:3])
+    expected = f"bert_classify: predicted {names[order[0]]} (softmax, most likely first: {listed})"
+    with open(opts.log, encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for line in f if line.startswith("bert_classify: predicted ")]
+    if not lines:
+        fail(f"{opts.log}: no 'bert_classify: predicted' line")
+    got = lines[-1]
+    # The probabilities may differ in the last printed digit (float32 on both sides).
+    got_pairs = re.findall(r"([^\s:,]+) (\d+\.\d+)", got.split("(", 1)[-1])
+    want_pairs = [(names[i], float(probs[i])) for i in order[:3]]
+    if got.split("(")[0] != expected.split("(")[0] or [n for n, _ in got_pairs] != [n for n, _ in want_pairs] or \
+            any(abs(float(a) - b) > 2e-6 for (_, a), (_, b) in zip(got_pairs, want_pairs)):
+        fail(f"the example printed {got!r}, transformers gives {expected!r}")
+    print(f"classify ok: {expected}")
 
 
 def set_label(opts):
@@ -304,6 +391,17 @@ def main():
     g.add_argument("--model", required=True)
     g.add_argument("--data", required=True)
     g.add_argument("--results", required=True)
+    c = sub.add_parser("complete")
+    c.add_argument("--model", required=True)
+    c.add_argument("--prompt", required=True)
+    c.add_argument("--max_new_tokens", type=int, required=True)
+    c.add_argument("--log", required=True)
+    y = sub.add_parser("classify")
+    y.add_argument("--model", required=True)
+    y.add_argument("--data", required=True)
+    y.add_argument("--sentence", required=True)
+    y.add_argument("--max_seq_length", type=int, required=True)
+    y.add_argument("--log", required=True)
     b = sub.add_parser("set_label")
     b.add_argument("--data", required=True)
     b.add_argument("--out", required=True)
@@ -312,7 +410,8 @@ def main():
     b.add_argument("--value", type=int, required=True)
     opts = p.parse_args()
     {"set_label": set_label, "kjv_data": kjv_data, "resumed": resumed, "same": same, "transformers": transformers_check,
-     "kjv_sft_data": kjv_sft_data, "peft": peft_check, "generate": generate_check}[opts.command](opts)
+     "kjv_sft_data": kjv_sft_data, "peft": peft_check, "generate": generate_check,
+     "complete": complete_check, "classify": classify_check}[opts.command](opts)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 # model, one process, fp32, then the same under torchrun (2 processes) with each sharding
 # policy (FullShard's units: the encoder layers), which must all give the same losses and
 # accuracy. Each reports eval_accuracy against the majority baseline; transformers opens the
-# saved HF folders (one process, FullShard) and gets loom's held-out loss and accuracy. Bad example flags end at
+# saved HF folders (one process, FullShard) and gets loom's held-out loss and accuracy, and the
+# labels --predict prints for a sentence (truncated to 8 ids). Bad example flags end at
 # start-up with one `loom:` line.
 include("${CMAKE_CURRENT_LIST_DIR}/example_outputs.cmake")
 set(base "${OUT}")
@@ -17,6 +18,15 @@ if(NOT out MATCHES "eval_accuracy [0-9.]+ against the majority baseline 0\\.2550
   message(FATAL_ERROR "bert_classify did not report eval_accuracy against the majority baseline (0.2550 here)")
 endif()
 hf_check(transformers --model "${OUT}" --data "${DATA}" --results "${OUT}/eval_results.json" --max_seq_length 32)
+
+# --predict alone only predicts: the saved folder's labels for a sentence, as transformers gives them.
+set(OUT "${base}/predict")
+set(sentence "And Jesus answered and said unto them, Verily I say unto you")
+run_example(bert_classify --data_dir "${DATA}" --model_name_or_path "${base}/single" --max_seq_length 8
+            --predict "${sentence}")
+save_output("${base}/predict.log")
+hf_check(classify --model "${base}/single" --data "${DATA}" --sentence "${sentence}" --max_seq_length 8
+         --log "${base}/predict.log")
 
 set(dirs)
 foreach(policy ddp zero1 zero2 full_shard)

@@ -6,7 +6,7 @@
 # base with the merged folder's logits, and gets, in fp32, the held-out completion loss that
 # loom reports from the base and the adapter (--lora_adapter, one unpacked example a batch).
 # --predict_with_generate on the merged folder reports the exact match that transformers'
-# greedy generate gives on the same prompts.
+# greedy generate gives on the same prompts, and --prompt prints the completion transformers gives.
 include("${CMAKE_CURRENT_LIST_DIR}/example_outputs.cmake")
 set(base "${OUT}")
 set(flags --data_dir "${DATA}" --max_steps 6 --warmup_steps 1 --logging_steps 1 --eval_steps 3 --save_steps 3
@@ -48,6 +48,14 @@ set(OUT "${base}/generate")
 run_example(llama_sft --data_dir "${DATA}" --model_name_or_path "${base}/straight/merged" --use_peft false --do_eval
             --bf16 false --predict_with_generate --per_device_eval_batch_size 1)
 hf_check(generate --model "${base}/straight/merged" --data "${DATA}" --results "${OUT}/eval_results.json")
+
+# --prompt alone only generates: the merged folder's greedy completion of a KJV prompt (a
+# newline appended, as kjv.py's prompts end), as transformers' generate.
+set(OUT "${base}/prompt")
+run_example(llama_sft --data_dir "${DATA}" --model_name_or_path "${base}/straight/merged" --use_peft false
+            --prompt "Genesis 1:3" --max_new_tokens 12)
+save_output("${base}/prompt.log")
+hf_check(complete --model "${base}/straight/merged" --prompt "Genesis 1:3" --max_new_tokens 12 --log "${base}/prompt.log")
 
 set(OUT "${base}")
 expect_loom_error("--generation_num_beams 4: beam search is not implemented; generation is greedy \\(1 beam\\)"
