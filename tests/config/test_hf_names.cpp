@@ -1,7 +1,7 @@
 // HF command lines that carry over (issue 11): HF 4's names (--evaluation_strategy,
 // --group_by_length), --local_rank from torch.distributed.launch, --resume_from_checkpoint
-// True, bool --include_num_input_tokens_seen; flags loom cannot honour (--deepspeed, --fsdp)
-// and bad values of the new settings, each one loom: line.
+// True, bool --include_num_input_tokens_seen; --fsdp's words; bad values of the new settings,
+// each one loom: line.
 #include <loom/config/reflect.hpp>
 #include <loom/config/validate.hpp>
 
@@ -70,14 +70,10 @@ TEST_CASE("torch.distributed.launch's --local-rank is accepted; --resume_from_ch
   CHECK(parsed({"--include_num_input_tokens_seen", "non_padding"}).include_num_input_tokens_seen == "non_padding");
 }
 
-TEST_CASE("--deepspeed and --fsdp name loom's equivalent") {
-  CHECK(error_of({"--deepspeed", "ds_config_zero2.json"}) ==
-        "loom: --deepspeed is not supported; loom runs ZeRO itself: --sharding zero1 (stage 1), --sharding zero2 "
-        "(stage 2) or --sharding full_shard (stage 3)");
-  CHECK(error_of({"--fsdp", "full_shard auto_wrap"}) ==
-        "loom: --fsdp is not supported; loom's equivalent is --sharding full_shard (FSDP's full_shard)");
-  CHECK(error_of({"--fsdp", "shard_grad_op"}) ==
-        "loom: --fsdp is not supported; loom's equivalent is --sharding zero2 (FSDP's shard_grad_op)");
+TEST_CASE("--fsdp words choose loom's sharding (tests/config/test_launcher_configs.cpp has the rest)") {
+  CHECK(parsed({"--fsdp", "full_shard"}).sharding == "full_shard");
+  CHECK(parsed({"--fsdp", "shard_grad_op"}).sharding == "zero2");
+  CHECK(error_of({"--fsdp", "full_shard auto_wrap"}).rfind("loom: --fsdp full_shard auto_wrap: auto_wrap is not honoured", 0) == 0);
   CHECK(error_of({"--fsdp", "false"}).empty());
   CHECK(error_of({"--fsdp="}).empty());
 }

@@ -126,8 +126,9 @@ struct TrainingArguments {
   std::optional<bool> ddp_broadcast_buffers;  ///< DDP, ZeRO-1/2: copy rank 0's buffers (BatchNorm statistics) before each training forward (default: true)
   std::optional<bool> ddp_find_unused_parameters;  ///< DDP, ZeRO-1/2: find the parameters the loss does not reach, so their buckets need not wait for them, and skip in the optimizer step those no rank used (default: false; HF's is true without --gradient_checkpointing)
   int64_t local_rank = -1;                    ///< accepted from torch.distributed.launch; the rank comes from LOCAL_RANK
-  std::optional<std::string> deepspeed;       ///< not supported: loom's ZeRO is --sharding zero1 / zero2 / full_shard
-  std::optional<std::string> fsdp;            ///< not supported: loom's FSDP is --sharding full_shard (shard_grad_op: zero2)
+  std::optional<std::string> deepspeed;       ///< a DeepSpeed config (JSON file or text): zero_optimization.stage 0/1/2/3 picks --sharding ddp/zero1/zero2/full_shard; the batch, accumulation, clipping, optimizer and precision keys must be "auto" or agree with the flags (HF's rule); a key loom does not honour is refused
+  std::optional<std::string> fsdp_config;     ///< FSDP's settings for --fsdp (JSON file or text): activation_checkpointing; other keys are refused by name
+  std::optional<std::string> fsdp;            ///< HF's FSDP words: full_shard (--sharding full_shard), shard_grad_op (zero2) or no_shard (ddp)
 
   // --- not a setting -------------------------------------------------------------------
   /// The settings the command line or a JSON settings file gave explicitly (filled by
@@ -225,8 +226,12 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"ddp_broadcast_buffers", "DDP, ZeRO-1/2: copy rank 0's buffers (BatchNorm statistics) before each training forward (default: true)"},
     {"ddp_find_unused_parameters", "DDP, ZeRO-1/2: find the parameters the loss does not reach, so their buckets need not wait for them, and skip in the optimizer step those no rank used (default: false; HF's is true without --gradient_checkpointing)"},
     {"local_rank", "accepted from torch.distributed.launch; the rank comes from LOCAL_RANK"},
-    {"deepspeed", "not supported: loom's ZeRO is --sharding zero1 / zero2 / full_shard"},
-    {"fsdp", "not supported: loom's FSDP is --sharding full_shard (shard_grad_op: zero2)"},
+    {"deepspeed", "a DeepSpeed config (JSON file or text): zero_optimization.stage 0/1/2/3 picks --sharding "
+                  "ddp/zero1/zero2/full_shard; the batch, accumulation, clipping, optimizer and precision keys must be "
+                  "\"auto\" or agree with the flags (HF's rule); a key loom does not honour is refused"},
+    {"fsdp_config", "FSDP's settings for --fsdp (JSON file or text): activation_checkpointing; other keys are refused "
+                    "by name"},
+    {"fsdp", "HF's FSDP words: full_shard (--sharding full_shard), shard_grad_op (zero2) or no_shard (ddp)"},
 };
 }  // namespace detail
 

@@ -32,6 +32,8 @@ struct ShardingFacts {
   bool shards_optimizer_state = false;  ///< each rank steps and keeps a flat range of the optimizer state
   bool shards_gradients = false;        ///< each rank keeps the gradient of its range only
   bool shards_parameters = false;       ///< parameters live sharded and are gathered per unit: every forward is a collective
+  int deepspeed_stage = -1;             ///< the DeepSpeed zero_optimization.stage it runs (--deepspeed; -1: none)
+  std::string_view fsdp_option;         ///< the HF --fsdp word that selects it ("": none)
 };
 
 namespace sharding {
@@ -44,28 +46,32 @@ struct NoShard {
 /// Data parallel: every rank holds everything; gradients all-reduced in buckets during backward.
 struct DDP {
   using loom_family = family::Sharding;
-  static constexpr ShardingFacts facts{.name = "ddp", .uses_comm = true, .replicates_model = true};
+  static constexpr ShardingFacts facts{
+      .name = "ddp", .uses_comm = true, .replicates_model = true, .deepspeed_stage = 0, .fsdp_option = "no_shard"};
   static constexpr std::string_view name = facts.name;
 };
 /// ZeRO stage 1: optimizer state partitioned across ranks.
 struct ZeRO1 {
   using loom_family = family::Sharding;
   static constexpr ShardingFacts facts{
-      .name = "zero1", .uses_comm = true, .replicates_model = true, .shards_optimizer_state = true};
+      .name = "zero1", .uses_comm = true, .replicates_model = true, .shards_optimizer_state = true, .deepspeed_stage = 1};
   static constexpr std::string_view name = facts.name;
 };
 /// ZeRO stage 2: optimizer state and gradients partitioned across ranks.
 struct ZeRO2 {
   using loom_family = family::Sharding;
   static constexpr ShardingFacts facts{.name = "zero2", .uses_comm = true, .replicates_model = true,
-                                       .shards_optimizer_state = true, .shards_gradients = true};
+                                       .shards_optimizer_state = true, .shards_gradients = true,
+                                       .deepspeed_stage = 2, .fsdp_option = "shard_grad_op"};
   static constexpr std::string_view name = facts.name;
 };
 /// ZeRO stage 3 / FSDP: parameters too, gathered per FullShardUnit around its forward and backward.
 struct FullShard {
   using loom_family = family::Sharding;
-  static constexpr ShardingFacts facts{.name = "full_shard", .uses_comm = true, .shards_optimizer_state = true,
-                                       .shards_gradients = true, .shards_parameters = true};
+  static constexpr std::string_view spelled = "full_shard";  // loom's --sharding value and HF's --fsdp word
+  static constexpr ShardingFacts facts{.name = spelled, .uses_comm = true, .shards_optimizer_state = true,
+                                       .shards_gradients = true, .shards_parameters = true,
+                                       .deepspeed_stage = 3, .fsdp_option = spelled};
   static constexpr std::string_view name = facts.name;
 };
 }  // namespace sharding

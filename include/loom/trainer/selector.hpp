@@ -16,6 +16,7 @@
 // select_precision is the one-dimensional form for programs that do not shard.
 
 #include <loom/config/training_arguments.hpp>
+#include <loom/config/launcher_configs.hpp>
 #include <loom/config/validate.hpp>
 #include <loom/core/error.hpp>
 #include <loom/distributed/env.hpp>
@@ -55,9 +56,12 @@ decltype(auto) select_precision(const TrainingArguments& args, F&& f) {
   return detail::call_member<PrecisionCatalog>(chosen, f, [&] { fail("no precision policy is called {}", chosen); });
 }
 
-/// The --sharding a program runs: `auto` (the default) is ddp when torchrun started several
-/// processes (WORLD_SIZE > 1), as HF's Trainer then trains under DDP, and no otherwise.
-inline std::string resolved_sharding(const TrainingArguments& args) {
+/// The --sharding a program runs: the one --deepspeed / --fsdp choose, else `auto` (the
+/// default) is ddp when torchrun started several processes (WORLD_SIZE > 1), as HF's Trainer
+/// then trains under DDP, and no otherwise.
+inline std::string resolved_sharding(const TrainingArguments& given) {
+  TrainingArguments args = given;
+  apply_launcher_configs(args);
   if (args.sharding != detail::kAutoSharding) return args.sharding;
   return std::string(dist::world_from_env().size > 1 ? sharding::DDP::name : sharding::NoShard::name);
 }

@@ -3,6 +3,7 @@
 
 #include <loom/config/error.hpp>
 #include <loom/config/json.hpp>
+#include <loom/config/launcher_configs.hpp>
 #include <loom/config/nearest.hpp>
 #include <loom/config/optim_args.hpp>
 #include <loom/config/reflect.hpp>
@@ -152,13 +153,15 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
   using namespace detail;
 
   // --- HF's command-line names that loom takes or refuses ----------------------------
-  if (args.deepspeed)
-    throw Error("loom: --deepspeed is not supported; loom runs ZeRO itself: --sharding zero1 (stage 1), --sharding "
-                "zero2 (stage 2) or --sharding full_shard (stage 3)");
-  if (args.fsdp && !args.fsdp->empty() && parse_bool(*args.fsdp) != std::optional<bool>(false)) {
-    const bool grad_op = args.fsdp->find("shard_grad_op") != std::string::npos;
-    throw Error("loom: --fsdp is not supported; loom's equivalent is --sharding " +
-                std::string(grad_op ? "zero2 (FSDP's shard_grad_op)" : "full_shard (FSDP's full_shard)"));
+  // --deepspeed / --fsdp: the flags they stand for, checked as finalize() will set them.
+  if (args.deepspeed || args.fsdp || args.fsdp_config) {
+    TrainingArguments applied = args;
+    apply_launcher_configs(applied);
+    applied.deepspeed.reset();
+    applied.fsdp.reset();
+    applied.fsdp_config.reset();
+    validate(applied);
+    return;
   }
   if (args.local_rank < -1)
     throw Error("loom: --local_rank must be -1 or a rank, got " + std::to_string(args.local_rank));
@@ -371,6 +374,7 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
 }
 
 LOOM_INLINE void finalize(TrainingArguments& args) {
+  apply_launcher_configs(args);  // --deepspeed / --fsdp onto the flags they stand for
   // HF 4's names move to today's.
   if (args.evaluation_strategy) {
     args.eval_strategy = *args.evaluation_strategy;

@@ -1,0 +1,279 @@
+#pragma once
+#include <loom/config/json.hpp>
+#include <loom/config/paths.hpp>
+#include <loom/config/launcher_configs.hpp>
+#include <loom/config/validate.hpp>
+#include <loom/config/text.hpp>
+#include <loom/policy/catalog.hpp>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom {
+namespace detail {
+
+/// A config given as a flag: JSON text when it starts with '{', else a file to read.
+LOOM_INLINE nlohmann::json launcher_config(const std::string& given, std::string_view flag) {
+  const auto first = given.find_first_not_of(" \t\r\n");
+  const bool text = first != std::string::npos && given[first] == '{';
+  if (!text && !path_exists(given, PathKind::file, fmt::format("--{}", flag)))
+    throw Error(fmt::format("loom: --{} {}: no such file (give a JSON file, or the JSON text itself)", flag, given));
+  auto j = text ? json::parse(given, fmt::format("--{}", flag)) : json::read_file(given);
+  if (!j.is_object()) throw Error(fmt::format("loom: --{} {}: the config is not a JSON object", flag, given));
+  return j;
+}
+
+/// What one config says about the flags: the sharding it picks, and the keys whose values
+/// disagree with the flags (listed together, as HF's DeepSpeed integration lists them).
+class ConfigReading {
+ public:
+  ConfigReading(TrainingArguments& args, std::string where) : args_(args), where_(std::move(where)) {}
+
+  /// `value` must be "auto" or equal `flag_value` (HF's fill_match).
+  template <class T>
+  void match(const nlohmann::json& value, std::string_view key, std::string_view flag, const T& flag_value) {
+    if (value.is_string() && value.get<std::string>() == "auto") return;
+    bool same = false;
+    if constexpr (std::is_same_v<T, bool>) same = value.is_boolean() && value.get<bool>() == flag_value;
+    else same = value.is_number() && static_cast<double>(value.get<double>()) == static_cast<double>(flag_value);
+    if (!same) mismatches_.push_back(fmt::format("{} is {} but --{} is {}", key, value.dump(), flag, flag_value));
+  }
+  /// A key loom does not honour: one line naming it.
+  [[noreturn]] void refuse(std::string_view key, std::string_view why) const {
+    throw Error(fmt::format("loom: {}: {} is not honoured by loom: {}", where_, key, why));
+  }
+  /// Chooses --sharding `name`; an explicit --sharding of another value is an error.
+  void choose_sharding(std::string_view name, std::string_view because) {
+    if (args_.given.contains("sharding") && args_.sharding != name)
+      throw Error(fmt::format("loom: --sharding {} disagrees with {}: {} runs --sharding {}", args_.sharding, where_,
+                              because, name));
+    args_.sharding = std::string(name);
+  }
+  /// Throws the list of disagreements, if any.
+  void finish() const {
+    if (mismatches_.empty()) return;
+    std::string all;
+    for (const auto& m : mismatches_) all += (all.empty() ? "" : "; ") + m;
+    throw Error(fmt::format("loom: {} disagrees with the flags (set these keys to \"auto\" or to the flags' values, "
+                            "as HF's Trainer requires): {}",
+                            where_, all));
+  }
+  TrainingArguments& args() { return args_; }
+  [[nodiscard]] const std::string& where() const { return where_; }
+
+ private:
+  TrainingArguments& args_;
+  std::string where_;
+  std::vector<std::string> mismatches_;
+};
+
+inline bool is_auto(const nlohmann::json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
+
+/// The sharding policy of DeepSpeed's zero stage `stage` (the catalog's deepspeed_stage).
+LOOM_INLINE std::string_view sharding_of_stage(int64_t stage) {
+  std::string_view found;
+  for_each_member<ShardingCatalog>([&]<class Tag>() {
+    if (Tag::facts.deepspeed_stage == stage) found = Tag::facts.name;
+  });
+  return found;
+}
+
+LOOM_INLINE void read_zero_optimization(ConfigReading& r, const nlohmann::json& zero) {
+  if (!zero.is_object()) r.refuse("zero_optimization", "it must be a JSON object");
+  int64_t stage = 0;
+  if (zero.contains("stage")) {
+    const auto& s = zero.at("stage");
+    if (!s.is_number_integer() || s.get<int64_t>() < 0 || s.get<int64_t>() > 3)
+      r.refuse("zero_optimization.stage " + s.dump(), "the stage must be 0, 1, 2 or 3");
+    stage = s.get<int64_t>();
+  }
+  // Stage 0 is plain data parallelism: --sharding auto already runs DDP under torchrun.
+  if (stage > 0) r.choose_sharding(sharding_of_stage(stage), fmt::format("zero_optimization.stage {}", stage));
+  for (const auto& [key, value] : zero.items()) {
+    const std::string name = "zero_optimization." + key;
+    if (key == "stage") continue;
+    if (key == "offload_optimizer" || key == "offload_param") {
+      const auto device = value.is_object() && value.contains("device") ? value.at("device") : nlohmann::json("none");
+      if (device == "none") continue;
+      r.refuse(name + ".device " + device.dump(), "loom does not offload to host memory yet; remove the section");
+    }
+    // What loom always does: overlap the gradient collectives with backward, in contiguous
+    // buckets, ZeRO-2's reduce-scatter, every rank's partition gathered, full weights at save.
+    if (key == "overlap_comm" || key == "contiguous_gradients" || key == "reduce_scatter" ||
+        key == "allgather_partitions" || key == "stage3_gather_16bit_weights_on_model_save") {
+      if (is_auto(value) || value == true) continue;
+      r.refuse(name + " " + value.dump(), "loom always does it; remove the key or set it to true");
+    }
+    if (key == "reduce_bucket_size") {  // elements of fp32 gradients per bucket (stages 0-2)
+      if (is_auto(value)) continue;
+      if (!value.is_number() || value.get<double>() < 1 || stage == 3)
+        r.refuse(name + " " + value.dump(), "loom takes a positive bucket size under stages 0-2 (FullShard reduces "
+                                            "per unit)");
+      const auto mb = std::max<int64_t>(1, std::llround(value.get<double>() * 4.0 / (1024.0 * 1024.0)));
+      if (r.args().given.contains("ddp_bucket_cap_mb") && r.args().ddp_bucket_cap_mb != mb)
+        throw Error(fmt::format("loom: --ddp_bucket_cap_mb {} disagrees with {}: {} is {} MB of fp32 gradients",
+                                r.args().ddp_bucket_cap_mb.value_or(25), r.where(), name, mb));
+      r.args().ddp_bucket_cap_mb = mb;
+      continue;
+    }
+    // Sizes DeepSpeed tunes and HF fills from the model ("auto"): loom sizes these itself.
+    if (key == "allgather_bucket_size" || key == "stage3_prefetch_bucket_size" ||
+        key == "stage3_param_persistence_threshold" || key == "stage3_max_live_parameters" ||
+        key == "stage3_max_reuse_distance" || key == "sub_group_size") {
+      if (is_auto(value)) continue;
+      r.refuse(name + " " + value.dump(), "loom gathers and reduces per bucket or FullShard unit and sizes these "
+                                          "itself; set it to \"auto\" or remove it");
+    }
+    r.refuse(name, "it is not one of the ZeRO settings loom reads (docs/distributed.md lists them)");
+  }
+}
+
+LOOM_INLINE void read_half_precision(ConfigReading& r, const nlohmann::json& section, std::string_view which) {
+  if (!section.is_object()) r.refuse(std::string(which), "it must be a JSON object");
+  auto& args = r.args();
+  for (const auto& [key, value] : section.items()) {
+    const std::string name = fmt::format("{}.{}", which, key);
+    if (key == "enabled") {
+      r.match(value, name, which, which == precision::FP16::name ? args.fp16 : args.bf16);
+      continue;
+    }
+    if (which == precision::FP16::name) {
+      // loom's dynamic loss scale is torch.amp's GradScaler: 2^16 at first, x2 after 2000
+      // clean steps, x0.5 at every overflow, a loom::Error below 1.
+      if (key == "loss_scale" && value.is_number() && value.get<double>() == 0) continue;
+      if (key == "initial_scale_power" && value.is_number() && value.get<double>() == 16) continue;
+      if (key == "min_loss_scale" && value.is_number() && value.get<double>() == 1) continue;
+      if (key == "hysteresis" && value.is_number() && value.get<double>() == 1) continue;
+      if (key == "loss_scale_window" && value.is_number() && value.get<double>() == 2000) continue;
+      if (key == "loss_scale" || key == "initial_scale_power" || key == "min_loss_scale" || key == "hysteresis" ||
+          key == "loss_scale_window")
+        r.refuse(name + " " + value.dump(), "loom's dynamic loss scale is torch.amp's (loss_scale 0, "
+                                            "initial_scale_power 16, loss_scale_window 2000, hysteresis 1, "
+                                            "min_loss_scale 1); give those values or remove the key");
+    }
+    r.refuse(name, "not a precision setting loom reads");
+  }
+}
+
+LOOM_INLINE void read_optimizer(ConfigReading& r, const nlohmann::json& section) {
+  if (!section.is_object()) r.refuse("optimizer", "it must be a JSON object");
+  auto& args = r.args();
+  const auto type = section.contains("type") && section.at("type").is_string() ? section.at("type").get<std::string>()
+                                                                               : std::string();
+  const bool adamw = args.optim == optimizer::AdamWTorchFused::name || args.optim == optimizer::AdamWTorch::name;
+  if ((type != "AdamW" && type != "Adam") || !adamw)
+    r.refuse("optimizer.type " + nlohmann::json(type).dump(),
+             fmt::format("loom reads an AdamW section when --optim is AdamW (now {}); otherwise remove the section and "
+                         "choose the optimizer with --optim",
+                         args.optim));
+  for (const auto& [key, value] : section.items()) {
+    if (key == "type") continue;
+    if (key != "params" || !value.is_object()) r.refuse("optimizer." + key, "loom reads optimizer.type and .params");
+    for (const auto& [p, v] : value.items()) {
+      const std::string name = "optimizer.params." + p;
+      if (p == "lr") r.match(v, name, "learning_rate", args.learning_rate);
+      else if (p == "eps") r.match(v, name, "adam_epsilon", args.adam_epsilon);
+      else if (p == "weight_decay") r.match(v, name, "weight_decay", args.weight_decay);
+      else if (p == "betas" && v.is_array() && v.size() == 2) {
+        r.match(v[0], name + "[0]", "adam_beta1", args.adam_beta1);
+        r.match(v[1], name + "[1]", "adam_beta2", args.adam_beta2);
+      } else if (p == "betas" && is_auto(v)) {
+        continue;
+      } else {
+        r.refuse(name, "loom's AdamW reads lr, betas, eps and weight_decay");
+      }
+    }
+  }
+}
+
+LOOM_INLINE void apply_deepspeed(TrainingArguments& args) {
+  const auto ds = launcher_config(*args.deepspeed, "deepspeed");
+  ConfigReading r(args, "--deepspeed " + *args.deepspeed);
+  const char* world_text = std::getenv("WORLD_SIZE");
+  const int64_t world = world_text != nullptr ? std::max<int64_t>(1, std::atoll(world_text)) : 1;
+  for (const auto& [key, value] : ds.items()) {
+    if (key == "train_micro_batch_size_per_gpu")
+      r.match(value, key, "per_device_train_batch_size", args.per_device_train_batch_size);
+    else if (key == "gradient_accumulation_steps")
+      r.match(value, key, "gradient_accumulation_steps", args.gradient_accumulation_steps);
+    else if (key == "train_batch_size")
+      r.match(value, key, "per_device_train_batch_size x gradient_accumulation_steps x WORLD_SIZE",
+              args.per_device_train_batch_size * args.gradient_accumulation_steps * world);
+    else if (key == "gradient_clipping")
+      r.match(value, key, "max_grad_norm", args.max_grad_norm);
+    else if (key == "zero_optimization")
+      read_zero_optimization(r, value);
+    else if (key == precision::FP16::name || key == precision::BF16::name)  // DeepSpeed names its sections as loom its flags
+      read_half_precision(r, value, key);
+    else if (key == "optimizer")
+      read_optimizer(r, value);
+    else if (key == "steps_per_print" || key == "wall_clock_breakdown" || key == "zero_allow_untested_optimizer") {
+      // DeepSpeed's own console output and its check of untested optimizers: nothing to
+      // train differently (loom logs every --logging_steps).
+      continue;
+    } else if (key == "scheduler") {
+      r.refuse("scheduler", "loom's schedule is --lr_scheduler_type with --warmup_steps / --warmup_ratio; remove "
+                            "the section");
+    } else {
+      r.refuse(key, "not a DeepSpeed setting loom reads (docs/distributed.md lists them)");
+    }
+  }
+  r.finish();
+}
+
+LOOM_INLINE void apply_fsdp(TrainingArguments& args) {
+  ConfigReading r(args, "--fsdp " + *args.fsdp);
+  std::string_view chosen;
+  // HF: --fsdp true is full_shard; otherwise words separated by spaces (or commas).
+  std::string words = *args.fsdp;
+  if (parse_bool(words) == std::optional<bool>(true)) words = std::string(sharding::FullShard::facts.fsdp_option);
+  for (auto& ch : words)
+    if (ch == ' ') ch = ',';
+  for (const auto& word : split_list(words)) {
+    std::string_view found;
+    for_each_member<ShardingCatalog>([&]<class Tag>() {
+      if (!Tag::facts.fsdp_option.empty() && Tag::facts.fsdp_option == word) found = Tag::facts.name;
+    });
+    if (!found.empty()) {
+      if (!chosen.empty() && chosen != found) r.refuse(word, "choose one sharding strategy");
+      chosen = found;
+      continue;
+    }
+    r.refuse(word, word == "offload"      ? "loom does not offload to host memory yet"
+                   : word == "auto_wrap" ? "loom's FullShard units are the model's FullShardUnit blocks (the "
+                                           "transformer layers of loom::models), wrapped by the model itself"
+                                         : "not an FSDP option loom reads (full_shard, shard_grad_op, no_shard)");
+  }
+  if (!chosen.empty()) r.choose_sharding(chosen, "that strategy");
+  if (!args.fsdp_config) return;
+  const auto config = launcher_config(*args.fsdp_config, "fsdp_config");
+  ConfigReading c(args, "--fsdp_config " + *args.fsdp_config);
+  for (const auto& [raw, value] : config.items()) {
+    // HF strips the fsdp_ prefix of accelerate's names.
+    const std::string key = raw.starts_with("fsdp_") ? raw.substr(5) : raw;
+    if (key == "activation_checkpointing") {
+      if (!value.is_boolean()) c.refuse(raw, "it must be true or false");
+      if (value.get<bool>()) args.gradient_checkpointing = true;
+      continue;
+    }
+    if (key == "version" && value.is_number() && value.get<double>() == 2) continue;  // loom's FullShard is FSDP2-like
+    c.refuse(raw, "not an FSDP setting loom reads (docs/distributed.md lists them)");
+  }
+}
+
+}  // namespace detail
+
+LOOM_INLINE void apply_launcher_configs(TrainingArguments& args) {
+  const bool fsdp = args.fsdp && !args.fsdp->empty() && detail::parse_bool(*args.fsdp) != std::optional<bool>(false);
+  if (args.deepspeed && fsdp) throw Error("loom: --deepspeed and --fsdp are both given; choose one");
+  if (args.fsdp_config && !fsdp) throw Error("loom: --fsdp_config needs --fsdp (e.g. --fsdp \"full_shard\")");
+  if (args.deepspeed) detail::apply_deepspeed(args);
+  if (fsdp) detail::apply_fsdp(args);
+}
+
+}  // namespace loom

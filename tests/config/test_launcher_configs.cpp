@@ -1,0 +1,150 @@
+// --deepspeed ds_config.json and --fsdp / --fsdp_config (issue 28 point 5): the configs users
+// bring from HF's Trainer read onto loom's flags (config/launcher_configs.hpp). DeepSpeed's
+// stage picks --sharding; the keys HF fills from TrainingArguments must be "auto" or agree
+// with the flags (HF's rule, one error listing every disagreement); every key loom does not
+// honour is a loom: line naming it.
+#include <loom/config/launcher_configs.hpp>
+#include <loom/config/reflect.hpp>
+#include <loom/config/validate.hpp>
+#include <loom/trainer/selector.hpp>
+
+#include <doctest/doctest.h>
+
+#include "../support.hpp"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using loom::TrainingArguments;
+
+TrainingArguments finalized(std::vector<std::string> flags) {
+  auto args = std::get<0>(loom::try_parse_args<TrainingArguments>(flags).values);
+  loom::validate(args);
+  loom::finalize(args);
+  return args;
+}
+
+std::string error_of(std::vector<std::string> flags) {
+  try {
+    (void)finalized(std::move(flags));
+  } catch (const loom::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool starts(const std::string& text, const std::string& prefix) { return text.rfind(prefix, 0) == 0; }
+
+// HF's documented ZeRO-2 and ZeRO-3 configs (the "auto" forms of the DeepSpeed integration page).
+const char* kZero2 = R"({
+  "fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 16, "min_loss_scale": 1},
+  "bf16": {"enabled": "auto"},
+  "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+  "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}, "allgather_partitions": true,
+                        "allgather_bucket_size": "auto", "overlap_comm": true, "reduce_scatter": true,
+                        "reduce_bucket_size": "auto", "contiguous_gradients": true},
+  "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 2000,
+  "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": false
+})";
+
+}  // namespace
+
+TEST_CASE("--deepspeed: HF's auto configs choose the ZeRO stage; a file or its text") {
+  const auto dir = loom_test::fresh_dir("launcher_configs");
+  const auto file = dir / "ds_zero2.json";
+  std::ofstream(file) << kZero2;
+  for (const std::string& given : {file.string(), std::string(kZero2)}) {
+    const auto a = finalized({"--deepspeed", given});
+    CHECK(a.sharding == "zero2");
+    CHECK(loom::select_policies(a, []<class S, class P>() { return std::string(S::name); }) == "zero2");
+  }
+  for (auto [stage, name] : {std::pair{1, "zero1"}, {2, "zero2"}, {3, "full_shard"}}) {
+    CAPTURE(stage);
+    const auto text = "{\"zero_optimization\": {\"stage\": " + std::to_string(stage) + "}}";
+    CHECK(finalized({"--deepspeed", text}).sharding == name);
+    // The selector reads the config before finalize() ran.
+    auto raw = std::get<0>(loom::try_parse_args<TrainingArguments>(std::vector<std::string>{"--deepspeed", text}).values);
+    CHECK(loom::select_policies(raw, []<class S, class P>() { return std::string(S::name); }) == name);
+  }
+  // Stage 0 (plain data parallelism) leaves --sharding auto: ddp under torchrun, no in one process.
+  CHECK(finalized({"--deepspeed", R"({"zero_optimization": {"stage": 0}})"}).sharding == "auto");
+  // Numbers that agree with the flags are taken; the bucket size becomes --ddp_bucket_cap_mb.
+  const auto b = finalized({"--deepspeed",
+                            R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+                                "train_batch_size": 8, "gradient_clipping": 0.5, "bf16": {"enabled": true},
+                                "zero_optimization": {"stage": 2, "reduce_bucket_size": 2621440}})",
+                            "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2",
+                            "--max_grad_norm", "0.5", "--bf16"});
+  CHECK(b.ddp_bucket_cap_mb == 10);
+  CHECK(b.bf16);
+}
+
+TEST_CASE("--deepspeed: values that disagree with the flags are listed in one loom: line, as HF lists them") {
+  const auto e = error_of({"--deepspeed",
+                           R"({"train_micro_batch_size_per_gpu": 16, "gradient_clipping": 0.5,
+                               "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95]}},
+                               "bf16": {"enabled": true}})"});
+  CHECK(starts(e, "loom: --deepspeed {"));
+  for (const char* part : {"train_micro_batch_size_per_gpu is 16 but --per_device_train_batch_size is 8",
+                           "gradient_clipping is 0.5 but --max_grad_norm is 1", "optimizer.params.lr is 0.0003 but "
+                           "--learning_rate is 5e-05", "optimizer.params.betas[1] is 0.95 but --adam_beta2 is 0.999",
+                           "bf16.enabled is true but --bf16 is false"}) {
+    INFO(part);
+    CHECK(e.find(part) != std::string::npos);
+  }
+  CHECK(e.find("betas[0]") == std::string::npos);  // 0.9 agrees
+  // An explicit --sharding that is not the stage's.
+  CHECK(error_of({"--sharding", "zero1", "--deepspeed", R"({"zero_optimization": {"stage": 2}})"}) ==
+        "loom: --sharding zero1 disagrees with --deepspeed {\"zero_optimization\": {\"stage\": 2}}: "
+        "zero_optimization.stage 2 runs --sharding zero2");
+}
+
+TEST_CASE("--deepspeed: every key loom does not honour is refused by name") {
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})",
+       "zero_optimization.offload_optimizer.device \"cpu\" is not honoured"},
+      {R"({"zero_optimization": {"stage": 2, "overlap_comm": false}})", "zero_optimization.overlap_comm false is not honoured"},
+      {R"({"zero_optimization": {"stage": 3, "stage3_max_live_parameters": 1e9}})",
+       "zero_optimization.stage3_max_live_parameters 1000000000.0 is not honoured"},
+      {R"({"zero_optimization": {"stage": 4}})", "zero_optimization.stage 4 is not honoured"},
+      {R"({"zero_optimization": {"stage": 2, "round_robin_gradients": true}})",
+       "zero_optimization.round_robin_gradients is not honoured"},
+      {R"({"fp16": {"enabled": "auto", "loss_scale_window": 1000}})", "fp16.loss_scale_window 1000 is not honoured"},
+      {R"({"fp16": {"enabled": "auto", "hysteresis": 2}})", "fp16.hysteresis 2 is not honoured"},
+      {R"({"scheduler": {"type": "WarmupLR"}})", "scheduler is not honoured"},
+      {R"({"optimizer": {"type": "Lamb"}})", "optimizer.type \"Lamb\" is not honoured"},
+      {R"({"activation_checkpointing": {}})", "activation_checkpointing is not honoured"},
+  };
+  for (const auto& [config, says] : cases) {
+    CAPTURE(config);
+    const auto e = error_of({"--deepspeed", config});
+    CHECK(starts(e, "loom: --deepspeed {"));
+    CHECK(e.find(": " + says + " by loom: ") != std::string::npos);
+  }
+  CHECK(error_of({"--deepspeed", "/nonexistent/ds.json"}) ==
+        "loom: --deepspeed /nonexistent/ds.json: no such file (give a JSON file, or the JSON text itself)");
+  CHECK(starts(error_of({"--deepspeed", "{\"stage\": "}), "loom: --deepspeed is not valid JSON"));
+  CHECK(error_of({"--deepspeed", "{}", "--fsdp", "full_shard"}) == "loom: --deepspeed and --fsdp are both given; choose one");
+}
+
+TEST_CASE("--fsdp and --fsdp_config") {
+  CHECK(finalized({"--fsdp", "full_shard"}).sharding == "full_shard");
+  CHECK(finalized({"--fsdp", "true"}).sharding == "full_shard");
+  CHECK(finalized({"--fsdp", "no_shard"}).sharding == "ddp");
+  const auto a = finalized({"--fsdp", "full_shard", "--fsdp_config", R"({"fsdp_activation_checkpointing": true, "version": 2})"});
+  CHECK(a.gradient_checkpointing);
+  CHECK(error_of({"--fsdp", "hybrid_shard"}) ==
+        "loom: --fsdp hybrid_shard: hybrid_shard is not honoured by loom: not an FSDP option loom reads (full_shard, "
+        "shard_grad_op, no_shard)");
+  CHECK(starts(error_of({"--fsdp", "full_shard offload"}), "loom: --fsdp full_shard offload: offload is not honoured"));
+  CHECK(starts(error_of({"--fsdp", "full_shard", "--fsdp_config", R"({"backward_prefetch": "BACKWARD_POST"})"}),
+               "loom: --fsdp_config {\"backward_prefetch\": \"BACKWARD_POST\"}: backward_prefetch is not honoured"));
+  CHECK(error_of({"--fsdp_config", "{}"}) == "loom: --fsdp_config needs --fsdp (e.g. --fsdp \"full_shard\")");
+  CHECK(error_of({"--sharding", "zero2", "--fsdp", "full_shard"}) ==
+        "loom: --sharding zero2 disagrees with --fsdp full_shard: that strategy runs --sharding full_shard");
+}
