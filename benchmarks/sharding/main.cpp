@@ -242,12 +242,16 @@ int main(int argc, char** argv) {
       loom::visit_member<loom::ShardingDtypeCatalog>(name, [&]<class T>() { bytes = T::facts.bytes; });
       return bytes;
     };
+    // FullShard reduces in its param dtype unless --sharding_reduce_dtype says otherwise
+    // (FSDP2's rule); the others in float32 then.
     const double gather_scale = dtype_bytes(args.sharding_param_dtype) / 4.0,
-                 reduce_scale = dtype_bytes(args.sharding_reduce_dtype) / 4.0;
+                 full_shard_reduce_scale = dtype_bytes(loom::dist::reduce_dtype_name(args)) / 4.0,
+                 reduce_scale = args.sharding_reduce_dtype ? full_shard_reduce_scale : 1.0;
     fmt::print("sharding benchmark: MLP 256-{}x{}-10, per-device batch {}, {} steps ({} warm-up), CPU + Gloo{}; "
-               "FullShard gathers {}, gradients reduced in {}\n",
+               "FullShard gathers {} and reduces in {}, the others reduce in {}\n",
                b.hidden, b.layers, b.batch, b.steps, StepClock::kWarmup, args.bf16 ? ", --bf16" : "",
-               args.sharding_param_dtype, args.sharding_reduce_dtype);
+               args.sharding_param_dtype, loom::dist::reduce_dtype_name(args),
+               args.sharding_reduce_dtype.value_or(std::string(loom::sharding_dtype::Float32::name)));
     fmt::print("{:<11} {:>2} {:>9} | {:>10} {:>10} {:>6} | {:>10} {:>10} {:>6} | {:>9} {:>9} | {:>9}\n", "policy", "N",
                "step ms", "state MB", "formula", "ratio", "sent MB", "formula", "ratio", "gather MB", "reduce MB",
                "peak RSS");
@@ -256,8 +260,9 @@ int main(int argc, char** argv) {
         args.ddp_find_unused_parameters
             ? fmt::format(" --ddp_find_unused_parameters {}", *args.ddp_find_unused_parameters ? "true" : "false")
             : "";
-    const std::string precision = fmt::format("{} --sharding_reduce_dtype {}", args.bf16 ? " --bf16 true" : "",
-                                              args.sharding_reduce_dtype);
+    const std::string precision =
+        fmt::format("{}{}", args.bf16 ? " --bf16 true" : "",
+                    args.sharding_reduce_dtype ? " --sharding_reduce_dtype " + *args.sharding_reduce_dtype : "");
     const auto wanted = [&](std::string_view name) {
       const std::string list = "," + b.policies + ",";
       return list.find("," + std::string(name) + ",") != std::string::npos;
@@ -294,7 +299,7 @@ int main(int argc, char** argv) {
            // In units of Ψ (N-1)/N float32 bytes: DDP all-reduces twice; ZeRO-1/2 reduce-scatter
            // and all-gather float32 parameters; FullShard gathers twice (forward, backward).
            const double terms = name == "ddp"          ? 2 * reduce_scale
-                                : name == "full_shard" ? 2 * gather_scale + reduce_scale
+                                : name == "full_shard" ? 2 * gather_scale + full_shard_reduce_scale
                                                        : reduce_scale + 1;
            const double comm_formula = terms * 4 * psi * (n - 1) / n;
            fmt::print("{:<11} {:>2} {:>9.2f} | {:>10.2f} {:>10.2f} {:>6.3f} | {:>10.2f} {:>10.2f} {:>6} | {:>9.2f} {:>9.2f} | "

@@ -9,6 +9,7 @@
 #include <loom/checkpoint/safetensors.hpp>
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,7 @@ TEST_CASE("mixed precision at 2 ranks: bf16 gathers and bf16 reductions train as
   fp32_args.push_back("--bf16");
   require_success(launch(2, fp32_args, fp32_gathers / "logs"));
 
+  std::map<std::string, std::vector<double>> losses;
   for (const auto& [sharding, param_dtype, reduce_dtype] :
        {Mixed{"full_shard", "bf16", "fp32"}, Mixed{"full_shard", "bf16", "bf16"}, Mixed{"zero2", "fp32", "bf16"}}) {
     const std::string name = sharding + "_" + param_dtype + "_" + reduce_dtype;
@@ -72,6 +74,7 @@ TEST_CASE("mixed precision at 2 ranks: bf16 gathers and bf16 reductions train as
                      {"--sharding_reduce_dtype", reduce_dtype}, {"--save_strategy", "steps"}, {"--save_steps", "5"}});
     require_success(launch(2, args, out / "logs"));
     const auto got = logged_losses(out);
+    losses[name] = got;
     const double loss_diff = worst_loss_difference(got, want), weight_diff = weight_difference(out, ref);
     MESSAGE(name << ": losses differ from one process under --bf16 by " << loss_diff << ", final weights by "
                  << weight_diff << " (relative, at most)");
@@ -127,6 +130,13 @@ TEST_CASE("mixed precision at 2 ranks: bf16 gathers and bf16 reductions train as
     CHECK(logged_losses(resumed) == got);
     CHECK(weight_difference(resumed, out) == 0.0);
   }
+
+  // FSDP2's rule: with no reduce dtype given, gradients are reduced in the param dtype.
+  const auto unset = dist_dir("mixed_full_shard_bf16_unset");
+  auto unset_args = base_args("full_shard", 4, unset);
+  set_flags(unset_args, {{"--bf16", "true"}, {"--sharding_param_dtype", "bf16"}});
+  require_success(launch(2, unset_args, unset / "logs"));
+  CHECK(logged_losses(unset) == losses.at("full_shard_bf16_bf16"));
 }
 
 TEST_CASE("mixed precision flags a policy cannot honour stop at start-up with a loom: line") {

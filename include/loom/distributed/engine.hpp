@@ -110,6 +110,12 @@ LOOM_INLINE std::unique_ptr<Engine> make_engine(std::string_view sharding, std::
 /// ShardingDtypeCatalog name; validation has refused any other).
 LOOM_INLINE torch::ScalarType sharding_dtype(std::string_view name);
 
+/// --sharding_reduce_dtype, or when unset --sharding_param_dtype (FSDP2's rule: reduce_dtype
+/// None reduces in param_dtype).
+inline const std::string& reduce_dtype_name(const TrainingArguments& args) {
+  return args.sharding_reduce_dtype ? *args.sharding_reduce_dtype : args.sharding_param_dtype;
+}
+
 /// The start-up checks of the sharding policy called `sharding` (its ShardingImpl's
 /// can_implement): a loom::Error when it cannot run with `args` in `world`.
 LOOM_INLINE void check_sharding(std::string_view sharding, const TrainingArguments& args, const World& world);

@@ -28,7 +28,7 @@ LOOM_INLINE void AcceleratorBase::start(TrainingArguments& args, Startup up, con
                               {.bucket_cap_mb = static_cast<double>(args.ddp_bucket_cap_mb.value_or(25)),
                                .find_unused_parameters = args.ddp_find_unused_parameters.value_or(false),
                                .param_dtype = dist::sharding_dtype(args.sharding_param_dtype),
-                               .reduce_dtype = dist::sharding_dtype(args.sharding_reduce_dtype)});
+                               .reduce_dtype = dist::sharding_dtype(dist::reduce_dtype_name(args))});
 }
 
 LOOM_INLINE void AcceleratorBase::prepare_module(torch::nn::Module& module) {
