@@ -181,10 +181,6 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
       release(u);
     }
   }
-  /// The format of the gathered parameters and of the reduce-scatter (--sharding_param_dtype,
-  /// --sharding_reduce_dtype).
-  [[nodiscard]] torch::ScalarType param_dtype() const { return param_dtype_; }
-  [[nodiscard]] torch::ScalarType reduce_dtype() const { return reduce_dtype_; }
   /// Around forward passes without backward (evaluation): the root stays gathered.
   void begin_forward_only() override {
     if (!units_[0].slots.empty()) gather(units_[0]);
@@ -342,7 +338,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     for (std::size_t k = 0; k < units_.size(); ++k) {
       auto& u = units_[k];
       if (u.slots.empty()) continue;
-      release(u);  // a unit gathered around this call (evaluation's root) is gathered again after
+      release(u);  // as the float32 path leaves it afterwards
       masters[k] = resident() ? u.shard : torch::empty({u.padded}, u.shard.options());
       if (!resident()) works.push_back(comm_->all_gather(masters[k], u.shard, "the master-weight all-gather"));
     }
