@@ -4,6 +4,7 @@
 //   build/benchmarks/sharding --steps 30 --hidden 1024 --layers 4
 //   build/benchmarks/sharding --worlds 2 --policies ddp --ddp_find_unused_parameters false
 //   build/benchmarks/sharding --worlds 1,2 --policies ddp --probe_find_unused true
+//   build/benchmarks/sharding --worlds 2 --bf16 true --sharding_param_dtype bf16 --sharding_reduce_dtype bf16
 //
 // The policy is a type: the worker is instantiated once per tag of the type list below and
 // picks its instantiation by name. For each (policy, world size) the driver starts the
@@ -14,7 +15,12 @@
 //     parameter for DDP, 4+4+8/N for ZeRO-1, 4+12/N for ZeRO-2, 16/N for FullShard),
 //   * bytes this rank sent per step (ring algorithms: all-reduce 2(N-1)/N of the buffer,
 //     reduce-scatter and all-gather (N-1)/N) next to the formula 2Ψ(N-1)/N for DDP, ZeRO-1
-//     and ZeRO-2 and 3Ψ(N-1)/N for FullShard (Ψ = parameter bytes),
+//     and ZeRO-2 and 3Ψ(N-1)/N for FullShard (Ψ = parameter bytes in float32), and its parts:
+//     the parameter all-gathers and the gradient reductions (reduce-scatter or all-reduce).
+//     --sharding_param_dtype (FullShard's gathers; the driver passes it to the policies that
+//     gather parameters only) and --sharding_reduce_dtype scale the formula's terms by their
+//     bytes per element over float32's (docs/distributed.md, "Mixed precision"); --bf16 runs
+//     the workers under bfloat16 autocast (which --sharding_param_dtype bf16 needs),
 //   * the process's peak resident memory (VmHWM);
 //   * with --probe_find_unused, the median microseconds per step of what
 //     --ddp_find_unused_parameters adds, timed on their own: the walk of the loss's autograd
@@ -111,9 +117,9 @@ struct StepClock {
   }
 };
 
-template <class Sharding>
-struct BenchTrainer : loom::Trainer<BenchTrainer<Sharding>, Mlp, Sharding, loom::Callbacks<StepClock>> {
-  using loom::Trainer<BenchTrainer<Sharding>, Mlp, Sharding, loom::Callbacks<StepClock>>::Trainer;
+template <class Sharding, class Precision>
+struct BenchTrainer : loom::Trainer<BenchTrainer<Sharding, Precision>, Mlp, Sharding, Precision, loom::Callbacks<StepClock>> {
+  using loom::Trainer<BenchTrainer<Sharding, Precision>, Mlp, Sharding, Precision, loom::Callbacks<StepClock>>::Trainer;
   torch::Tensor compute_loss(Mlp& model, Batch& batch) {
     auto loss = torch::cross_entropy_loss(model->forward(batch.x), batch.labels);
     if (auto& clock = this->template callback<StepClock>(); clock.num_params > 0) {
@@ -137,12 +143,12 @@ static double peak_rss_bytes() {
   return 0.0;
 }
 
-template <class Sharding>
+template <class Sharding, class Precision>
 static void run_worker(const BenchArguments& b, const loom::TrainingArguments& args) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
   const int64_t rows = b.batch * 64;
   loom::data::TensorDataset<Batch> data({torch::randn({rows, 256}, gen), torch::randint(0, 10, {rows}, gen)});
-  BenchTrainer<Sharding> trainer(args, Mlp(b.hidden, b.layers), data);
+  BenchTrainer<Sharding, Precision> trainer(args, Mlp(b.hidden, b.layers), data);
   trainer.template callback<StepClock>().comm = trainer.sharding().comm();
   if (b.probe_find_unused)
     trainer.template callback<StepClock>().num_params = static_cast<int64_t>(trainer.model()->parameters().size());
@@ -168,6 +174,9 @@ static void run_worker(const BenchArguments& b, const loom::TrainingArguments& a
                    {"optimizer", bytes.optimizer},
                    {"psi", psi},
                    {"sent_per_step", comm ? comm->counters().total() / measured_steps : 0.0},
+                   {"gathered_per_step", comm ? comm->counters().all_gather / measured_steps : 0.0},
+                   {"reduced_per_step",
+                    comm ? (comm->counters().reduce_scatter + comm->counters().all_reduce) / measured_steps : 0.0},
                    {"peak_rss", peak_rss_bytes()}};
   std::ofstream(b.result) << j.dump();
 }
@@ -197,7 +206,10 @@ int main(int argc, char** argv) {
       args.sharding = b.worker_policy;
       args.max_steps = b.steps;
       args.per_device_train_batch_size = b.batch;
-      const bool known = with_policy(b.worker_policy, [&]<class Tag>() { run_worker<Tag>(b, args); });
+      const bool known = with_policy(b.worker_policy, [&]<class Tag>() {
+        if (args.bf16) run_worker<Tag, loom::precision::BF16>(b, args);
+        else run_worker<Tag, loom::precision::FP32>(b, args);
+      });
       loom::check(known, "unknown --worker_policy {}", b.worker_policy);
       return 0;
     }
@@ -224,15 +236,33 @@ int main(int argc, char** argv) {
       worlds.push_back(std::stoi(b.worlds.substr(pos, comma - pos)));
       pos = comma == std::string::npos ? b.worlds.size() : comma + 1;
     }
-    fmt::print("sharding benchmark: MLP 256-{}x{}-10, per-device batch {}, {} steps ({} warm-up), CPU + Gloo\n",
-               b.hidden, b.layers, b.batch, b.steps, StepClock::kWarmup);
-    fmt::print("{:<11} {:>2} {:>9} | {:>10} {:>10} {:>6} | {:>10} {:>10} {:>6} | {:>9}\n", "policy", "N", "step ms",
-               "state MB", "formula", "ratio", "sent MB", "formula", "ratio", "peak RSS");
+    // Bytes per element of the gathers and the reductions, over float32's 4.
+    const auto dtype_bytes = [](const std::string& name) {
+      int bytes = 4;
+      loom::visit_member<loom::ShardingDtypeCatalog>(name, [&]<class T>() { bytes = T::facts.bytes; });
+      return bytes;
+    };
+    // FullShard reduces in its param dtype unless --sharding_reduce_dtype says otherwise
+    // (FSDP2's rule); the others in float32 then.
+    const double gather_scale = dtype_bytes(args.sharding_param_dtype) / 4.0,
+                 full_shard_reduce_scale = dtype_bytes(loom::dist::reduce_dtype_name(args)) / 4.0,
+                 reduce_scale = args.sharding_reduce_dtype ? full_shard_reduce_scale : 1.0;
+    fmt::print("sharding benchmark: MLP 256-{}x{}-10, per-device batch {}, {} steps ({} warm-up), CPU + Gloo{}; "
+               "FullShard gathers {} and reduces in {}, the others reduce in {}\n",
+               b.hidden, b.layers, b.batch, b.steps, StepClock::kWarmup, args.bf16 ? ", --bf16" : "",
+               args.sharding_param_dtype, loom::dist::reduce_dtype_name(args),
+               args.sharding_reduce_dtype.value_or(std::string(loom::sharding_dtype::Float32::name)));
+    fmt::print("{:<11} {:>2} {:>9} | {:>10} {:>10} {:>6} | {:>10} {:>10} {:>6} | {:>9} {:>9} | {:>9}\n", "policy", "N",
+               "step ms", "state MB", "formula", "ratio", "sent MB", "formula", "ratio", "gather MB", "reduce MB",
+               "peak RSS");
     // Passed on to the workers when given (unset: the Trainer's default).
     const std::string find_unused =
         args.ddp_find_unused_parameters
             ? fmt::format(" --ddp_find_unused_parameters {}", *args.ddp_find_unused_parameters ? "true" : "false")
             : "";
+    const std::string precision =
+        fmt::format("{}{}", args.bf16 ? " --bf16 true" : "",
+                    args.sharding_reduce_dtype ? " --sharding_reduce_dtype " + *args.sharding_reduce_dtype : "");
     const auto wanted = [&](std::string_view name) {
       const std::string list = "," + b.policies + ",";
       return list.find("," + std::string(name) + ",") != std::string::npos;
@@ -245,9 +275,10 @@ int main(int argc, char** argv) {
            const auto result = tmp / fmt::format("{}_{}.json", Tag::name, world);
            const auto cmd = fmt::format(
                "{} --standalone --nproc_per_node={} --no-python {} --worker_policy {} --result {} --steps {} "
-               "--hidden {} --layers {} --batch {} --output_dir {}{}{} > {} 2>&1",
+               "--hidden {} --layers {} --batch {} --output_dir {}{}{}{}{} > {} 2>&1",
                b.torchrun, world, self.string(), Tag::name, result.string(), b.steps, b.hidden, b.layers, b.batch,
-               (tmp / "out").string(), find_unused, b.probe_find_unused ? " --probe_find_unused true" : "",
+               (tmp / "out").string(), find_unused, b.probe_find_unused ? " --probe_find_unused true" : "", precision,
+               Tag::facts.shards_parameters ? " --sharding_param_dtype " + args.sharding_param_dtype : "",
                (tmp / "log.txt").string());
            const int rc = std::system(cmd.c_str());
            if (rc != 0 || !fs::exists(result)) {
@@ -265,10 +296,17 @@ int main(int argc, char** argv) {
                                   : name == "zero2" ? (4 + 12 / n) * psi
                                                     : 16 * psi / n;
            const double sent = j["sent_per_step"].get<double>();
-           const double comm_formula = (name == "full_shard" ? 3.0 : 2.0) * 4 * psi * (n - 1) / n;
-           fmt::print("{:<11} {:>2} {:>9.2f} | {:>10.2f} {:>10.2f} {:>6.3f} | {:>10.2f} {:>10.2f} {:>6} | {:>6.0f} MB",
+           // In units of Ψ (N-1)/N float32 bytes: DDP all-reduces twice; ZeRO-1/2 reduce-scatter
+           // and all-gather float32 parameters; FullShard gathers twice (forward, backward).
+           const double terms = name == "ddp"          ? 2 * reduce_scale
+                                : name == "full_shard" ? 2 * gather_scale + full_shard_reduce_scale
+                                                       : reduce_scale + 1;
+           const double comm_formula = terms * 4 * psi * (n - 1) / n;
+           fmt::print("{:<11} {:>2} {:>9.2f} | {:>10.2f} {:>10.2f} {:>6.3f} | {:>10.2f} {:>10.2f} {:>6} | {:>9.2f} {:>9.2f} | "
+                      "{:>6.0f} MB",
                       name, world, j["step_ms"].get<double>(), state / mb, formula / mb, state / formula, sent / mb,
                       comm_formula / mb, comm_formula > 0 ? fmt::format("{:.3f}", sent / comm_formula) : "-",
+                      j["gathered_per_step"].get<double>() / mb, j["reduced_per_step"].get<double>() / mb,
                       j["peak_rss"].get<double>() / mb);
            if (b.probe_find_unused) {
              const double walk = j["walk_us"].get<double>(), mask = j["mask_us"].get<double>();

@@ -121,6 +121,8 @@ struct TrainingArguments {
 
   // --- distributed ---------------------------------------------------------------------
   std::string sharding = "auto";              ///< auto | no | ddp | zero1 | zero2 | full_shard (auto: ddp when started as several processes, else no)
+  std::string sharding_param_dtype = std::string(sharding_dtype::Float32::name);  ///< fp32 | bf16: the format full_shard gathers parameters in and computes with (FSDP2's MixedPrecisionPolicy param_dtype; bf16 needs --bf16); master shards and optimizer state stay fp32
+  std::optional<std::string> sharding_reduce_dtype;  ///< fp32 | bf16: the format ddp, zero1, zero2 and full_shard reduce gradients in (FSDP2's reduce_dtype; default: --sharding_param_dtype's, as FSDP2); the result is accumulated in fp32
   int64_t ddp_timeout = 1800;                 ///< collective timeout in seconds
   std::optional<int64_t> ddp_bucket_cap_mb;   ///< DDP bucket size (default 25)
   std::optional<bool> ddp_broadcast_buffers;  ///< DDP, ZeRO-1/2: copy rank 0's buffers (BatchNorm statistics) before each training forward (default: true)
@@ -221,6 +223,8 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"skip_memory_metrics", "skip memory reports"},
     {"include_tokens_per_second", "add train_tokens_per_second (items counted by num_items)"},
     {"sharding", names_text<ShardingCatalog, "auto | ", " | ", " (auto: ddp when started as several processes, else no)">},
+    {"sharding_param_dtype", names_text<ShardingDtypeCatalog, "", " | ", ": the format full_shard gathers parameters in and computes with (FSDP2's MixedPrecisionPolicy param_dtype; bf16 needs --bf16); master shards and optimizer state stay fp32">},
+    {"sharding_reduce_dtype", names_text<ShardingDtypeCatalog, "", " | ", ": the format ddp, zero1, zero2 and full_shard reduce gradients in (FSDP2's reduce_dtype; default: --sharding_param_dtype's, as FSDP2); the result is accumulated in fp32">},
     {"ddp_timeout", "collective timeout in seconds"},
     {"ddp_bucket_cap_mb", "DDP bucket size (default 25)"},
     {"ddp_broadcast_buffers", "DDP, ZeRO-1/2: copy rank 0's buffers (BatchNorm statistics) before each training forward (default: true)"},

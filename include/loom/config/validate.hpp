@@ -34,6 +34,7 @@ constexpr std::array<std::string_view, N + 1> with_auto(const std::array<std::st
   return out;
 }
 inline constexpr auto kShardings = with_auto(catalog_names<ShardingCatalog>);
+inline constexpr auto kShardingDtypes = catalog_names<ShardingDtypeCatalog>;
 inline constexpr std::array<std::string_view, 3> kSamplingStrategies = {"random", "sequential", "group_by_length"};
 inline constexpr std::array<std::string_view, 3> kTokenCounts = {"no", "all", "non_padding"};
 inline constexpr std::array<std::string_view, 2> kMetricsInputs = {"inputs", "loss"};

@@ -22,6 +22,11 @@
 // Before the SUM every gradient is scaled by this rank's share of the group's items, so the
 // result equals one process training on the global batch (docs/semantics.md).
 //
+// --sharding_reduce_dtype bf16 (FSDP2's reduce_dtype; torch DDP's bf16_compress_hook): the
+// scaled float32 gradients of a bucket are cast to bfloat16 for the collective, and its
+// result is cast back into the float32 gradient buffer (DDP, ZeRO-1) or added to the float32
+// gradient shard (ZeRO-2): accumulation, unscaling, clipping and the step stay float32.
+//
 // find_unused_parameters (--ddp_find_unused_parameters, torch DDP's): before each syncing
 // backward the loss's autograd graph is walked; a parameter it does not reach is ready at
 // once, so its bucket launches as soon as the reached parameters' gradients are in, instead
@@ -47,7 +52,8 @@ class BucketEngine final : public EngineBase {
       : EngineBase(std::move(comm)),
         facts_(facts),
         cap_bytes_(static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024)),
-        find_unused_(options.find_unused_parameters) {}
+        find_unused_(options.find_unused_parameters),
+        reduce_dtype_(options.reduce_dtype) {}
   BucketEngine(const BucketEngine&) = delete;
   BucketEngine& operator=(const BucketEngine&) = delete;
   ~BucketEngine() {
@@ -159,12 +165,15 @@ class BucketEngine final : public EngineBase {
     if (find_unused_ && last_) mask = launch_used_mask();
     for (auto& b : buckets_) {
       b.work.wait();
-      if (facts_.shards_optimizer_state && !facts_.shards_gradients && b.rs_out.defined())
+      if (!facts_.shards_optimizer_state && b.send.defined())
+        b.flat_grad.copy_(b.send);  // the reduced gradients, cast back
+      else if (facts_.shards_optimizer_state && !facts_.shards_gradients && b.rs_out.defined())
         b.flat_grad.narrow(0, comm_->rank() * b.shard, b.shard).copy_(b.rs_out);
       else if (facts_.shards_gradients && b.rs_out.defined())
         b.grad_shard.add_(b.rs_out);
       b.rs_out = torch::Tensor();
       b.staging = torch::Tensor();
+      b.send = torch::Tensor();
     }
     check(late_.empty(),
           "the gradient of {} arrived after its bucket had been reduced: backward ran more than once in one "
@@ -218,6 +227,7 @@ class BucketEngine final : public EngineBase {
     std::size_t first = 0;  // index of slots[0] among all slots (ready_, used_, pieces_)
     int64_t numel = 0, padded = 0, shard = 0;
     torch::Tensor flat_param, flat_grad, grad_shard, staging, rs_out;
+    torch::Tensor send;  // the gradients cast to reduce_dtype for the collective (none when float32)
     std::size_t ready = 0;
     bool launched = false;
     Work work;
@@ -330,6 +340,11 @@ class BucketEngine final : public EngineBase {
       return;
     }
     share_.apply(grads);
+    if (reduce_dtype_ != grads.scalar_type()) {
+      b.send = grads.to(reduce_dtype_);
+      b.staging = torch::Tensor();  // ZeRO-2: the float32 copy is no longer needed
+      grads = b.send;
+    }
     if (!facts_.shards_optimizer_state) {
       b.work = comm_->all_reduce({grads}, "the gradient all-reduce");
     } else {
@@ -341,6 +356,7 @@ class BucketEngine final : public EngineBase {
   ShardingFacts facts_;  // which of DDP, ZeRO-1, ZeRO-2 this engine runs
   int64_t cap_bytes_;
   bool find_unused_;
+  torch::ScalarType reduce_dtype_;  // --sharding_reduce_dtype
   std::vector<Bucket> buckets_;
   bool syncing_ = false, last_ = false;
   std::size_t next_launch_ = 0;
@@ -359,7 +375,14 @@ struct BucketPolicy {
   static std::unique_ptr<Engine> make_engine(std::shared_ptr<Comm> comm, const EngineOptions& options) {
     return std::make_unique<BucketEngine>(Tag::facts, std::move(comm), options);
   }
-  static void can_implement(const TrainingArguments&, const World&) {}
+  /// Every rank keeps a whole float32 replica: FullShard alone gathers parameters in another format.
+  static void can_implement(const TrainingArguments& args, const World&) {
+    check(sharding_dtype(args.sharding_param_dtype) == torch::kFloat,
+          "--sharding_param_dtype {} applies to --sharding {} (the parameters it gathers); --sharding {} keeps a "
+          "whole float32 replica on every rank: drop it (--bf16 computes in bfloat16, --sharding_reduce_dtype {} "
+          "halves the gradient traffic)", args.sharding_param_dtype, sharding::FullShard::name, Tag::name,
+          sharding_dtype::BFloat16::name);
+  }
 };
 template <>
 struct ShardingImpl<sharding::DDP> : BucketPolicy<sharding::DDP> {};

@@ -39,11 +39,13 @@ struct StateBytes {
   [[nodiscard]] double total() const { return params + grads + optimizer; }
 };
 
-/// What make_engine configures; the bucket engines (DDP, ZeRO-1, ZeRO-2) read both fields,
-/// the others neither.
+/// What make_engine configures; the bucket engines (DDP, ZeRO-1, ZeRO-2) read the first two
+/// fields and reduce_dtype, FullShard the two dtypes, NoShard nothing.
 struct EngineOptions {
   double bucket_cap_mb = 25;            ///< --ddp_bucket_cap_mb
   bool find_unused_parameters = false;  ///< --ddp_find_unused_parameters, resolved (HF's rule)
+  torch::ScalarType param_dtype = torch::kFloat;   ///< --sharding_param_dtype: FullShard's gathered parameters
+  torch::ScalarType reduce_dtype = torch::kFloat;  ///< --sharding_reduce_dtype: the gradient collectives
 };
 
 /// Gradient collectives an engine launched while backward ran (from gradient hooks, or at
@@ -103,6 +105,16 @@ class Engine {
 /// (null for a policy that uses none).
 LOOM_INLINE std::unique_ptr<Engine> make_engine(std::string_view sharding, std::shared_ptr<Comm> comm,
                                                 const EngineOptions& options);
+
+/// The torch dtype a --sharding_param_dtype / --sharding_reduce_dtype value names (a
+/// ShardingDtypeCatalog name; validation has refused any other).
+LOOM_INLINE torch::ScalarType sharding_dtype(std::string_view name);
+
+/// --sharding_reduce_dtype, or when unset --sharding_param_dtype (FSDP2's rule: reduce_dtype
+/// None reduces in param_dtype).
+inline const std::string& reduce_dtype_name(const TrainingArguments& args) {
+  return args.sharding_reduce_dtype ? *args.sharding_reduce_dtype : args.sharding_param_dtype;
+}
 
 /// The start-up checks of the sharding policy called `sharding` (its ShardingImpl's
 /// can_implement): a loom::Error when it cannot run with `args` in `world`.

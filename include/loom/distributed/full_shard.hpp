@@ -19,6 +19,16 @@
 //   step      the optimizer updates the shard in place; nothing is gathered until the next
 //             forward.
 // The root unit is gathered at the start of each micro-step and released after its backward.
+//
+// Mixed precision (FSDP2's MixedPrecisionPolicy): with --sharding_param_dtype bf16 the float32
+// shard is cast to bfloat16 before each all-gather, so the gathered buffer, the parameters
+// (views of it), their gradients and the flat gradient are bfloat16, and forward and backward
+// compute with them (under --bf16's autocast, which these weights need no cast for). The
+// optimizer still steps the float32 shard, whose state is float32; the next gather casts the
+// updated shard again. --sharding_reduce_dtype chooses the format of the reduce-scatter: the
+// flat gradient is scaled in the wider of the two formats and cast to it; the result is added
+// to the float32 gradient shard. with_full_params (saving, loading) gathers the float32 shards
+// and shows them through the parameters, so checkpoints hold the master weights.
 
 #include <loom/core/log.hpp>
 #include <loom/distributed/engine_common.hpp>
@@ -33,7 +43,8 @@ namespace loom::dist {
 
 class FullShardEngine final : public UnitRuntime, public EngineBase {
  public:
-  explicit FullShardEngine(std::shared_ptr<Comm> comm) : EngineBase(std::move(comm)) {}
+  FullShardEngine(std::shared_ptr<Comm> comm, const EngineOptions& options)
+      : EngineBase(std::move(comm)), param_dtype_(options.param_dtype), reduce_dtype_(options.reduce_dtype) {}
   FullShardEngine(const FullShardEngine&) = delete;
   FullShardEngine& operator=(const FullShardEngine&) = delete;
   ~FullShardEngine() override {
@@ -84,18 +95,19 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
       u.shard_numel = u.padded / n;
       u.full = torch::zeros({u.padded}, opts);
       // A world of one: the shard is the whole unit, so it is the gathered buffer itself and
-      // nothing is ever copied or released.
+      // nothing is ever copied or released (unless the gathered buffer is of another dtype).
       u.shard = resident() ? u.full : torch::zeros({u.shard_numel}, opts);
       u.grad_shard = torch::zeros({u.shard_numel}, opts);
+      for (auto& s : u.slots) u.full.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape({-1}));
+      if (!resident()) u.shard.copy_(u.full.narrow(0, r * u.shard_numel, u.shard_numel));
+      if (casts_params()) u.full = torch::zeros({u.padded}, opts.dtype(param_dtype_));
       for (std::size_t i = 0; i < u.slots.size(); ++i) {
         auto& s = u.slots[i];
-        u.full.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape({-1}));
         s.param.set_data(u.full.narrow(0, s.offset, s.numel).view(s.param.sizes()));
         s.param.mutable_grad() = torch::Tensor();
         detail::set_grad_ready_hook(s.param, [this, k] { on_grad_ready(k); });
         index_[s.param.unsafeGetTensorImpl()] = {k, i};
       }
-      if (!resident()) u.shard.copy_(u.full.narrow(0, r * u.shard_numel, u.shard_numel));
       release(u);
     }
   }
@@ -155,6 +167,10 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
   /// Runs `fn` with every parameter gathered; afterwards the shards take the (possibly
   /// changed) values and the gathered copies are released.
   void with_full_params(const std::function<void()>& fn) override {
+    if (casts_params()) {
+      with_master_params(fn);
+      return;
+    }
     for (auto& u : units_)
       if (!u.slots.empty()) gather(u);
     fn();
@@ -178,7 +194,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     StateBytes s;
     for (const auto& u : units_) {
       if (u.slots.empty()) continue;
-      s.params += static_cast<double>(u.shard.nbytes() + (resident() ? 0 : u.full.storage().nbytes()));
+      s.params += static_cast<double>(u.shard.nbytes() + (aliased() ? 0 : u.full.storage().nbytes()));
       s.grads += static_cast<double>(u.grad_shard.nbytes());
     }
     return s;
@@ -218,6 +234,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     std::vector<detail::Slot> slots;
     int64_t numel = 0, padded = 0, shard_numel = 0;
     torch::Tensor full, shard, grad_shard, full_grad, rs_out;
+    torch::Tensor cast_shard;  // the shard cast to param_dtype, sent by the all-gather in flight
     Work gather_work, work;
     bool gathered = false, backward_started = false, reduced = false;
     std::size_t ready = 0;
@@ -243,7 +260,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
 
   void prepare_grads(Unit& u) {
     // A world of one accumulates straight into the gradient shard (the whole unit).
-    u.full_grad = resident() ? u.grad_shard : torch::zeros({u.padded}, u.shard.options());
+    u.full_grad = aliased() ? u.grad_shard : torch::zeros({u.padded}, u.shard.options().dtype(param_dtype_));
     for (auto& s : u.slots) s.param.mutable_grad() = u.full_grad.narrow(0, s.offset, s.numel).view(s.param.sizes());
   }
 
@@ -259,10 +276,16 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     u.reduced = true;
     torch::NoGradGuard no_grad;
     for (auto& s : u.slots) s.param.mutable_grad() = torch::Tensor();
-    if (!resident()) {  // in a world of one the gradients are already in grad_shard
-      share_.apply(u.full_grad);
-      u.rs_out = torch::empty({u.shard_numel}, u.shard.options());
-      u.work = comm_->reduce_scatter(u.rs_out, u.full_grad, "the gradient reduce-scatter");
+    if (resident() && !aliased()) {
+      u.rs_out = u.full_grad;  // a world of one: after_backward adds it to grad_shard
+    } else if (!resident()) {  // (aliased, the gradients are already in grad_shard)
+      // Scaled in the wider format: float32 unless both are bfloat16.
+      auto& send = u.full_grad;
+      if (reduce_dtype_ == torch::kFloat && send.scalar_type() != torch::kFloat) send = send.to(torch::kFloat);
+      share_.apply(send);
+      if (send.scalar_type() != reduce_dtype_) send = send.to(reduce_dtype_);
+      u.rs_out = torch::empty({u.shard_numel}, send.options());
+      u.work = comm_->reduce_scatter(u.rs_out, send, "the gradient reduce-scatter");
     }
     if (&u != &units_[0]) release(u);
     return true;
@@ -275,21 +298,63 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     launch_gather(u);
   }
   [[nodiscard]] bool resident() const { return comm_->size() == 1; }
+  // The gathered parameters are of another dtype than the float32 shards.
+  [[nodiscard]] bool casts_params() const { return param_dtype_ != torch::kFloat; }
+  // The gathered buffer is the shard itself (a world of one, no cast): nothing to gather or free.
+  [[nodiscard]] bool aliased() const { return resident() && !casts_params(); }
   void launch_gather(Unit& u) {
-    if (resident()) return;
+    if (aliased()) return;
     detail::alloc_storage(u.full, static_cast<std::size_t>(u.padded) * u.full.element_size());
-    u.gather_work = comm_->all_gather(u.full, u.shard, "the parameter all-gather");
+    if (resident()) {  // a world of one gathers by casting its shard
+      u.full.copy_(u.shard);
+      return;
+    }
+    if (casts_params()) u.cast_shard = u.shard.to(param_dtype_);
+    u.gather_work = comm_->all_gather(u.full, casts_params() ? u.cast_shard : u.shard, "the parameter all-gather");
   }
   void gather(Unit& u) {
     if (u.gathered) return;
     if (!u.gather_work.pending()) launch_gather(u);
     u.gather_work.wait();
+    u.cast_shard = torch::Tensor();
     u.gathered = true;
   }
   void release(Unit& u) {
     u.gather_work.wait();
+    u.cast_shard = torch::Tensor();
     u.gathered = false;
-    if (!resident()) detail::free_storage(u.full);
+    if (!aliased()) detail::free_storage(u.full);
+  }
+
+  // with_full_params when the gathered parameters are not float32: each unit's float32 shards
+  // are gathered into a buffer of their own and the parameters show it while `fn` runs (what
+  // is saved, or loaded, are the master weights); then the shards take the values back and
+  // the parameters their gathered-dtype views again.
+  void with_master_params(const std::function<void()>& fn) {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> masters(units_.size());
+    std::vector<std::vector<torch::Tensor>> views(units_.size());
+    std::vector<Work> works;
+    for (std::size_t k = 0; k < units_.size(); ++k) {
+      auto& u = units_[k];
+      if (u.slots.empty()) continue;
+      release(u);  // as the float32 path leaves it afterwards
+      masters[k] = resident() ? u.shard : torch::empty({u.padded}, u.shard.options());
+      if (!resident()) works.push_back(comm_->all_gather(masters[k], u.shard, "the master-weight all-gather"));
+    }
+    for (auto& w : works) w.wait();
+    for (std::size_t k = 0; k < units_.size(); ++k)
+      for (auto& s : units_[k].slots) {
+        views[k].push_back(s.param.variable_data());
+        s.param.set_data(masters[k].narrow(0, s.offset, s.numel).view(s.param.sizes()));
+      }
+    fn();
+    for (std::size_t k = 0; k < units_.size(); ++k) {
+      auto& u = units_[k];
+      if (u.slots.empty()) continue;
+      if (!resident()) u.shard.copy_(masters[k].narrow(0, comm_->rank() * u.shard_numel, u.shard_numel));
+      for (std::size_t i = 0; i < u.slots.size(); ++i) u.slots[i].param.set_data(views[k][i]);
+    }
   }
 
 
@@ -298,15 +363,21 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
   bool recorded_ = false;
   bool in_backward_pass_ = false;
   GradLaunches launches_;
+  torch::ScalarType param_dtype_, reduce_dtype_;  // --sharding_param_dtype, --sharding_reduce_dtype
 };
 
 template <>
 struct ShardingImpl<sharding::FullShard> {
-  static std::unique_ptr<Engine> make_engine(std::shared_ptr<Comm> comm, const EngineOptions&) {
-    return std::make_unique<FullShardEngine>(std::move(comm));
+  static std::unique_ptr<Engine> make_engine(std::shared_ptr<Comm> comm, const EngineOptions& options) {
+    return std::make_unique<FullShardEngine>(std::move(comm), options);
   }
   /// HF ignores --ddp_find_unused_parameters outside DDP; loom says so when it was asked for.
+  /// Gathered bfloat16 parameters compute under --bf16's autocast: without it a float32
+  /// activation would meet a bfloat16 weight.
   static void can_implement(const TrainingArguments& args, const World&) {
+    check(sharding_dtype(args.sharding_param_dtype) == torch::kFloat || args.bf16,
+          "--sharding_param_dtype {0} computes forward and backward with {0} parameters under autocast: add --{1} "
+          "(without it a float32 activation meets a {0} weight)", args.sharding_param_dtype, precision::BF16::name);
     if (args.ddp_find_unused_parameters.value_or(false))
       log_message(LogLevel::warning,
                   "--ddp_find_unused_parameters has no effect under --sharding {}: a unit whose gradients did "

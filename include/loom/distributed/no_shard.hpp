@@ -58,10 +58,15 @@ struct ShardingImpl<sharding::NoShard> {
     return std::make_unique<detail::NoShardEngine>();
   }
   /// One process: several would each train alone and write the same files.
-  static void can_implement(const TrainingArguments&, const World& world) {
+  static void can_implement(const TrainingArguments& args, const World& world) {
     check(world.size == 1,
           "WORLD_SIZE is {} but this Trainer does not shard (--sharding {}); pass --sharding ddp, zero1, zero2 "
           "or full_shard, or start one process", world.size, sharding::NoShard::name);
+    check(sharding_dtype(args.sharding_param_dtype) == torch::kFloat &&
+              sharding_dtype(reduce_dtype_name(args)) == torch::kFloat,
+          "--sharding_param_dtype {} / --sharding_reduce_dtype {}: --sharding {} communicates nothing, so there is no "
+          "format to choose; drop them (--bf16 computes in bfloat16)", args.sharding_param_dtype,
+          reduce_dtype_name(args), sharding::NoShard::name);
   }
 };
 

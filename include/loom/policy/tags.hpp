@@ -114,6 +114,33 @@ struct FP16 {
 /// Every precision policy; the first is the default (no flag set).
 using PrecisionCatalog = std::tuple<precision::FP32, precision::BF16, precision::FP16>;
 
+// ---- sharding dtypes ----------------------------------------------------------------------
+
+/// A format a sharding engine communicates in: FSDP2's MixedPrecisionPolicy `param_dtype` (the
+/// parameters FullShard gathers, and computes with) and `reduce_dtype` (the gradients the
+/// engines reduce), set by --sharding_param_dtype and --sharding_reduce_dtype. Master weights,
+/// gradient shards and optimizer state stay float32 whatever these are.
+struct ShardingDtypeFacts {
+  std::string_view name;  ///< the flag's value: the name of the precision policy of that format
+  int bytes = 4;          ///< bytes per element on the wire
+};
+
+namespace sharding_dtype {
+/// float32, the master weights' own format: nothing is cast (the default).
+struct Float32 {
+  static constexpr ShardingDtypeFacts facts{.name = precision::FP32::name, .bytes = 4};
+  static constexpr std::string_view name = facts.name;
+};
+/// bfloat16: half the bytes of float32, with its exponent range (no loss scaling needed).
+struct BFloat16 {
+  static constexpr ShardingDtypeFacts facts{.name = precision::BF16::name, .bytes = 2};
+  static constexpr std::string_view name = facts.name;
+};
+}  // namespace sharding_dtype
+
+/// Every value of --sharding_param_dtype and --sharding_reduce_dtype; the first is the default.
+using ShardingDtypeCatalog = std::tuple<sharding_dtype::Float32, sharding_dtype::BFloat16>;
+
 // ---- schedule ----------------------------------------------------------------------------
 
 namespace schedule {

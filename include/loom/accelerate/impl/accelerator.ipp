@@ -26,7 +26,9 @@ LOOM_INLINE void AcceleratorBase::start(TrainingArguments& args, Startup up, con
   // its per-step all-reduce measured 0.7-4.6 % of a step on the CPU (docs/semantics.md).
   engine_ = dist::make_engine(sharding.name, std::move(up.comm),
                               {.bucket_cap_mb = static_cast<double>(args.ddp_bucket_cap_mb.value_or(25)),
-                               .find_unused_parameters = args.ddp_find_unused_parameters.value_or(false)});
+                               .find_unused_parameters = args.ddp_find_unused_parameters.value_or(false),
+                               .param_dtype = dist::sharding_dtype(args.sharding_param_dtype),
+                               .reduce_dtype = dist::sharding_dtype(dist::reduce_dtype_name(args))});
 }
 
 LOOM_INLINE void AcceleratorBase::prepare_module(torch::nn::Module& module) {

@@ -203,6 +203,8 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
   check_choice("optim", args.optim, kOptimizers);
   (void)parse_optim_args(args.optim, args.optim_args.value_or(""));
   check_choice("sharding", args.sharding, kShardings);
+  check_choice("sharding_param_dtype", args.sharding_param_dtype, kShardingDtypes);
+  if (args.sharding_reduce_dtype) check_choice("sharding_reduce_dtype", *args.sharding_reduce_dtype, kShardingDtypes);
   if (args.train_sampling_strategy == "batch_rebalance")
     throw Error("loom: --train_sampling_strategy batch_rebalance is not supported; use random, sequential or "
                 "group_by_length");

@@ -29,6 +29,28 @@ void with_sharding_impl(std::string_view name, F&& f) {
 }
 }  // namespace detail
 
+namespace detail {
+// The torch dtype of each ShardingDtypeCatalog member (no primary definition: a new member
+// needs its own).
+template <class Tag>
+struct ScalarTypeOf;
+template <>
+struct ScalarTypeOf<sharding_dtype::Float32> {
+  static constexpr torch::ScalarType value = torch::kFloat;
+};
+template <>
+struct ScalarTypeOf<sharding_dtype::BFloat16> {
+  static constexpr torch::ScalarType value = torch::kBFloat16;
+};
+}  // namespace detail
+
+LOOM_INLINE torch::ScalarType sharding_dtype(std::string_view name) {
+  torch::ScalarType dtype = torch::kFloat;
+  const bool found = visit_member<ShardingDtypeCatalog>(name, [&]<class Tag>() { dtype = detail::ScalarTypeOf<Tag>::value; });
+  check(found, "a sharding dtype must be one of {}, got '{}'", joined_names<ShardingDtypeCatalog>("|"), name);
+  return dtype;
+}
+
 LOOM_INLINE std::unique_ptr<Engine> make_engine(std::string_view sharding, std::shared_ptr<Comm> comm,
                                                 const EngineOptions& options) {
   std::unique_ptr<Engine> engine;
