@@ -19,6 +19,7 @@
 #include "../gan_loop.hpp"
 #include "../trainer_support.hpp"
 #include "../trainer/token_support.hpp"
+#include "dist_support.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -399,7 +400,7 @@ inline int run(int argc, char** argv) {
       const auto launches = trainer.sharding().grad_launches();
       std::ofstream(w.result + ".rank" + std::to_string(world.rank) + ".json")
           << nlohmann::json{{"params", bytes.params}, {"grads", bytes.grads}, {"optimizer", bytes.optimizer},
-                            {"psi", psi}, {"world", world.size}, {"launched_during_backward", launches.during_backward},
+                            {"host", bytes.host}, {"psi", psi}, {"world", world.size}, {"launched_during_backward", launches.during_backward},
                             {"launched_after_backward", launches.after_backward},
                             {"rare_used", trainer.model()->rare_used}}.dump();
       // save_model gathers the parameters under every policy; rank 0 writes.
@@ -413,24 +414,15 @@ inline int run(int argc, char** argv) {
 
 // ============================================================================ the tests ===
 
-namespace {
+// Shared with the other files of loom_dist_tests (dist_support.hpp declares them).
+namespace dist_test {
 
-// <tmp_root>/dist/<name>, emptied.
 fs::path dist_dir(const std::string& name) { return loom_test::tmp_dir("dist/" + name); }
 
 using loom_test::free_port;
 
-
-struct Launch {
-  std::vector<int> status;         ///< exit code per rank; 128+signal when killed; -1 on timeout
-  std::vector<std::string> err;    ///< stderr per rank
-  double seconds = 0;              ///< until the last rank ended
-};
-
-// Starts `world` workers (ranks) of this binary with `args`; with `launched` false a single
-// worker gets no launch variables at all (the plain one-process path).
-Launch launch(int world, const std::vector<std::string>& args, const fs::path& logs, bool launched = true,
-              int timeout_s = 120, int stopped_rank = -1) {
+Launch launch(int world, const std::vector<std::string>& args, const fs::path& logs, bool launched,
+              int timeout_s, int stopped_rank) {
   fs::create_directories(logs);
   const int port = free_port();
   std::vector<pid_t> pids;
@@ -512,8 +504,7 @@ void require_success(const Launch& l) {
   }
 }
 
-// Common flags: a small MLP, Adam with weight decay, clipping that is active, accumulation.
-std::vector<std::string> base_args(const std::string& sharding, int64_t batch, const fs::path& out, int64_t steps = 10) {
+std::vector<std::string> base_args(const std::string& sharding, int64_t batch, const fs::path& out, int64_t steps) {
   return {"--sharding", sharding, "--per_device_train_batch_size", std::to_string(batch), "--gradient_accumulation_steps",
           "2", "--max_steps", std::to_string(steps), "--learning_rate", "1e-2", "--weight_decay", "0.01",
           "--max_grad_norm", "0.5", "--logging_steps", "1", "--seed", "7", "--save_strategy", "no",
@@ -570,7 +561,7 @@ double weight_difference(const fs::path& a, const fs::path& b) {
   return worst;
 }
 
-void check_losses(const std::vector<double>& got, const std::vector<double>& want, double rel, std::size_t skip = 0) {
+void check_losses(const std::vector<double>& got, const std::vector<double>& want, double rel, std::size_t skip) {
   REQUIRE(got.size() + skip == want.size());
   for (std::size_t i = 0; i < got.size(); ++i) {
     INFO("logged loss " << i + skip << ": " << got[i] << " vs " << want[i + skip]);
@@ -578,8 +569,12 @@ void check_losses(const std::vector<double>& got, const std::vector<double>& wan
   }
 }
 
-const std::vector<std::string> kPolicies{"ddp", "zero1", "zero2", "full_shard"};
+}  // namespace dist_test
 
+using namespace dist_test;
+
+namespace {
+const std::vector<std::string> kPolicies{"ddp", "zero1", "zero2", "full_shard"};
 }  // namespace
 
 TEST_CASE("2 and 4 ranks with batch b reproduce one process with batch 2b / 4b, for every policy") {

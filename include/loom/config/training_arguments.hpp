@@ -125,6 +125,7 @@ struct TrainingArguments {
   std::optional<int64_t> ddp_bucket_cap_mb;   ///< DDP bucket size (default 25)
   std::optional<bool> ddp_broadcast_buffers;  ///< DDP, ZeRO-1/2: copy rank 0's buffers (BatchNorm statistics) before each training forward (default: true)
   std::optional<bool> ddp_find_unused_parameters;  ///< DDP, ZeRO-1/2: find the parameters the loss does not reach, so their buckets need not wait for them, and skip in the optimizer step those no rank used (default: false; HF's is true without --gradient_checkpointing)
+  bool offload_optimizer = false;  ///< ZeRO-1/2, FullShard: keep each rank's optimizer state in host memory and run the optimizer step there (DeepSpeed's offload_optimizer with device cpu, FSDP's CPUOffload)
   int64_t local_rank = -1;                    ///< accepted from torch.distributed.launch; the rank comes from LOCAL_RANK
   std::optional<std::string> deepspeed;       ///< not supported: loom's ZeRO is --sharding zero1 / zero2 / full_shard
   std::optional<std::string> fsdp;            ///< not supported: loom's FSDP is --sharding full_shard (shard_grad_op: zero2)
@@ -224,6 +225,7 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"ddp_bucket_cap_mb", "DDP bucket size (default 25)"},
     {"ddp_broadcast_buffers", "DDP, ZeRO-1/2: copy rank 0's buffers (BatchNorm statistics) before each training forward (default: true)"},
     {"ddp_find_unused_parameters", "DDP, ZeRO-1/2: find the parameters the loss does not reach, so their buckets need not wait for them, and skip in the optimizer step those no rank used (default: false; HF's is true without --gradient_checkpointing)"},
+    {"offload_optimizer", "ZeRO-1/2, FullShard: keep each rank's optimizer state in host memory and run the optimizer step there (DeepSpeed's offload_optimizer with device cpu, FSDP's CPUOffload)"},
     {"local_rank", "accepted from torch.distributed.launch; the rank comes from LOCAL_RANK"},
     {"deepspeed", "not supported: loom's ZeRO is --sharding zero1 / zero2 / full_shard"},
     {"fsdp", "not supported: loom's FSDP is --sharding full_shard (shard_grad_op: zero2)"},

@@ -33,9 +33,13 @@ struct Piece {
   int64_t numel = 0;           ///< elements of the whole parameter
 };
 
-/// Bytes a rank holds for model state, measured from the tensors it keeps between steps.
+/// Bytes a rank holds for model state, measured from the tensors it keeps between steps:
+/// params, grads and optimizer in the device's memory (total()), host beside it.
 struct StateBytes {
   double params = 0, grads = 0, optimizer = 0;
+  /// Bytes in host memory (--offload_optimizer: the optimizer state and the host copies of the
+  /// pieces and their gradients); not part of total(). On a CPU run both are the same memory.
+  double host = 0;
   [[nodiscard]] double total() const { return params + grads + optimizer; }
 };
 

@@ -41,7 +41,7 @@ LOOM_INLINE void AcceleratorBase::prepare_module(torch::nn::Module& module) {
     check(dist::enable_gradient_checkpointing(module) > 0,
           "--gradient_checkpointing needs blocks wrapped in loom::FullShardUnit or loom::Checkpointed");
   engine_->setup(module);
-  steps_.emplace(*engine_, device_, engine_->owns_grads());
+  steps_.emplace(*engine_, device_, engine_->owns_grads(), run_args_->offload_optimizer);
   // DDP's broadcast_buffers (HF's ddp_broadcast_buffers, default on) for the policies that
   // keep a whole replica of the model on every rank.
   sync_buffers_ = sharding_.replicates_model && world_.size > 1 && args.ddp_broadcast_buffers.value_or(true) && !module.buffers().empty();
@@ -67,7 +67,7 @@ LOOM_INLINE std::size_t AcceleratorBase::add_optimizer_impl(optim::Optimizer opt
         "add_optimizer: several optimizers cannot run under --fp16 (its one dynamic loss scale belongs to one "
         "optimizer's steps); use --bf16 or fp32");
   const std::size_t k = 1 + more_.size();
-  auto steps = std::make_unique<OptimizerStep>(*engine_, device_, engine_->owns_grads());
+  auto steps = std::make_unique<OptimizerStep>(*engine_, device_, engine_->owns_grads(), run_args_->offload_optimizer);
   steps->reset(claim_parameters(std::move(optimizer), k), scheduler, module_->parameters());
   more_.push_back({std::move(steps), &scheduler, std::move(current_lr)});
   return k;
@@ -125,7 +125,10 @@ LOOM_INLINE void AcceleratorBase::finish_optimizer(std::size_t k) {
   if (all_bytes_.total() == 0 && std::all_of(more_.begin(), more_.end(), [](const auto& m) { return m.steps->state_bytes().total() > 0; }) &&
       steps_->state_bytes().total() > 0) {
     all_bytes_ = steps_->state_bytes();
-    for (const auto& m : more_) all_bytes_.optimizer += m.steps->state_bytes().optimizer;
+    for (const auto& m : more_) {
+      all_bytes_.optimizer += m.steps->state_bytes().optimizer;
+      all_bytes_.host += m.steps->state_bytes().host;
+    }
   }
 }
 
