@@ -22,7 +22,8 @@
 // (the same rule, e.g. at::_fused_adamw_'s CPU kernel) and copies the new values back before
 // the engine's after_step. The device piece stays the reference: the host copy is refreshed
 // from it every step, so loading weights or FullShard's with_full_params need not know about
-// the copies. On CUDA the host buffers are pinned and the copies non-blocking; the host waits
+// the copies. A piece the engine already keeps in host memory (Piece::on_host, FullShard's
+// --offload_param) is stepped in place, and only its gradient travels. On CUDA the host buffers are pinned and the copies non-blocking; the host waits
 // once per step, for the gradients, before it steps (the fp16 skip flag travels with them).
 
 #include <loom/config/inline.hpp>
@@ -84,8 +85,9 @@ class OptimizerStep {
   [[nodiscard]] bool offloaded() const { return !host_.empty(); }
 
  private:
-  // A host copy of device piece `piece`, recorded in host_; returns the tensor the optimizer steps.
-  LOOM_INLINE torch::Tensor host_copy(const torch::Tensor& piece);
+  // The host tensor the optimizer steps for device piece `piece`, recorded in host_: a copy, or
+  // `on_host` when the engine keeps the piece in host memory (--offload_param).
+  LOOM_INLINE torch::Tensor host_copy(const torch::Tensor& piece, const torch::Tensor& on_host);
 
   dist::Engine* engine_;
   torch::Device device_;
@@ -93,8 +95,10 @@ class OptimizerStep {
   bool offload_ = false;
   // --offload_optimizer: per stepped piece, the device tensor the engine keeps (its gradient
   // attached) and the host copies the optimizer steps; host.grad() is `grad` or undefined.
+  // in_place: `host` is the engine's own host shard (--offload_param), `device` an alias of it.
   struct HostCopy {
     torch::Tensor device, host, grad;
+    bool in_place = false;
   };
   std::vector<HostCopy> host_;
   torch::Tensor host_inf_;  // the fp16 overflow flag, on the host

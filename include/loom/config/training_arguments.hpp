@@ -126,6 +126,7 @@ struct TrainingArguments {
   std::optional<bool> ddp_broadcast_buffers;  ///< DDP, ZeRO-1/2: copy rank 0's buffers (BatchNorm statistics) before each training forward (default: true)
   std::optional<bool> ddp_find_unused_parameters;  ///< DDP, ZeRO-1/2: find the parameters the loss does not reach, so their buckets need not wait for them, and skip in the optimizer step those no rank used (default: false; HF's is true without --gradient_checkpointing)
   bool offload_optimizer = false;  ///< ZeRO-1/2, FullShard: keep each rank's optimizer state in host memory and run the optimizer step there (DeepSpeed's offload_optimizer with device cpu, FSDP's CPUOffload)
+  bool offload_param = false;      ///< FullShard: keep each rank's fp32 parameter shard (the master weights) in host memory and copy it to the device for each gather; needs --offload_optimizer (DeepSpeed's offload_param with device cpu, FSDP's CPUOffload(offload_params=True))
   int64_t local_rank = -1;                    ///< accepted from torch.distributed.launch; the rank comes from LOCAL_RANK
   std::optional<std::string> deepspeed;       ///< not supported: loom's ZeRO is --sharding zero1 / zero2 / full_shard
   std::optional<std::string> fsdp;            ///< not supported: loom's FSDP is --sharding full_shard (shard_grad_op: zero2)
@@ -226,6 +227,7 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"ddp_broadcast_buffers", "DDP, ZeRO-1/2: copy rank 0's buffers (BatchNorm statistics) before each training forward (default: true)"},
     {"ddp_find_unused_parameters", "DDP, ZeRO-1/2: find the parameters the loss does not reach, so their buckets need not wait for them, and skip in the optimizer step those no rank used (default: false; HF's is true without --gradient_checkpointing)"},
     {"offload_optimizer", "ZeRO-1/2, FullShard: keep each rank's optimizer state in host memory and run the optimizer step there (DeepSpeed's offload_optimizer with device cpu, FSDP's CPUOffload)"},
+    {"offload_param", "FullShard: keep each rank's fp32 parameter shard (the master weights) in host memory and copy it to the device for each gather; needs --offload_optimizer (DeepSpeed's offload_param with device cpu, FSDP's CPUOffload(offload_params=True))"},
     {"local_rank", "accepted from torch.distributed.launch; the rank comes from LOCAL_RANK"},
     {"deepspeed", "not supported: loom's ZeRO is --sharding zero1 / zero2 / full_shard"},
     {"fsdp", "not supported: loom's FSDP is --sharding full_shard (shard_grad_op: zero2)"},

@@ -359,11 +359,16 @@ struct BucketPolicy {
   static std::unique_ptr<Engine> make_engine(std::shared_ptr<Comm> comm, const EngineOptions& options) {
     return std::make_unique<BucketEngine>(Tag::facts, std::move(comm), options);
   }
-  /// --offload_optimizer needs an optimizer that steps this rank's pieces (ZeRO-1/2; not DDP).
+  /// --offload_optimizer needs an optimizer that steps this rank's pieces (ZeRO-1/2; not DDP);
+  /// --offload_param is FullShard's.
   static void can_implement(const TrainingArguments& args, const World&) {
     check(!args.offload_optimizer || Tag::facts.shards_optimizer_state,
           "--offload_optimizer needs a sharded optimizer, and --sharding {} keeps the whole optimizer on every rank; "
           "use --sharding zero1, zero2 or full_shard (any of them also at one process)", Tag::name);
+    check(!args.offload_param,
+          "--offload_param needs --sharding full_shard: under --sharding {} every rank keeps every parameter on the "
+          "device for its forward (DeepSpeed offloads parameters under ZeRO stage 3 only); --offload_optimizer alone "
+          "moves the optimizer state", Tag::name);
   }
 };
 template <>

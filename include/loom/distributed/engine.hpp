@@ -31,6 +31,7 @@ struct Piece {
   torch::Tensor grad;          ///< their gradient (a view)
   int64_t begin = 0, end = 0;  ///< flat element range within the parameter
   int64_t numel = 0;           ///< elements of the whole parameter
+  bool on_host = false;        ///< `param` is host memory the engine keeps (--offload_param): stepped in place there
 };
 
 /// Bytes a rank holds for model state, measured from the tensors it keeps between steps:
@@ -43,11 +44,12 @@ struct StateBytes {
   [[nodiscard]] double total() const { return params + grads + optimizer; }
 };
 
-/// What make_engine configures; the bucket engines (DDP, ZeRO-1, ZeRO-2) read both fields,
-/// the others neither.
+/// What make_engine configures; the bucket engines (DDP, ZeRO-1, ZeRO-2) read the first two
+/// fields, FullShard the last.
 struct EngineOptions {
   double bucket_cap_mb = 25;            ///< --ddp_bucket_cap_mb
   bool find_unused_parameters = false;  ///< --ddp_find_unused_parameters, resolved (HF's rule)
+  bool offload_param = false;           ///< --offload_param: FullShard keeps its shards in host memory
 };
 
 /// Gradient collectives an engine launched while backward ran (from gradient hooks, or at

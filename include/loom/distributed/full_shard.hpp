@@ -19,6 +19,13 @@
 //   step      the optimizer updates the shard in place; nothing is gathered until the next
 //             forward.
 // The root unit is gathered at the start of each micro-step and released after its backward.
+//
+// --offload_param (FSDP's CPUOffload(offload_params=True), DeepSpeed's offload_param): the
+// shards, which are the fp32 master weights, live in host memory (pinned on CUDA); each gather
+// first copies the rank's shard to the device (a buffer of its own, also on a CPU run) and
+// all-gathers from there; the offloaded optimizer (OptimizerStep) steps the host shard in
+// place. Gradient shards stay on the device. In a world of one the gathered buffer is then
+// separate from the shard, filled by that copy.
 
 #include <loom/core/log.hpp>
 #include <loom/distributed/engine_common.hpp>
@@ -33,7 +40,9 @@ namespace loom::dist {
 
 class FullShardEngine final : public UnitRuntime, public EngineBase {
  public:
-  explicit FullShardEngine(std::shared_ptr<Comm> comm) : EngineBase(std::move(comm)) {}
+  /// `offload_param`: the shards live in host memory (--offload_param).
+  explicit FullShardEngine(std::shared_ptr<Comm> comm, bool offload_param = false)
+      : EngineBase(std::move(comm)), offload_(offload_param) {}
   FullShardEngine(const FullShardEngine&) = delete;
   FullShardEngine& operator=(const FullShardEngine&) = delete;
   ~FullShardEngine() override {
@@ -84,8 +93,9 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
       u.shard_numel = u.padded / n;
       u.full = torch::zeros({u.padded}, opts);
       // A world of one: the shard is the whole unit, so it is the gathered buffer itself and
-      // nothing is ever copied or released.
-      u.shard = resident() ? u.full : torch::zeros({u.shard_numel}, opts);
+      // nothing is ever copied or released (unless the shard is offloaded).
+      const auto shard_opts = offload_ ? opts.device(torch::kCPU).pinned_memory(opts.device().is_cuda()) : opts;
+      u.shard = params_resident() ? u.full : torch::zeros({u.shard_numel}, shard_opts);
       u.grad_shard = torch::zeros({u.shard_numel}, opts);
       for (std::size_t i = 0; i < u.slots.size(); ++i) {
         auto& s = u.slots[i];
@@ -95,7 +105,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
         detail::set_grad_ready_hook(s.param, [this, k] { on_grad_ready(k); });
         index_[s.param.unsafeGetTensorImpl()] = {k, i};
       }
-      if (!resident()) u.shard.copy_(u.full.narrow(0, r * u.shard_numel, u.shard_numel));
+      if (!params_resident()) u.shard.copy_(u.full.narrow(0, r * u.shard_numel, u.shard_numel));
       release(u);
     }
   }
@@ -109,7 +119,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     const auto [a, e] = *range;
     const int64_t lo = comm_->rank() * u.shard_numel;
     return Piece{name, u.shard.narrow(0, a - lo, e - a), u.grad_shard.narrow(0, a - lo, e - a), a - s.offset,
-                 e - s.offset, s.numel};
+                 e - s.offset, s.numel, offload_};
   }
   [[nodiscard]] bool shards_optimizer() const override { return true; }
   [[nodiscard]] bool grads_sharded() const override { return true; }
@@ -161,7 +171,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     torch::NoGradGuard no_grad;
     for (auto& u : units_) {
       if (u.slots.empty()) continue;
-      if (!resident()) u.shard.copy_(u.full.narrow(0, comm_->rank() * u.shard_numel, u.shard_numel));
+      if (!params_resident()) u.shard.copy_(u.full.narrow(0, comm_->rank() * u.shard_numel, u.shard_numel));
       release(u);
     }
   }
@@ -178,7 +188,9 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     StateBytes s;
     for (const auto& u : units_) {
       if (u.slots.empty()) continue;
-      s.params += static_cast<double>(u.shard.nbytes() + (resident() ? 0 : u.full.storage().nbytes()));
+      const auto gathered = static_cast<double>(params_resident() ? 0 : u.full.storage().nbytes());
+      (offload_ ? s.host : s.params) += static_cast<double>(u.shard.nbytes());
+      s.params += gathered;
       s.grads += static_cast<double>(u.grad_shard.nbytes());
     }
     return s;
@@ -218,6 +230,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     std::vector<detail::Slot> slots;
     int64_t numel = 0, padded = 0, shard_numel = 0;
     torch::Tensor full, shard, grad_shard, full_grad, rs_out;
+    torch::Tensor staged;  // --offload_param: the host shard's copy on the device, until released
     Work gather_work, work;
     bool gathered = false, backward_started = false, reduced = false;
     std::size_t ready = 0;
@@ -243,7 +256,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
 
   void prepare_grads(Unit& u) {
     // A world of one accumulates straight into the gradient shard (the whole unit).
-    u.full_grad = resident() ? u.grad_shard : torch::zeros({u.padded}, u.shard.options());
+    u.full_grad = resident() ? u.grad_shard : torch::zeros({u.padded}, u.grad_shard.options());
     for (auto& s : u.slots) s.param.mutable_grad() = u.full_grad.narrow(0, s.offset, s.numel).view(s.param.sizes());
   }
 
@@ -261,7 +274,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     for (auto& s : u.slots) s.param.mutable_grad() = torch::Tensor();
     if (!resident()) {  // in a world of one the gradients are already in grad_shard
       share_.apply(u.full_grad);
-      u.rs_out = torch::empty({u.shard_numel}, u.shard.options());
+      u.rs_out = torch::empty({u.shard_numel}, u.grad_shard.options());
       u.work = comm_->reduce_scatter(u.rs_out, u.full_grad, "the gradient reduce-scatter");
     }
     if (&u != &units_[0]) release(u);
@@ -274,11 +287,24 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     if (u.slots.empty() || u.gathered || u.gather_work.pending()) return;
     launch_gather(u);
   }
+  // A world of one: gradients accumulate straight into the gradient shard.
   [[nodiscard]] bool resident() const { return comm_->size() == 1; }
+  // ... and the shard is the gathered buffer itself, unless offloaded.
+  [[nodiscard]] bool params_resident() const { return resident() && !offload_; }
   void launch_gather(Unit& u) {
-    if (resident()) return;
+    if (params_resident()) return;
     detail::alloc_storage(u.full, static_cast<std::size_t>(u.padded) * u.full.element_size());
-    u.gather_work = comm_->all_gather(u.full, u.shard, "the parameter all-gather");
+    torch::Tensor source = u.shard;
+    if (offload_) {  // the host shard to the device first
+      u.staged = u.shard.to(u.full.device(), u.full.scalar_type(), /*non_blocking=*/u.full.is_cuda(), /*copy=*/true);
+      source = u.staged;
+    }
+    if (resident()) {  // a world of one, offloaded: the copy is the gather
+      u.full.copy_(source);
+      u.gathered = true;
+      return;
+    }
+    u.gather_work = comm_->all_gather(u.full, source, "the parameter all-gather");
   }
   void gather(Unit& u) {
     if (u.gathered) return;
@@ -289,10 +315,12 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
   void release(Unit& u) {
     u.gather_work.wait();
     u.gathered = false;
-    if (!resident()) detail::free_storage(u.full);
+    u.staged = torch::Tensor();
+    if (!params_resident()) detail::free_storage(u.full);
   }
 
 
+  bool offload_ = false;  // --offload_param
   std::vector<Unit> units_;
   std::vector<int> order_;
   bool recorded_ = false;
@@ -302,8 +330,8 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
 
 template <>
 struct ShardingImpl<sharding::FullShard> {
-  static std::unique_ptr<Engine> make_engine(std::shared_ptr<Comm> comm, const EngineOptions&) {
-    return std::make_unique<FullShardEngine>(std::move(comm));
+  static std::unique_ptr<Engine> make_engine(std::shared_ptr<Comm> comm, const EngineOptions& options) {
+    return std::make_unique<FullShardEngine>(std::move(comm), options.offload_param);
   }
   /// HF ignores --ddp_find_unused_parameters outside DDP; loom says so when it was asked for.
   static void can_implement(const TrainingArguments& args, const World&) {

@@ -26,7 +26,8 @@ LOOM_INLINE void AcceleratorBase::start(TrainingArguments& args, Startup up, con
   // its per-step all-reduce measured 0.7-4.6 % of a step on the CPU (docs/semantics.md).
   engine_ = dist::make_engine(sharding.name, std::move(up.comm),
                               {.bucket_cap_mb = static_cast<double>(args.ddp_bucket_cap_mb.value_or(25)),
-                               .find_unused_parameters = args.ddp_find_unused_parameters.value_or(false)});
+                               .find_unused_parameters = args.ddp_find_unused_parameters.value_or(false),
+                               .offload_param = args.offload_param});
 }
 
 LOOM_INLINE void AcceleratorBase::prepare_module(torch::nn::Module& module) {
@@ -125,9 +126,10 @@ LOOM_INLINE void AcceleratorBase::finish_optimizer(std::size_t k) {
   if (all_bytes_.total() == 0 && std::all_of(more_.begin(), more_.end(), [](const auto& m) { return m.steps->state_bytes().total() > 0; }) &&
       steps_->state_bytes().total() > 0) {
     all_bytes_ = steps_->state_bytes();
+    const double engine_host = engine_->state_bytes().host;  // --offload_param's shards: in each optimizer's figure
     for (const auto& m : more_) {
       all_bytes_.optimizer += m.steps->state_bytes().optimizer;
-      all_bytes_.host += m.steps->state_bytes().host;
+      all_bytes_.host += m.steps->state_bytes().host - engine_host;
     }
   }
 }

@@ -50,10 +50,14 @@ LOOM_INLINE void OptimizerStep::reset(optim::Optimizer full, schedule::LRSchedul
     for (std::size_t i = 0; i < g.params.size(); ++i) {
       auto piece = engine_->piece_of(g.params[i], g.names.at(i));
       if (!piece) continue;
-      torch::Tensor p = piece->param;
+      check(offload_ || !piece->on_host, "parameter {} lives in host memory (--offload_param) and only an offloaded "
+            "optimizer steps it there: add --offload_optimizer", piece->name);
+      // What unscale and clip see, with the device gradient: for a host piece an alias, since
+      // the optimizer's handle of it carries the host gradient.
+      torch::Tensor p = piece->on_host ? piece->param.detach() : piece->param;
       p.mutable_grad() = piece->grad;
       params_.push_back(p);
-      if (offload_) p = host_copy(p);
+      if (offload_) p = host_copy(p, piece->on_host ? piece->param : torch::Tensor());
       sharded.params.push_back(p);
       sharded.names.push_back(piece->name);
       pieces_.push_back(*piece);
@@ -64,11 +68,12 @@ LOOM_INLINE void OptimizerStep::reset(optim::Optimizer full, schedule::LRSchedul
   optimizer_->set_base_lr(scheduler.base_lr());
 }
 
-LOOM_INLINE torch::Tensor OptimizerStep::host_copy(const torch::Tensor& piece) {
+LOOM_INLINE torch::Tensor OptimizerStep::host_copy(const torch::Tensor& piece, const torch::Tensor& on_host) {
   // Separate host storage even when the device is the CPU, so a CPU run takes the same path.
   const auto opts = piece.options().device(torch::kCPU).pinned_memory(device_.is_cuda());
-  HostCopy h{piece, torch::empty(piece.sizes(), opts), torch::empty(piece.sizes(), opts)};
-  h.host.copy_(piece.detach());
+  const bool in_place = on_host.defined();
+  HostCopy h{piece, in_place ? on_host : torch::empty(piece.sizes(), opts), torch::empty(piece.sizes(), opts), in_place};
+  if (!in_place) h.host.copy_(piece.detach());
   h.host.mutable_grad() = h.grad;
   host_.push_back(h);
   return h.host;
@@ -119,7 +124,7 @@ LOOM_INLINE void OptimizerStep::step(double lr, const torch::Tensor& found_inf) 
     h.host.mutable_grad() = g.defined() ? h.grad : torch::Tensor();
     if (!g.defined()) continue;
     h.grad.copy_(g, cuda);
-    h.host.copy_(h.device, cuda);
+    if (!h.in_place) h.host.copy_(h.device, cuda);
   }
   torch::Tensor inf;
   if (found_inf.defined()) {
@@ -136,7 +141,7 @@ LOOM_INLINE void OptimizerStep::step(double lr, const torch::Tensor& found_inf) 
   optimizer_->step(lr, inf);
   // Pinned sources: the host next writes them after the next step's wait, so they outlive the copies.
   for (auto& h : host_)
-    if (h.host.grad().defined()) h.device.copy_(h.host, cuda);
+    if (!h.in_place && h.host.grad().defined()) h.device.copy_(h.host, cuda);
   engine_->after_step();
 }
 
@@ -164,8 +169,8 @@ LOOM_INLINE void OptimizerStep::finish() {
     if (host_.empty()) {
       state_bytes_.optimizer = state;
     } else {
-      state_bytes_.host = state;
-      for (const auto& h : host_) state_bytes_.host += static_cast<double>(h.host.nbytes() + h.grad.nbytes());
+      state_bytes_.host += state;  // beside the engine's host shards (--offload_param)
+      for (const auto& h : host_) state_bytes_.host += static_cast<double>(h.grad.nbytes() + (h.in_place ? 0 : h.host.nbytes()));
     }
   }
   if (engine_owns_grads_) engine_->zero_grad();
