@@ -23,8 +23,9 @@
 // the engine's after_step. The device piece stays the reference: the host copy is refreshed
 // from it every step, so loading weights or FullShard's with_full_params need not know about
 // the copies. A piece the engine already keeps in host memory (Piece::on_host, FullShard's
-// --offload_param) is stepped in place, and only its gradient travels. On CUDA the host buffers are pinned and the copies non-blocking; the host waits
-// once per step, for the gradients, before it steps (the fp16 skip flag travels with them).
+// --offload_param) is stepped in place, and only its gradient travels. On CUDA the host
+// buffers are pinned and the copies non-blocking; the host waits once per step, for the
+// gradients, before it steps (the fp16 skip flag travels with them).
 
 #include <loom/config/inline.hpp>
 #include <loom/distributed/engine.hpp>
@@ -81,8 +82,6 @@ class OptimizerStep {
   /// Bytes this rank holds for parameters, gradients and optimizer state (after the first step);
   /// with offload the optimizer's are host bytes.
   [[nodiscard]] const dist::StateBytes& state_bytes() const { return state_bytes_; }
-  /// Whether the optimizer steps host copies of the pieces (--offload_optimizer).
-  [[nodiscard]] bool offloaded() const { return !host_.empty(); }
 
  private:
   // The host tensor the optimizer steps for device piece `piece`, recorded in host_: a copy, or
