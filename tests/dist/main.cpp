@@ -400,7 +400,7 @@ inline int run(int argc, char** argv) {
       const auto launches = trainer.sharding().grad_launches();
       std::ofstream(w.result + ".rank" + std::to_string(world.rank) + ".json")
           << nlohmann::json{{"params", bytes.params}, {"grads", bytes.grads}, {"optimizer", bytes.optimizer},
-                            {"psi", psi}, {"world", world.size}, {"launched_during_backward", launches.during_backward},
+                            {"host", bytes.host}, {"psi", psi}, {"world", world.size}, {"launched_during_backward", launches.during_backward},
                             {"launched_after_backward", launches.after_backward},
                             {"rare_used", trainer.model()->rare_used}}.dump();
       // save_model gathers the parameters under every policy; rank 0 writes.

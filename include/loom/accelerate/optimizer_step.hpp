@@ -15,6 +15,17 @@
 // on the device; its flag is copied to the host asynchronously after the step and read just
 // before the next step needs the learning rate (by then the copy is long done, so the host
 // never waits on the device inside a step).
+//
+// --offload_optimizer (ZeRO-1/2, FullShard): the optimizer is built over host copies of this
+// rank's pieces, so its state is created in host memory. unscale and clip still run on the
+// device pieces (params()); step() copies each piece and its gradient to the host, steps there
+// (the same rule, e.g. at::_fused_adamw_'s CPU kernel) and copies the new values back before
+// the engine's after_step. The device piece stays the reference: the host copy is refreshed
+// from it every step, so loading weights or FullShard's with_full_params need not know about
+// the copies. A piece the engine already keeps in host memory (Piece::on_host, FullShard's
+// --offload_param) is stepped in place, and only its gradient travels. On CUDA the host
+// buffers are pinned and the copies non-blocking; the host waits once per step, for the
+// gradients, before it steps (the fp16 skip flag travels with them).
 
 #include <loom/config/inline.hpp>
 #include <loom/distributed/engine.hpp>
@@ -31,9 +42,11 @@ namespace loom {
 
 class OptimizerStep {
  public:
-  /// Steps through `engine`; gradients are zeroed by the engine when it owns them.
-  OptimizerStep(dist::Engine& engine, torch::Device device, bool engine_owns_grads)
-      : engine_(&engine), device_(device), engine_owns_grads_(engine_owns_grads) {}
+  /// Steps through `engine`; gradients are zeroed by the engine when it owns them. `offload`
+  /// (--offload_optimizer, for an engine that shards the optimizer): the optimizer steps host
+  /// copies of the pieces.
+  OptimizerStep(dist::Engine& engine, torch::Device device, bool engine_owns_grads, bool offload = false)
+      : engine_(&engine), device_(device), engine_owns_grads_(engine_owns_grads), offload_(offload) {}
 
   /// Takes the optimizer create_optimizer built and, when the engine shards the optimizer,
   /// rebuilds it with the same algorithm and groups over this rank's pieces of each parameter.
@@ -66,13 +79,28 @@ class OptimizerStep {
   /// Optimizer steps skipped so far (fp16).
   [[nodiscard]] int64_t skipped_steps() const { return skipped_; }
   void set_skipped_steps(int64_t n) { skipped_ = n; }
-  /// Bytes this rank holds for parameters, gradients and optimizer state (after the first step).
+  /// Bytes this rank holds for parameters, gradients and optimizer state (after the first step);
+  /// with offload the optimizer's are host bytes.
   [[nodiscard]] const dist::StateBytes& state_bytes() const { return state_bytes_; }
 
  private:
+  // The host tensor the optimizer steps for device piece `piece`, recorded in host_: a copy, or
+  // `on_host` when the engine keeps the piece in host memory (--offload_param).
+  LOOM_INLINE torch::Tensor host_copy(const torch::Tensor& piece, const torch::Tensor& on_host);
+
   dist::Engine* engine_;
   torch::Device device_;
   bool engine_owns_grads_;
+  bool offload_ = false;
+  // --offload_optimizer: per stepped piece, the device tensor the engine keeps (its gradient
+  // attached) and the host copies the optimizer steps; host.grad() is `grad` or undefined.
+  // in_place: `host` is the engine's own host shard (--offload_param), `device` an alias of it.
+  struct HostCopy {
+    torch::Tensor device, host, grad;
+    bool in_place = false;
+  };
+  std::vector<HostCopy> host_;
+  torch::Tensor host_inf_;  // the fp16 overflow flag, on the host
   schedule::LRSchedulerBase* scheduler_ = nullptr;
   std::optional<optim::Optimizer> optimizer_;
   std::vector<torch::Tensor> params_;

@@ -127,6 +127,8 @@ struct TrainingArguments {
   std::optional<int64_t> ddp_bucket_cap_mb;   ///< DDP bucket size (default 25)
   std::optional<bool> ddp_broadcast_buffers;  ///< DDP, ZeRO-1/2: copy rank 0's buffers (BatchNorm statistics) before each training forward (default: true)
   std::optional<bool> ddp_find_unused_parameters;  ///< DDP, ZeRO-1/2: find the parameters the loss does not reach, so their buckets need not wait for them, and skip in the optimizer step those no rank used (default: false; HF's is true without --gradient_checkpointing)
+  bool offload_optimizer = false;  ///< ZeRO-1/2, FullShard: keep each rank's optimizer state in host memory and run the optimizer step there (DeepSpeed's offload_optimizer with device cpu, FSDP's CPUOffload)
+  bool offload_param = false;      ///< FullShard: keep each rank's fp32 parameter shard (the master weights) in host memory and copy it to the device for each gather; needs --offload_optimizer (DeepSpeed's offload_param with device cpu, FSDP's CPUOffload(offload_params=True))
   int64_t local_rank = -1;                    ///< accepted from torch.distributed.launch; the rank comes from LOCAL_RANK
   std::optional<std::string> deepspeed;       ///< a DeepSpeed config (JSON file or text): zero_optimization.stage 0/1/2/3 picks --sharding ddp/zero1/zero2/full_shard; the batch, accumulation, clipping, optimizer and precision keys must be "auto" or agree with the flags (HF's rule); a key loom does not honour is refused
   std::optional<std::string> fsdp_config;     ///< FSDP's settings for --fsdp (JSON file or text): activation_checkpointing; other keys are refused by name
@@ -229,6 +231,8 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"ddp_bucket_cap_mb", "DDP bucket size (default 25)"},
     {"ddp_broadcast_buffers", "DDP, ZeRO-1/2: copy rank 0's buffers (BatchNorm statistics) before each training forward (default: true)"},
     {"ddp_find_unused_parameters", "DDP, ZeRO-1/2: find the parameters the loss does not reach, so their buckets need not wait for them, and skip in the optimizer step those no rank used (default: false; HF's is true without --gradient_checkpointing)"},
+    {"offload_optimizer", "ZeRO-1/2, FullShard: keep each rank's optimizer state in host memory and run the optimizer step there (DeepSpeed's offload_optimizer with device cpu, FSDP's CPUOffload)"},
+    {"offload_param", "FullShard: keep each rank's fp32 parameter shard (the master weights) in host memory and copy it to the device for each gather; needs --offload_optimizer (DeepSpeed's offload_param with device cpu, FSDP's CPUOffload(offload_params=True))"},
     {"local_rank", "accepted from torch.distributed.launch; the rank comes from LOCAL_RANK"},
     {"deepspeed", "a DeepSpeed config (JSON file or text): zero_optimization.stage 0/1/2/3 picks --sharding "
                   "ddp/zero1/zero2/full_shard; the batch, accumulation, clipping, optimizer and precision keys must be "

@@ -375,13 +375,22 @@ struct BucketPolicy {
   static std::unique_ptr<Engine> make_engine(std::shared_ptr<Comm> comm, const EngineOptions& options) {
     return std::make_unique<BucketEngine>(Tag::facts, std::move(comm), options);
   }
-  /// Every rank keeps a whole float32 replica: FullShard alone gathers parameters in another format.
+  /// Every rank keeps a whole float32 replica: FullShard alone gathers parameters in another
+  /// format. --offload_optimizer needs an optimizer that steps this rank's pieces (ZeRO-1/2; not
+  /// DDP); --offload_param is FullShard's.
   static void can_implement(const TrainingArguments& args, const World&) {
     check(sharding_dtype(args.sharding_param_dtype) == torch::kFloat,
           "--sharding_param_dtype {} applies to --sharding {} (the parameters it gathers); --sharding {} keeps a "
           "whole float32 replica on every rank: drop it (--bf16 computes in bfloat16, --sharding_reduce_dtype {} "
           "halves the gradient traffic)", args.sharding_param_dtype, sharding::FullShard::name, Tag::name,
           sharding_dtype::BFloat16::name);
+    check(!args.offload_optimizer || Tag::facts.shards_optimizer_state,
+          "--offload_optimizer needs a sharded optimizer, and --sharding {} keeps the whole optimizer on every rank; "
+          "use --sharding zero1, zero2 or full_shard (any of them also at one process)", Tag::name);
+    check(!args.offload_param,
+          "--offload_param needs --sharding full_shard: under --sharding {} every rank keeps every parameter on the "
+          "device for its forward (DeepSpeed offloads parameters under ZeRO stage 3 only); --offload_optimizer alone "
+          "moves the optimizer state", Tag::name);
   }
 };
 template <>

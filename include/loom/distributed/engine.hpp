@@ -31,21 +31,27 @@ struct Piece {
   torch::Tensor grad;          ///< their gradient (a view)
   int64_t begin = 0, end = 0;  ///< flat element range within the parameter
   int64_t numel = 0;           ///< elements of the whole parameter
+  bool on_host = false;        ///< `param` is host memory the engine keeps (--offload_param): stepped in place there
 };
 
-/// Bytes a rank holds for model state, measured from the tensors it keeps between steps.
+/// Bytes a rank holds for model state, measured from the tensors it keeps between steps:
+/// params, grads and optimizer in the device's memory (total()), host beside it.
 struct StateBytes {
   double params = 0, grads = 0, optimizer = 0;
+  /// Bytes in host memory (--offload_optimizer: the optimizer state and the host copies of the
+  /// pieces and their gradients); not part of total(). On a CPU run both are the same memory.
+  double host = 0;
   [[nodiscard]] double total() const { return params + grads + optimizer; }
 };
 
 /// What make_engine configures; the bucket engines (DDP, ZeRO-1, ZeRO-2) read the first two
-/// fields and reduce_dtype, FullShard the two dtypes, NoShard nothing.
+/// fields and reduce_dtype, FullShard the two dtypes and offload_param, NoShard nothing.
 struct EngineOptions {
   double bucket_cap_mb = 25;            ///< --ddp_bucket_cap_mb
   bool find_unused_parameters = false;  ///< --ddp_find_unused_parameters, resolved (HF's rule)
   torch::ScalarType param_dtype = torch::kFloat;   ///< --sharding_param_dtype: FullShard's gathered parameters
   torch::ScalarType reduce_dtype = torch::kFloat;  ///< --sharding_reduce_dtype: the gradient collectives
+  bool offload_param = false;           ///< --offload_param: FullShard keeps its shards in host memory
 };
 
 /// Gradient collectives an engine launched while backward ran (from gradient hooks, or at

@@ -29,6 +29,13 @@
 // flat gradient is scaled in the wider of the two formats and cast to it; the result is added
 // to the float32 gradient shard. with_full_params (saving, loading) gathers the float32 shards
 // and shows them through the parameters, so checkpoints hold the master weights.
+//
+// --offload_param (FSDP's CPUOffload(offload_params=True), DeepSpeed's offload_param): the
+// shards, which are the fp32 master weights, live in host memory (pinned on CUDA); each gather
+// first copies the rank's shard to the device (a buffer of its own, also on a CPU run) and
+// all-gathers from there; the offloaded optimizer (OptimizerStep) steps the host shard in
+// place. Gradient shards stay on the device. In a world of one the gathered buffer is then
+// separate from the shard, filled by that copy.
 
 #include <loom/core/log.hpp>
 #include <loom/distributed/engine_common.hpp>
@@ -44,7 +51,8 @@ namespace loom::dist {
 class FullShardEngine final : public UnitRuntime, public EngineBase {
  public:
   FullShardEngine(std::shared_ptr<Comm> comm, const EngineOptions& options)
-      : EngineBase(std::move(comm)), param_dtype_(options.param_dtype), reduce_dtype_(options.reduce_dtype) {}
+      : EngineBase(std::move(comm)), param_dtype_(options.param_dtype), reduce_dtype_(options.reduce_dtype),
+        offload_(options.offload_param) {}
   FullShardEngine(const FullShardEngine&) = delete;
   FullShardEngine& operator=(const FullShardEngine&) = delete;
   ~FullShardEngine() override {
@@ -95,11 +103,13 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
       u.shard_numel = u.padded / n;
       u.full = torch::zeros({u.padded}, opts);
       // A world of one: the shard is the whole unit, so it is the gathered buffer itself and
-      // nothing is ever copied or released (unless the gathered buffer is of another dtype).
-      u.shard = resident() ? u.full : torch::zeros({u.shard_numel}, opts);
+      // nothing is ever copied or released (unless the gathered buffer is of another dtype, or
+      // the shard is offloaded).
+      const auto shard_opts = offload_ ? opts.device(torch::kCPU).pinned_memory(opts.device().is_cuda()) : opts;
+      u.shard = resident() && !offload_ ? u.full : torch::zeros({u.shard_numel}, shard_opts);
       u.grad_shard = torch::zeros({u.shard_numel}, opts);
       for (auto& s : u.slots) u.full.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape({-1}));
-      if (!resident()) u.shard.copy_(u.full.narrow(0, r * u.shard_numel, u.shard_numel));
+      if (!resident() || offload_) u.shard.copy_(u.full.narrow(0, r * u.shard_numel, u.shard_numel));
       if (casts_params()) u.full = torch::zeros({u.padded}, opts.dtype(param_dtype_));
       for (std::size_t i = 0; i < u.slots.size(); ++i) {
         auto& s = u.slots[i];
@@ -121,7 +131,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     const auto [a, e] = *range;
     const int64_t lo = comm_->rank() * u.shard_numel;
     return Piece{name, u.shard.narrow(0, a - lo, e - a), u.grad_shard.narrow(0, a - lo, e - a), a - s.offset,
-                 e - s.offset, s.numel};
+                 e - s.offset, s.numel, offload_};
   }
   [[nodiscard]] bool shards_optimizer() const override { return true; }
   [[nodiscard]] bool grads_sharded() const override { return true; }
@@ -177,7 +187,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     torch::NoGradGuard no_grad;
     for (auto& u : units_) {
       if (u.slots.empty()) continue;
-      if (!resident()) u.shard.copy_(u.full.narrow(0, comm_->rank() * u.shard_numel, u.shard_numel));
+      if (!params_aliased()) u.shard.copy_(u.full.narrow(0, comm_->rank() * u.shard_numel, u.shard_numel));
       release(u);
     }
   }
@@ -194,7 +204,9 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     StateBytes s;
     for (const auto& u : units_) {
       if (u.slots.empty()) continue;
-      s.params += static_cast<double>(u.shard.nbytes() + (aliased() ? 0 : u.full.storage().nbytes()));
+      const auto gathered = static_cast<double>(params_aliased() ? 0 : u.full.storage().nbytes());
+      (offload_ ? s.host : s.params) += static_cast<double>(u.shard.nbytes());
+      s.params += gathered;
       s.grads += static_cast<double>(u.grad_shard.nbytes());
     }
     return s;
@@ -235,6 +247,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     int64_t numel = 0, padded = 0, shard_numel = 0;
     torch::Tensor full, shard, grad_shard, full_grad, rs_out;
     torch::Tensor cast_shard;  // the shard cast to param_dtype, sent by the all-gather in flight
+    torch::Tensor staged;      // --offload_param: the host shard's copy on the device, until released
     Work gather_work, work;
     bool gathered = false, backward_started = false, reduced = false;
     std::size_t ready = 0;
@@ -260,7 +273,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
 
   void prepare_grads(Unit& u) {
     // A world of one accumulates straight into the gradient shard (the whole unit).
-    u.full_grad = aliased() ? u.grad_shard : torch::zeros({u.padded}, u.shard.options().dtype(param_dtype_));
+    u.full_grad = grads_aliased() ? u.grad_shard : torch::zeros({u.padded}, u.grad_shard.options().dtype(param_dtype_));
     for (auto& s : u.slots) s.param.mutable_grad() = u.full_grad.narrow(0, s.offset, s.numel).view(s.param.sizes());
   }
 
@@ -276,7 +289,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     u.reduced = true;
     torch::NoGradGuard no_grad;
     for (auto& s : u.slots) s.param.mutable_grad() = torch::Tensor();
-    if (resident() && !aliased()) {
+    if (resident() && !grads_aliased()) {
       u.rs_out = u.full_grad;  // a world of one: after_backward adds it to grad_shard
     } else if (!resident()) {  // (aliased, the gradients are already in grad_shard)
       // Scaled in the wider format: float32 unless both are bfloat16.
@@ -297,20 +310,32 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     if (u.slots.empty() || u.gathered || u.gather_work.pending()) return;
     launch_gather(u);
   }
+  // A world of one: gradients accumulate straight into the gradient shard.
   [[nodiscard]] bool resident() const { return comm_->size() == 1; }
   // The gathered parameters are of another dtype than the float32 shards.
   [[nodiscard]] bool casts_params() const { return param_dtype_ != torch::kFloat; }
-  // The gathered buffer is the shard itself (a world of one, no cast): nothing to gather or free.
-  [[nodiscard]] bool aliased() const { return resident() && !casts_params(); }
+  // The gathered buffer is the shard itself (a world of one, no cast, not offloaded): nothing
+  // to gather or free.
+  [[nodiscard]] bool params_aliased() const { return resident() && !casts_params() && !offload_; }
+  // The gradient buffer is the gradient shard itself (a world of one, no cast).
+  [[nodiscard]] bool grads_aliased() const { return resident() && !casts_params(); }
   void launch_gather(Unit& u) {
-    if (aliased()) return;
+    if (params_aliased()) return;
     detail::alloc_storage(u.full, static_cast<std::size_t>(u.padded) * u.full.element_size());
-    if (resident()) {  // a world of one gathers by casting its shard
-      u.full.copy_(u.shard);
+    torch::Tensor source = u.shard;
+    if (offload_) {  // the host shard to the device first (cast on the way)
+      u.staged = u.shard.to(u.full.device(), u.full.scalar_type(), /*non_blocking=*/u.full.is_cuda(), /*copy=*/true);
+      source = u.staged;
+    } else if (casts_params() && !resident()) {
+      u.cast_shard = u.shard.to(param_dtype_);
+      source = u.cast_shard;
+    }
+    if (resident()) {  // a world of one gathers by copying (and casting) its shard
+      u.full.copy_(source);
+      u.gathered = true;
       return;
     }
-    if (casts_params()) u.cast_shard = u.shard.to(param_dtype_);
-    u.gather_work = comm_->all_gather(u.full, casts_params() ? u.cast_shard : u.shard, "the parameter all-gather");
+    u.gather_work = comm_->all_gather(u.full, source, "the parameter all-gather");
   }
   void gather(Unit& u) {
     if (u.gathered) return;
@@ -323,7 +348,8 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     u.gather_work.wait();
     u.cast_shard = torch::Tensor();
     u.gathered = false;
-    if (!aliased()) detail::free_storage(u.full);
+    u.staged = torch::Tensor();
+    if (!params_aliased()) detail::free_storage(u.full);
   }
 
   // with_full_params when the gathered parameters are not float32: each unit's float32 shards
@@ -364,6 +390,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
   bool in_backward_pass_ = false;
   GradLaunches launches_;
   torch::ScalarType param_dtype_, reduce_dtype_;  // --sharding_param_dtype, --sharding_reduce_dtype
+  bool offload_ = false;                           // --offload_param
 };
 
 template <>
@@ -378,6 +405,9 @@ struct ShardingImpl<sharding::FullShard> {
     check(sharding_dtype(args.sharding_param_dtype) == torch::kFloat || args.bf16,
           "--sharding_param_dtype {0} computes forward and backward with {0} parameters under autocast: add --{1} "
           "(without it a float32 activation meets a {0} weight)", args.sharding_param_dtype, precision::BF16::name);
+    check(!args.offload_param || sharding_dtype(args.sharding_param_dtype) == torch::kFloat,
+          "--offload_param with --sharding_param_dtype {} is not supported yet: offload the optimizer only "
+          "(--offload_optimizer), or gather float32 parameters", args.sharding_param_dtype);
     if (args.ddp_find_unused_parameters.value_or(false))
       log_message(LogLevel::warning,
                   "--ddp_find_unused_parameters has no effect under --sharding {}: a unit whose gradients did "

@@ -57,7 +57,7 @@ struct ShardingImpl<sharding::NoShard> {
   static std::unique_ptr<Engine> make_engine(std::shared_ptr<Comm>, const EngineOptions&) {
     return std::make_unique<detail::NoShardEngine>();
   }
-  /// One process: several would each train alone and write the same files.
+  /// One process: several would each train alone and write the same files. No offload.
   static void can_implement(const TrainingArguments& args, const World& world) {
     check(world.size == 1,
           "WORLD_SIZE is {} but this Trainer does not shard (--sharding {}); pass --sharding ddp, zero1, zero2 "
@@ -67,6 +67,11 @@ struct ShardingImpl<sharding::NoShard> {
           "--sharding_param_dtype {} / --sharding_reduce_dtype {}: --sharding {} communicates nothing, so there is no "
           "format to choose; drop them (--bf16 computes in bfloat16)", args.sharding_param_dtype,
           reduce_dtype_name(args), sharding::NoShard::name);
+    check(!args.offload_optimizer,
+          "--offload_optimizer needs a sharded optimizer, and --sharding {} has none; use --sharding zero1, zero2 "
+          "or full_shard (any of them also at one process)", sharding::NoShard::name);
+    check(!args.offload_param, "--offload_param needs --sharding full_shard; --sharding {} keeps the model whole",
+          sharding::NoShard::name);
   }
 };
 

@@ -33,7 +33,7 @@ struct ShardingFacts {
   bool shards_gradients = false;        ///< each rank keeps the gradient of its range only
   bool shards_parameters = false;       ///< parameters live sharded and are gathered per unit: every forward is a collective
   int deepspeed_stage = -1;             ///< the DeepSpeed zero_optimization.stage it runs (--deepspeed; -1: none)
-  std::string_view fsdp_option;         ///< the HF --fsdp word that selects it ("": none)
+  std::string_view fsdp_option{};       ///< the HF --fsdp word that selects it ("": none)
 };
 
 namespace sharding {

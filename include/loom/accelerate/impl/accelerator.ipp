@@ -28,7 +28,8 @@ LOOM_INLINE void AcceleratorBase::start(TrainingArguments& args, Startup up, con
                               {.bucket_cap_mb = static_cast<double>(args.ddp_bucket_cap_mb.value_or(25)),
                                .find_unused_parameters = args.ddp_find_unused_parameters.value_or(false),
                                .param_dtype = dist::sharding_dtype(args.sharding_param_dtype),
-                               .reduce_dtype = dist::sharding_dtype(dist::reduce_dtype_name(args))});
+                               .reduce_dtype = dist::sharding_dtype(dist::reduce_dtype_name(args)),
+                               .offload_param = args.offload_param});
 }
 
 LOOM_INLINE void AcceleratorBase::prepare_module(torch::nn::Module& module) {
@@ -43,7 +44,7 @@ LOOM_INLINE void AcceleratorBase::prepare_module(torch::nn::Module& module) {
     check(dist::enable_gradient_checkpointing(module) > 0,
           "--gradient_checkpointing needs blocks wrapped in loom::FullShardUnit or loom::Checkpointed");
   engine_->setup(module);
-  steps_.emplace(*engine_, device_, engine_->owns_grads());
+  steps_.emplace(*engine_, device_, engine_->owns_grads(), run_args_->offload_optimizer);
   // DDP's broadcast_buffers (HF's ddp_broadcast_buffers, default on) for the policies that
   // keep a whole replica of the model on every rank.
   sync_buffers_ = sharding_.replicates_model && world_.size > 1 && args.ddp_broadcast_buffers.value_or(true) && !module.buffers().empty();
@@ -69,7 +70,7 @@ LOOM_INLINE std::size_t AcceleratorBase::add_optimizer_impl(optim::Optimizer opt
         "add_optimizer: several optimizers cannot run under --fp16 (its one dynamic loss scale belongs to one "
         "optimizer's steps); use --bf16 or fp32");
   const std::size_t k = 1 + more_.size();
-  auto steps = std::make_unique<OptimizerStep>(*engine_, device_, engine_->owns_grads());
+  auto steps = std::make_unique<OptimizerStep>(*engine_, device_, engine_->owns_grads(), run_args_->offload_optimizer);
   steps->reset(claim_parameters(std::move(optimizer), k), scheduler, module_->parameters());
   more_.push_back({std::move(steps), &scheduler, std::move(current_lr)});
   return k;
@@ -127,7 +128,11 @@ LOOM_INLINE void AcceleratorBase::finish_optimizer(std::size_t k) {
   if (all_bytes_.total() == 0 && std::all_of(more_.begin(), more_.end(), [](const auto& m) { return m.steps->state_bytes().total() > 0; }) &&
       steps_->state_bytes().total() > 0) {
     all_bytes_ = steps_->state_bytes();
-    for (const auto& m : more_) all_bytes_.optimizer += m.steps->state_bytes().optimizer;
+    const double engine_host = engine_->state_bytes().host;  // --offload_param's shards: in each optimizer's figure
+    for (const auto& m : more_) {
+      all_bytes_.optimizer += m.steps->state_bytes().optimizer;
+      all_bytes_.host += m.steps->state_bytes().host - engine_host;
+    }
   }
 }
 

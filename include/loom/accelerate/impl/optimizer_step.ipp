@@ -17,6 +17,7 @@ LOOM_INLINE void OptimizerStep::reset(optim::Optimizer full, schedule::LRSchedul
   skip_pending_ = false;
   pieces_.clear();
   params_.clear();
+  host_.clear();
   optimizer_.reset();
   // Groups with their own lr follow the schedule's factor, lr / base_lr (torch's LambdaLR).
   full.set_base_lr(scheduler.base_lr());
@@ -49,8 +50,14 @@ LOOM_INLINE void OptimizerStep::reset(optim::Optimizer full, schedule::LRSchedul
     for (std::size_t i = 0; i < g.params.size(); ++i) {
       auto piece = engine_->piece_of(g.params[i], g.names.at(i));
       if (!piece) continue;
-      torch::Tensor p = piece->param;
+      check(offload_ || !piece->on_host, "parameter {} lives in host memory (--offload_param) and only an offloaded "
+            "optimizer steps it there: add --offload_optimizer", piece->name);
+      // What unscale and clip see, with the device gradient: for a host piece an alias, since
+      // the optimizer's handle of it carries the host gradient.
+      torch::Tensor p = piece->on_host ? piece->param.detach() : piece->param;
       p.mutable_grad() = piece->grad;
+      params_.push_back(p);
+      if (offload_) p = host_copy(p, piece->on_host ? piece->param : torch::Tensor());
       sharded.params.push_back(p);
       sharded.names.push_back(piece->name);
       pieces_.push_back(*piece);
@@ -59,7 +66,17 @@ LOOM_INLINE void OptimizerStep::reset(optim::Optimizer full, schedule::LRSchedul
   }
   optimizer_.emplace(std::move(groups), full.options());
   optimizer_->set_base_lr(scheduler.base_lr());
-  params_ = optimizer_->parameters();
+}
+
+LOOM_INLINE torch::Tensor OptimizerStep::host_copy(const torch::Tensor& piece, const torch::Tensor& on_host) {
+  // Separate host storage even when the device is the CPU, so a CPU run takes the same path.
+  const auto opts = piece.options().device(torch::kCPU).pinned_memory(device_.is_cuda());
+  const bool in_place = on_host.defined();
+  HostCopy h{piece, in_place ? on_host : torch::empty(piece.sizes(), opts), torch::empty(piece.sizes(), opts), in_place};
+  if (!in_place) h.host.copy_(piece.detach());
+  h.host.mutable_grad() = h.grad;
+  host_.push_back(h);
+  return h.host;
 }
 
 LOOM_INLINE torch::Tensor OptimizerStep::clip(const std::vector<torch::Tensor>& params, const torch::Tensor& found_inf,
@@ -94,7 +111,37 @@ LOOM_INLINE void OptimizerStep::settle_skip() {
 }
 
 LOOM_INLINE void OptimizerStep::step(double lr, const torch::Tensor& found_inf) {
-  optimizer_->step(lr, found_inf);
+  if (host_.empty()) {
+    optimizer_->step(lr, found_inf);
+    engine_->after_step();
+    return;
+  }
+  // Offloaded: the gradients and the current values down, the step on the host, the values up.
+  torch::NoGradGuard no_grad;
+  const bool cuda = device_.is_cuda();
+  for (auto& h : host_) {
+    const auto& g = h.device.grad();  // undefined: no rank used it (the engine hid it), not stepped
+    h.host.mutable_grad() = g.defined() ? h.grad : torch::Tensor();
+    if (!g.defined()) continue;
+    h.grad.copy_(g, cuda);
+    if (!h.in_place) h.host.copy_(h.device, cuda);
+  }
+  torch::Tensor inf;
+  if (found_inf.defined()) {
+    if (!host_inf_.defined())
+      host_inf_ = torch::empty(found_inf.sizes(), found_inf.options().device(torch::kCPU).pinned_memory(cuda));
+    host_inf_.copy_(found_inf, cuda);
+    inf = host_inf_;
+  }
+  if (cuda) {  // the copies above are queued on the current stream: wait for them once
+    c10::Event copied(device_.type());
+    copied.record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
+    copied.synchronize();
+  }
+  optimizer_->step(lr, inf);
+  // Pinned sources: the host next writes them after the next step's wait, so they outlive the copies.
+  for (auto& h : host_)
+    if (!h.in_place && h.host.grad().defined()) h.device.copy_(h.host, cuda);
   engine_->after_step();
 }
 
@@ -117,7 +164,14 @@ LOOM_INLINE void OptimizerStep::finish() {
   if (state_bytes_.total() == 0) {
     state_bytes_ = engine_->state_bytes();
     state_bytes_.optimizer = 0;
-    for (const auto& [name, t] : optimizer_->state_tensors()) state_bytes_.optimizer += static_cast<double>(t.nbytes());
+    double state = 0;
+    for (const auto& [name, t] : optimizer_->state_tensors()) state += static_cast<double>(t.nbytes());
+    if (host_.empty()) {
+      state_bytes_.optimizer = state;
+    } else {
+      state_bytes_.host += state;  // beside the engine's host shards (--offload_param)
+      for (const auto& h : host_) state_bytes_.host += static_cast<double>(h.grad.nbytes() + (h.in_place ? 0 : h.host.nbytes()));
+    }
   }
   if (engine_owns_grads_) engine_->zero_grad();
   else optimizer_->zero_grad();

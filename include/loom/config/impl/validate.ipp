@@ -373,6 +373,10 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
   if (args.data_seed) check_non_negative("data_seed", static_cast<double>(*args.data_seed));
   check_positive("ddp_timeout", static_cast<double>(args.ddp_timeout));
   if (args.ddp_bucket_cap_mb) check_positive("ddp_bucket_cap_mb", static_cast<double>(*args.ddp_bucket_cap_mb));
+  // The offloaded shard is stepped where it lies, on the host: by the offloaded optimizer.
+  if (args.offload_param && !args.offload_optimizer)
+    throw Error("loom: --offload_param keeps the parameter shards in host memory, where only an offloaded optimizer "
+                "can step them; add --offload_optimizer");
 }
 
 LOOM_INLINE void finalize(TrainingArguments& args) {
