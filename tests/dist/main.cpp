@@ -19,6 +19,7 @@
 #include "../gan_loop.hpp"
 #include "../trainer_support.hpp"
 #include "../trainer/token_support.hpp"
+#include "results.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -537,38 +538,10 @@ void set_flags(std::vector<std::string>& args, const std::vector<std::pair<std::
   for (const auto& [flag, value] : flags) set_flag(args, flag, value);
 }
 
-// The values of `key` in the run's log_history, in order ("loss": every logged training loss).
-std::vector<double> logged(const fs::path& out, const std::string& key) {
-  std::ifstream in(out / "trainer_state.json");
-  REQUIRE(in.good());
-  const auto j = nlohmann::json::parse(in);
-  std::vector<double> values;
-  for (const auto& e : j.at("log_history"))
-    if (e.contains(key)) values.push_back(e.at(key).get<double>());
-  return values;
-}
+using dist_test::logged;
 std::vector<double> logged_losses(const fs::path& out) { return logged(out, "loss"); }
-
-std::map<std::string, torch::Tensor> weights(const fs::path& out) {
-  std::map<std::string, torch::Tensor> m;
-  // A LoRA run's save_model holds the adapter (adapter_model.safetensors) instead.
-  const auto full = out / "result.model" / "model.safetensors";
-  for (auto& [k, t] : loom::checkpoint::load_safetensors(fs::exists(full) ? full : out / "result.model" / "adapter_model.safetensors"))
-    m[k] = t;
-  return m;
-}
-
-// The largest relative difference between two runs' final weights (per tensor, by norm).
-double weight_difference(const fs::path& a, const fs::path& b) {
-  const auto wa = weights(a), wb = weights(b);
-  REQUIRE(wa.size() == wb.size());
-  double worst = 0;
-  for (const auto& [k, t] : wa) {
-    REQUIRE(wb.contains(k));
-    worst = std::max(worst, ((t - wb.at(k)).norm() / wb.at(k).norm().clamp_min(1e-12)).item<double>());
-  }
-  return worst;
-}
+using dist_test::weight_difference;
+using dist_test::weights;
 
 void check_losses(const std::vector<double>& got, const std::vector<double>& want, double rel, std::size_t skip = 0) {
   REQUIRE(got.size() + skip == want.size());

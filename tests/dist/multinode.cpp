@@ -11,6 +11,7 @@
 #include <loom/loom.hpp>
 
 #include "../support.hpp"
+#include "results.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -28,6 +29,8 @@
 #include <vector>
 
 namespace fs = std::filesystem;
+using dist_test::logged;
+using dist_test::weight_difference;
 
 namespace {
 
@@ -174,31 +177,6 @@ std::vector<std::string> worker_args(const std::string& sharding, int64_t batch,
 std::vector<std::string> with(std::vector<std::string> args, const std::vector<std::string>& more) {
   args.insert(args.end(), more.begin(), more.end());
   return args;
-}
-
-/// The values of `key` in `dir`/trainer_state.json's log_history, in order.
-std::vector<double> logged(const fs::path& dir, const std::string& key) {
-  std::ifstream in(dir / "trainer_state.json");
-  REQUIRE(in.good());
-  const auto j = nlohmann::json::parse(in);
-  std::vector<double> values;
-  for (const auto& e : j.at("log_history"))
-    if (e.contains(key)) values.push_back(e.at(key).get<double>());
-  return values;
-}
-
-/// The largest relative difference between the final weights save_model wrote in two folders.
-double weight_difference(const fs::path& a, const fs::path& b) {
-  std::map<std::string, torch::Tensor> wb;
-  for (auto& [k, t] : loom::checkpoint::load_safetensors(b / "result.model" / "model.safetensors")) wb[k] = t;
-  const auto wa = loom::checkpoint::load_safetensors(a / "result.model" / "model.safetensors");
-  REQUIRE(wa.size() == wb.size());
-  double worst = 0;
-  for (const auto& [k, t] : wa) {
-    REQUIRE(wb.contains(k));
-    worst = std::max(worst, ((t - wb.at(k)).norm() / wb.at(k).norm().clamp_min(1e-12)).item<double>());
-  }
-  return worst;
 }
 
 /// The largest relative difference between two lists of logged values (of equal length).
