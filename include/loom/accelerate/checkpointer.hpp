@@ -86,6 +86,8 @@ class Checkpointer {
   LOOM_INLINE void save(const TrainerState& state, const std::vector<OptimizerStep*>& optimizers,
                         const std::vector<JsonPart>& parts);
   /// The folder --resume_from_checkpoint names ("latest": the newest complete one in output_dir).
+  /// Every rank calls it (a collective with save_on_each_node on several nodes, where each
+  /// node reads its own folder and the ranks check that they resume from the same step).
   LOOM_INLINE std::optional<std::filesystem::path> resume_dir();
   /// Restores a checkpoint: weights, this rank's optimizer state (resharded), the parts, the
   /// RNG states, and the progress fields of `state` (the plan stays this run's, as HF does).
@@ -116,9 +118,12 @@ class Checkpointer {
 
  private:
   LOOM_INLINE void barrier(const char* what);
-  /// save_on_each_node: every rank found `latest` (in its node's own output folder; none: no
-  /// checkpoint) at the same step, else a loom::Error naming each rank's.
-  LOOM_INLINE void agree_on_latest(const std::optional<std::filesystem::path>& latest);
+  /// resume_dir's folder, found by this process alone.
+  LOOM_INLINE std::optional<std::filesystem::path> find_resume_dir();
+  /// save_on_each_node on several nodes: every rank resumes from the same step (`dir`, found
+  /// in its node's own folder; none: no resume; `failed`: finding it threw), else a
+  /// loom::Error naming each rank's.
+  LOOM_INLINE void agree_on_resume(const std::optional<std::filesystem::path>& dir, bool failed);
   /// Every parameter's full shape, by name (the optimizer shards record and check them).
   [[nodiscard]] LOOM_INLINE std::map<std::string, std::vector<int64_t>> parameter_shapes() const;
   /// Whether the shard metadata `meta_file` records exactly the pieces `optimizer` steps on

@@ -201,32 +201,56 @@ LOOM_INLINE void Checkpointer::save(const TrainerState& state, const std::vector
   barrier("the checkpoint barrier");  // the checkpoint is in place before anyone reads it
 }
 
-LOOM_INLINE void Checkpointer::agree_on_latest(const std::optional<std::filesystem::path>& latest) {
-  // Each node found the newest checkpoint in its own folder: a save interrupted between two
-  // nodes' commits leaves them one checkpoint apart, and resuming each from its own would mix
-  // two steps' states.
+LOOM_INLINE void Checkpointer::agree_on_resume(const std::optional<std::filesystem::path>& dir, bool failed) {
+  // Each node found its checkpoint in its own folder: a save interrupted between two nodes'
+  // commits leaves them a checkpoint apart (or one node without any), and resuming each from
+  // its own would mix two steps' states, or hang the first collective.
   auto* comm = engine_->comm();
   if (comm == nullptr) return;
-  const int64_t step = latest ? checkpoint::detail::step_of(latest->filename().string()).value_or(-1) : -1;
+  constexpr int64_t kNone = -1, kFailed = -2;
+  int64_t step = failed ? kFailed : kNone;
+  if (dir) {
+    try {
+      step = TrainerState::load(*dir / checkpoint::kTrainerStateFile).global_step;
+    } catch (const Error&) {
+      step = kFailed;  // load() reports it
+    }
+  }
   const auto options = torch::TensorOptions().dtype(torch::kInt64).device(comm->device());
-  auto mine = torch::full({1}, step, options);
   auto all = torch::empty({world_.size}, options);
-  comm->all_gather(all, mine, "the resume step all-gather").wait();
+  comm->all_gather(all, torch::full({1}, step, options), "the resume step all-gather").wait();
   const auto steps = all.cpu();
   const auto* s = steps.data_ptr<int64_t>();
   std::string found;
   bool agree = true;
   for (int r = 0; r < world_.size; ++r) {
     agree = agree && s[r] == step;
-    found += fmt::format("{}rank {}: {}", r == 0 ? "" : ", ", r, s[r] < 0 ? std::string("none") : fmt::format("checkpoint-{}", s[r]));
+    found += fmt::format("{}rank {}: {}", r == 0 ? "" : ", ", r,
+                         s[r] == kNone     ? std::string("none")
+                         : s[r] == kFailed ? std::string("unreadable (its own message says why)")
+                                           : fmt::format("step {}", s[r]));
   }
-  check(agree,
-        "--resume_from_checkpoint latest: the nodes' output folders (save_on_each_node) disagree on the newest "
-        "complete checkpoint ({}); a save was interrupted between the nodes' commits: resume every node from "
-        "the same step with --resume_from_checkpoint {}/checkpoint-<step>", found, args_->output_dir);
+  if (agree || step == kFailed) return;  // a rank that failed reports its own error
+  fail("the nodes would resume from different checkpoints, each from its own output folder (save_on_each_node): "
+       "{}; a save interrupted between the nodes' commits leaves them apart: give every node a checkpoint of the same "
+       "step, --resume_from_checkpoint {}/checkpoint-<step>", found, args_->output_dir);
 }
 
 LOOM_INLINE std::optional<std::filesystem::path> Checkpointer::resume_dir() {
+  if (!args_->save_on_each_node || !world_.several_nodes()) return find_resume_dir();
+  std::optional<std::filesystem::path> dir;
+  std::exception_ptr error;
+  try {
+    dir = find_resume_dir();
+  } catch (const Error&) {
+    error = std::current_exception();  // after the others know, so they do not wait for this rank
+  }
+  agree_on_resume(dir, error != nullptr);
+  if (error) std::rethrow_exception(error);
+  return dir;
+}
+
+LOOM_INLINE std::optional<std::filesystem::path> Checkpointer::find_resume_dir() {
   const auto& args = *args_;
   if (!args.resume_from_checkpoint) return std::nullopt;
   const std::filesystem::path out(args.output_dir);
@@ -234,7 +258,6 @@ LOOM_INLINE std::optional<std::filesystem::path> Checkpointer::resume_dir() {
     if (saves_ && std::filesystem::exists(out)) checkpoint::remove_stale_temporaries(out);
     barrier("the resume barrier");
     auto latest = std::filesystem::exists(out) ? checkpoint::latest_checkpoint(out) : std::nullopt;
-    if (args.save_on_each_node && world_.several_nodes()) agree_on_latest(latest);
     check(latest.has_value(), "--resume_from_checkpoint latest: no complete checkpoint-N folder in {}", out.string());
     return latest;
   }
