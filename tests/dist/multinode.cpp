@@ -4,7 +4,8 @@
 // folder of that "node" alone: the storage is not shared, as on nodes without a shared file
 // system. Shows that two nodes train as one node of the same world size, that their sharded
 // checkpoint resumes at another world size, and that save_on_each_node and log_on_each_node
-// behave as in HF (docs/distributed.md, "Several nodes").
+// behave as in HF (docs/distributed.md, "Several nodes"). CTest: dist.multinode and
+// dist.save_on_each_node, one test case each; without the venv's torchrun both are skipped.
 
 #include <doctest/doctest.h>
 
