@@ -11,6 +11,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <barrier>
 #include <cstdio>
 #include <chrono>
 #include <cstdlib>
@@ -293,6 +294,48 @@ TEST_CASE("validate_checkpoint names what is wrong") {
   fs::remove(dir / "model.safetensors");
   touch(dir / "model.safetensors");
   CHECK_NOTHROW(ck::validate_checkpoint(dir));
+}
+
+namespace {
+// claim_output_dir for the local main processes of 4 "nodes" (threads, ranks 0, 2, 4, 6; the
+// other ranks are not candidates), node n writing into folders[n]; returns each node's claim.
+std::vector<bool> claims(const std::vector<fs::path>& folders) {
+  const auto n = folders.size();
+  std::barrier sync(static_cast<std::ptrdiff_t>(n));
+  std::vector<char> claimed(n, 0);
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < n; ++i)
+    threads.emplace_back([&, i] {
+      try {
+        claimed[i] = ck::claim_output_dir(folders[i], static_cast<int>(2 * i), true, [&] { sync.arrive_and_wait(); });
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) CHECK(e.empty());
+  return {claimed.begin(), claimed.end()};
+}
+}  // namespace
+
+TEST_CASE("claim_output_dir: one writer per folder the nodes see, whichever folders they share") {
+  const auto root = folders_dir("claim");
+  const auto shared = root / "shared", a = root / "a", b = root / "b";
+  CHECK(claims({a, b, root / "c", root / "d"}) == std::vector<bool>{true, true, true, true});  // folders of their own
+  CHECK(claims({shared, shared, shared, shared}) == std::vector<bool>{true, false, false, false});
+  CHECK(claims({a, b, a, b}) == std::vector<bool>{true, true, false, false});  // two pairs
+  // The marks are gone, and a folder the claim made is removed again when nothing else is in it.
+  CHECK_FALSE(fs::exists(shared));
+  CHECK_FALSE(fs::exists(a));
+  fs::create_directories(shared);
+  touch(shared / "kept");
+  touch(shared / ".loom.node-0");  // a mark a killed run left: not a node of this one
+  CHECK(claims({b, shared, b, shared}) == std::vector<bool>{true, true, false, false});
+  CHECK(listing(shared) == S{"kept"});
+  // One process (not a candidate) claims nothing and writes nothing.
+  CHECK_FALSE(ck::claim_output_dir(root / "e", 1, false, [] {}));
+  CHECK_FALSE(fs::exists(root / "e"));
 }
 
 TEST_CASE("one run per output folder: a second process's run stops at start-up, a dead holder's lock is taken over") {

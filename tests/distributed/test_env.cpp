@@ -54,6 +54,28 @@ TEST_CASE("torchrun's variables describe the world; the agent store and restart 
   CHECK(w.restart_count == 2);
 }
 
+TEST_CASE("several nodes; which processes log at --log_level (HF's should_log)") {
+  // Rank 3 of 4, local rank 1 of 2: node 1's second process.
+  auto w = world_of(kTorchrun);
+  CHECK(w.several_nodes());
+  CHECK_FALSE(w.logs(true));
+  CHECK_FALSE(w.logs(false));
+  // Rank 2, node 1's local main: logs with log_on_each_node only.
+  auto env = kTorchrun;
+  env["RANK"] = "2";
+  env["LOCAL_RANK"] = "0";
+  w = world_of(env);
+  CHECK(w.logs(true));
+  CHECK_FALSE(w.logs(false));
+  env["RANK"] = "0";  // rank 0 logs either way
+  w = world_of(env);
+  CHECK(w.logs(true));
+  CHECK(w.logs(false));
+  env["LOCAL_WORLD_SIZE"] = "4";  // one node of 4
+  CHECK_FALSE(world_of(env).several_nodes());
+  CHECK_FALSE(world_of({}).several_nodes());
+}
+
 TEST_CASE("partial or contradictory launch variables are loom: errors naming the variable") {
   auto partial = kTorchrun;
   partial.erase("MASTER_PORT");

@@ -92,10 +92,19 @@ class AcceleratorBase {
   [[nodiscard]] const dist::World& world() const { return world_; }
   /// The device the model lives on.
   [[nodiscard]] const torch::Device& device() const { return device_; }
-  /// Global rank 0 (HF's is_main_process): the process that writes shared files.
+  /// Global rank 0 (HF's is_main_process): the process that writes shared files (with
+  /// --save_on_each_node, should_save tells which processes write checkpoints).
   [[nodiscard]] bool is_main_process() const { return world_.is_main(); }
   /// Local rank 0 of each node (HF's is_local_main_process).
   [[nodiscard]] bool is_local_main_process() const { return world_.is_local_main(); }
+  /// Whether this process writes output_dir's checkpoints and models (HF's
+  /// TrainingArguments.should_save): global rank 0, or with --save_on_each_node the local main
+  /// process of each node that has an output folder of its own.
+  [[nodiscard]] bool should_save() const { return saves_; }
+  /// Whether this process logs at --log_level, the others at --log_level_replica (HF's
+  /// TrainingArguments.should_log): the local main process of each node with
+  /// --log_on_each_node (the default), else global rank 0.
+  [[nodiscard]] bool should_log() const { return world_.logs(run_args_->log_on_each_node); }
   /// Processes in the job (HF's num_processes).
   [[nodiscard]] int num_processes() const { return world_.size; }
   /// This process's global rank (HF's process_index).
@@ -341,7 +350,8 @@ class AcceleratorBase {
   bool scales_loss_ = false;  // the precision policy scales the loss (fp16): one optimizer only
   dist::StateBytes all_bytes_;  // model_state_bytes with several optimizers
   std::optional<Checkpointer> checkpointer_;
-  std::optional<checkpoint::OutputDirLock> output_lock_;  // rank 0: one run per output folder
+  std::optional<checkpoint::OutputDirLock> output_lock_;  // should_save: one run per output folder
+  bool saves_ = true;  // should_save()
   TrainerState state_;
   LoopState loop_;
   ShardingFacts sharding_;  // the sharding policy's facts

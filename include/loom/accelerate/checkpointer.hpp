@@ -33,7 +33,11 @@
 // Everything is written to a temporary folder that is renamed into place at the end
 // (checkpoint/folders.hpp); in a distributed run rank 0 writes the gathered model and the
 // shared files, every rank its optimizer shard, and rank 0 renames the folder once all ranks
-// are done. A sharded optimizer state loads at any world size and under any policy.
+// are done. With save_on_each_node on several nodes whose storage is not shared, the local
+// main process of each node does rank 0's part in its own output_dir, whose checkpoints then
+// hold the node's own ranks' shards. A sharded optimizer state loads at any world size and
+// under any policy; a rank that resumes at the world size of the save under the same
+// partition reads its own shard alone.
 
 #include <loom/config/inline.hpp>
 #include <loom/config/training_arguments.hpp>
@@ -71,15 +75,19 @@ JsonPart json_part(std::string file, T& object) {
 
 class Checkpointer {
  public:
-  /// Saves and loads `model` (through `engine`, which gathers sharded parameters).
-  Checkpointer(const TrainingArguments& args, const dist::World& world, dist::Engine& engine, torch::nn::Module& model)
-      : args_(&args), world_(world), engine_(&engine), model_(&model) {}
+  /// Saves and loads `model` (through `engine`, which gathers sharded parameters). `saves`:
+  /// this process writes the shared files (Startup::saves, HF's should_save).
+  Checkpointer(const TrainingArguments& args, const dist::World& world, dist::Engine& engine, torch::nn::Module& model,
+               bool saves)
+      : args_(&args), world_(world), engine_(&engine), model_(&model), saves_(saves) {}
 
   /// Writes output_dir/checkpoint-<state.global_step> and rotates old ones (every rank calls it).
   /// `optimizers`: the first writes optimizer.*, optimizer k (k >= 1) optimizer_k.*.
   LOOM_INLINE void save(const TrainerState& state, const std::vector<OptimizerStep*>& optimizers,
                         const std::vector<JsonPart>& parts);
   /// The folder --resume_from_checkpoint names ("latest": the newest complete one in output_dir).
+  /// Every rank calls it (a collective with save_on_each_node on several nodes, where each
+  /// node reads its own folder and the ranks check that they resume from the same step).
   LOOM_INLINE std::optional<std::filesystem::path> resume_dir();
   /// Restores a checkpoint: weights, this rank's optimizer state (resharded), the parts, the
   /// RNG states, and the progress fields of `state` (the plan stays this run's, as HF does).
@@ -110,8 +118,17 @@ class Checkpointer {
 
  private:
   LOOM_INLINE void barrier(const char* what);
+  /// resume_dir's folder, found by this process alone.
+  LOOM_INLINE std::optional<std::filesystem::path> find_resume_dir();
+  /// save_on_each_node on several nodes: every rank resumes from the same step (`dir`, found
+  /// in its node's own folder; none: no resume; `failed`: finding it threw), else a
+  /// loom::Error naming each rank's.
+  LOOM_INLINE void agree_on_resume(const std::optional<std::filesystem::path>& dir, bool failed);
   /// Every parameter's full shape, by name (the optimizer shards record and check them).
   [[nodiscard]] LOOM_INLINE std::map<std::string, std::vector<int64_t>> parameter_shapes() const;
+  /// Whether the shard metadata `meta_file` records exactly the pieces `optimizer` steps on
+  /// this rank (the save's world size and partition): then that shard alone restores it.
+  LOOM_INLINE static bool shard_holds_pieces(const std::filesystem::path& meta_file, OptimizerStep& optimizer);
   LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> optimizer_state_for_this_rank(
       const std::filesystem::path& dir, OptimizerStep& optimizer, const std::string& stem);
   /// Writes one optimizer's files, named from `stem` ("optimizer", "optimizer_1", ...), into `tmp`.
@@ -128,6 +145,7 @@ class Checkpointer {
   dist::World world_;
   dist::Engine* engine_;
   torch::nn::Module* model_;
+  bool saves_;  // writes the shared files (rank 0; each node's local main with save_on_each_node)
 };
 
 /// HF's example scripts' rule for an existing output folder, when training (do_train) without

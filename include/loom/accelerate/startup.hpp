@@ -32,6 +32,10 @@ struct Startup {
   dist::World world;                  ///< rank, world size, local rank
   torch::Device device{torch::kCPU};  ///< where the model lives
   std::shared_ptr<dist::Comm> comm;   ///< the process group (null when the policy needs none)
+  /// This process writes output_dir's checkpoints and models (HF's should_save): global rank 0;
+  /// with save_on_each_node on several nodes, each node's local main process whose output folder
+  /// no process of lower rank shares (checkpoint::claim_output_dir).
+  bool saves = true;
 };
 
 /// Checks and finalizes `args` for `policies` and joins the job; the sharding policy's own

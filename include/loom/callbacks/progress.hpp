@@ -1,7 +1,8 @@
 #pragma once
 // ProgressCallback: on a terminal, a one-line progress bar on stderr (HF's tqdm bar) with
 // the log lines printed above it; elsewhere, or with --disable_tqdm, the log lines alone
-// (HF's PrinterCallback). Only the main process prints.
+// (HF's PrinterCallback). The main process prints; with --disable_tqdm, as HF's
+// PrinterCallback, the main process of each node.
 
 #include <loom/config/inline.hpp>
 #include <loom/config/training_arguments.hpp>
@@ -13,7 +14,7 @@
 
 namespace loom {
 
-/// Progress bar plus log printer for the main process.
+/// Progress bar plus log printer for the main process (of each node, with --disable_tqdm).
 class ProgressCallback {
  public:
   void on_train_begin(const TrainingArguments& args, TrainerState& state, TrainerControl&);

@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -121,6 +122,20 @@ LOOM_INLINE void validate_checkpoint(const std::filesystem::path& dir);
 
 /// File name of the lock a run holds in its output folder (OutputDirLock).
 inline constexpr std::string_view kLockFile = ".loom.lock";
+/// Prefix of the marks claim_output_dir leaves in an output folder for a moment.
+inline constexpr std::string_view kNodeMarkPrefix = ".loom.node-";
+
+/// HF's save_on_each_node, safe on storage that turns out to be shared: which process writes
+/// the shared files of `output_dir` when each node's local main process may. Every process of
+/// the job calls it; the candidates (`candidate`: each node's local main) clear stale marks,
+/// then create the folder and leave a mark named after their `rank` in it; `barrier` (every
+/// process waits for all) separates the phases, and the candidate of lowest rank among the
+/// marks it sees claims the folder; after a third barrier it removes the folder's marks (and
+/// the folder, when the claim made it and nothing else is there). Nodes with folders of their own therefore write each their own, and nodes
+/// sharing one folder leave it to one writer instead of racing on its renames. Returns whether
+/// this process writes `output_dir`.
+LOOM_INLINE bool claim_output_dir(const std::filesystem::path& output_dir, int rank, bool candidate,
+                                  const std::function<void()>& barrier);
 
 /// One run per output folder: while it lives, this process holds an exclusive lock (flock) on
 /// output_dir/.loom.lock, which holds its pid, so a second process training into the same

@@ -95,6 +95,7 @@ struct TrainingArguments {
   double save_steps = 500;                    ///< save every N steps (below 1: fraction)
   std::optional<int64_t> save_total_limit;    ///< keep at most N checkpoints
   bool save_only_model = false;               ///< skip optimizer/scheduler/RNG state
+  bool save_on_each_node = false;             ///< several nodes: the local main process of each node writes checkpoints and models into its own output_dir (storage not shared)
   bool load_best_model_at_end = false;        ///< reload the best checkpoint after training
   std::optional<std::string> metric_for_best_model;  ///< metric that decides "best"
   std::optional<bool> greater_is_better;      ///< direction of metric_for_best_model
@@ -207,6 +208,7 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"save_steps", "save every N steps (below 1: fraction)"},
     {"save_total_limit", "keep at most N checkpoints"},
     {"save_only_model", "skip optimizer/scheduler/RNG state"},
+    {"save_on_each_node", "several nodes: the local main process of each node writes checkpoints and models into its own output_dir (storage not shared)"},
     {"load_best_model_at_end", "reload the best checkpoint after training"},
     {"metric_for_best_model", "metric that decides \"best\""},
     {"greater_is_better", "direction of metric_for_best_model"},

@@ -29,6 +29,11 @@ struct World {
   bool launched = false;       ///< the variables were present (a launcher started us)
   [[nodiscard]] bool is_main() const { return rank == 0; }
   [[nodiscard]] bool is_local_main() const { return local_rank == 0; }
+  /// The job spans several nodes (torchrun's --nnodes > 1: fewer processes here than in all).
+  [[nodiscard]] bool several_nodes() const { return local_size < size; }
+  /// Whether this process logs at --log_level (HF's TrainingArguments.should_log): the local
+  /// main process of each node with log_on_each_node, else global rank 0 alone.
+  [[nodiscard]] bool logs(bool log_on_each_node) const { return log_on_each_node ? is_local_main() : is_main(); }
 };
 
 namespace detail {

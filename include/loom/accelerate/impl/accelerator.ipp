@@ -18,8 +18,10 @@ LOOM_INLINE void AcceleratorBase::start(TrainingArguments& args, Startup up, con
   state_.is_world_process_zero = world_.is_main();
   state_.is_local_process_zero = world_.is_local_main();
   sharding_ = sharding;
-  // Before anything is written: a second run into the same folder stops here.
-  if (world_.is_main()) output_lock_.emplace(args.output_dir);
+  saves_ = up.saves;
+  // Before anything is written: a second run into the same folder stops here (one lock per
+  // folder: each node's with save_on_each_node on storage that is not shared).
+  if (saves_) output_lock_.emplace(args.output_dir);
   if (args.full_determinism) enable_full_determinism(args.seed);
   else set_seed(args.seed);
   // ddp_find_unused_parameters unset is off, not HF's rule (on unless gradient checkpointing):
@@ -36,7 +38,7 @@ LOOM_INLINE void AcceleratorBase::prepare_module(torch::nn::Module& module) {
   check(module_ == nullptr, "prepare_model was called twice; an Accelerator prepares one model");
   module_ = &module;
   const auto& args = *run_args_;
-  checkpointer_.emplace(args, world_, *engine_, module);
+  checkpointer_.emplace(args, world_, *engine_, module, saves_);
   if (args.model_name_or_path) checkpointer_->load_pretrained(*args.model_name_or_path);
   module.to(device_);
   // HF's gradient_checkpointing_enable: every unit / Checkpointed block recomputes in backward.
@@ -227,7 +229,7 @@ LOOM_INLINE void AcceleratorBase::load_state(const std::filesystem::path& dir) {
   auto parts = checkpoint_parts();
   checkpointer_->load(dir, state_, all_steps(), parts);
   const auto warning = resume_warning(resumed_loop_state_, *run_args_, world_.size, state_.global_step);
-  if (!warning.empty() && world_.is_main() && log_enabled(LogLevel::warning)) std::fprintf(stderr, "%s\n", warning.c_str());
+  if (!warning.empty() && should_log() && log_enabled(LogLevel::warning)) std::fprintf(stderr, "%s\n", warning.c_str());
 }
 
 }  // namespace loom

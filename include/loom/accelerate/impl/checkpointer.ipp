@@ -7,6 +7,7 @@
 #include <loom/config/paths.hpp>
 #include <loom/config/reflect.hpp>
 #include <loom/core/error.hpp>
+#include <loom/core/log.hpp>
 #include <loom/distributed/comm.hpp>
 #include <loom/peft/lora.hpp>
 
@@ -34,7 +35,7 @@ LOOM_INLINE void Checkpointer::save_weights(const std::filesystem::path& dir) {
   // PeftModel: the frozen base is the folder it was loaded from.
   const bool adapter = peft::adapter_config(*model_).has_value();
   engine_->with_full_params([&] {
-    if (!world_.is_main()) return;
+    if (!saves_) return;
     if (adapter) peft::save_adapter(*model_, dir);
     else checkpoint::save_module(*model_, dir / checkpoint::kModelFile);
   });
@@ -56,9 +57,9 @@ LOOM_INLINE void Checkpointer::write_model_files(const std::filesystem::path& di
 }
 
 LOOM_INLINE void Checkpointer::save_model(const std::filesystem::path& dir, const nlohmann::json& config) {
-  if (world_.is_main()) std::filesystem::create_directories(dir);
+  if (saves_) std::filesystem::create_directories(dir);
   save_weights(dir);
-  if (!world_.is_main()) return;
+  if (!saves_) return;
   save_json(*args_, dir / detail::kTrainingArgs);
   write_model_files(dir, config, /*adapter_too=*/false);
 }
@@ -66,13 +67,13 @@ LOOM_INLINE void Checkpointer::save_model(const std::filesystem::path& dir, cons
 LOOM_INLINE void Checkpointer::save_merged_model(const std::filesystem::path& dir, const nlohmann::json& config) {
   check(peft::adapter_config(*model_).has_value(),
         "save_merged_model: the model carries no LoRA adapter (save_model writes its weights)");
-  if (world_.is_main()) std::filesystem::create_directories(dir);
+  if (saves_) std::filesystem::create_directories(dir);
   engine_->with_full_params([&] {
-    if (!world_.is_main()) return;
+    if (!saves_) return;
     const peft::HiddenAdapters merged(*model_, /*merge=*/true);  // while the file is written
     checkpoint::save_module(*model_, dir / checkpoint::kModelFile);
   });
-  if (!world_.is_main()) return;
+  if (!saves_) return;
   write_model_files(dir, config, /*adapter_too=*/true);
 }
 
@@ -122,7 +123,7 @@ LOOM_INLINE std::map<std::string, std::vector<int64_t>> Checkpointer::parameter_
 
 LOOM_INLINE void Checkpointer::save_optimizer(const std::filesystem::path& tmp, OptimizerStep& optimizer,
                                               const std::string& stem) {
-  const bool main = world_.is_main();
+  const bool main = saves_;
   auto& opt = optimizer.optimizer();
   if (engine_->shards_optimizer()) {
     const auto shard = fmt::format("{}-{}-of-{}", stem, world_.rank, world_.size);
@@ -157,7 +158,7 @@ LOOM_INLINE void Checkpointer::save(const TrainerState& state, const std::vector
   std::vector<nlohmann::json> values;
   values.reserve(parts.size());
   for (const auto& part : parts) values.push_back(part.save());
-  const bool main = world_.is_main();
+  const bool main = saves_;  // this folder's writer: rank 0, or this node's local main (save_on_each_node)
   const std::string tag = world_.size > 1 ? std::string("ranks") : checkpoint::detail::pid_string();
   const auto tmp = checkpoint::temporary_checkpoint_dir(out, state.global_step, tag);
   if (main) checkpoint::begin_checkpoint(out, state.global_step, tag);
@@ -186,23 +187,75 @@ LOOM_INLINE void Checkpointer::save(const TrainerState& state, const std::vector
   barrier("the checkpoint barrier");  // every shard is written
   checkpoint::detail::fault_point("before_commit");
   if (main) {
-    checkpoint::commit_checkpoint(tmp, checkpoint::checkpoint_dir(out, state.global_step));
+    const auto final_dir = checkpoint::checkpoint_dir(out, state.global_step);
+    log_message(LogLevel::info, "saving model checkpoint to {}", final_dir.string());
+    checkpoint::commit_checkpoint(tmp, final_dir);
     checkpoint::detail::fault_point("committed");
     if (args.save_total_limit) {
       std::optional<std::filesystem::path> best;
       if (state.best_model_checkpoint) best = std::filesystem::path(*state.best_model_checkpoint);
-      checkpoint::rotate_checkpoints(out, *args.save_total_limit, best);
+      for (const auto& gone : checkpoint::rotate_checkpoints(out, *args.save_total_limit, best))
+        log_message(LogLevel::info, "deleting older checkpoint [{}] due to save_total_limit", gone.string());
     }
   }
   barrier("the checkpoint barrier");  // the checkpoint is in place before anyone reads it
 }
 
+LOOM_INLINE void Checkpointer::agree_on_resume(const std::optional<std::filesystem::path>& dir, bool failed) {
+  // Each node found its checkpoint in its own folder: a save interrupted between two nodes'
+  // commits leaves them a checkpoint apart (or one node without any), and resuming each from
+  // its own would mix two steps' states, or hang the first collective.
+  auto* comm = engine_->comm();
+  if (comm == nullptr) return;
+  constexpr int64_t kNone = -1, kFailed = -2;
+  int64_t step = failed ? kFailed : kNone;
+  if (dir) {
+    try {
+      step = TrainerState::load(*dir / checkpoint::kTrainerStateFile).global_step;
+    } catch (const Error&) {
+      step = kFailed;  // load() reports it
+    }
+  }
+  const auto options = torch::TensorOptions().dtype(torch::kInt64).device(comm->device());
+  auto all = torch::empty({world_.size}, options);
+  comm->all_gather(all, torch::full({1}, step, options), "the resume step all-gather").wait();
+  const auto steps = all.cpu();
+  const auto* s = steps.data_ptr<int64_t>();
+  std::string found;
+  bool agree = true;
+  for (int r = 0; r < world_.size; ++r) {
+    agree = agree && s[r] == step;
+    found += fmt::format("{}rank {}: {}", r == 0 ? "" : ", ", r,
+                         s[r] == kNone     ? std::string("none")
+                         : s[r] == kFailed ? std::string("unreadable (its own message says why)")
+                                           : fmt::format("step {}", s[r]));
+  }
+  if (agree || step == kFailed) return;  // a rank that failed reports its own error
+  fail("the nodes would resume from different checkpoints, each from its own output folder (save_on_each_node): "
+       "{}; a save interrupted between the nodes' commits leaves them apart: give every node a checkpoint of the same "
+       "step, --resume_from_checkpoint {}/checkpoint-<step>", found, args_->output_dir);
+}
+
 LOOM_INLINE std::optional<std::filesystem::path> Checkpointer::resume_dir() {
+  if (!args_->save_on_each_node || !world_.several_nodes()) return find_resume_dir();
+  std::optional<std::filesystem::path> dir;
+  std::exception_ptr error;
+  try {
+    dir = find_resume_dir();
+  } catch (const Error&) {
+    error = std::current_exception();  // after the others know, so they do not wait for this rank
+  }
+  agree_on_resume(dir, error != nullptr);
+  if (error) std::rethrow_exception(error);
+  return dir;
+}
+
+LOOM_INLINE std::optional<std::filesystem::path> Checkpointer::find_resume_dir() {
   const auto& args = *args_;
   if (!args.resume_from_checkpoint) return std::nullopt;
   const std::filesystem::path out(args.output_dir);
   if (*args.resume_from_checkpoint == "latest") {
-    if (world_.is_main() && std::filesystem::exists(out)) checkpoint::remove_stale_temporaries(out);
+    if (saves_ && std::filesystem::exists(out)) checkpoint::remove_stale_temporaries(out);
     barrier("the resume barrier");
     auto latest = std::filesystem::exists(out) ? checkpoint::latest_checkpoint(out) : std::nullopt;
     check(latest.has_value(), "--resume_from_checkpoint latest: no complete checkpoint-N folder in {}", out.string());
@@ -237,6 +290,7 @@ LOOM_INLINE void Checkpointer::load_optimizer(const std::filesystem::path& dir, 
 
 LOOM_INLINE void Checkpointer::load(const std::filesystem::path& dir, TrainerState& state,
                                     const std::vector<OptimizerStep*>& optimizers, const std::vector<JsonPart>& parts) {
+  log_message(LogLevel::info, "loading model from {}", dir.string());
   // The weights first: a damaged model file is the most useful thing to report.
   load_weights(dir);
   std::vector<std::string> required;
@@ -287,6 +341,26 @@ LOOM_INLINE void Checkpointer::load(const std::filesystem::path& dir, TrainerSta
   state.stateful_callbacks = saved.stateful_callbacks;
 }
 
+LOOM_INLINE bool Checkpointer::shard_holds_pieces(const std::filesystem::path& meta_file, OptimizerStep& optimizer) {
+  // Anything unexpected (a missing or malformed file) is reported by the path that reads every shard.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(meta_file, ec)) return false;
+  try {
+    const auto meta = json::read_file(meta_file);
+    if (!meta.is_object() || !meta.contains("ranges") || !meta["ranges"].is_object()) return false;
+    const auto& ranges = meta["ranges"];
+    const auto& pieces = optimizer.pieces();
+    if (ranges.size() != pieces.size()) return false;
+    for (const auto& p : pieces) {
+      const auto it = ranges.find(p.name);
+      if (it == ranges.end() || *it != nlohmann::json{p.begin, p.end, p.numel}) return false;
+    }
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 // The optimizer state of checkpoint `dir`, whole or sharded at any world size, cut to what
 // this rank's optimizer steps (whole parameters, or this rank's pieces).
 LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> Checkpointer::optimizer_state_for_this_rank(
@@ -303,25 +377,34 @@ LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> Checkpointer::opt
       full[k] = shaped ? t.reshape({-1}) : t;
     }
   } else {
+    // The world size the checkpoint was saved at, from any shard's name (a node's own folder
+    // holds only its ranks' shards under save_on_each_node).
     int64_t world = 0;
+    const std::regex shard_name(stem + R"(-[0-9]{1,6}-of-([1-9][0-9]{0,5})\.safetensors)");
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+      std::smatch m;
+      const auto name = e.path().filename().string();
+      if (!std::regex_match(name, m, shard_name)) continue;
+      const int64_t n = std::stoll(m[1].str());
+      check(world == 0 || world == n, "{} holds optimizer shards of two world sizes ({} and {})", dir.string(), world, n);
+      world = n;
+    }
+    check(world > 0,
+          "{} cannot resume training: it has neither {}.safetensors nor {}-R-of-N.safetensors "
+          "(saved with save_only_model? then start from its weights with --model_name_or_path {})",
+          dir.string(), stem, stem, dir.string());
+    // At the world size of the save under the same partition (policy and buckets), this rank's
+    // own shard holds exactly its pieces: it is the one file read, the coverage is its own.
+    const bool own_only = engine_->shards_optimizer() && world == world_.size &&
+                          shard_holds_pieces(dir / fmt::format("{}-{}-of-{}.json", stem, world_.rank, world), optimizer);
     std::map<std::string, int64_t> covered, numels;
-    for (int64_t r = 0; world == 0 || r < world; ++r) {
-      if (world == 0) {  // the world size the checkpoint was saved at
-        const std::regex shard0(stem + R"(-0-of-([1-9][0-9]{0,5})\.safetensors)");
-        for (const auto& e : std::filesystem::directory_iterator(dir)) {
-          std::smatch m;
-          const auto name = e.path().filename().string();
-          if (std::regex_match(name, m, shard0)) world = std::stoll(m[1].str());
-        }
-        check(world > 0,
-              "{} cannot resume training: it has neither {}.safetensors nor {}-0-of-N.safetensors "
-              "(saved with save_only_model? then start from its weights with --model_name_or_path {})",
-              dir.string(), stem, stem, dir.string());
-      }
+    for (int64_t r = own_only ? world_.rank : 0; r < (own_only ? world_.rank + 1 : world); ++r) {
       const auto shard = dir / fmt::format("{}-{}-of-{}", stem, r, world);
       check(std::filesystem::exists(shard.string() + ".safetensors") && std::filesystem::exists(shard.string() + ".json"),
-            "{} is missing the optimizer shard of rank {} ({}.safetensors/.json)", dir.string(), r,
-            shard.filename().string());
+            "{} is missing the optimizer shard of rank {} ({}.safetensors/.json) of the {} it was saved at; a "
+            "checkpoint each node saved in its own folder (save_on_each_node) holds only that node's ranks' shards: "
+            "resume it at {} processes under the same sharding policy, or gather every node's shards into one folder",
+            dir.string(), r, shard.filename().string(), world, world);
       const std::string meta_file = shard.string() + ".json";
       const auto meta = json::read_file(meta_file);
       const json::Fields fields(meta, meta_file);
@@ -361,7 +444,7 @@ LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> Checkpointer::opt
       }
     }
     for (const auto& [key, n] : numels)
-      check(covered[key] == n, "{}: the optimizer shards cover {} of the {} elements of {}", dir.string(), covered[key],
+      check(own_only || covered[key] == n, "{}: the optimizer shards cover {} of the {} elements of {}", dir.string(), covered[key],
             n, key);
   }
   const auto param_shape = parameter_shapes();
@@ -402,9 +485,13 @@ LOOM_INLINE std::optional<std::filesystem::path> detect_last_checkpoint(const Tr
   if (!args.do_train || args.overwrite_output_dir || !path_exists(out, PathKind::folder, "--output_dir")) return std::nullopt;
   auto last = checkpoint::latest_checkpoint(out);
   if (!last) {
-    // The run lock of a run that ended without removing it (a killed process) is not content.
+    // The run lock of a run that ended without removing it (a killed process), or a node's mark
+    // of another process starting up beside this one (claim_output_dir), is not content.
     const bool empty = std::all_of(std::filesystem::directory_iterator(out), std::filesystem::directory_iterator(),
-                                   [](const auto& e) { return e.path().filename() == checkpoint::kLockFile; });
+                                   [](const auto& e) {
+                                     const auto name = e.path().filename().string();
+                                     return name == checkpoint::kLockFile || name.rfind(checkpoint::kNodeMarkPrefix, 0) == 0;
+                                   });
     check(empty,
           "output directory {} already exists and is not empty; use --overwrite_output_dir to train in it from "
           "scratch", out.string());

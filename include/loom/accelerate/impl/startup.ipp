@@ -1,4 +1,5 @@
 #pragma once
+#include <loom/checkpoint/folders.hpp>
 #include <loom/config/validate.hpp>
 #include <loom/core/device.hpp>
 #include <loom/core/error.hpp>
@@ -62,7 +63,7 @@ LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& po
         args.eval_strategy);
   Startup s;
   s.world = dist::world_from_env();
-  set_log_level(process_log_level(args, args.log_on_each_node ? s.world.is_local_main() : s.world.is_main()));
+  set_log_level(process_log_level(args, s.world.logs(args.log_on_each_node)));
   dist::check_sharding(policies.sharding.name, args, s.world);
   // An out-of-memory error on one rank would leave the others waiting in a collective.
   check(!args.auto_find_batch_size || s.world.size == 1,
@@ -87,6 +88,10 @@ LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& po
   }
   if (policies.sharding.uses_comm)
     s.comm = std::make_shared<dist::Comm>(s.world, s.device, std::chrono::seconds(args.ddp_timeout));
+  s.saves = s.world.is_main();
+  if (args.save_on_each_node && s.world.several_nodes() && s.comm)
+    s.saves = checkpoint::claim_output_dir(args.output_dir, s.world.rank, s.world.is_local_main(),
+                                           [&] { s.comm->barrier("the output folder probe"); });
   return s;
 }
 

@@ -17,7 +17,9 @@ namespace loom {
 
 LOOM_INLINE void ProgressCallback::on_train_begin(const TrainingArguments& args, TrainerState& state,
                                                   TrainerControl&) {
-  enabled_ = state.is_world_process_zero;
+  // HF's ProgressCallback writes on the main process of the job, its PrinterCallback (the one
+  // --disable_tqdm chooses) on the main process of each node.
+  enabled_ = args.disable_tqdm ? state.is_local_process_zero : state.is_world_process_zero;
   bar_ = enabled_ && !args.disable_tqdm && ::isatty(fileno(stderr));
   start_ = last_draw_ = Clock::now();
   drawn_ = 0;

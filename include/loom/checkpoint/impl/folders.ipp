@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <mutex>
@@ -281,6 +283,57 @@ LOOM_INLINE void validate_checkpoint(const std::filesystem::path& dir) {
   if (!path_exists(dir / kTrainerStateFile, PathKind::file))
     missing += (missing.empty() ? "" : ", ") + std::string(kTrainerStateFile);
   check(missing.empty(), "{} is not a complete checkpoint: missing {}", dir.string(), missing);
+}
+
+LOOM_INLINE bool claim_output_dir(const std::filesystem::path& output_dir, int rank, bool candidate,
+                                  const std::function<void()>& barrier) {
+  auto marks = [&] {
+    std::vector<std::pair<std::filesystem::path, int>> found;  // (file, rank)
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(output_dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const auto name = it->path().filename().string();
+      if (name.rfind(kNodeMarkPrefix, 0) != 0) continue;
+      int other = -1;
+      const auto digits = std::string_view(name).substr(kNodeMarkPrefix.size());
+      const auto [end_ptr, parse_ec] = std::from_chars(digits.data(), digits.data() + digits.size(), other);
+      found.emplace_back(it->path(), parse_ec == std::errc() && end_ptr == digits.data() + digits.size() ? other : -1);
+    }
+    return found;
+  };
+  std::error_code ec;
+  if (candidate)  // a mark left by a run that was killed mid-way is not a node of this one
+    for (const auto& [file, r] : marks()) std::filesystem::remove(file, ec);
+  barrier();  // no stale mark is left
+  if (candidate) {
+    const bool created = std::filesystem::create_directories(output_dir, ec);
+    check(!ec, "cannot create the output folder {}: {}", output_dir.string(), ec.message());
+    const auto mark = output_dir / (std::string(kNodeMarkPrefix) + std::to_string(rank));
+    const int fd = ::open(mark.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    check(fd >= 0, "cannot create {} (a mark telling which nodes share the output folder): {}", mark.string(),
+          std::strerror(errno));
+    // The mark says whether this claim made the folder, for the one who tidies up.
+    const bool written = !created || ::write(fd, "created", 7) == 7;
+    ::close(fd);
+    check(written, "cannot write {}: {}", mark.string(), std::strerror(errno));
+  }
+  barrier();  // every candidate's mark is in its folder
+  const auto seen = candidate ? marks() : std::vector<std::pair<std::filesystem::path, int>>{};
+  bool lowest = candidate;
+  for (const auto& [file, r] : seen)
+    if (r >= 0 && r < rank) lowest = false;
+  barrier();  // every candidate has looked
+  if (lowest) {  // the folder's writer tidies up: no mark stays, nor a folder made for the marks alone
+    bool made = false;
+    for (const auto& [file, r] : seen) {
+      std::ifstream in(file);
+      std::string text;
+      made = (std::getline(in, text) && text == "created") || made;
+      in.close();
+      std::filesystem::remove(file, ec);
+    }
+    if (made) std::filesystem::remove(output_dir, ec);  // only when empty: OutputDirLock then makes it
+  }
+  return lowest;
 }
 
 namespace detail {
