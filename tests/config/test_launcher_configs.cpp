@@ -84,6 +84,40 @@ TEST_CASE("--deepspeed: HF's auto configs choose the ZeRO stage; a file or its t
   CHECK(b.bf16);
 }
 
+TEST_CASE("--deepspeed and --fsdp: offload and the communication formats") {
+  const auto a = finalized({"--deepspeed", R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu",
+                            "pin_memory": true}, "offload_param": {"device": "cpu"}}, "bf16": {"enabled": "auto"}})",
+                            "--bf16"});
+  CHECK(a.sharding == "full_shard");
+  CHECK(a.offload_optimizer);
+  CHECK(a.offload_param);
+  CHECK(a.sharding_param_dtype == "bf16");  // stage 3 partitions bf16 parameters under bf16
+  const auto b = finalized({"--deepspeed", R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+                            "communication_data_type": "bf16"})"});
+  CHECK(b.offload_optimizer);
+  CHECK_FALSE(b.offload_param);
+  CHECK(b.sharding_param_dtype == "fp32");
+  CHECK(b.sharding_reduce_dtype == std::optional<std::string>("bf16"));
+  CHECK(starts(error_of({"--deepspeed", R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})"}),
+               "loom: --deepspeed {"));
+  CHECK(error_of({"--deepspeed", R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})",
+                  "--offload_optimizer", "false"})
+            .find("--offload_optimizer false disagrees with --deepspeed") != std::string::npos);
+  // accelerate's FSDP under --bf16: bf16 parameters and reductions; offload moves both.
+  const auto f = finalized({"--fsdp", "full_shard offload", "--bf16"});
+  CHECK(f.sharding == "full_shard");
+  CHECK(f.offload_optimizer);
+  CHECK(f.offload_param);
+  CHECK(f.sharding_param_dtype == "bf16");
+  CHECK(f.sharding_reduce_dtype == std::optional<std::string>("bf16"));
+  const auto g = finalized({"--fsdp", "shard_grad_op", "--bf16"});
+  CHECK(g.sharding_param_dtype == "fp32");  // zero2 keeps float32 replicas; it reduces in bf16
+  CHECK(g.sharding_reduce_dtype == std::optional<std::string>("bf16"));
+  // An explicit format wins.
+  CHECK(finalized({"--fsdp", "full_shard", "--bf16", "--sharding_param_dtype", "fp32"}).sharding_param_dtype == "fp32");
+  CHECK_FALSE(finalized({"--fsdp", "full_shard"}).sharding_reduce_dtype.has_value());
+}
+
 TEST_CASE("--deepspeed: values that disagree with the flags are listed in one loom: line, as HF lists them") {
   const auto e = error_of({"--deepspeed",
                            R"({"train_micro_batch_size_per_gpu": 16, "gradient_clipping": 0.5,
@@ -106,8 +140,9 @@ TEST_CASE("--deepspeed: values that disagree with the flags are listed in one lo
 
 TEST_CASE("--deepspeed: every key loom does not honour is refused by name") {
   const std::vector<std::pair<std::string, std::string>> cases{
-      {R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})",
-       "zero_optimization.offload_optimizer.device \"cpu\" is not honoured"},
+      {R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}})",
+       "zero_optimization.offload_optimizer.device \"nvme\" is not honoured"},
+      {R"({"communication_data_type": "fp16"})", "communication_data_type \"fp16\" is not honoured"},
       {R"({"zero_optimization": {"stage": 2, "overlap_comm": false}})", "zero_optimization.overlap_comm false is not honoured"},
       {R"({"zero_optimization": {"stage": 3, "stage3_max_live_parameters": 1e9}})",
        "zero_optimization.stage3_max_live_parameters 1000000000.0 is not honoured"},
@@ -141,7 +176,7 @@ TEST_CASE("--fsdp and --fsdp_config") {
   CHECK(error_of({"--fsdp", "hybrid_shard"}) ==
         "loom: --fsdp hybrid_shard: hybrid_shard is not honoured by loom: not an FSDP option loom reads (full_shard, "
         "shard_grad_op, no_shard)");
-  CHECK(starts(error_of({"--fsdp", "full_shard offload"}), "loom: --fsdp full_shard offload: offload is not honoured"));
+  CHECK(starts(error_of({"--fsdp", "full_shard auto_wrap"}), "loom: --fsdp full_shard auto_wrap: auto_wrap is not honoured"));
   CHECK(starts(error_of({"--fsdp", "full_shard", "--fsdp_config", R"({"backward_prefetch": "BACKWARD_POST"})"}),
                "loom: --fsdp_config {\"backward_prefetch\": \"BACKWARD_POST\"}: backward_prefetch is not honoured"));
   CHECK(error_of({"--fsdp_config", "{}"}) == "loom: --fsdp_config needs --fsdp (e.g. --fsdp \"full_shard\")");

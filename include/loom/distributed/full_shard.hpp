@@ -360,13 +360,20 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     torch::NoGradGuard no_grad;
     std::vector<torch::Tensor> masters(units_.size());
     std::vector<std::vector<torch::Tensor>> views(units_.size());
+    std::vector<torch::Tensor> sent(units_.size());  // an offloaded shard's copy on the device
     std::vector<Work> works;
     for (std::size_t k = 0; k < units_.size(); ++k) {
       auto& u = units_[k];
       if (u.slots.empty()) continue;
       release(u);  // as the float32 path leaves it afterwards
-      masters[k] = resident() ? u.shard : torch::empty({u.padded}, u.shard.options());
-      if (!resident()) works.push_back(comm_->all_gather(masters[k], u.shard, "the master-weight all-gather"));
+      // On the device (grad_shard's place and float32), also when the shard is offloaded.
+      masters[k] = resident() && !offload_ ? u.shard : torch::empty({u.padded}, u.grad_shard.options());
+      if (resident() && offload_) {
+        masters[k].copy_(u.shard);
+      } else if (!resident()) {
+        sent[k] = offload_ ? u.shard.to(u.grad_shard.device()) : u.shard;
+        works.push_back(comm_->all_gather(masters[k], sent[k], "the master-weight all-gather"));
+      }
     }
     for (auto& w : works) w.wait();
     for (std::size_t k = 0; k < units_.size(); ++k)
@@ -378,7 +385,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     for (std::size_t k = 0; k < units_.size(); ++k) {
       auto& u = units_[k];
       if (u.slots.empty()) continue;
-      if (!resident()) u.shard.copy_(masters[k].narrow(0, comm_->rank() * u.shard_numel, u.shard_numel));
+      if (!resident() || offload_) u.shard.copy_(masters[k].narrow(0, comm_->rank() * u.shard_numel, u.shard_numel));
       for (std::size_t i = 0; i < u.slots.size(); ++i) u.slots[i].param.set_data(views[k][i]);
     }
   }
@@ -405,9 +412,6 @@ struct ShardingImpl<sharding::FullShard> {
     check(sharding_dtype(args.sharding_param_dtype) == torch::kFloat || args.bf16,
           "--sharding_param_dtype {0} computes forward and backward with {0} parameters under autocast: add --{1} "
           "(without it a float32 activation meets a {0} weight)", args.sharding_param_dtype, precision::BF16::name);
-    check(!args.offload_param || sharding_dtype(args.sharding_param_dtype) == torch::kFloat,
-          "--offload_param with --sharding_param_dtype {} is not supported yet: offload the optimizer only "
-          "(--offload_optimizer), or gather float32 parameters", args.sharding_param_dtype);
     if (args.ddp_find_unused_parameters.value_or(false))
       log_message(LogLevel::warning,
                   "--ddp_find_unused_parameters has no effect under --sharding {}: a unit whose gradients did "

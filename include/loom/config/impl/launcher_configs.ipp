@@ -54,6 +54,15 @@ class ConfigReading {
                               because, name));
     args_.sharding = std::string(name);
   }
+  /// Sets the flag `flag` (field `field`) to `value`, which the config says; an explicit flag of
+  /// another value is an error.
+  template <class T, class V>
+  void choose(T& field, std::string_view flag, const V& value, std::string_view because) {
+    if (args_.given.contains(flag) && !(field == value))
+      throw Error(fmt::format("loom: --{} {} disagrees with {}: {} means --{} {}", flag, field, where_, because, flag,
+                              value));
+    field = T(value);
+  }
   /// Throws the list of disagreements, if any.
   void finish() const {
     if (mismatches_.empty()) return;
@@ -94,13 +103,25 @@ LOOM_INLINE void read_zero_optimization(ConfigReading& r, const nlohmann::json& 
   }
   // Stage 0 is plain data parallelism: --sharding auto already runs DDP under torchrun.
   if (stage > 0) r.choose_sharding(sharding_of_stage(stage), fmt::format("zero_optimization.stage {}", stage));
+  // DeepSpeed's stage 3 under bf16 partitions bf16 parameters, so it gathers bf16 (and
+  // reduce-scatters bf16 gradients: the reduce format follows).
+  if (stage == 3 && r.args().bf16 && !r.args().given.contains("sharding_param_dtype"))
+    r.args().sharding_param_dtype = std::string(sharding_dtype::BFloat16::name);
   for (const auto& [key, value] : zero.items()) {
     const std::string name = "zero_optimization." + key;
     if (key == "stage") continue;
     if (key == "offload_optimizer" || key == "offload_param") {
-      const auto device = value.is_object() && value.contains("device") ? value.at("device") : nlohmann::json("none");
+      // --offload_optimizer / --offload_param (the can_implement of the chosen policy refuses
+      // what it cannot do: offload_param outside stage 3).
+      if (!value.is_object()) r.refuse(name, "it must be a JSON object");
+      for (const auto& [k, v] : value.items())
+        if (k != "device" && k != "pin_memory") r.refuse(name + "." + k, "loom reads device (and pins host memory on CUDA itself)");
+      const auto device = value.contains("device") ? value.at("device") : nlohmann::json("none");
       if (device == "none") continue;
-      r.refuse(name + ".device " + device.dump(), "loom does not offload to host memory yet; remove the section");
+      if (device != "cpu") r.refuse(name + ".device " + device.dump(), "loom offloads to host memory (cpu) only");
+      auto& flag = key == "offload_optimizer" ? r.args().offload_optimizer : r.args().offload_param;
+      r.choose(flag, key, true, name + ".device \"cpu\"");
+      continue;
     }
     // What loom always does: overlap the gradient collectives with backward, in contiguous
     // buckets, ZeRO-2's reduce-scatter, every rank's partition gathered, full weights at save.
@@ -212,6 +233,19 @@ LOOM_INLINE void apply_deepspeed(TrainingArguments& args) {
       read_half_precision(r, value, key);
     else if (key == "optimizer")
       read_optimizer(r, value);
+    else if (key == "communication_data_type") {  // the gradient collectives' format
+      std::string_view chosen;
+      for_each_member<ShardingDtypeCatalog>([&]<class Tag>() {
+        if (value.is_string() && value.get<std::string>() == Tag::name) chosen = Tag::name;
+      });
+      if (chosen.empty())
+        r.refuse(key + " " + value.dump(), fmt::format("loom reduces gradients in {}", joined_names<ShardingDtypeCatalog>(" or ")));
+      std::optional<std::string>& reduce = args.sharding_reduce_dtype;
+      if (args.given.contains("sharding_reduce_dtype") && reduce != std::string(chosen))
+        throw Error(fmt::format("loom: --sharding_reduce_dtype {} disagrees with {}: {} is {}", reduce.value_or(""),
+                                r.where(), key, value.dump()));
+      reduce = std::string(chosen);
+    }
     else if (key == "steps_per_print" || key == "wall_clock_breakdown" || key == "zero_allow_untested_optimizer") {
       // DeepSpeed's own console output and its check of untested optimizers: nothing to
       // train differently (loom logs every --logging_steps).
@@ -244,12 +278,24 @@ LOOM_INLINE void apply_fsdp(TrainingArguments& args) {
       chosen = found;
       continue;
     }
-    r.refuse(word, word == "offload"      ? "loom does not offload to host memory yet"
-                   : word == "auto_wrap" ? "loom's FullShard units are the model's FullShardUnit blocks (the "
+    if (word == "offload") {  // FSDP's CPUOffload(offload_params=True): parameters and the optimizer step on the host
+      r.choose(args.offload_optimizer, "offload_optimizer", true, "offload");
+      r.choose(args.offload_param, "offload_param", true, "offload");
+      continue;
+    }
+    r.refuse(word, word == "auto_wrap" ? "loom's FullShard units are the model's FullShardUnit blocks (the "
                                            "transformer layers of loom::models), wrapped by the model itself"
                                          : "not an FSDP option loom reads (full_shard, shard_grad_op, no_shard)");
   }
   if (!chosen.empty()) r.choose_sharding(chosen, "that strategy");
+  // accelerate's FSDP under --bf16: MixedPrecision(param_dtype, reduce_dtype) both bfloat16.
+  // loom gathers parameters only under FullShard; the others reduce in bfloat16.
+  if (args.bf16) {
+    const std::string bf16(sharding_dtype::BFloat16::name);
+    if (sharding::FullShard::facts.name == args.sharding && !args.given.contains("sharding_param_dtype"))
+      args.sharding_param_dtype = bf16;
+    if (!args.given.contains("sharding_reduce_dtype") && !args.sharding_reduce_dtype) args.sharding_reduce_dtype = bf16;
+  }
   if (!args.fsdp_config) return;
   const auto config = launcher_config(*args.fsdp_config, "fsdp_config");
   ConfigReading c(args, "--fsdp_config " + *args.fsdp_config);
