@@ -73,7 +73,8 @@ TEST_CASE("torch.distributed.launch's --local-rank is accepted; --resume_from_ch
 TEST_CASE("--fsdp words choose loom's sharding (tests/config/test_launcher_configs.cpp has the rest)") {
   CHECK(parsed({"--fsdp", "full_shard"}).sharding == "full_shard");
   CHECK(parsed({"--fsdp", "shard_grad_op"}).sharding == "zero2");
-  CHECK(error_of({"--fsdp", "full_shard auto_wrap"}).rfind("loom: --fsdp full_shard auto_wrap: auto_wrap is not honoured", 0) == 0);
+  CHECK(parsed({"--fsdp", "full_shard auto_wrap"}).sharding == "full_shard");
+  CHECK(error_of({"--fsdp", "hybrid_shard"}).rfind("loom: --fsdp hybrid_shard: hybrid_shard is not honoured", 0) == 0);
   CHECK(error_of({"--fsdp", "false"}).empty());
   CHECK(error_of({"--fsdp="}).empty());
 }

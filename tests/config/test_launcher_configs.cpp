@@ -175,8 +175,20 @@ TEST_CASE("--fsdp and --fsdp_config") {
   CHECK(a.gradient_checkpointing);
   CHECK(error_of({"--fsdp", "hybrid_shard"}) ==
         "loom: --fsdp hybrid_shard: hybrid_shard is not honoured by loom: not an FSDP option loom reads (full_shard, "
-        "shard_grad_op, no_shard)");
-  CHECK(starts(error_of({"--fsdp", "full_shard auto_wrap"}), "loom: --fsdp full_shard auto_wrap: auto_wrap is not honoured"));
+        "shard_grad_op, no_shard, offload, auto_wrap)");
+  // auto_wrap with HF's policy keys: the units by block class, or by size.
+  const auto w = finalized({"--fsdp", "full_shard auto_wrap", "--fsdp_config",
+                            R"({"fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                                "fsdp_transformer_layer_cls_to_wrap": ["LlamaDecoderLayer", "GPT2Block"]})"});
+  CHECK(w.fsdp_transformer_layer_cls_to_wrap == std::optional<std::string>("LlamaDecoderLayer,GPT2Block"));
+  CHECK(finalized({"--fsdp", "full_shard auto_wrap", "--fsdp_config", R"({"min_num_params": 100000})"})
+            .fsdp_min_num_params == 100000);
+  CHECK(error_of({"--fsdp", "full_shard", "--fsdp_config", R"({"min_num_params": 10, "transformer_layer_cls_to_wrap": "X"})"}) ==
+        "loom: --fsdp_min_num_params and --fsdp_transformer_layer_cls_to_wrap are mutually exclusive (HF's rule): wrap by "
+        "size or by class");
+  CHECK(starts(error_of({"--fsdp", "full_shard", "--fsdp_config", R"({"auto_wrap_policy": "NO_WRAP"})"}),
+               "loom: --fsdp_config {\"auto_wrap_policy\": \"NO_WRAP\"}: auto_wrap_policy \"NO_WRAP\" is not honoured"));
+  CHECK(error_of({"--fsdp_min_num_params", "-1"}) == "loom: --fsdp_min_num_params must be >= 0, got -1");
   CHECK(starts(error_of({"--fsdp", "full_shard", "--fsdp_config", R"({"backward_prefetch": "BACKWARD_POST"})"}),
                "loom: --fsdp_config {\"backward_prefetch\": \"BACKWARD_POST\"}: backward_prefetch is not honoured"));
   CHECK(error_of({"--fsdp_config", "{}"}) == "loom: --fsdp_config needs --fsdp (e.g. --fsdp \"full_shard\")");

@@ -56,6 +56,7 @@ struct WorkerArguments {
   bool hang = false;         ///< stop (SIGSTOP) instead of dying: a rank that no longer answers
   std::string die_signal = "KILL";  ///< KILL, or TERM/USR1/INT: a preemption signal the Trainer handles
   std::string task = "mlp";  ///< mlp (the MLP above), tokens (ragged token batches, tests/trainer/token_support.hpp), batch_metrics (--batch_eval_metrics on them), buffers, lora, stream (the MLP on a stream, RowStream)
+  bool nested = false;       ///< the MLP also holds `pair`, a FullShardUnit with a FullShardUnit inside (auto-wrap tests)
   bool partly_used = false;  ///< the MLP also holds a layer the loss never reaches (spare) and one it reaches for rare rows only (rare)
   bool backward_twice = false;  ///< training_step backpropagates two losses one after the other
   std::string loop = "trainer";  ///< trainer, or accelerator: the same run as a loop written on loom::Accelerator; gan: tests/gan_loop.hpp's GAN (two optimizers)
@@ -72,10 +73,22 @@ using loom_test::Batch;  // x: float [N, 16]; labels: int64 [N]
 // partly_used adds, before the head, `spare` (never in the loss) and `rare`, whose output is
 // added for the rows whose first feature exceeds 1.5 and which is left out of the graph when
 // a batch holds none: used on some ranks and steps, on none in others.
+// A block with a FullShardUnit inside (nested units): inner, then its own layer `mix`.
+struct PairImpl : torch::nn::Module {
+  explicit PairImpl(int64_t hidden)
+      : inner(register_module("inner", loom::FullShardUnit<torch::nn::Linear>(torch::nn::Linear(hidden, hidden)))),
+        mix(register_module("mix", torch::nn::Linear(hidden, hidden))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return torch::tanh(mix->forward(torch::tanh(inner->forward(x)))); }
+  loom::FullShardUnit<torch::nn::Linear> inner;
+  torch::nn::Linear mix;
+};
+TORCH_MODULE(Pair);
+
 struct MlpImpl : torch::nn::Module {
-  explicit MlpImpl(int64_t hidden, bool partly_used = false)
+  explicit MlpImpl(int64_t hidden, bool partly_used = false, bool nested = false)
       : l1(register_module("l1", loom::FullShardUnit<torch::nn::Linear>(torch::nn::Linear(16, hidden)))),
         l2(register_module("l2", loom::FullShardUnit<torch::nn::Linear>(torch::nn::Linear(hidden, hidden)))) {
+    if (nested) pair = register_module("pair", loom::FullShardUnit<Pair>(Pair(hidden)));
     if (partly_used) {
       spare = register_module("spare", torch::nn::Linear(hidden, hidden));
       rare = register_module("rare", torch::nn::Linear(hidden, 4));
@@ -83,7 +96,8 @@ struct MlpImpl : torch::nn::Module {
     head = register_module("head", torch::nn::Linear(hidden, 4));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    const auto h = torch::tanh(l2->forward(torch::tanh(l1->forward(x))));
+    auto h = torch::tanh(l2->forward(torch::tanh(l1->forward(x))));
+    if (!pair.is_empty()) h = pair->forward(h);
     auto out = head->forward(h);
     if (rare.is_empty()) return out;
     const auto mask = x.select(1, 0).gt(1.5).unsqueeze(1).to(out.scalar_type());
@@ -92,6 +106,7 @@ struct MlpImpl : torch::nn::Module {
     return any ? out + mask * rare->forward(h) : out;
   }
   loom::FullShardUnit<torch::nn::Linear> l1, l2;
+  loom::FullShardUnit<Pair> pair{nullptr};
   torch::nn::Linear spare{nullptr}, rare{nullptr}, head{nullptr};
   std::vector<int> rare_used;  // per training forward: did the batch reach `rare`
 };
@@ -383,7 +398,7 @@ inline int run(int argc, char** argv) {
         trainer.save_model(w.result + ".model");
         return;
       }
-      DistTrainer<Sharding, Precision> trainer(args, Mlp(w.hidden, w.partly_used), data, eval_data);
+      DistTrainer<Sharding, Precision> trainer(args, Mlp(w.hidden, w.partly_used, w.nested), data, eval_data);
       trainer.template callback<Killer>().die_rank = w.die_rank;
       trainer.template callback<Killer>().die_step = w.die_step;
       trainer.template callback<Killer>().hang = w.hang;
@@ -402,7 +417,7 @@ inline int run(int argc, char** argv) {
           << nlohmann::json{{"params", bytes.params}, {"grads", bytes.grads}, {"optimizer", bytes.optimizer},
                             {"host", bytes.host}, {"psi", psi}, {"world", world.size}, {"launched_during_backward", launches.during_backward},
                             {"launched_after_backward", launches.after_backward},
-                            {"rare_used", trainer.model()->rare_used}}.dump();
+                            {"rare_used", trainer.model()->rare_used}, {"units", trainer.sharding().unit_names()}}.dump();
       // save_model gathers the parameters under every policy; rank 0 writes.
       trainer.save_model(w.result + ".model");
     });

@@ -17,19 +17,8 @@
 
 using namespace dist_test;
 
-namespace offload_test {
-
-// What rank `r` of the run in `out` wrote about its model-state bytes.
-nlohmann::json rank_bytes(const std::filesystem::path& out, int r) {
-  std::ifstream in((out / ("result.rank" + std::to_string(r) + ".json")).string());
-  REQUIRE(in.good());
-  return nlohmann::json::parse(in);
-}
-
-}  // namespace offload_test
 
 TEST_CASE("optimizer offload at 2 ranks equals the run without it bitwise; its state is counted as host bytes") {
-  using offload_test::rank_bytes;
   using Flags = std::vector<std::pair<std::string, std::string>>;
   struct Case {
     std::string tag, policy;
@@ -79,7 +68,7 @@ TEST_CASE("optimizer offload at 2 ranks equals the run without it bitwise; its s
     // between steps (the gathered units are released).
     for (int r = 0; r < 2; ++r) {
       CAPTURE(r);
-      const auto p = rank_bytes(plain, r), o = rank_bytes(off, r);
+      const auto p = rank_result(plain, r), o = rank_result(off, r);
       const double state = p.at("optimizer").get<double>(), psi = o.at("psi").get<double>();
       MESSAGE(c.tag << " rank " << r << ": device params, grads, optimizer bytes " << o.at("params").get<double>() << ", "
                     << o.at("grads").get<double>() << ", " << o.at("optimizer").get<double>() << " (without offload "

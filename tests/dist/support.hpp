@@ -194,4 +194,12 @@ inline void check_losses(const std::vector<double>& got, const std::vector<doubl
 
 inline const std::vector<std::string> kPolicies{"ddp", "zero1", "zero2", "full_shard"};
 
+/// What rank `r` of the run in `out` wrote (the worker's result.rank<r>.json: model-state
+/// bytes, psi, the FullShard units).
+inline nlohmann::json rank_result(const fs::path& out, int r) {
+  std::ifstream in((out / ("result.rank" + std::to_string(r) + ".json")).string());
+  REQUIRE(in.good());
+  return nlohmann::json::parse(in);
+}
+
 }  // namespace dist_test

@@ -133,6 +133,8 @@ struct TrainingArguments {
   int64_t local_rank = -1;                    ///< accepted from torch.distributed.launch; the rank comes from LOCAL_RANK
   std::optional<std::string> deepspeed;       ///< a DeepSpeed config (JSON file or text): zero_optimization.stage 0/1/2/3 picks --sharding ddp/zero1/zero2/full_shard; the batch, accumulation, clipping, optimizer and precision keys must be "auto" or agree with the flags (HF's rule); a key loom does not honour is refused
   std::optional<std::string> fsdp_config;     ///< FSDP's settings for --fsdp (JSON file or text): activation_checkpointing; other keys are refused by name
+  std::optional<std::string> fsdp_transformer_layer_cls_to_wrap;  ///< full_shard: only the FullShardUnits wrapping these block classes (comma-separated, e.g. LlamaDecoderLayer) are units; the others join the unit around them
+  int64_t fsdp_min_num_params = 0;            ///< full_shard: a FullShardUnit is a unit when it holds at least this many parameters outside the units inside it (HF's size-based auto wrap; 0: every unit)
   std::optional<std::string> fsdp;            ///< HF's FSDP words: full_shard (--sharding full_shard), shard_grad_op (zero2) or no_shard (ddp)
 
   // --- not a setting -------------------------------------------------------------------
@@ -241,6 +243,8 @@ inline constexpr FieldHelp training_arguments_help[] = {
                   "\"auto\" or agree with the flags (HF's rule); a key loom does not honour is refused"},
     {"fsdp_config", "FSDP's settings for --fsdp (JSON file or text): activation_checkpointing; other keys are refused "
                     "by name"},
+    {"fsdp_transformer_layer_cls_to_wrap", "full_shard: only the FullShardUnits wrapping these block classes (comma-separated, e.g. LlamaDecoderLayer) are units; the others join the unit around them"},
+    {"fsdp_min_num_params", "full_shard: a FullShardUnit is a unit when it holds at least this many parameters outside the units inside it (HF's size-based auto wrap; 0: every unit)"},
     {"fsdp", "HF's FSDP words: full_shard (--sharding full_shard), shard_grad_op (zero2) or no_shard (ddp)"},
 };
 }  // namespace detail

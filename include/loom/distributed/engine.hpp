@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace loom::dist {
 
@@ -52,6 +53,8 @@ struct EngineOptions {
   torch::ScalarType param_dtype = torch::kFloat;   ///< --sharding_param_dtype: FullShard's gathered parameters
   torch::ScalarType reduce_dtype = torch::kFloat;  ///< --sharding_reduce_dtype: the gradient collectives
   bool offload_param = false;           ///< --offload_param: FullShard keeps its shards in host memory
+  std::vector<std::string> wrap_classes;  ///< --fsdp_transformer_layer_cls_to_wrap: FullShard's units by block class
+  int64_t min_num_params = 0;             ///< --fsdp_min_num_params: FullShard's units by size (0: off)
 };
 
 /// Gradient collectives an engine launched while backward ran (from gradient hooks, or at
@@ -105,6 +108,8 @@ class Engine {
   [[nodiscard]] virtual StateBytes state_bytes() const = 0;
   /// Gradient collectives launched during backward and by after_backward, since setup.
   [[nodiscard]] virtual GradLaunches grad_launches() const = 0;
+  /// The sharding units' module names, the root first as "" (FullShard; none elsewhere).
+  [[nodiscard]] virtual std::vector<std::string> unit_names() const { return {}; }
 };
 
 /// The engine of the sharding policy called `sharding` (a ShardingCatalog name) over `comm`

@@ -42,6 +42,8 @@
 #include <loom/distributed/full_shard_unit.hpp>
 #include <loom/distributed/sharding.hpp>
 
+#include <algorithm>
+#include <set>
 #include <map>
 #include <optional>
 #include <type_traits>
@@ -52,7 +54,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
  public:
   FullShardEngine(std::shared_ptr<Comm> comm, const EngineOptions& options)
       : EngineBase(std::move(comm)), param_dtype_(options.param_dtype), reduce_dtype_(options.reduce_dtype),
-        offload_(options.offload_param) {}
+        offload_(options.offload_param), wrap_classes_(options.wrap_classes), min_num_params_(options.min_num_params) {}
   FullShardEngine(const FullShardEngine&) = delete;
   FullShardEngine& operator=(const FullShardEngine&) = delete;
   ~FullShardEngine() override {
@@ -65,20 +67,23 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
   void setup(torch::nn::Module& module) override {
     torch::NoGradGuard no_grad;
     broadcast_module(module);
-    // Units: every FullShardUnit (not nested); the root: everything else.
+    // Units: the FullShardUnits the wrap policy chooses (every one by default), nested ones
+    // too; each parameter belongs to the innermost chosen unit around it, the rest to the root.
     units_.emplace_back();  // index 0: root
+    std::vector<Candidate> candidates;  // pre-order: a unit before the units inside it
+    for (const auto& item : module.named_modules("", /*include_self=*/true))
+      if (auto* w = dynamic_cast<FullShardUnitBase*>(item.value().get()))
+        candidates.push_back({item.key(), w, item.value().get()});
+    const auto chosen = choose_units(candidates);
     std::map<const void*, int> owner;
-    for (const auto& item : module.named_modules("", /*include_self=*/true)) {
-      auto* w = dynamic_cast<FullShardUnitBase*>(item.value().get());
-      if (w == nullptr) continue;
-      for (const auto& p : item.value()->parameters(true)) {
-        check(!owner.contains(p.unsafeGetTensorImpl()),
-              "FullShard units must not be nested ({} is inside another unit)", item.key());
-        owner[p.unsafeGetTensorImpl()] = static_cast<int>(units_.size());
-      }
+    for (std::size_t i = 0; i < candidates.size(); ++i) {
+      candidates[i].wrapper->loom_runtime = nullptr;  // a block not chosen only forwards
+      if (!chosen[i]) continue;
+      for (const auto& p : candidates[i].module->parameters(true))
+        owner[p.unsafeGetTensorImpl()] = static_cast<int>(units_.size());  // an inner unit comes later and wins
       units_.emplace_back();
-      units_.back().wrapper = w;
-      units_.back().name = item.key();
+      units_.back().wrapper = candidates[i].wrapper;
+      units_.back().name = candidates[i].name;
     }
     for (const auto& item : module.named_parameters(true)) {
       const auto& p = item.value();
@@ -200,6 +205,12 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
       if (!u.slots.empty()) release(u);
   }
 
+  [[nodiscard]] std::vector<std::string> unit_names() const override {
+    std::vector<std::string> names;
+    for (const auto& u : units_) names.push_back(u.name);
+    return names;
+  }
+
   [[nodiscard]] StateBytes state_bytes() const override {
     StateBytes s;
     for (const auto& u : units_) {
@@ -240,6 +251,46 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
   }
 
  private:
+  struct Candidate {
+    std::string name;
+    FullShardUnitBase* wrapper;
+    torch::nn::Module* module;
+  };
+
+  // HF's auto-wrap policies over the model's FullShardUnits: by the wrapped block's class
+  // (transformer_layer_cls_to_wrap), or by size (size_based_auto_wrap_policy: innermost
+  // first, a unit whose parameters outside the units chosen inside it reach min_num_params);
+  // without either, every unit.
+  std::vector<bool> choose_units(const std::vector<Candidate>& candidates) const {
+    std::vector<bool> chosen(candidates.size(), wrap_classes_.empty() && min_num_params_ == 0);
+    if (!wrap_classes_.empty()) {
+      std::set<std::string> seen;
+      for (std::size_t i = 0; i < candidates.size(); ++i) {
+        const auto cls = candidates[i].wrapper->block_class();
+        seen.insert(cls);
+        chosen[i] = std::find(wrap_classes_.begin(), wrap_classes_.end(), cls) != wrap_classes_.end();
+      }
+      for (const auto& cls : wrap_classes_) {
+        std::string known;
+        for (const auto& s : seen) known += (known.empty() ? "" : ", ") + s;
+        check(seen.contains(cls), "--fsdp_transformer_layer_cls_to_wrap {}: no FullShardUnit of the model wraps a {} "
+              "(the units wrap: {})", cls, cls, known.empty() ? std::string("none") : known);
+      }
+    } else if (min_num_params_ > 0) {
+      std::set<const void*> claimed;  // parameters of the units chosen so far (inner ones first)
+      for (std::size_t i = candidates.size(); i-- > 0;) {
+        int64_t own = 0;
+        const auto params = candidates[i].module->parameters(true);
+        for (const auto& p : params)
+          if (!claimed.contains(p.unsafeGetTensorImpl())) own += p.numel();
+        if (own < min_num_params_) continue;
+        chosen[i] = true;
+        for (const auto& p : params) claimed.insert(p.unsafeGetTensorImpl());
+      }
+    }
+    return chosen;
+  }
+
   struct Unit {
     FullShardUnitBase* wrapper = nullptr;
     std::string name;
@@ -398,6 +449,8 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
   GradLaunches launches_;
   torch::ScalarType param_dtype_, reduce_dtype_;  // --sharding_param_dtype, --sharding_reduce_dtype
   bool offload_ = false;                           // --offload_param
+  std::vector<std::string> wrap_classes_;          // --fsdp_transformer_layer_cls_to_wrap
+  int64_t min_num_params_ = 0;                     // --fsdp_min_num_params
 };
 
 template <>

@@ -10,10 +10,23 @@
 
 #include <torch/torch.h>
 
+#include <string>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 
 namespace loom::dist {
+
+namespace detail {
+/// "loom::models::LlamaDecoderLayerImpl" -> "LlamaDecoderLayer": the last name of a demangled
+/// type, without template arguments or an Impl suffix (HF's class names).
+inline std::string class_name(std::string full) {
+  if (const auto angle = full.find('<'); angle != std::string::npos) full.resize(angle);
+  if (const auto colon = full.rfind("::"); colon != std::string::npos) full.erase(0, colon + 2);
+  if (full.size() > 4 && full.ends_with("Impl")) full.resize(full.size() - 4);
+  return full;
+}
+}  // namespace detail
 
 /// What the FullShard engine does around a unit's forward (the wrapper calls it).
 class UnitRuntime {
@@ -27,6 +40,9 @@ class UnitRuntime {
 class FullShardUnitBase {
  public:
   virtual ~FullShardUnitBase() = default;
+  /// The wrapped block's class name without namespaces or an Impl suffix ("LlamaDecoderLayer",
+  /// "Linear"): what --fsdp_transformer_layer_cls_to_wrap names.
+  [[nodiscard]] virtual std::string block_class() const = 0;
   UnitRuntime* loom_runtime = nullptr;  ///< set while a FullShard engine owns the unit
   int loom_unit = -1;                   ///< the unit's index in that engine
 };
@@ -38,6 +54,9 @@ template <class Inner>
 class FullShardUnitImpl : public detail::TransparentWrapper<Inner>, public FullShardUnitBase {
  public:
   explicit FullShardUnitImpl(Inner inner) : detail::TransparentWrapper<Inner>(std::move(inner)) {}
+  [[nodiscard]] std::string block_class() const override {
+    return detail::class_name(c10::demangle(typeid(typename Inner::ContainedType).name()));
+  }
   /// The block's forward, with the unit's parameters gathered around it under FullShard.
   template <class... Args>
   auto forward(Args&&... args) {

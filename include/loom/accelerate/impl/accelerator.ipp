@@ -1,5 +1,6 @@
 #pragma once
 #include <loom/config/json.hpp>
+#include <loom/config/validate.hpp>
 #include <loom/core/log.hpp>
 #include <loom/distributed/checkpointed.hpp>
 #include <loom/distributed/comm.hpp>
@@ -31,7 +32,11 @@ LOOM_INLINE void AcceleratorBase::start(TrainingArguments& args, Startup up, con
                                .find_unused_parameters = args.ddp_find_unused_parameters.value_or(false),
                                .param_dtype = dist::sharding_dtype(args.sharding_param_dtype),
                                .reduce_dtype = dist::sharding_dtype(dist::reduce_dtype_name(args)),
-                               .offload_param = args.offload_param});
+                               .offload_param = args.offload_param,
+                               .wrap_classes = args.fsdp_transformer_layer_cls_to_wrap
+                                                   ? detail::split_list(*args.fsdp_transformer_layer_cls_to_wrap)
+                                                   : std::vector<std::string>{},
+                               .min_num_params = args.fsdp_min_num_params});
 }
 
 LOOM_INLINE void AcceleratorBase::prepare_module(torch::nn::Module& module) {

@@ -283,9 +283,10 @@ LOOM_INLINE void apply_fsdp(TrainingArguments& args) {
       r.choose(args.offload_param, "offload_param", true, "offload");
       continue;
     }
-    r.refuse(word, word == "auto_wrap" ? "loom's FullShard units are the model's FullShardUnit blocks (the "
-                                           "transformer layers of loom::models), wrapped by the model itself"
-                                         : "not an FSDP option loom reads (full_shard, shard_grad_op, no_shard)");
+    // auto_wrap: loom's units are the model's FullShardUnit blocks (loom::models' transformer
+    // layers, HF's _no_split_modules), chosen by --fsdp_config's policy keys below.
+    if (word == "auto_wrap") continue;
+    r.refuse(word, "not an FSDP option loom reads (full_shard, shard_grad_op, no_shard, offload, auto_wrap)");
   }
   if (!chosen.empty()) r.choose_sharding(chosen, "that strategy");
   // accelerate's FSDP under --bf16: MixedPrecision(param_dtype, reduce_dtype) both bfloat16.
@@ -308,6 +309,32 @@ LOOM_INLINE void apply_fsdp(TrainingArguments& args) {
       continue;
     }
     if (key == "version" && value.is_number() && value.get<double>() == 2) continue;  // loom's FullShard is FSDP2-like
+    if (key == "transformer_layer_cls_to_wrap") {  // a class name or a list of them
+      std::string classes;
+      if (value.is_string()) classes = value.get<std::string>();
+      else if (value.is_array())
+        for (const auto& v : value) {
+          if (!v.is_string()) c.refuse(raw, "it must be a class name or a list of class names");
+          classes += (classes.empty() ? "" : ",") + v.get<std::string>();
+        }
+      else c.refuse(raw, "it must be a class name or a list of class names");
+      auto& flag = args.fsdp_transformer_layer_cls_to_wrap;
+      if (args.given.contains("fsdp_transformer_layer_cls_to_wrap") && flag != classes)
+        throw Error(fmt::format("loom: --fsdp_transformer_layer_cls_to_wrap {} disagrees with {}: {} is {}",
+                                flag.value_or(""), c.where(), raw, value.dump()));
+      flag = classes;
+      continue;
+    }
+    if (key == "min_num_params") {
+      if (!value.is_number_integer() || value.get<int64_t>() < 0) c.refuse(raw, "it must be a whole number >= 0");
+      c.choose(args.fsdp_min_num_params, "fsdp_min_num_params", value.get<int64_t>(), raw);
+      continue;
+    }
+    if (key == "auto_wrap_policy" && value.is_string()) {  // which of the two keys above decides
+      const auto policy = value.get<std::string>();
+      if (policy == "TRANSFORMER_BASED_WRAP" || policy == "SIZE_BASED_WRAP") continue;
+      c.refuse(raw + " " + value.dump(), "loom wraps by TRANSFORMER_BASED_WRAP or SIZE_BASED_WRAP");
+    }
     c.refuse(raw, "not an FSDP setting loom reads (docs/distributed.md lists them)");
   }
 }

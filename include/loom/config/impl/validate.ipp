@@ -194,6 +194,11 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
     }
   });
 
+  if (args.fsdp_min_num_params < 0)
+    throw Error("loom: --fsdp_min_num_params must be >= 0, got " + std::to_string(args.fsdp_min_num_params));
+  if (args.fsdp_min_num_params > 0 && args.fsdp_transformer_layer_cls_to_wrap)
+    throw Error("loom: --fsdp_min_num_params and --fsdp_transformer_layer_cls_to_wrap are mutually exclusive (HF's "
+                "rule): wrap by size or by class");
   if (args.output_dir.empty()) throw Error("loom: --output_dir must not be empty");
 
   // --- names ---------------------------------------------------------------------------
