@@ -7,32 +7,14 @@
 
 #include <doctest/doctest.h>
 
+#include "parse_support.hpp"
+
 #include <string>
 #include <vector>
 
-namespace {
-
+using config_test::error_of;
+using config_test::parsed;
 using loom::TrainingArguments;
-
-// The arguments `flags` parse to, validated and finalized.
-TrainingArguments parsed(std::vector<std::string> flags) {
-  auto args = std::get<0>(loom::try_parse_args<TrainingArguments>(flags).values);
-  loom::validate(args);
-  loom::finalize(args);
-  return args;
-}
-
-// The loom::Error message parsing and validating `flags` gives ("" when none).
-std::string error_of(std::vector<std::string> flags) {
-  try {
-    (void)parsed(std::move(flags));
-  } catch (const loom::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-}  // namespace
 
 TEST_CASE("HF 4's --evaluation_strategy and --group_by_length move to today's names") {
   const auto a = parsed({"--evaluation_strategy", "steps", "--eval_steps", "10"});

@@ -11,6 +11,7 @@
 #include <doctest/doctest.h>
 
 #include "../support.hpp"
+#include "parse_support.hpp"
 
 #include <cstdlib>
 #include <filesystem>
@@ -22,21 +23,8 @@ namespace {
 
 using loom::TrainingArguments;
 
-TrainingArguments finalized(std::vector<std::string> flags) {
-  auto args = std::get<0>(loom::try_parse_args<TrainingArguments>(flags).values);
-  loom::validate(args);
-  loom::finalize(args);
-  return args;
-}
-
-std::string error_of(std::vector<std::string> flags) {
-  try {
-    (void)finalized(std::move(flags));
-  } catch (const loom::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using config_test::error_of;
+const auto finalized = config_test::parsed;
 
 bool starts(const std::string& text, const std::string& prefix) { return text.rfind(prefix, 0) == 0; }
 
