@@ -1,11 +1,12 @@
 // The memory plan (accelerate/memory_plan.hpp) against what the engines hold: every sharding
 // policy at 1 and 2 ranks, optimizer and parameter offload, bf16 gathers and LoRA; each model
 // state line within 10% of the bytes the engines report after setup and a step
-// (Accelerator::model_state_bytes). And the activation estimate of GPT-2 and Llama against
+// (Accelerator::model_state_bytes). And the activation estimates of GPT-2, Llama and BERT against
 // the memory one training forward keeps on the CPU.
 
 #include "support.hpp"
 
+#include <loom/models/bert.hpp>
 #include <loom/models/gpt2.hpp>
 #include <loom/models/llama.hpp>
 
@@ -96,11 +97,13 @@ namespace plan_dist_test {
 // Bytes one training forward (loss and logits kept, no backward) holds on the CPU beyond the
 // model: the process RSS after the forward minus before, with glibc's large allocations
 // mmapped (M_MMAP_THRESHOLD 64 KiB), so a freed intermediate leaves the RSS at once.
-template <class Model>
+template <class Batch, class Model>
 double measured_activations(Model& model, int64_t batch, int64_t seq, int64_t vocab) {
   model->train();
-  loom::data::CausalLMBatch b{torch::randint(vocab, {batch, seq}, torch::kLong), {}};
+  Batch b{};
+  b.input_ids = torch::randint(vocab, {batch, seq}, torch::kLong);
   b.labels = b.input_ids.clone();
+  if constexpr (requires { b.attention_mask; }) b.attention_mask = torch::ones({batch, seq}, torch::kLong);
   model->forward(b).loss.backward();  // warm-up: lazy initialisation, gradient buffers
   const int64_t before = loom::cpu_rss_bytes();
   const auto out = model->forward(b);
@@ -110,7 +113,7 @@ double measured_activations(Model& model, int64_t batch, int64_t seq, int64_t vo
 
 }  // namespace plan_dist_test
 
-TEST_CASE("memory plan: the activation estimates of GPT-2 and Llama against one training forward on the CPU") {
+TEST_CASE("memory plan: the activation estimates of GPT-2, Llama and BERT against one training forward on the CPU") {
   // Process-wide: this test's own process only (loom_dist_tests runs its cases one by one).
   ::mallopt(M_MMAP_THRESHOLD, 64 * 1024);
   ::mallopt(M_TRIM_THRESHOLD, 0);
@@ -125,7 +128,7 @@ TEST_CASE("memory plan: the activation estimates of GPT-2 and Llama against one 
       loom::models::GPT2Config c;
       c.n_embd = s.hidden, c.n_layer = s.layers, c.n_head = s.heads, c.vocab_size = 4096, c.n_positions = 512;
       loom::models::GPT2LMHeadModel model(c);
-      const double measured = plan_dist_test::measured_activations(model, s.batch, s.seq, c.vocab_size);
+      const double measured = plan_dist_test::measured_activations<loom::data::CausalLMBatch>(model, s.batch, s.seq, c.vocab_size);
       const double planned = model->activation_bytes(s.batch, s.seq, 4, false);
       const double err = (planned - measured) / measured;
       worst = std::max(worst, std::abs(err));
@@ -139,13 +142,26 @@ TEST_CASE("memory plan: the activation estimates of GPT-2 and Llama against one 
       c.num_key_value_heads = s.heads / 2, c.intermediate_size = s.hidden * 8 / 3, c.vocab_size = 4096;
       c.max_position_embeddings = 512;
       loom::models::LlamaForCausalLM model(c);
-      const double measured = plan_dist_test::measured_activations(model, s.batch, s.seq, c.vocab_size);
+      const double measured = plan_dist_test::measured_activations<loom::data::CausalLMBatch>(model, s.batch, s.seq, c.vocab_size);
       const double planned = model->activation_bytes(s.batch, s.seq, 4, false);
       const double err = (planned - measured) / measured;
       worst = std::max(worst, std::abs(err));
       MESSAGE("Llama h=" << s.hidden << " L=" << s.layers << " b=" << s.batch << " s=" << s.seq << ": estimate "
                          << planned / 1048576 << " MiB, measured " << measured / 1048576 << " MiB (" << err * 100 << "%)");
       CHECK(std::abs(err) <= 0.25);  // generous: measured within 8% (docs/building.md)
+    }
+    {
+      loom::models::BertConfig c;
+      c.hidden_size = s.hidden, c.num_hidden_layers = s.layers, c.num_attention_heads = s.heads;
+      c.intermediate_size = 4 * s.hidden, c.vocab_size = 4096;
+      loom::models::BertForMaskedLM model(c);
+      const double measured = plan_dist_test::measured_activations<loom::data::SequenceBatch>(model, s.batch, s.seq, c.vocab_size);
+      const double planned = model->activation_bytes(s.batch, s.seq, 4, false);
+      const double err = (planned - measured) / measured;
+      worst = std::max(worst, std::abs(err));
+      MESSAGE("BERT (MLM) h=" << s.hidden << " L=" << s.layers << " b=" << s.batch << " s=" << s.seq << ": estimate "
+                              << planned / 1048576 << " MiB, measured " << measured / 1048576 << " MiB (" << err * 100 << "%)");
+      CHECK(std::abs(err) <= 0.25);
     }
   }
   MESSAGE("largest activation estimate error: " << worst * 100 << "%");
