@@ -104,19 +104,18 @@ LOOM_INLINE std::optional<std::string> memory_plan_refusal(const MemoryPlan& pla
 LOOM_INLINE std::string format_memory_plan(const MemoryPlan& plan) {
   std::string out = fmt::format("memory plan per rank (--sharding {}, {} rank{}):\n", plan.sharding, plan.world,
                                 plan.world == 1 ? "" : "s");
-  const auto line = [&out](std::string_view what, const std::string& value) {
-    out += fmt::format("  {:<18}{:>12}\n", what, value);
+  const auto line = [&out](std::string_view what, const std::string& value, const std::string& note = {}) {
+    out += fmt::format("  {:<18}{:>12}{}\n", what, value, note.empty() ? note : "  (" + note + ")");
   };
   line("parameters", format_bytes(plan.params));
   if (plan.frozen > 0) line("frozen parameters", format_bytes(plan.frozen));
   line("gradients", format_bytes(plan.grads));
   line("optimizer state", format_bytes(plan.optimizer));
   if (plan.gathered > 0) line("gathered units", format_bytes(plan.gathered));
-  if (plan.activations)
-    line("activations", format_bytes(*plan.activations) + (plan.activation_note.empty() ? "" : "  (" + plan.activation_note + ")"));
+  if (plan.activations) line("activations", format_bytes(*plan.activations), plan.activation_note);
   else
-    out += fmt::format("  {:<18}{:>12}  ({})\n", "activations", "unknown",
-                       plan.activation_note.empty() ? "no estimate for this model / sequence length" : plan.activation_note);
+    line("activations", "unknown",
+         plan.activation_note.empty() ? "no estimate for this model / sequence length" : plan.activation_note);
   line("device total", format_bytes(plan.device_total()));
   if (plan.host > 0) line("host", format_bytes(plan.host));
   out.pop_back();
