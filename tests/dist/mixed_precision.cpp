@@ -25,13 +25,6 @@ double worst_loss_difference(const std::vector<double>& got, const std::vector<d
   return worst;
 }
 
-// What rank `r` of the run in `out` wrote (main.cpp's worker: model-state bytes, psi).
-nlohmann::json rank_result(const fs::path& out, int r) {
-  std::ifstream in((out / ("result.rank" + std::to_string(r) + ".json")).string());
-  REQUIRE(in.good());
-  return nlohmann::json::parse(in);
-}
-
 struct Mixed {
   std::string sharding, param_dtype, reduce_dtype;
 };

@@ -20,11 +20,7 @@ using namespace dist_test;
 namespace offload_test {
 
 // What rank `r` of the run in `out` wrote about its model-state bytes.
-nlohmann::json rank_bytes(const std::filesystem::path& out, int r) {
-  std::ifstream in((out / ("result.rank" + std::to_string(r) + ".json")).string());
-  REQUIRE(in.good());
-  return nlohmann::json::parse(in);
-}
+inline nlohmann::json rank_bytes(const std::filesystem::path& out, int r) { return rank_result(out, r); }
 
 }  // namespace offload_test
 
