@@ -118,7 +118,7 @@ struct TrainingArguments {
   bool fp16_full_eval = false;     ///< evaluate outside training with the model cast to float16 (no autocast)
   std::optional<bool> tf32;        ///< allow TF32 matrix multiplies and convolutions on CUDA (default: torch's setting)
   bool skip_memory_metrics = true; ///< skip memory reports
-  bool skip_memory_check = false;  ///< start even when the memory plan exceeds the device's memory (loom's)
+  bool skip_memory_check = false;  ///< start even when the memory plan (printed at start-up: parameters, gradients, optimizer state, gathered units, activations per rank) exceeds the device's memory; loom's, not HF's
   bool include_tokens_per_second = false;  ///< add train_tokens_per_second (items counted by num_items)
 
   // --- distributed ---------------------------------------------------------------------
