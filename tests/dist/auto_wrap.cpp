@@ -7,6 +7,7 @@
 
 #include "support.hpp"
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -48,7 +49,17 @@ TEST_CASE("auto-wrap at 2 ranks: nested units, by class and by size, train as on
     const double diff = weight_difference(out, ref);
     MESSAGE(c.tag << ": final weights differ from one process by " << diff << " (relative)");
     CHECK(diff < 1e-5);
-    for (int r = 0; r < 2; ++r) CHECK(rank_result(out, r).at("units").get<std::vector<std::string>>() == c.units);
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      const auto j = rank_result(out, r);
+      CHECK(j.at("units").get<std::vector<std::string>>() == c.units);
+      // The memory plan chose the same units: its model state is what the engine holds.
+      for (const char* line : {"params", "grads", "optimizer"}) {
+        CAPTURE(line);
+        const double planned = j.at("plan").at(line).get<double>(), measured = j.at(line).get<double>();
+        CHECK(std::abs(planned - measured) <= 0.10 * measured);
+      }
+    }
   }
 }
 

@@ -315,6 +315,13 @@ void run_batch_metrics(const loom::TrainingArguments& args, const WorkerArgument
                         {"loss", m.get("eval_loss").value_or(-1)}}.dump();
 }
 
+// The memory plan's lines (tests/dist/memory_plan.cpp compares them with the measured bytes).
+inline nlohmann::json plan_json(const std::optional<loom::MemoryPlan>& plan) {
+  if (!plan) return nullptr;
+  return {{"params", plan->params}, {"frozen", plan->frozen}, {"grads", plan->grads}, {"optimizer", plan->optimizer},
+          {"gathered", plan->gathered}, {"host", plan->host}};
+}
+
 inline int run(int argc, char** argv) {
   return loom::run_main([&] {
     loom::TrainingArguments defaults;
@@ -361,7 +368,8 @@ inline int run(int argc, char** argv) {
         const auto bytes = trainer.model_state_bytes();
         std::ofstream(w.result + ".rank" + std::to_string(trainer.world().rank) + ".json")
             << nlohmann::json{{"base_change", base_change}, {"frozen", frozen.size()}, {"optimizer", bytes.optimizer},
-                              {"world", trainer.world().size}}.dump();
+                              {"grads", bytes.grads}, {"world", trainer.world().size},
+                              {"plan", plan_json(trainer.accelerator().memory_plan())}}.dump();
         trainer.save_model(w.result + ".model");
         return;
       }
@@ -417,7 +425,8 @@ inline int run(int argc, char** argv) {
           << nlohmann::json{{"params", bytes.params}, {"grads", bytes.grads}, {"optimizer", bytes.optimizer},
                             {"host", bytes.host}, {"psi", psi}, {"world", world.size}, {"launched_during_backward", launches.during_backward},
                             {"launched_after_backward", launches.after_backward},
-                            {"rare_used", trainer.model()->rare_used}, {"units", trainer.sharding().unit_names()}}.dump();
+                            {"rare_used", trainer.model()->rare_used}, {"units", trainer.sharding().unit_names()},
+                            {"plan", plan_json(trainer.accelerator().memory_plan())}}.dump();
       // save_model gathers the parameters under every policy; rank 0 writes.
       trainer.save_model(w.result + ".model");
     });

@@ -126,6 +126,13 @@ inline void require_success(const Launch& l) {
   }
 }
 
+// What rank `r` of the run in `out` wrote (its result.rank<r>.json).
+inline nlohmann::json rank_result(const fs::path& out, int r) {
+  std::ifstream in((out / ("result.rank" + std::to_string(r) + ".json")).string());
+  REQUIRE(in.good());
+  return nlohmann::json::parse(in);
+}
+
 // Common flags: a small MLP, Adam with weight decay, clipping that is active, accumulation.
 inline std::vector<std::string> base_args(const std::string& sharding, int64_t batch, const fs::path& out, int64_t steps = 10) {
   return {"--sharding", sharding, "--per_device_train_batch_size", std::to_string(batch), "--gradient_accumulation_steps",
@@ -194,12 +201,5 @@ inline void check_losses(const std::vector<double>& got, const std::vector<doubl
 
 inline const std::vector<std::string> kPolicies{"ddp", "zero1", "zero2", "full_shard"};
 
-/// What rank `r` of the run in `out` wrote (the worker's result.rank<r>.json: model-state
-/// bytes, psi, the FullShard units).
-inline nlohmann::json rank_result(const fs::path& out, int r) {
-  std::ifstream in((out / ("result.rank" + std::to_string(r) + ".json")).string());
-  REQUIRE(in.good());
-  return nlohmann::json::parse(in);
-}
 
 }  // namespace dist_test

@@ -43,6 +43,7 @@
 #include <loom/schedule/schedule_decl.hpp>
 #include <loom/accelerate/checkpointer.hpp>
 #include <loom/accelerate/loop_state.hpp>
+#include <loom/accelerate/memory_plan.hpp>
 #include <loom/accelerate/optimizer_step.hpp>
 #include <loom/accelerate/startup.hpp>
 
@@ -298,10 +299,23 @@ class AcceleratorBase {
     if (!more_.empty()) return all_bytes_;
     return steps_ ? steps_->state_bytes() : none;
   }
+  /// The memory plan prepare_model worked out before the model went to its device (what the
+  /// main process printed; docs/distributed.md "Memory plan"); none before prepare_model.
+  [[nodiscard]] const std::optional<MemoryPlan>& memory_plan() const { return memory_plan_; }
+  /// One micro-batch's activation bytes for the plan prepare_model prints (the Trainer passes
+  /// its model's activation_bytes() at the training sequence length); `note` says how it was
+  /// made. Before prepare_model; without it the plan's activations are unknown.
+  void set_activation_estimate(std::optional<double> bytes, std::string note) {
+    activation_bytes_ = bytes;
+    activation_note_ = std::move(note);
+  }
 
  protected:
   AcceleratorBase() = default;
 
+  /// The memory plan of `module` (before it goes to the device): printed by the main process,
+  /// a loom::Error when it exceeds the device's memory unless --skip_memory_check.
+  LOOM_INLINE void plan_memory(const torch::nn::Module& module);
   /// prepare_optimizer's non-template part (current_lr_ set by the caller).
   LOOM_INLINE void prepare_optimizer(optim::Optimizer optimizer, schedule::LRSchedulerBase& scheduler);
   /// add_optimizer's non-template part.
@@ -358,6 +372,9 @@ class AcceleratorBase {
   bool sync_buffers_ = false;  // broadcast rank 0's buffers before each training forward
   nlohmann::json resumed_loop_state_;
   std::vector<JsonPart> extra_parts_;
+  std::optional<MemoryPlan> memory_plan_;
+  std::optional<double> activation_bytes_;  // set_activation_estimate
+  std::string activation_note_;
 };
 
 /// The Accelerator for a sharding and a precision tag (loom::sharding::*, loom::precision::*;

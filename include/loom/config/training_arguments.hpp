@@ -118,6 +118,7 @@ struct TrainingArguments {
   bool fp16_full_eval = false;     ///< evaluate outside training with the model cast to float16 (no autocast)
   std::optional<bool> tf32;        ///< allow TF32 matrix multiplies and convolutions on CUDA (default: torch's setting)
   bool skip_memory_metrics = true; ///< skip memory reports
+  bool skip_memory_check = false;  ///< start even when the memory plan (printed at start-up: parameters, gradients, optimizer state, gathered units, activations per rank) exceeds the device's memory; loom's, not HF's
   bool include_tokens_per_second = false;  ///< add train_tokens_per_second (items counted by num_items)
 
   // --- distributed ---------------------------------------------------------------------
@@ -227,6 +228,7 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"fp16_full_eval", "evaluate outside training with the model cast to float16 (no autocast)"},
     {"tf32", "allow TF32 matrix multiplies and convolutions on CUDA (default: torch's setting)"},
     {"skip_memory_metrics", "skip memory reports"},
+    {"skip_memory_check", "start even when the memory plan (printed at start-up: parameters, gradients, optimizer state, gathered units, activations per rank) exceeds the device's memory; loom's, not HF's"},
     {"include_tokens_per_second", "add train_tokens_per_second (items counted by num_items)"},
     {"sharding", names_text<ShardingCatalog, "auto | ", " | ", " (auto: ddp when started as several processes, else no)">},
     {"sharding_param_dtype", names_text<ShardingDtypeCatalog, "", " | ", ": the format full_shard gathers parameters in and computes with (FSDP2's MixedPrecisionPolicy param_dtype; bf16 needs --bf16); master shards and optimizer state stay fp32">},

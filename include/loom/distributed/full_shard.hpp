@@ -70,15 +70,11 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     // Units: the FullShardUnits the wrap policy chooses (every one by default), nested ones
     // too; each parameter belongs to the innermost chosen unit around it, the rest to the root.
     units_.emplace_back();  // index 0: root
-    std::vector<Candidate> candidates;  // pre-order: a unit before the units inside it
-    for (const auto& item : module.named_modules("", /*include_self=*/true))
-      if (auto* w = dynamic_cast<FullShardUnitBase*>(item.value().get()))
-        candidates.push_back({item.key(), w, item.value().get()});
-    const auto chosen = choose_units(candidates);
+    const auto candidates = unit_candidates(module, wrap_classes_, min_num_params_);  // pre-order
     std::map<const void*, int> owner;
     for (std::size_t i = 0; i < candidates.size(); ++i) {
       candidates[i].wrapper->loom_runtime = nullptr;  // a block not chosen only forwards
-      if (!chosen[i]) continue;
+      if (!candidates[i].chosen) continue;
       for (const auto& p : candidates[i].module->parameters(true))
         owner[p.unsafeGetTensorImpl()] = static_cast<int>(units_.size());  // an inner unit comes later and wins
       units_.emplace_back();
@@ -251,46 +247,6 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
   }
 
  private:
-  struct Candidate {
-    std::string name;
-    FullShardUnitBase* wrapper;
-    torch::nn::Module* module;
-  };
-
-  // HF's auto-wrap policies over the model's FullShardUnits: by the wrapped block's class
-  // (transformer_layer_cls_to_wrap), or by size (size_based_auto_wrap_policy: innermost
-  // first, a unit whose parameters outside the units chosen inside it reach min_num_params);
-  // without either, every unit.
-  std::vector<bool> choose_units(const std::vector<Candidate>& candidates) const {
-    std::vector<bool> chosen(candidates.size(), wrap_classes_.empty() && min_num_params_ == 0);
-    if (!wrap_classes_.empty()) {
-      std::set<std::string> seen;
-      for (std::size_t i = 0; i < candidates.size(); ++i) {
-        const auto cls = candidates[i].wrapper->block_class();
-        seen.insert(cls);
-        chosen[i] = std::find(wrap_classes_.begin(), wrap_classes_.end(), cls) != wrap_classes_.end();
-      }
-      for (const auto& cls : wrap_classes_) {
-        std::string known;
-        for (const auto& s : seen) known += (known.empty() ? "" : ", ") + s;
-        check(seen.contains(cls), "--fsdp_transformer_layer_cls_to_wrap {}: no FullShardUnit of the model wraps a {} "
-              "(the units wrap: {})", cls, cls, known.empty() ? std::string("none") : known);
-      }
-    } else if (min_num_params_ > 0) {
-      std::set<const void*> claimed;  // parameters of the units chosen so far (inner ones first)
-      for (std::size_t i = candidates.size(); i-- > 0;) {
-        int64_t own = 0;
-        const auto params = candidates[i].module->parameters(true);
-        for (const auto& p : params)
-          if (!claimed.contains(p.unsafeGetTensorImpl())) own += p.numel();
-        if (own < min_num_params_) continue;
-        chosen[i] = true;
-        for (const auto& p : params) claimed.insert(p.unsafeGetTensorImpl());
-      }
-    }
-    return chosen;
-  }
-
   struct Unit {
     FullShardUnitBase* wrapper = nullptr;
     std::string name;

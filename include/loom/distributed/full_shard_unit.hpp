@@ -6,14 +6,19 @@
 // it knows the engine only through UnitRuntime. A unit is also Recomputable: its switch
 // (off by default) turns on gradient checkpointing for the block.
 
+#include <loom/core/error.hpp>
 #include <loom/distributed/checkpointed.hpp>
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <typeinfo>
 #include <utility>
+#include <vector>
 
 namespace loom::dist {
 
@@ -74,6 +79,53 @@ class FullShardUnitImpl : public detail::TransparentWrapper<Inner>, public FullS
     }
   }
 };
+
+/// A FullShardUnit of a model and whether the wrap policy makes it a unit.
+struct UnitCandidate {
+  std::string name;            ///< its module name in the model
+  FullShardUnitBase* wrapper;  ///< the unit's runtime side
+  torch::nn::Module* module;   ///< the wrapper as a module
+  bool chosen = false;         ///< a unit under the policy (else it only forwards)
+};
+
+/// The FullShardUnits of `module` in pre-order (a unit before the units inside it), each
+/// chosen by HF's auto-wrap policies: by the wrapped block's class (`wrap_classes`,
+/// transformer_layer_cls_to_wrap; a class no unit wraps is a loom::Error), or by size
+/// (`min_num_params` > 0, size_based_auto_wrap_policy: innermost first, a unit whose parameters
+/// outside the units chosen inside it reach it); without either, every one. Each parameter
+/// belongs to the innermost chosen unit around it.
+inline std::vector<UnitCandidate> unit_candidates(const torch::nn::Module& module, const std::vector<std::string>& wrap_classes,
+                                                  int64_t min_num_params) {
+  std::vector<UnitCandidate> out;
+  for (const auto& item : module.named_modules("", /*include_self=*/true))
+    if (auto* w = dynamic_cast<FullShardUnitBase*>(item.value().get()))
+      out.push_back({item.key(), w, item.value().get(), wrap_classes.empty() && min_num_params == 0});
+  if (!wrap_classes.empty()) {
+    std::set<std::string> seen;
+    for (auto& c : out) {
+      const auto cls = c.wrapper->block_class();
+      seen.insert(cls);
+      c.chosen = std::find(wrap_classes.begin(), wrap_classes.end(), cls) != wrap_classes.end();
+    }
+    std::string known;
+    for (const auto& s : seen) known += (known.empty() ? "" : ", ") + s;
+    for (const auto& cls : wrap_classes)
+      check(seen.contains(cls), "--fsdp_transformer_layer_cls_to_wrap {}: no FullShardUnit of the model wraps a {} "
+            "(the units wrap: {})", cls, cls, known.empty() ? std::string("none") : known);
+  } else if (min_num_params > 0) {
+    std::set<const void*> claimed;  // parameters of the units chosen so far (inner ones first)
+    for (std::size_t i = out.size(); i-- > 0;) {
+      int64_t own = 0;
+      const auto params = out[i].module->parameters(true);
+      for (const auto& p : params)
+        if (!claimed.contains(p.unsafeGetTensorImpl())) own += p.numel();
+      if (own < min_num_params) continue;
+      out[i].chosen = true;
+      for (const auto& p : params) claimed.insert(p.unsafeGetTensorImpl());
+    }
+  }
+  return out;
+}
 
 /// Module holder of FullShardUnitImpl<Inner>.
 template <class Inner>

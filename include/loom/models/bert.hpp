@@ -29,6 +29,7 @@
 #include <loom/config/inline.hpp>
 #include <loom/data/text.hpp>
 #include <loom/distributed/full_shard_unit.hpp>
+#include <loom/models/activation_memory.hpp>
 #include <loom/models/activations.hpp>
 #include <loom/models/hf_folder.hpp>
 #include <loom/models/pretrained.hpp>
@@ -197,6 +198,18 @@ class BertModelImpl : public torch::nn::Module {
 TORCH_MODULE(BertModel);
 
 /// BERT with a classification (or regression) head on the pooled output.
+/// The memory plan's activation shape of a BERT encoder (models/activation_memory.hpp): post-LN
+/// layers save the same tensors as the pre-norm ones counted there (the layer input, q, k, v,
+/// sdpa's output and its contiguous copy, the two LayerNorms' inputs and outputs, the MLP's
+/// input and activation output: 9h + 2f), dropout masks after attention and the MLP, sdpa's
+/// math path with attention dropout; `vocab`: the head's output width (the MLM head's
+/// vocabulary, 0 for a classifier's few labels).
+inline ActivationShape bert_activation_shape(const BertConfig& c, int64_t vocab) {
+  return {.layers = c.num_hidden_layers, .hidden = c.hidden_size, .kv = c.hidden_size, .mlp = 2 * c.intermediate_size,
+          .heads = c.num_attention_heads, .vocab = vocab, .dropouts = c.hidden_dropout_prob > 0 ? 2 : 0,
+          .attention_dropout = c.attention_probs_dropout_prob > 0};
+}
+
 class BertForSequenceClassificationImpl
     : public PreTrainedModel<BertForSequenceClassificationImpl, BertConfig, data::SequenceBatch> {
  public:
@@ -209,6 +222,12 @@ class BertForSequenceClassificationImpl
 
   /// Loss (when batch.labels is defined) and logits: the Trainer's default compute_loss.
   LOOM_INLINE SequenceClassifierOutput forward(const data::SequenceBatch& batch);
+  /// The memory plan's estimate of one training forward's saved activations, in bytes
+  /// (bert_activation_shape): `bytes_per_element` 2 under --bf16 / --fp16, else 4; `recompute`
+  /// under --gradient_checkpointing.
+  [[nodiscard]] double activation_bytes(int64_t batch, int64_t seq, int64_t bytes_per_element, bool recompute) const {
+    return transformer_activation_bytes(bert_activation_shape(config(), 0), batch, seq, bytes_per_element, recompute);
+  }
   /// Logits [batch, num_labels]; attention_mask (1 token, 0 padding) and token_type_ids may be undefined.
   LOOM_INLINE torch::Tensor logits(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {},
                                    const torch::Tensor& token_type_ids = {});
@@ -301,6 +320,12 @@ class BertForMaskedLMImpl : public PreTrainedModel<BertForMaskedLMImpl, BertConf
 
   /// Loss (when batch.labels is defined) and logits: the Trainer's default compute_loss.
   LOOM_INLINE MaskedLMOutput forward(const data::SequenceBatch& batch);
+  /// The memory plan's estimate of one training forward's saved activations, in bytes
+  /// (bert_activation_shape): `bytes_per_element` 2 under --bf16 / --fp16, else 4; `recompute`
+  /// under --gradient_checkpointing.
+  [[nodiscard]] double activation_bytes(int64_t batch, int64_t seq, int64_t bytes_per_element, bool recompute) const {
+    return transformer_activation_bytes(bert_activation_shape(config(), config().vocab_size), batch, seq, bytes_per_element, recompute);
+  }
   /// Logits [batch, seq, vocab_size]; attention_mask and token_type_ids may be undefined.
   LOOM_INLINE torch::Tensor logits(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {},
                                    const torch::Tensor& token_type_ids = {});

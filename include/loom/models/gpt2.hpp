@@ -23,6 +23,7 @@
 #include <loom/config/inline.hpp>
 #include <loom/data/text.hpp>
 #include <loom/distributed/full_shard_unit.hpp>
+#include <loom/models/activation_memory.hpp>
 #include <loom/models/activations.hpp>
 #include <loom/models/causal_lm.hpp>
 #include <loom/models/hf_folder.hpp>
@@ -164,6 +165,21 @@ class GPT2LMHeadModelImpl : public PreTrainedModel<GPT2LMHeadModelImpl, GPT2Conf
 
   /// Loss (when batch.labels is defined) and logits: the Trainer's default compute_loss.
   LOOM_INLINE CausalLMOutput forward(const data::CausalLMBatch& batch);
+  /// The memory plan's estimate of one training forward's saved activations, in bytes
+  /// (models/activation_memory.hpp): `bytes_per_element` 2 under --bf16 / --fp16, else 4;
+  /// `recompute` under --gradient_checkpointing.
+  [[nodiscard]] double activation_bytes(int64_t batch, int64_t seq, int64_t bytes_per_element, bool recompute) const {
+    const auto& c = config();
+    const int64_t inner = c.n_inner.value_or(4 * c.n_embd);
+    // gelu_new's reference form (HF's formula, op by op) saves three more inner-wide tensors;
+    // the fast kernels' gelu_pytorch_tanh (Kernels::fast; automatic on CUDA) none.
+    const bool composite = c.activation_function == "gelu_new" && kernels_ != Kernels::fast;
+    return transformer_activation_bytes({.layers = c.n_layer, .hidden = c.n_embd, .kv = c.n_embd,
+                                         .mlp = (composite ? 5 : 2) * inner, .heads = c.n_head,
+                                         .vocab = c.vocab_size, .dropouts = c.resid_pdrop > 0 ? 2 : 0,
+                                         .attention_dropout = c.attn_pdrop > 0},
+                                        batch, seq, bytes_per_element, recompute);
+  }
   /// Logits [batch, seq, vocab_size] of int64 token ids [batch, seq].
   LOOM_INLINE torch::Tensor logits(const torch::Tensor& input_ids);
   /// Generation's forward (models/generation.hpp): the logits of the step's last position,

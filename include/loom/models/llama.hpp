@@ -30,6 +30,7 @@
 #include <loom/core/neftune.hpp>
 #include <loom/data/text.hpp>
 #include <loom/distributed/full_shard_unit.hpp>
+#include <loom/models/activation_memory.hpp>
 #include <loom/models/activations.hpp>
 #include <loom/models/causal_lm.hpp>
 #include <loom/models/hf_folder.hpp>
@@ -202,6 +203,18 @@ class LlamaForCausalLMImpl : public PreTrainedModel<LlamaForCausalLMImpl, LlamaC
 
   /// Loss (when batch.labels is defined) and logits: the Trainer's default compute_loss.
   LOOM_INLINE CausalLMOutput forward(const data::CausalLMBatch& batch);
+  /// The memory plan's estimate of one training forward's saved activations, in bytes
+  /// (models/activation_memory.hpp): `bytes_per_element` 2 under --bf16 / --fp16, else 4;
+  /// `recompute` under --gradient_checkpointing.
+  [[nodiscard]] double activation_bytes(int64_t batch, int64_t seq, int64_t bytes_per_element, bool recompute) const {
+    const auto& c = config();
+    const int64_t head_dim = c.head_dim.value_or(c.hidden_size / c.num_attention_heads);
+    return transformer_activation_bytes({.layers = c.num_hidden_layers, .hidden = c.hidden_size,
+                                         .kv = c.num_key_value_heads.value_or(c.num_attention_heads) * head_dim,
+                                         .mlp = 4 * c.intermediate_size, .heads = c.num_attention_heads,
+                                         .vocab = c.vocab_size, .attention_dropout = c.attention_dropout > 0},
+                                        batch, seq, bytes_per_element, recompute);
+  }
   /// Logits [batch, seq, vocab_size] of int64 token ids [batch, seq].
   LOOM_INLINE torch::Tensor logits(const torch::Tensor& input_ids);
   /// Generation's forward (models/generation.hpp): the logits of the step's last position,

@@ -373,6 +373,8 @@ class Trainer {
   /// Bytes this rank holds for parameters, gradients and optimizer state, measured after the
   /// first optimizer step of the last train() (zero before).
   [[nodiscard]] const dist::StateBytes& model_state_bytes() const { return acc_->model_state_bytes(); }
+  /// The memory plan printed at start-up (docs/distributed.md "Memory plan"); none before the model is prepared.
+  [[nodiscard]] const std::optional<MemoryPlan>& memory_plan() const { return acc_->memory_plan(); }
   /// The optimizer (after train() created it).
   [[nodiscard]] optim::Optimizer& optimizer() { return acc_->optimizer(); }
   /// The parts this Trainer is built from, as a hand-written loop uses them (HF's

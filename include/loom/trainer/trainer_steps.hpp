@@ -243,6 +243,8 @@ void Trainer<Derived, Model, Policies...>::init(Train train_dataset) {
   // Start-up: the arguments checked against the policies, the world, device, precision, seed
   // and engine.
   acc_.emplace(args_, schedule_policy::name, !data_->eval.empty());
+  std::optional<int64_t> sequence_length;  // for the memory plan's activation estimate
+  if constexpr (!std::is_same_v<Train, NoTrainDataset>) sequence_length = detail::train_sequence_length(train_dataset);
   if constexpr (!data::Dataset<Train> && data::IterableDataset<Train> && known) {
     // HF's rule, at start-up: a dataset without a length trains for --max_steps.
     data::check_stream_max_steps(args_.max_steps);
@@ -284,6 +286,17 @@ void Trainer<Derived, Model, Policies...>::init(Train train_dataset) {
                   args_.label_smoothing_factor);
   }
   // checkpointer, --model_name_or_path, device, --gradient_checkpointing, engine set-up
+  if constexpr (detail::EstimatesActivations<Model>) {
+    if (sequence_length) {
+      const int64_t element = args_.bf16 || args_.fp16 ? 2 : 4;
+      acc_->set_activation_estimate(
+          model_->activation_bytes(args_.per_device_train_batch_size, *sequence_length, element, args_.gradient_checkpointing),
+          fmt::format("batch {} x sequence {}, {}-byte activations{}", args_.per_device_train_batch_size, *sequence_length,
+                      element, args_.gradient_checkpointing ? ", recomputed" : ""));
+    } else {
+      acc_->set_activation_estimate(std::nullopt, "the training dataset states no sequence length (block_size())");
+    }
+  }
   acc_->prepare_module(detail::module_of(model_));
   acc_->set_model_files(model_config_json(), tokenizer_files_);
   kwargs_.model = &detail::module_of(model_);

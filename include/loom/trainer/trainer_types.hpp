@@ -55,6 +55,20 @@ struct callback_set<Callbacks<Cbs...>> {
   using type = CallbackSet<DefaultFlowCallback, ProgressCallback, Cbs...>;
 };
 
+/// A model that estimates one micro-batch's saved activations for the memory plan:
+/// activation_bytes(batch, seq, bytes_per_element, recompute) (loom::models' GPT-2, BERT, Llama).
+template <class Model>
+concept EstimatesActivations = requires(Model& model, int64_t n, bool recompute) {
+  { model->activation_bytes(n, n, n, recompute) } -> std::convertible_to<double>;
+};
+
+/// The training sequence length a dataset states (its block_size(): token-file windows), else none.
+template <class Train>
+std::optional<int64_t> train_sequence_length(const Train& train) {
+  if constexpr (requires { { train.block_size() } -> std::convertible_to<int64_t>; }) return train.block_size();
+  else return std::nullopt;
+}
+
 template <class Model>
 torch::nn::Module& module_of(Model& model) {
   if constexpr (requires { model.ptr(); }) return *model.ptr();

@@ -45,6 +45,7 @@ LOOM_INLINE void AcceleratorBase::prepare_module(torch::nn::Module& module) {
   const auto& args = *run_args_;
   checkpointer_.emplace(args, world_, *engine_, module, saves_);
   if (args.model_name_or_path) checkpointer_->load_pretrained(*args.model_name_or_path);
+  plan_memory(module);
   module.to(device_);
   // HF's gradient_checkpointing_enable: every unit / Checkpointed block recomputes in backward.
   if (args.gradient_checkpointing)
@@ -55,6 +56,18 @@ LOOM_INLINE void AcceleratorBase::prepare_module(torch::nn::Module& module) {
   // DDP's broadcast_buffers (HF's ddp_broadcast_buffers, default on) for the policies that
   // keep a whole replica of the model on every rank.
   sync_buffers_ = sharding_.replicates_model && world_.size > 1 && args.ddp_broadcast_buffers.value_or(true) && !module.buffers().empty();
+}
+
+LOOM_INLINE void AcceleratorBase::plan_memory(const torch::nn::Module& module) {
+  const auto& args = *run_args_;
+  auto in = memory_plan_inputs(module, args, sharding_, world_.size);
+  in.activations = activation_bytes_;
+  in.activation_note = activation_note_;
+  memory_plan_ = make_memory_plan(in);
+  if (world_.is_main()) log_message(LogLevel::info, "{}", format_memory_plan(*memory_plan_));
+  if (args.skip_memory_check) return;
+  const auto refusal = memory_plan_refusal(*memory_plan_, device_memory_bytes(device_, world_.local_size), device_.is_cpu());
+  if (refusal) fail("{}", *refusal);
 }
 
 LOOM_INLINE void AcceleratorBase::prepare_optimizer(optim::Optimizer optimizer, schedule::LRSchedulerBase& scheduler) {

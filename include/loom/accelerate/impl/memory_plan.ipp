@@ -1,0 +1,199 @@
+#pragma once
+#include <loom/config/validate.hpp>
+#include <loom/core/error.hpp>
+#include <loom/distributed/engine.hpp>
+#include <loom/distributed/full_shard_unit.hpp>
+#include <loom/optim/catalog.hpp>
+#include <loom/optim/optimizer.hpp>
+#include <loom/accelerate/memory_plan.hpp>
+
+#if __has_include(<ATen/cuda/CUDAContext.h>) && __has_include(<cuda_runtime_api.h>)
+#include <ATen/cuda/CUDAContext.h>
+#define LOOM_MEMORY_PLAN_CUDA 1
+#endif
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <unordered_map>
+
+namespace loom {
+
+namespace detail {
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+}  // namespace detail
+
+LOOM_INLINE MemoryPlan make_memory_plan(const MemoryPlanInputs& in) {
+  MemoryPlan plan;
+  const auto& f = in.sharding;
+  const int64_t n = std::max(in.world, 1);
+  plan.world = static_cast<int>(n);
+  plan.sharding = std::string(f.name);
+  plan.activations = in.activations;
+  plan.activation_note = in.activation_note;
+  std::map<int, int64_t> unit_numel;  // FullShard: trainable elements per unit
+  double optimizer = 0, piece_bytes = 0;
+  for (const auto& p : in.params) {
+    const auto whole = static_cast<double>(p.numel * p.element_size);
+    if (!p.trainable) {
+      plan.frozen += whole;
+      continue;
+    }
+    const auto piece = static_cast<double>(detail::ceil_div(p.numel, n) * p.element_size);
+    if (f.shards_parameters) unit_numel[p.unit] += p.numel;
+    else {
+      plan.params += whole;
+      plan.grads += f.shards_gradients ? piece : whole;
+    }
+    optimizer += f.shards_optimizer_state ? p.state_piece : p.state_whole;
+    piece_bytes += f.shards_optimizer_state ? piece : whole;
+  }
+  if (f.shards_parameters) {
+    // Each unit: a float32 shard of round_up(numel, N) / N elements and its gradient shard;
+    // gathered in the gather dtype around its forward and backward.
+    int64_t root = 0, largest = 0;
+    for (const auto& [unit, numel] : unit_numel) {
+      const int64_t padded = detail::ceil_div(numel, n) * n;
+      const auto shard = static_cast<double>(padded / n * 4);
+      (in.offload_param ? plan.host : plan.params) += shard;
+      plan.grads += shard;
+      if (unit == 0) root = padded;
+      else largest = std::max(largest, padded);
+    }
+    // A world of one without a cast or offload: the shard is the gathered buffer itself.
+    const bool aliased = n == 1 && in.gather_element_size == 4 && !in.offload_param;
+    if (!aliased) plan.gathered = static_cast<double>((2 * largest + root) * in.gather_element_size);
+  }
+  if (in.offload_optimizer) {
+    // The step runs on host copies: the state, each piece's gradient, and the piece itself
+    // unless it lives on the host already (--offload_param).
+    plan.host += optimizer + piece_bytes + (in.offload_param ? 0 : piece_bytes);
+  } else {
+    plan.optimizer = optimizer;
+  }
+  return plan;
+}
+
+LOOM_INLINE std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int k = 0;
+  while (bytes >= 1024 && k < 4) {
+    bytes /= 1024;
+    ++k;
+  }
+  return k == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, units[k]);
+}
+
+LOOM_INLINE std::optional<std::string> memory_plan_refusal(const MemoryPlan& plan, double capacity, bool device_is_host) {
+  const double total = plan.device_total() + (device_is_host ? plan.host : 0);
+  if (capacity <= 0 || total <= capacity) return std::nullopt;
+  return fmt::format(
+      "the memory plan needs {} per process ({}parameters {}, gradients {}, optimizer state {}, gathered units {}, "
+      "activations {}{}) but the {} has {}: shard more (--sharding zero1 / zero2 / full_shard), offload "
+      "(--offload_optimizer, --offload_param), lower --per_device_train_batch_size or turn on "
+      "--gradient_checkpointing; --skip_memory_check starts anyway",
+      format_bytes(total), plan.frozen > 0 ? "frozen parameters " + format_bytes(plan.frozen) + ", " : std::string(),
+      format_bytes(plan.params), format_bytes(plan.grads), format_bytes(plan.optimizer), format_bytes(plan.gathered),
+      plan.activations ? format_bytes(*plan.activations) : std::string("unknown"),
+      device_is_host && plan.host > 0 ? ", host " + format_bytes(plan.host) : std::string(),
+      device_is_host ? "CPU share of this process" : "device", format_bytes(capacity));
+}
+
+LOOM_INLINE std::string format_memory_plan(const MemoryPlan& plan) {
+  std::string out = fmt::format("memory plan per rank (--sharding {}, {} rank{}):\n", plan.sharding, plan.world,
+                                plan.world == 1 ? "" : "s");
+  const auto line = [&out](std::string_view what, const std::string& value, const std::string& note = {}) {
+    out += fmt::format("  {:<18}{:>12}{}\n", what, value, note.empty() ? note : "  (" + note + ")");
+  };
+  line("parameters", format_bytes(plan.params));
+  if (plan.frozen > 0) line("frozen parameters", format_bytes(plan.frozen));
+  line("gradients", format_bytes(plan.grads));
+  line("optimizer state", format_bytes(plan.optimizer));
+  if (plan.gathered > 0) line("gathered units", format_bytes(plan.gathered));
+  if (plan.activations) line("activations", format_bytes(*plan.activations), plan.activation_note);
+  else
+    line("activations", "unknown",
+         plan.activation_note.empty() ? "no estimate for this model / sequence length" : plan.activation_note);
+  line("device total", format_bytes(plan.device_total()));
+  if (plan.host > 0) line("host", format_bytes(plan.host));
+  out.pop_back();
+  return out;
+}
+
+namespace detail {
+inline double state_bytes_of(const optim::Rule* rule, const optim::OptimizerOptions& options, at::IntArrayRef shape) {
+  if (rule == nullptr) return 0;
+  double bytes = 0;
+  const auto meta = torch::empty(shape, torch::TensorOptions().device(torch::kMeta));
+  for (const auto& [kind, t] : rule->initial_state(meta, options)) bytes += static_cast<double>(t.nbytes());
+  return bytes;
+}
+}  // namespace detail
+
+LOOM_INLINE MemoryPlanInputs memory_plan_inputs(const torch::nn::Module& module, const TrainingArguments& args,
+                                                const ShardingFacts& sharding, int world) {
+  MemoryPlanInputs in;
+  in.sharding = sharding;
+  in.world = std::max(world, 1);
+  in.gather_element_size = sharding.shards_parameters ? c10::elementSize(dist::sharding_dtype(args.sharding_param_dtype)) : 4;
+  in.offload_optimizer = args.offload_optimizer;
+  in.offload_param = args.offload_param;
+  // FullShard's units, chosen as the engine chooses them (each parameter in its innermost unit).
+  std::unordered_map<const c10::TensorImpl*, int> unit_of;
+  int units = 0;
+  const auto wrap = args.fsdp_transformer_layer_cls_to_wrap ? loom::detail::split_list(*args.fsdp_transformer_layer_cls_to_wrap)
+                                                            : std::vector<std::string>{};
+  for (const auto& c : dist::unit_candidates(module, wrap, args.fsdp_min_num_params)) {
+    if (!c.chosen) continue;
+    ++units;
+    for (const auto& p : c.module->parameters(true)) unit_of[p.unsafeGetTensorImpl()] = units;
+  }
+  const auto options = optim::options_from_args(args);
+  const optim::Rule* rule = optim::find_rule(options.algorithm);
+  for (const auto& p : module.parameters(true)) {
+    MemoryPlanInputs::Param q;
+    q.numel = p.numel();
+    q.element_size = static_cast<int64_t>(p.element_size());
+    q.trainable = p.requires_grad();
+    const auto u = unit_of.find(p.unsafeGetTensorImpl());
+    q.unit = u == unit_of.end() ? 0 : u->second;
+    if (q.trainable) {
+      q.state_whole = detail::state_bytes_of(rule, options, p.sizes());
+      q.state_piece = detail::state_bytes_of(rule, options, {detail::ceil_div(q.numel, in.world)});
+    }
+    in.params.push_back(q);
+  }
+  return in;
+}
+
+LOOM_INLINE double device_memory_bytes(const torch::Device& device, int local_processes) {
+  if (device.is_cuda()) {
+#ifdef LOOM_MEMORY_PLAN_CUDA
+    const int index = device.has_index() ? device.index() : 0;
+    return static_cast<double>(at::cuda::getDeviceProperties(index)->totalGlobalMem);
+#else
+    return 0;  // unknown: no check
+#endif
+  }
+  if (!device.is_cpu()) return 0;
+  double total = 0;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  while (meminfo >> key >> kb) {
+    if (key == "MemTotal:") {
+      total = kb * 1024;
+      break;
+    }
+    std::getline(meminfo, key);
+  }
+  std::ifstream cgroup("/sys/fs/cgroup/memory.max");
+  double limit = 0;
+  if (cgroup >> limit && limit > 0 && (total == 0 || limit < total)) total = limit;  // "max" reads as no number
+  return total / std::max(local_processes, 1);
+}
+
+}  // namespace loom

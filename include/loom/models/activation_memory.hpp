@@ -1,0 +1,43 @@
+#pragma once
+// The activation estimate of a pre-norm transformer layer stack, which loom::models' causal LMs
+// expose as activation_bytes(batch, seq, bytes_per_element, recompute) for the memory plan
+// (accelerate/memory_plan.hpp). After Korthikanti et al. 2022 ("Reducing Activation
+// Recomputation in Large Transformer Models", s*b*h*(34 + 5*a*s/h) bytes a layer in 16-bit),
+// adapted to what these modules save for backward:
+//   per layer and token, in elements of `e` bytes: the two norms' inputs and outputs (4h),
+//   q, k, v as scaled_dot_product_attention saves them (h + 2*kv), its output (h) and the
+//   output projection's contiguous input (h), the MLP's saved tensors (`mlp`: GPT-2's fc
+//   output and activation output 2f, plus 3f for gelu_new written out as HF writes it, the
+//   reference kernels'; Llama's gate, its SiLU, up and their product 4f), dropout masks of
+//   1 byte (h per dropout with p > 0), and with attention dropout sdpa's math path: the
+//   scaled q and k (2h) and the attention probabilities a*s (e each, before and after the
+//   dropout, and a 1-byte mask);
+//   after the stack: the final norm (2h), the logits (V, in e) and the loss's log-softmax (V,
+//   float32).
+// recompute (--gradient_checkpointing): each layer keeps its input (h) and one layer's
+// activations are live again during its backward.
+
+#include <cstdint>
+
+namespace loom::models {
+
+/// The sizes the estimate reads.
+struct ActivationShape {
+  int64_t layers = 0, hidden = 0, kv = 0, mlp = 0, heads = 0, vocab = 0;
+  int dropouts = 0;             ///< dropouts with p > 0 in a layer (their 1-byte masks, h each)
+  bool attention_dropout = false;
+};
+
+/// One micro-batch's saved activations in bytes (see the file comment).
+inline double transformer_activation_bytes(const ActivationShape& m, int64_t batch, int64_t seq, int64_t e,
+                                           bool recompute) {
+  const double tokens = static_cast<double>(batch) * static_cast<double>(seq);
+  double layer = static_cast<double>(e) * (4.0 * m.hidden + m.hidden + 2.0 * m.kv + 2.0 * m.hidden + m.mlp) +
+                 static_cast<double>(m.dropouts) * m.hidden;
+  if (m.attention_dropout) layer += static_cast<double>(m.heads) * seq * (2.0 * e + 1) + 2.0 * e * m.hidden;
+  const double head = static_cast<double>(e) * 2.0 * m.hidden + (e + 4.0) * m.vocab;
+  const double stack = recompute ? static_cast<double>(e) * m.hidden * m.layers + layer : layer * m.layers;
+  return tokens * (stack + head);
+}
+
+}  // namespace loom::models

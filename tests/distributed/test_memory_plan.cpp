@@ -1,0 +1,183 @@
+// The memory plan (accelerate/memory_plan.hpp): the pure plan follows the ZeRO paper's per-rank
+// formulas for every sharding policy, with offload, bf16 gathers and frozen parameters; its
+// optimizer state is what the optimizer --optim builds creates; a plan larger than the memory
+// is refused, also by the Accelerator before anything reaches the device. The plan against
+// the engines' measured bytes at 1 and 2 ranks is tests/dist/memory_plan.cpp.
+#include <doctest/doctest.h>
+
+#include <loom/loom.hpp>
+
+#include "trainer_support.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace plan_test {
+
+using Facts = loom::ShardingFacts;
+
+// `numels` as trainable parameters of unit `unit[i]`, with AdamW's state: exp_avg and
+// exp_avg_sq of the shape stepped (float32) and a float32 step count.
+loom::MemoryPlanInputs inputs(const Facts& facts, int world, const std::vector<int64_t>& numels,
+                              const std::vector<int>& units) {
+  loom::MemoryPlanInputs in;
+  in.sharding = facts;
+  in.world = world;
+  for (std::size_t i = 0; i < numels.size(); ++i) {
+    const int64_t piece = (numels[i] + world - 1) / world;
+    in.params.push_back({.numel = numels[i], .unit = units[i], .state_whole = 8.0 * numels[i] + 4,
+                         .state_piece = 8.0 * piece + 4});
+  }
+  return in;
+}
+
+}  // namespace plan_test
+
+TEST_CASE("memory plan: per-rank bytes follow the ZeRO formulas for every policy, with offload, bf16 gathers and frozen parameters") {
+  using plan_test::inputs;
+  // psi = 3 * 4096 + 1024 parameters in three FullShard units (two blocks and the root).
+  const std::vector<int64_t> numels{4096, 4096, 4096, 1024};
+  const std::vector<int> units{1, 2, 2, 0};
+  const double psi = 4096 * 3 + 1024, steps = 4 * 4.0;  // the step counts, 4 bytes a parameter
+  for (int n : {1, 2, 4}) {
+    CAPTURE(n);
+    const auto no = loom::make_memory_plan(inputs(loom::sharding::NoShard::facts, n, numels, units));
+    CHECK(no.params == 4 * psi);
+    CHECK(no.grads == 4 * psi);
+    CHECK(no.optimizer == 8 * psi + steps);
+    CHECK(no.gathered == 0);
+    const auto z1 = loom::make_memory_plan(inputs(loom::sharding::ZeRO1::facts, n, numels, units));
+    CHECK(z1.params == 4 * psi);
+    CHECK(z1.grads == 4 * psi);
+    CHECK(z1.optimizer == 8 * psi / n + steps);
+    const auto z2 = loom::make_memory_plan(inputs(loom::sharding::ZeRO2::facts, n, numels, units));
+    CHECK(z2.grads == 4 * psi / n);
+    CHECK(z2.optimizer == 8 * psi / n + steps);
+    const auto fs = loom::make_memory_plan(inputs(loom::sharding::FullShard::facts, n, numels, units));
+    CHECK(fs.params == 4 * psi / n);
+    CHECK(fs.grads == 4 * psi / n);
+    CHECK(fs.optimizer == 8 * psi / n + steps);
+    // The largest unit (8192) twice and the root (1024), float32; none in a world of one,
+    // where the shard is the unit.
+    CHECK(fs.gathered == (n == 1 ? 0.0 : 4.0 * (2 * 8192 + 1024)));
+    CHECK(fs.model_state() == fs.params + fs.grads + fs.optimizer);
+
+    auto in = inputs(loom::sharding::FullShard::facts, n, numels, units);
+    in.gather_element_size = 2;  // --sharding_param_dtype bf16
+    CHECK(loom::make_memory_plan(in).gathered == 2.0 * (2 * 8192 + 1024));
+    in.offload_optimizer = true;
+    const auto off = loom::make_memory_plan(in);
+    CHECK(off.optimizer == 0);
+    CHECK(off.params == fs.params);
+    // The state, and the host copies of each piece and of its gradient.
+    CHECK(off.host == fs.optimizer + 8 * psi / n);
+    in.offload_param = true;
+    const auto off_p = loom::make_memory_plan(in);
+    CHECK(off_p.params == 0);
+    CHECK(off_p.host == fs.optimizer + 4 * psi / n + 4 * psi / n);  // the shard itself is the host copy
+
+    // A frozen parameter (LoRA's base): whole on every rank, no gradient, no optimizer state.
+    auto lora = inputs(loom::sharding::ZeRO2::facts, n, numels, units);
+    lora.params[0].trainable = false;
+    const auto frozen = loom::make_memory_plan(lora);
+    CHECK(frozen.frozen == 4 * 4096.0);
+    CHECK(frozen.params == 4 * (psi - 4096));
+    CHECK(frozen.grads == 4 * (psi - 4096) / n);
+    CHECK(frozen.optimizer == 8 * (psi - 4096) / n + steps - 4);
+  }
+}
+
+TEST_CASE("memory plan: refused above the capacity, with the total and the capacity in the message") {
+  auto in = plan_test::inputs(loom::sharding::DDP::facts, 2, {1 << 20}, {0});
+  in.activations = 3.0 * (1 << 20);
+  const auto plan = loom::make_memory_plan(in);
+  const double total = plan.device_total();
+  CHECK(total == 4.0 * (1 << 20) * 4 + 4 + 3.0 * (1 << 20));  // params, grads, state (8 + a step), activations
+  CHECK_FALSE(loom::memory_plan_refusal(plan, total, false).has_value());
+  const auto refusal = loom::memory_plan_refusal(plan, total - 1, false);
+  REQUIRE(refusal.has_value());
+  CHECK(refusal->find(loom::format_bytes(total)) != std::string::npos);
+  CHECK(refusal->find(loom::format_bytes(total - 1)) != std::string::npos);
+  CHECK(refusal->find("--skip_memory_check") != std::string::npos);
+  // On the CPU the host line shares the memory.
+  in.sharding = loom::sharding::ZeRO2::facts;
+  in.offload_optimizer = true;
+  const auto offloaded = loom::make_memory_plan(in);
+  REQUIRE(offloaded.host > 0);
+  CHECK_FALSE(loom::memory_plan_refusal(offloaded, offloaded.device_total(), false).has_value());
+  CHECK(loom::memory_plan_refusal(offloaded, offloaded.device_total(), true).has_value());
+  // No capacity known: no refusal.
+  CHECK_FALSE(loom::memory_plan_refusal(plan, 0, false).has_value());
+  // The printout names every line.
+  const auto text = loom::format_memory_plan(plan);
+  for (const char* line : {"parameters", "gradients", "optimizer state", "activations", "device total"}) {
+    CAPTURE(line);
+    CHECK(text.find(line) != std::string::npos);
+  }
+  CHECK(loom::device_memory_bytes(torch::Device(torch::kCPU), 1) > 0);
+  CHECK(loom::device_memory_bytes(torch::Device(torch::kCPU), 4) == doctest::Approx(loom::device_memory_bytes(torch::Device(torch::kCPU), 1) / 4));
+}
+
+namespace plan_test {
+struct TwoUnitsImpl : torch::nn::Module {
+  TwoUnitsImpl()
+      : a(register_module("a", loom::FullShardUnit<torch::nn::Linear>(torch::nn::Linear(6, 10)))),
+        b(register_module("b", loom::FullShardUnit<torch::nn::Linear>(torch::nn::Linear(10, 10)))),
+        head(register_module("head", torch::nn::Linear(10, 3))) {
+    head->bias.set_requires_grad(false);  // frozen
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return head(b->forward(a->forward(x).relu()).relu()); }
+  loom::FullShardUnit<torch::nn::Linear> a, b;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(TwoUnits);
+}  // namespace plan_test
+
+TEST_CASE("memory plan: the optimizer state counted on meta tensors is what the --optim optimizer creates") {
+  for (const std::string optim : {"adamw_torch", "adamw_torch_fused", "adafactor", "lion", "adagrad", "rmsprop"}) {
+    CAPTURE(optim);
+    loom::TrainingArguments args;
+    args.optim = optim;
+    plan_test::TwoUnits model;
+    const auto in = loom::memory_plan_inputs(*model, args, loom::sharding::FullShard::facts, 2);
+    REQUIRE(in.params.size() == 6);
+    double planned = 0;
+    int frozen = 0;
+    std::vector<int> units;
+    for (const auto& p : in.params) {
+      planned += p.state_whole;
+      frozen += p.trainable ? 0 : 1;
+      units.push_back(p.unit);
+    }
+    CHECK(frozen == 1);
+    CHECK(units == std::vector<int>{1, 1, 2, 2, 0, 0});
+    auto opt = loom::optim::make_optimizer(args, *model);
+    model->forward(torch::randn({4, 6})).sum().backward();
+    opt.step(1e-3);
+    double created = 0;
+    for (const auto& [name, t] : opt.state_tensors()) created += static_cast<double>(t.nbytes());
+    MESSAGE(optim << ": planned " << planned << " bytes of state, created " << created);
+    CHECK(planned == created);
+  }
+}
+
+TEST_CASE("memory plan: the Accelerator refuses a model larger than the memory before moving it") {
+  auto args = loom_test::quiet_args("memory_plan_refusal");
+  loom::Accelerator<> acc(args);
+  // 2^42 float32 elements (16 TiB) on the meta device: nothing is allocated.
+  auto big = std::make_shared<torch::nn::Module>();
+  big->register_parameter("weight", torch::empty({int64_t{1} << 21, int64_t{1} << 21}, torch::TensorOptions().device(torch::kMeta)));
+  std::string message;
+  try {
+    acc.prepare_model(big);
+  } catch (const loom::Error& e) {
+    message = e.what();
+  }
+  MESSAGE(message);
+  CHECK(message.rfind("loom: the memory plan needs 64.00 TiB per process", 0) == 0);
+  CHECK(message.find("--skip_memory_check") != std::string::npos);
+  REQUIRE(acc.memory_plan().has_value());
+  CHECK(acc.memory_plan()->params == 4.0 * static_cast<double>(int64_t{1} << 42));
+  CHECK_FALSE(acc.memory_plan()->activations.has_value());
+}
