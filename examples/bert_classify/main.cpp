@@ -234,7 +234,7 @@ int main(int argc, char** argv) {
     auto [example, args] = loom::parse_args(argc, argv, ExampleArguments{}, defaults);
     bert_example::check_size_flags(example, 2, "[CLS], [SEP]");
     // A sentence to classify without --do_train / --do_eval only predicts.
-    const bool predict_only = !example.predict.empty() && !args.do_train && !args.do_eval && !args.do_predict;
+    const bool predict_only = hf_example::runs_alone(!example.predict.empty(), args);
     hf_example::apply_script_rules(args, "bert_classify", /*train_by_default=*/!predict_only);
     const bool main_process = hf_example::is_main_process();
 

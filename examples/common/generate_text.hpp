@@ -11,6 +11,8 @@
 #include <loom/data/tokenizer.hpp>
 #include <loom/models/generation.hpp>
 
+#include "hf_example.hpp"
+
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -62,7 +64,7 @@ struct GenerateArguments {
 /// prompt without --do_train / --do_eval / --do_predict), to be handed to apply_script_rules.
 inline bool generate_only(const GenerateArguments& g, const loom::TrainingArguments& args) {
   loom::check(g.max_new_tokens > 0, "--max_new_tokens must be positive, got {}", g.max_new_tokens);
-  return g.wanted() && !args.do_train && !args.do_eval && !args.do_predict;
+  return runs_alone(g.wanted(), args);
 }
 
 /// Refuses --prompt under a policy whose forward is collective (FullShard: every rank holds a

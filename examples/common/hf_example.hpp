@@ -45,6 +45,12 @@ inline void apply_script_rules(loom::TrainingArguments& args, std::string_view p
   }
 }
 
+/// True when a run was given `action` (a prompt, a sentence to predict) and none of --do_train /
+/// --do_eval / --do_predict: it does that alone (apply_script_rules' train_by_default false).
+inline bool runs_alone(bool action, const loom::TrainingArguments& args) {
+  return action && !args.do_train && !args.do_eval && !args.do_predict;
+}
+
 /// meta.json of a folder prepared by examples/text_data/prepare.py; a missing file is a
 /// loom::Error that says how to make one.
 inline loom::data::TokenFileMeta read_token_folder(const std::filesystem::path& data_dir) {

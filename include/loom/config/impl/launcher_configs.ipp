@@ -28,6 +28,9 @@ LOOM_INLINE nlohmann::json launcher_config(const std::string& given, std::string
   return j;
 }
 
+/// HF's "auto": the value comes from the flags.
+inline bool is_auto(const nlohmann::json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
+
 /// What one config says about the flags: the sharding it picks, and the keys whose values
 /// disagree with the flags (listed together, as HF's DeepSpeed integration lists them).
 class ConfigReading {
@@ -37,7 +40,7 @@ class ConfigReading {
   /// `value` must be "auto" or equal `flag_value` (HF's fill_match).
   template <class T>
   void match(const nlohmann::json& value, std::string_view key, std::string_view flag, const T& flag_value) {
-    if (value.is_string() && value.get<std::string>() == "auto") return;
+    if (is_auto(value)) return;
     bool same = false;
     if constexpr (std::is_same_v<T, bool>) same = value.is_boolean() && value.get<bool>() == flag_value;
     else same = value.is_number() && static_cast<double>(value.get<double>()) == static_cast<double>(flag_value);
@@ -80,8 +83,6 @@ class ConfigReading {
   std::string where_;
   std::vector<std::string> mismatches_;
 };
-
-inline bool is_auto(const nlohmann::json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
 
 /// The sharding policy of DeepSpeed's zero stage `stage` (the catalog's deepspeed_stage).
 LOOM_INLINE std::string_view sharding_of_stage(int64_t stage) {
