@@ -2,8 +2,10 @@
 // kernels (index_select batches, the same CNN, cross-entropy, _foreach_norm clipping,
 // at::_fused_adamw_, a linear schedule), on Fashion-MNIST at batch 64 on the CPU.
 //
-// The two run interleaved in rounds (trainer block, then hand block, repeated) so drift in
-// machine load hits both alike. The last line is the figure: `trainer/handwritten step
+// Both start from the same weights and read the same batches in the same order, so they run
+// the same kernels on the same values (each round prints both mean losses). The two run
+// interleaved step by step (each Trainer step is followed by one hand-written step, run from
+// on_step_end), in rounds of fresh models, so drift in machine load hits both alike. The last line is the figure: `trainer/handwritten step
 // time: <ratio>`, the median over all steps of (trainer step / the hand-written step run
 // right after it).
 //
@@ -14,6 +16,8 @@
 #include <fmt/format.h>
 
 #include <ATen/record_function.h>
+
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -53,6 +57,14 @@ struct Batch {
   torch::Tensor images, labels;
 };
 
+// Minor page faults of this thread so far: a step that maps fresh memory pays for each page
+// inside the kernels' time.
+double minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_THREAD, &u);
+  return static_cast<double>(u.ru_minflt);
+}
+
 // The CNN of examples/fashion_mnist.
 struct NetImpl : torch::nn::Module {
   NetImpl()
@@ -74,10 +86,17 @@ TORCH_MODULE(Net);
 // One call of step() is one optimizer step; it times itself.
 class HandLoop {
  public:
-  HandLoop(const Batch& data, int64_t batch, uint64_t seed, int64_t total_steps, double lr_peak)
+  // Starts from a copy of `start`'s weights and draws the batches in the order the Trainer's
+  // sampler draws them under `seed`, so both loops run the same kernels on the same values (the
+  // max-pool kernel's time depends on the values it compares).
+  HandLoop(const Batch& data, int64_t batch, int64_t seed, int64_t total_steps, double lr_peak, Net& start)
       : data_(data), batch_(batch), total_(total_steps), lr_peak_(lr_peak) {
-    torch::manual_seed(seed);
     model_ = Net();
+    {
+      torch::NoGradGuard ng;
+      auto from = start->named_parameters();
+      for (auto& p : model_->named_parameters()) p.value().copy_(from[p.key()]);
+    }
     model_->train();
     for (const auto& p : model_->named_parameters())
       (p.key().find("bias") == std::string::npos ? groups_[0] : groups_[1]).params.push_back(p.value());
@@ -88,9 +107,12 @@ class HandLoop {
         g.step.push_back(torch::zeros({}, torch::kFloat));
       }
     all_ = model_->parameters();
-    order_ = loom::data::seeded_permutation(data_.images.size(0), 42, 0);
+    order_ = loom::data::seeded_permutation(data_.images.size(0), seed, 0);
     running_ = torch::zeros({});
   }
+
+  /// The mean loss of the steps taken.
+  [[nodiscard]] double mean_loss() const { return running_.item<double>() / static_cast<double>(s_); }
 
   /// One step; returns (step, gather) times in microseconds.
   std::pair<double, double> step() {
@@ -146,19 +168,26 @@ struct Interleave {
   HandLoop* hand = nullptr;
   int64_t skip = 0;
   std::vector<double> trainer, handwritten, gather;
+  std::vector<double> trainer_faults, hand_faults;  // minor page faults per measured step
   Clock::time_point last{};
+  double last_faults = 0;
   bool count_ops = false;
   std::map<std::string, int64_t> trainer_ops, hand_ops;  // --count_ops, over the measured steps
   double trainer_op_us = 0, hand_op_us = 0;               // time inside top-level ATen ops
   std::map<std::string, double> trainer_op_time, hand_op_time;  // ... per op
-  void on_train_begin(const loom::TrainingArguments&, loom::TrainerState&, loom::TrainerControl&) { last = Clock::now(); }
+  void on_train_begin(const loom::TrainingArguments&, loom::TrainerState&, loom::TrainerControl&) {
+    last = Clock::now();
+    last_faults = minor_faults();
+  }
   void on_step_end(const loom::TrainingArguments&, loom::TrainerState& s, loom::TrainerControl&) {
     const double t = std::chrono::duration<double, std::micro>(Clock::now() - last).count();
+    const double f0 = minor_faults();
     const bool measured = s.global_step > skip;
     if (count_ops)
       g_ops = measured ? &hand_ops : nullptr, g_op_us = measured ? &hand_op_us : nullptr,
       g_op_time = measured ? &hand_op_time : nullptr;
     const auto [h, g] = hand->step();
+    const double f1 = minor_faults();
     if (count_ops)
       g_ops = s.global_step >= skip ? &trainer_ops : nullptr,
       g_op_us = s.global_step >= skip ? &trainer_op_us : nullptr,
@@ -167,7 +196,10 @@ struct Interleave {
       trainer.push_back(t);
       handwritten.push_back(h);
       gather.push_back(g);
+      trainer_faults.push_back(f0 - last_faults);
+      hand_faults.push_back(f1 - f0);
     }
+    last_faults = minor_faults();
     last = Clock::now();
   }
 };
@@ -197,6 +229,7 @@ int main(int argc, char** argv) {
                bench.batch, bench.rounds, bench.steps, torch::get_num_threads());
 
     std::vector<double> trainer_times, hand_times, fetch_times;
+    double trainer_faults = 0, hand_faults = 0;
     std::map<std::string, int64_t> trainer_ops, hand_ops;
     double trainer_op_us = 0, hand_op_us = 0;
     std::map<std::string, double> trainer_op_time, hand_op_time;
@@ -231,13 +264,14 @@ int main(int argc, char** argv) {
       args.disable_tqdm = true;
       args.use_cpu = true;
       args.seed = 100 + r;
-      HandLoop hand(data, bench.batch, static_cast<uint64_t>(args.seed), args.max_steps, args.learning_rate);
+      torch::manual_seed(static_cast<uint64_t>(args.seed));
       BenchTrainer trainer(args, Net{}, loom::data::TensorDataset<Batch>(data));
+      HandLoop hand(data, bench.batch, args.seed, args.max_steps, args.learning_rate, trainer.model());
       auto& probe = trainer.callback<Interleave>();
       probe.hand = &hand;
       probe.skip = bench.warmup;
       probe.count_ops = bench.count_ops;
-      trainer.train();
+      const double trainer_loss = trainer.train().training_loss;
       g_ops = nullptr;
       g_op_us = nullptr;
       g_op_time = nullptr;
@@ -247,11 +281,14 @@ int main(int argc, char** argv) {
       hand_op_us += probe.hand_op_us;
       for (const auto& [name, n] : probe.trainer_ops) trainer_ops[name] += n;
       for (const auto& [name, n] : probe.hand_ops) hand_ops[name] += n;
-      fmt::print("round {}: trainer {:.1f} us/step, hand-written {:.1f} us/step, ratio {:.4f}\n", r,
-                 median(probe.trainer), median(probe.handwritten), median(probe.trainer) / median(probe.handwritten));
+      fmt::print("round {}: trainer {:.1f} us/step, hand-written {:.1f} us/step, ratio {:.4f}; mean loss trainer {:.6f}, "
+                 "hand-written {:.6f}\n", r, median(probe.trainer), median(probe.handwritten),
+                 median(probe.trainer) / median(probe.handwritten), trainer_loss, hand.mean_loss());
       trainer_times.insert(trainer_times.end(), probe.trainer.begin(), probe.trainer.end());
       hand_times.insert(hand_times.end(), probe.handwritten.begin(), probe.handwritten.end());
       fetch_times.insert(fetch_times.end(), probe.gather.begin(), probe.gather.end());
+      trainer_faults = std::accumulate(probe.trainer_faults.begin(), probe.trainer_faults.end(), trainer_faults);
+      hand_faults = std::accumulate(probe.hand_faults.begin(), probe.hand_faults.end(), hand_faults);
     }
     const double t = median(trainer_times), h = median(hand_times), f = median(fetch_times);
     // Each trainer step and the hand-written step right after it ran under the same machine
@@ -261,6 +298,9 @@ int main(int argc, char** argv) {
     fmt::print("median step: trainer {:.1f} us, hand-written {:.1f} us ({} steps each)\n", t, h, trainer_times.size());
     fmt::print("data loading (gather one batch): {:.1f} us = {:.2f}% of a hand-written step\n", f, 100.0 * f / h);
     fmt::print("ratio of pooled medians: {:.4f}\n", t / h);
+    fmt::print("minor page faults per step: trainer {:.1f}, hand-written {:.1f}\n",
+               trainer_faults / static_cast<double>(trainer_times.size()),
+               hand_faults / static_cast<double>(hand_times.size()));
     fmt::print("trainer/handwritten step time: {:.4f}\n", median(paired));
     if (counter) {
       at::removeCallback(*counter);

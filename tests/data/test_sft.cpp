@@ -113,6 +113,11 @@ TEST_CASE("SftDataset: prompt tokens labelled -100, padded rows, packed windows 
   // Truncation: padded to max_length, packed to the block size.
   CHECK(SftDataset(files, options({}, 8)).truncated() == 2);
   CHECK(SftDataset(files, options(10)).truncated() == 1);
+
+  // The memory plan's sequence length: the longest example, or the window.
+  CHECK(padded.max_sequence_length() == 12);
+  CHECK(SftDataset(files, options({}, 8)).max_sequence_length() == 8);
+  CHECK(packed.max_sequence_length() == 16);
 }
 
 TEST_CASE("the Llama architecture attends within each packed example: its own logits, the padded loss per token") {

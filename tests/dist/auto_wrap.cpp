@@ -63,6 +63,50 @@ TEST_CASE("auto-wrap at 2 ranks: nested units, by class and by size, train as on
   }
 }
 
+TEST_CASE("auto-wrap with --gradient_checkpointing: nested units recompute inside their outer block, as one process") {
+  // The outermost blocks recompute (l1, l2, pair; pair.inner is covered by pair's
+  // recomputation). Under FullShard, a unit inside a recomputed block (pair.inner under
+  // "every" and "size") gathers its parameters a second time during the outer block's
+  // backward; a block that is no unit (pair under "class_linear") recomputes from the
+  // parameters its enclosing unit holds.
+  constexpr int64_t b = 4, hidden = 64;
+  auto flags = [&](const std::string& policy, int64_t batch, const fs::path& out) {
+    auto a = base_args(policy, batch, out);
+    set_flags(a, {{"--nested", "true"}, {"--hidden", std::to_string(hidden)}});
+    return a;
+  };
+  const auto ref = dist_dir("wrap_ckpt_ref");
+  require_success(launch(1, flags("no", 2 * b, ref), ref / "logs", /*launched=*/false));
+  const auto want = logged_losses(ref);
+  const auto plain_runs = rank_result(ref, 0).at("pair_runs").get<int64_t>();
+  CHECK(plain_runs > 0);
+  const std::vector<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>> cases{
+      {"every", {}},
+      {"class_linear", {{"--fsdp_transformer_layer_cls_to_wrap", "Linear"}}},
+      {"size", {{"--fsdp_min_num_params", "4096"}}},
+  };
+  for (const auto& [tag, wrap] : cases) {
+    CAPTURE(tag);
+    const auto out = dist_dir("wrap_ckpt_" + tag);
+    auto args = flags("full_shard", b, out);
+    set_flags(args, wrap);
+    set_flags(args, {{"--gradient_checkpointing", "true"}});
+    require_success(launch(2, args, out / "logs"));
+    check_losses(logged_losses(out), want, 1e-5);
+    const double diff = weight_difference(out, ref);
+    MESSAGE(tag << " with recomputation: final weights differ from one process by " << diff << " (relative)");
+    CHECK(diff < 1e-5);
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      const auto j = rank_result(out, r);
+      CHECK(j.at("recomputing").get<std::vector<std::string>>() == std::vector<std::string>{"l1", "l2", "pair"});
+      // Each training forward of pair ran once more in backward (the reference's batch is
+      // both ranks' together: the same number of forwards).
+      CHECK(j.at("pair_runs").get<int64_t>() == 2 * plain_runs);
+    }
+  }
+}
+
 TEST_CASE("auto-wrap flags a policy cannot honour stop every rank with one loom: line") {
   const auto out = dist_dir("wrap_refused");
   auto args = base_args("full_shard", 4, out);

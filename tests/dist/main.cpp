@@ -74,11 +74,16 @@ using loom_test::Batch;  // x: float [N, 16]; labels: int64 [N]
 // added for the rows whose first feature exceeds 1.5 and which is left out of the graph when
 // a batch holds none: used on some ranks and steps, on none in others.
 // A block with a FullShardUnit inside (nested units): inner, then its own layer `mix`.
+// g_pair_runs counts its forwards in training (a recomputed block runs once more in backward).
+inline int64_t g_pair_runs = 0;
 struct PairImpl : torch::nn::Module {
   explicit PairImpl(int64_t hidden)
       : inner(register_module("inner", loom::FullShardUnit<torch::nn::Linear>(torch::nn::Linear(hidden, hidden)))),
         mix(register_module("mix", torch::nn::Linear(hidden, hidden))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return torch::tanh(mix->forward(torch::tanh(inner->forward(x)))); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    if (is_training()) ++g_pair_runs;
+    return torch::tanh(mix->forward(torch::tanh(inner->forward(x))));
+  }
   loom::FullShardUnit<torch::nn::Linear> inner;
   torch::nn::Linear mix;
 };
@@ -111,6 +116,15 @@ struct MlpImpl : torch::nn::Module {
   std::vector<int> rare_used;  // per training forward: did the batch reach `rare`
 };
 TORCH_MODULE(Mlp);
+
+// The blocks whose activations are recomputed in backward (--gradient_checkpointing), by name.
+inline std::vector<std::string> recomputing(torch::nn::Module& model) {
+  std::vector<std::string> names;
+  for (const auto& m : model.named_modules("", /*include_self=*/false))
+    if (const auto* r = dynamic_cast<const loom::dist::Recomputable*>(m.value().get()); r != nullptr && r->loom_recompute)
+      names.push_back(m.key());
+  return names;
+}
 
 // Kills this process at the end of a chosen step (the fault tests), or sends it a
 // preemption signal (a real one, to this thread).
@@ -426,6 +440,7 @@ inline int run(int argc, char** argv) {
                             {"host", bytes.host}, {"psi", psi}, {"world", world.size}, {"launched_during_backward", launches.during_backward},
                             {"launched_after_backward", launches.after_backward},
                             {"rare_used", trainer.model()->rare_used}, {"units", trainer.sharding().unit_names()},
+                            {"recomputing", recomputing(*trainer.model())}, {"pair_runs", g_pair_runs},
                             {"plan", plan_json(trainer.accelerator().memory_plan())}}.dump();
       // save_model gathers the parameters under every policy; rank 0 writes.
       trainer.save_model(w.result + ".model");

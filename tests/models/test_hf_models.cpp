@@ -392,6 +392,39 @@ TEST_CASE("a malformed HF folder is a loom: error naming the file and the proble
                                         "holds config.json and model.safetensors)");
 }
 
+TEST_CASE("GPT-2 and BERT count their parameters from the config; a model the host cannot hold stops before it is built") {
+  GPT2Config g;
+  g.vocab_size = 50, g.n_positions = 16, g.n_layer = 2, g.n_head = 2, g.n_embd = 16;
+  CHECK(parameter_count(g) == GPT2LMHeadModel(g)->num_parameters());
+  g.n_inner = 24, g.tie_word_embeddings = false;
+  CHECK(parameter_count(g) == GPT2LMHeadModel(g)->num_parameters());
+
+  BertConfig b;
+  b.vocab_size = 40, b.hidden_size = 16, b.num_hidden_layers = 2, b.num_attention_heads = 2, b.intermediate_size = 24;
+  b.max_position_embeddings = 20, b.type_vocab_size = 3, b.num_labels = 5;
+  CHECK(parameter_count(b) == BertForSequenceClassification(b)->num_parameters());
+  CHECK(loom::models::BertForMaskedLMImpl::parameter_count(b) == loom::models::BertForMaskedLM(b)->num_parameters());
+  b.tie_word_embeddings = false;
+  CHECK(loom::models::BertForMaskedLMImpl::parameter_count(b) == loom::models::BertForMaskedLM(b)->num_parameters());
+
+  // Within ConfigLimits, but 1024 blocks of width 65,536: about 5.3e13 parameters. The
+  // constructor stops before the first layer (building it would take minutes and then fail).
+  GPT2Config huge = g;
+  huge.n_layer = 1024, huge.n_embd = 65536, huge.n_head = 1, huge.n_inner = std::nullopt;
+  const auto e = loom_test::error_of([&] { GPT2LMHeadModel m(huge); });
+  CHECK(e.starts_with("loom: GPT2Config: this config gives the model " + std::to_string(parameter_count(huge)) +
+                      " parameters, "));
+  CHECK(e.find("GB in float32 (a model is built in float32 before any conversion), more than the ") != std::string::npos);
+  CHECK(e.ends_with(": choose a smaller config"));
+  // The comparison itself: 4 bytes a parameter against the memory of one process.
+  using loom::models::detail::check_parameter_memory;
+  CHECK(loom_test::error_of([] { check_parameter_memory(1000, 4000.0, 1, "c"); }) == "<no loom::Error>");
+  CHECK(loom_test::error_of([] { check_parameter_memory(1000, 0.0, 1, "c"); }) == "<no loom::Error>");  // unknown
+  CHECK(loom_test::error_of([] { check_parameter_memory(1001, 4000.0, 1, "c"); }).starts_with("loom: c: this config"));
+  CHECK(loom_test::error_of([] { check_parameter_memory(1000, 4000.0, 2, "c"); })
+            .find("than the 0.0 GB of host memory each of this machine's 2 processes has") != std::string::npos);
+}
+
 TEST_CASE("the models' parameter names are HF's, with each block a FullShard unit") {
   torch::manual_seed(0);
   GPT2LMHeadModel gpt2(tiny_gpt2(50, 16, 16, 2, 2));

@@ -77,6 +77,18 @@ inline std::string peft_check(const fs::path& base, const fs::path& adapter, con
 const std::vector<std::string> kFolders{"llama", "llama_tied", "qwen2", "mistral", "llama_sharded", "llama_bf16"};
 
 
+TEST_CASE("the Llama family counts its parameters from the config, for every variant of its layers") {
+  const auto counted = [](const LlamaConfig& c) { return loom::models::parameter_count(c); };
+  auto c = tiny();
+  CHECK(counted(c) == LlamaForCausalLM(c)->num_parameters());
+  c.tie_word_embeddings = true, c.attention_bias = true, c.mlp_bias = true, c.head_dim = 16;
+  CHECK(counted(c) == LlamaForCausalLM(c)->num_parameters());
+  auto q = tiny("qwen2");  // biases on q, k and v only
+  CHECK(counted(q) == LlamaForCausalLM(q)->num_parameters());
+  q.num_key_value_heads = std::nullopt;
+  CHECK(counted(q) == LlamaForCausalLM(q)->num_parameters());
+}
+
 TEST_CASE("Llama, Qwen2 and Mistral folders made by transformers give its logits and loss in loom") {
   const fs::path* dir = made();
   if (dir == nullptr) return;

@@ -53,6 +53,9 @@ struct DataCollatorWithPadding {
 
   /// The padded batch of `examples` (at least one).
   LOOM_INLINE SequenceBatch operator()(std::span<const TokenSequence> examples) const;
+  /// The length of a batch whose longest example has `longest` tokens: max_length under
+  /// PaddingStrategy::max_length, rounded up to pad_to_multiple_of.
+  [[nodiscard]] LOOM_INLINE int64_t padded_length(int64_t longest) const;
 };
 
 }  // namespace loom::data

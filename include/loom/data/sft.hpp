@@ -61,6 +61,9 @@ class SftDataset {
   [[nodiscard]] bool packed() const { return block_size_ > 0; }
   /// Tokens of row `i` (an example's, after truncation; a window's block_size).
   [[nodiscard]] LOOM_INLINE int64_t length(int64_t i) const;
+  /// The longest row a batch can have: block_size when packing, else the longest example after
+  /// truncation (the memory plan's sequence length); 0 without rows.
+  [[nodiscard]] LOOM_INLINE int64_t max_sequence_length() const;
   /// Rows `indices`: input_ids, labels (-100 on prompt and padding) and, packed, position_ids.
   [[nodiscard]] LOOM_INLINE CausalLMBatch get_batch(std::span<const int64_t> indices) const;
 

@@ -204,6 +204,9 @@ class TokenSequenceDataset {
   [[nodiscard]] LOOM_INLINE int64_t length(int64_t i) const;
   /// Every example's length after truncation, int64 [size()] (for length-grouped sampling).
   [[nodiscard]] LOOM_INLINE torch::Tensor lengths() const;
+  /// The longest batch row collate() can make: the longest example after truncation, padded
+  /// as the collator pads (the memory plan's sequence length); 0 without examples.
+  [[nodiscard]] LOOM_INLINE int64_t max_sequence_length() const;
   /// The collator collate() uses.
   [[nodiscard]] const DataCollatorWithPadding& collator() const { return collator_; }
 

@@ -93,6 +93,11 @@ LOOM_INLINE void validate(const BertConfig& config, std::string_view where);
 LOOM_INLINE std::vector<ConfigShape> config_shapes(const BertConfig& config);
 /// The same without the classifier (the body every BERT head shares).
 LOOM_INLINE std::vector<ConfigShape> body_shapes(const BertConfig& config);
+/// The parameters BertForSequenceClassification has under `config` (num_parameters(),
+/// counted from the config before anything is built).
+LOOM_INLINE int64_t parameter_count(const BertConfig& config);
+/// The parameters of BertModel (embeddings, layers, and the pooler when `pooler`).
+LOOM_INLINE int64_t body_parameter_count(const BertConfig& config, bool pooler);
 
 /// What BertForSequenceClassification's forward(batch) returns.
 struct SequenceClassifierOutput {
@@ -336,6 +341,8 @@ class BertForMaskedLMImpl : public PreTrainedModel<BertForMaskedLMImpl, BertConf
   LOOM_INLINE HfNameRules name_rules() const;
   /// The body's shapes and the prediction bias, compared with a folder's weights.
   LOOM_INLINE static std::vector<ConfigShape> config_shapes(const BertConfig& config);
+  /// The parameters of this model under `config`: the body without a pooler and the MLM head.
+  LOOM_INLINE static int64_t parameter_count(const BertConfig& config);
   /// HF's label rule (complete_labels), applied before every validation.
   static void complete_config(BertConfig& config) { complete_labels(config); }
 

@@ -80,6 +80,9 @@ LOOM_INLINE void validate(const GPT2Config& config, std::string_view where);
 /// The shapes `config` gives the embeddings and the last block, which from_pretrained compares
 /// with the weight files' headers before it builds the model.
 LOOM_INLINE std::vector<ConfigShape> config_shapes(const GPT2Config& config);
+/// The parameters GPT2LMHeadModel has under `config` (num_parameters(), counted from the config
+/// before anything is built).
+LOOM_INLINE int64_t parameter_count(const GPT2Config& config);
 
 /// HF's Conv1D: a linear layer whose weight is stored [in, out]; out = bias + x @ weight. It
 /// can carry a LoRA adapter (an AdaptableLinear with fan_in_fan_out, as PEFT treats Conv1D).

@@ -97,6 +97,9 @@ LOOM_INLINE void validate(const LlamaConfig& config, std::string_view where);
 /// The shapes the config gives the embeddings and the last layer (checked against the weight
 /// files' headers before the model is built).
 LOOM_INLINE std::vector<ConfigShape> config_shapes(const LlamaConfig& config);
+/// The parameters LlamaForCausalLM has under `config` (num_parameters(), counted from the
+/// config before anything is built).
+LOOM_INLINE int64_t parameter_count(const LlamaConfig& config);
 
 /// Llama's RMSNorm: weight * (x / sqrt(mean(x^2) + eps)), computed in float32.
 class LlamaRMSNormImpl : public torch::nn::Module {

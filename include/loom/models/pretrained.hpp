@@ -22,12 +22,14 @@
 // complete_config, which runs before every validation.
 
 #include <loom/config/inline.hpp>
+#include <loom/core/host_memory.hpp>
 #include <loom/models/hf_folder.hpp>
 
 #include <torch/torch.h>
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -54,6 +56,10 @@ namespace detail {
 /// Parameters of `module`, each registered tensor once; exclude_embeddings leaves out those
 /// of its torch::nn::Embedding modules (HF's num_parameters).
 LOOM_INLINE int64_t count_parameters(const torch::nn::Module& module, bool exclude_embeddings);
+/// Refuses (a loom::Error naming `where`) a model of `parameters` whose float32 weights (a
+/// model is built in float32, then converted) exceed the host memory of one of this machine's
+/// `processes` processes; nothing when the memory is unknown (0).
+LOOM_INLINE void check_parameter_memory(int64_t parameters, double host_bytes, int processes, std::string_view where);
 /// HF's PreTrainedModel.dtype, written to config.json: the first floating-point parameter's
 /// dtype (float32 when there is none).
 LOOM_INLINE torch::ScalarType weights_dtype(const torch::nn::Module& module);
@@ -107,11 +113,25 @@ class PreTrainedModel : public torch::nn::Module {
   /// family hides it with its own).
   static void complete_config(Config& /*config*/) {}
 
+  /// The parameters a model of `config` has, counted before it is built: Derived's static
+  /// parameter_count(config) (a head other than the family's), else the family's free
+  /// parameter_count(config); none when the family has no count.
+  static std::optional<int64_t> parameters_for(const Config& config) {
+    if constexpr (requires { { Derived::parameter_count(config) } -> std::convertible_to<int64_t>; })
+      return Derived::parameter_count(config);
+    else if constexpr (requires { { parameter_count(config) } -> std::convertible_to<int64_t>; })
+      return parameter_count(config);
+    else
+      return std::nullopt;
+  }
+
  protected:
   /// Keeps `config`, completed and validated (`validate(config, where)` of the family).
   PreTrainedModel(Config config, std::string_view where) : config_(std::move(config)) {
     Derived::complete_config(config_);
     validate(config_, where);
+    if (const auto n = Derived::parameters_for(config_))
+      detail::check_parameter_memory(*n, host_memory_bytes(), local_processes(), where);
   }
 
   Config config_;

@@ -243,7 +243,7 @@ void Trainer<Derived, Model, Policies...>::init(Train train_dataset) {
   // Start-up: the arguments checked against the policies, the world, device, precision, seed
   // and engine.
   acc_.emplace(args_, schedule_policy::name, !data_->eval.empty());
-  std::optional<int64_t> sequence_length;  // for the memory plan's activation estimate
+  std::optional<detail::TrainSequenceLength> sequence_length;  // for the memory plan's activation estimate
   if constexpr (!std::is_same_v<Train, NoTrainDataset>) sequence_length = detail::train_sequence_length(train_dataset);
   if constexpr (!data::Dataset<Train> && data::IterableDataset<Train> && known) {
     // HF's rule, at start-up: a dataset without a length trains for --max_steps.
@@ -289,12 +289,15 @@ void Trainer<Derived, Model, Policies...>::init(Train train_dataset) {
   if constexpr (detail::EstimatesActivations<Model>) {
     if (sequence_length) {
       const int64_t element = args_.bf16 || args_.fp16 ? 2 : 4;
+      const int64_t tokens = sequence_length->tokens;
       acc_->set_activation_estimate(
-          model_->activation_bytes(args_.per_device_train_batch_size, *sequence_length, element, args_.gradient_checkpointing),
-          fmt::format("batch {} x sequence {}, {}-byte activations{}", args_.per_device_train_batch_size, *sequence_length,
-                      element, args_.gradient_checkpointing ? ", recomputed" : ""));
+          model_->activation_bytes(args_.per_device_train_batch_size, tokens, element, args_.gradient_checkpointing),
+          fmt::format("batch {} x sequence {}{}, {}-byte activations{}", args_.per_device_train_batch_size, tokens,
+                      sequence_length->longest ? " (the longest a batch can have)" : "", element,
+                      args_.gradient_checkpointing ? ", recomputed" : ""));
     } else {
-      acc_->set_activation_estimate(std::nullopt, "the training dataset states no sequence length (block_size())");
+      acc_->set_activation_estimate(std::nullopt, "the training dataset states no sequence length (block_size() or "
+                                                  "max_sequence_length())");
     }
   }
   acc_->prepare_module(detail::module_of(model_));

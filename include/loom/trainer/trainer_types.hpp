@@ -62,11 +62,25 @@ concept EstimatesActivations = requires(Model& model, int64_t n, bool recompute)
   { model->activation_bytes(n, n, n, recompute) } -> std::convertible_to<double>;
 };
 
-/// The training sequence length a dataset states (its block_size(): token-file windows), else none.
+/// The sequence length of the memory plan's activation estimate.
+struct TrainSequenceLength {
+  int64_t tokens = 0;
+  bool longest = false;  ///< the longest row a batch can have (ragged data), not every batch's length
+};
+
+/// The training sequence length a dataset states: its block_size() (token-file windows), else
+/// its max_sequence_length() (ragged examples padded per batch, instruction data), else none.
 template <class Train>
-std::optional<int64_t> train_sequence_length(const Train& train) {
-  if constexpr (requires { { train.block_size() } -> std::convertible_to<int64_t>; }) return train.block_size();
-  else return std::nullopt;
+std::optional<TrainSequenceLength> train_sequence_length(const Train& train) {
+  if constexpr (requires { { train.block_size() } -> std::convertible_to<int64_t>; }) {
+    return TrainSequenceLength{train.block_size(), false};
+  } else if constexpr (requires { { train.max_sequence_length() } -> std::convertible_to<int64_t>; }) {
+    const int64_t n = train.max_sequence_length();
+    if (n > 0) return TrainSequenceLength{n, true};
+    return std::nullopt;
+  } else {
+    return std::nullopt;
+  }
 }
 
 template <class Model>

@@ -1,6 +1,7 @@
 #pragma once
 #include <loom/config/validate.hpp>
 #include <loom/core/error.hpp>
+#include <loom/core/host_memory.hpp>
 #include <loom/distributed/engine.hpp>
 #include <loom/distributed/full_shard_unit.hpp>
 #include <loom/optim/catalog.hpp>
@@ -16,7 +17,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <unordered_map>
 
@@ -179,21 +179,7 @@ LOOM_INLINE double device_memory_bytes(const torch::Device& device, int local_pr
 #endif
   }
   if (!device.is_cpu()) return 0;
-  double total = 0;
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  double kb = 0;
-  while (meminfo >> key >> kb) {
-    if (key == "MemTotal:") {
-      total = kb * 1024;
-      break;
-    }
-    std::getline(meminfo, key);
-  }
-  std::ifstream cgroup("/sys/fs/cgroup/memory.max");
-  double limit = 0;
-  if (cgroup >> limit && limit > 0 && (total == 0 || limit < total)) total = limit;  // "max" reads as no number
-  return total / std::max(local_processes, 1);
+  return host_memory_bytes() / std::max(local_processes, 1);
 }
 
 }  // namespace loom

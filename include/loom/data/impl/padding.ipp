@@ -14,6 +14,13 @@
 
 namespace loom::data {
 
+LOOM_INLINE int64_t DataCollatorWithPadding::padded_length(int64_t longest) const {
+  int64_t length = padding == PaddingStrategy::max_length && max_length ? std::max(longest, *max_length) : longest;
+  if (pad_to_multiple_of && *pad_to_multiple_of > 0 && length % *pad_to_multiple_of != 0)
+    length = (length / *pad_to_multiple_of + 1) * *pad_to_multiple_of;
+  return length;
+}
+
 LOOM_INLINE SequenceBatch DataCollatorWithPadding::operator()(std::span<const TokenSequence> examples) const {
   check(!examples.empty(), "DataCollatorWithPadding needs at least one example");
   check(!pad_to_multiple_of || *pad_to_multiple_of > 0, "DataCollatorWithPadding: pad_to_multiple_of must be "
@@ -46,16 +53,13 @@ LOOM_INLINE SequenceBatch DataCollatorWithPadding::operator()(std::span<const To
   check(per_token == 0 || per_token == examples.size(), "DataCollatorWithPadding: {} of {} examples have one label "
         "per token, the others one per sequence", per_token, examples.size());
 
-  int64_t length = longest;
   if (padding == PaddingStrategy::max_length) {
     check(max_length.has_value() && *max_length > 0, "DataCollatorWithPadding: padding to max_length needs a "
           "positive max_length");
     check(longest <= *max_length, "DataCollatorWithPadding: a sequence of {} tokens is longer than max_length {}; "
           "truncate the examples first (TokenSequenceOptions::max_length)", longest, *max_length);
-    length = *max_length;
   }
-  if (pad_to_multiple_of && length % *pad_to_multiple_of != 0)
-    length = (length / *pad_to_multiple_of + 1) * *pad_to_multiple_of;
+  const int64_t length = padded_length(longest);
 
   SequenceBatch out;
   out.input_ids = torch::full({batch, length}, pad_token_id, torch::kLong);

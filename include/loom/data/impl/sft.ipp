@@ -75,6 +75,13 @@ LOOM_INLINE int64_t SftDataset::write(int64_t i, int64_t* ids, int64_t* labels, 
   return e - b;
 }
 
+LOOM_INLINE int64_t SftDataset::max_sequence_length() const {
+  if (packed()) return size() > 0 ? block_size_ : 0;
+  int64_t longest = 0;
+  for (int64_t i = 0; i < examples_; ++i) longest = std::max(longest, length(i));
+  return longest;
+}
+
 LOOM_INLINE CausalLMBatch SftDataset::get_batch(std::span<const int64_t> indices) const {
   const auto rows = static_cast<int64_t>(indices.size());
   int64_t width = block_size_;

@@ -327,6 +327,12 @@ LOOM_INLINE torch::Tensor TokenSequenceDataset::lengths() const {
   return out;
 }
 
+LOOM_INLINE int64_t TokenSequenceDataset::max_sequence_length() const {
+  int64_t longest = 0;
+  for (int64_t i = 0; i < size_; ++i) longest = std::max(longest, length(i));
+  return longest == 0 ? 0 : collator_.padded_length(longest);
+}
+
 // ---- meta.json -------------------------------------------------------------------------
 
 LOOM_INLINE const std::filesystem::path& TokenFileMeta::lm_file(std::string_view split) const {

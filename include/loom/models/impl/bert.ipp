@@ -85,6 +85,18 @@ LOOM_INLINE std::vector<ConfigShape> body_shapes(const BertConfig& c) {
                std::to_string(c.intermediate_size) + h}};
 }
 
+LOOM_INLINE int64_t body_parameter_count(const BertConfig& c, bool pooler) {
+  const int64_t h = c.hidden_size, i = c.intermediate_size;
+  const int64_t embeddings = (c.vocab_size + c.max_position_embeddings + c.type_vocab_size) * h + 2 * h;
+  // query, key, value; the attention's output dense and LayerNorm; intermediate; output dense and LayerNorm
+  const int64_t layer = 3 * (h * h + h) + (h * h + h) + 2 * h + (h * i + i) + (i * h + h) + 2 * h;
+  return embeddings + c.num_hidden_layers * layer + (pooler ? h * h + h : 0);
+}
+
+LOOM_INLINE int64_t parameter_count(const BertConfig& c) {
+  return body_parameter_count(c, /*pooler=*/true) + c.hidden_size * c.num_labels + c.num_labels;
+}
+
 namespace detail {
 LOOM_INLINE torch::nn::LayerNorm bert_layer_norm(const BertConfig& c) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps));
@@ -403,6 +415,13 @@ LOOM_INLINE std::vector<ConfigShape> BertForMaskedLMImpl::config_shapes(const Be
   auto shapes = body_shapes(c);
   shapes.push_back({"cls.predictions.bias", {c.vocab_size}, "vocab_size " + std::to_string(c.vocab_size)});
   return shapes;
+}
+
+LOOM_INLINE int64_t BertForMaskedLMImpl::parameter_count(const BertConfig& c) {
+  const int64_t h = c.hidden_size;
+  // the head's transform (dense, LayerNorm) and bias; an untied decoder has its weight and bias
+  const int64_t head = (h * h + h) + 2 * h + c.vocab_size + (c.tie_word_embeddings ? 0 : c.vocab_size * h + c.vocab_size);
+  return body_parameter_count(c, /*pooler=*/false) + head;
 }
 
 LOOM_INLINE BertForMaskedLM BertForMaskedLM::from_pretrained(const std::filesystem::path& dir, torch::ScalarType dtype) {

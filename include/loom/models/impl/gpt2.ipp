@@ -44,6 +44,14 @@ LOOM_INLINE std::vector<ConfigShape> config_shapes(const GPT2Config& c) {
            "n_layer " + std::to_string(c.n_layer) + e + ", inner width " + std::to_string(inner)}};
 }
 
+LOOM_INLINE int64_t parameter_count(const GPT2Config& c) {
+  const int64_t e = c.n_embd, inner = c.n_inner.value_or(4 * e);
+  // ln_1, attention's c_attn and c_proj, ln_2, the MLP's c_fc and c_proj (Conv1D: weight and bias)
+  const int64_t block = 2 * e + (e * 3 * e + 3 * e) + (e * e + e) + 2 * e + (e * inner + inner) + (inner * e + e);
+  const int64_t lm_head = c.tie_word_embeddings ? 0 : c.vocab_size * e;
+  return c.vocab_size * e + c.n_positions * e + c.n_layer * block + 2 * e + lm_head;
+}
+
 // ---- Conv1D ------------------------------------------------------------------------------
 
 LOOM_INLINE Conv1DImpl::Conv1DImpl(int64_t in_features, int64_t out_features)

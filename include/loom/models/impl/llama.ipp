@@ -148,6 +148,18 @@ LOOM_INLINE std::vector<ConfigShape> config_shapes(const LlamaConfig& c) {
            "intermediate_size " + std::to_string(c.intermediate_size) + h}};
 }
 
+LOOM_INLINE int64_t parameter_count(const LlamaConfig& c) {
+  const int64_t h = c.hidden_size, i = c.intermediate_size;
+  const int64_t heads = c.num_attention_heads, kv = c.num_key_value_heads.value_or(heads);
+  const int64_t head_dim = c.head_dim.value_or(h / heads);
+  const bool qkv_bias = c.attention_bias || c.model_type == "qwen2";  // as LlamaAttentionImpl
+  const int64_t attention = h * (heads + 2 * kv) * head_dim + (qkv_bias ? (heads + 2 * kv) * head_dim : 0) +
+                            heads * head_dim * h + (c.attention_bias ? h : 0);
+  const int64_t mlp = 3 * h * i + (c.mlp_bias ? 2 * i + h : 0);
+  const int64_t layer = attention + mlp + 2 * h;  // and the two RMSNorms
+  return c.vocab_size * h + c.num_hidden_layers * layer + h + (c.tie_word_embeddings ? 0 : c.vocab_size * h);
+}
+
 // ---- norm, attention, MLP, layer ----------------------------------------------------------
 
 LOOM_INLINE LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t hidden_size, double eps) : eps_(eps) {
