@@ -61,6 +61,7 @@ struct WorkerArguments {
   bool backward_twice = false;  ///< training_step backpropagates two losses one after the other
   std::string loop = "trainer";  ///< trainer, or accelerator: the same run as a loop written on loom::Accelerator; gan: tests/gan_loop.hpp's GAN (two optimizers)
   int64_t poison_step = -1;  ///< every rank's loss is infinite in this optimizer step (an fp16 overflow everywhere)
+  bool evaluate_first = false;  ///< evaluate() before train(): outside training, where --bf16_full_eval casts the model
 };
 
 // --backward_twice and --poison_step, for DistTrainer (set by run()).
@@ -428,6 +429,11 @@ inline int run(int argc, char** argv) {
                                                    : w.die_signal == "USR1" ? SIGUSR1
                                                    : w.die_signal == "INT"  ? SIGINT
                                                                             : SIGKILL;
+      if (w.evaluate_first) {
+        const auto first = trainer.evaluate();
+        std::ofstream(w.result + ".first_eval.rank" + std::to_string(trainer.world().rank) + ".json")
+            << nlohmann::json{{"eval_loss", first.get("eval_loss").value()}}.dump();
+      }
       trainer.train();
       const auto& world = trainer.world();
       // Every rank: what it holds. Rank 0: the gathered weights.

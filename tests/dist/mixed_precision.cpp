@@ -2,7 +2,9 @@
 // bf16 (FullShard gathers bfloat16 parameters from float32 shards) and --sharding_reduce_dtype
 // bf16 (gradients reduced in bfloat16) under --bf16, against one process under --bf16; the
 // master weights and optimizer state stay float32, and a checkpoint saved so resumes. Also
-// the combinations a policy cannot run, refused at start-up. The workers are main.cpp's.
+// the combinations a policy cannot run, refused at start-up. And --bf16_full_eval outside
+// training under DDP and ZeRO (the engines' parameter views survive the cast). The workers are
+// main.cpp's.
 
 #include "support.hpp"
 
@@ -165,5 +167,42 @@ TEST_CASE("mixed precision flags a policy cannot honour stop at start-up with a 
       CHECK(l.err[static_cast<std::size_t>(r)].find(c.message) != std::string::npos);
     }
     CHECK_FALSE(fs::exists(out / "trainer_state.json"));
+  }
+}
+
+TEST_CASE("bf16_full_eval at 2 ranks: an evaluation before train() under DDP and ZeRO leaves the training as it was") {
+  // evaluate() outside training casts the model to bfloat16. Under DDP and ZeRO the
+  // parameters are views into the engine's buffers; they must be those views again for
+  // training, which therefore ends where the run without the evaluation ends.
+  for (const std::string sharding : {"ddp", "zero1", "zero2"}) {
+    CAPTURE(sharding);
+    const auto plain = dist_dir("full_eval_plain_" + sharding);
+    require_success(launch(2, base_args(sharding, 4, plain), plain / "logs"));
+    const auto out = dist_dir("full_eval_" + sharding);
+    auto args = base_args(sharding, 4, out);
+    set_flags(args, {{"--bf16_full_eval", "true"}, {"--evaluate_first", "true"}});
+    require_success(launch(2, args, out / "logs"));
+    check_losses(logged_losses(out), logged_losses(plain), 0.0);
+    CHECK(weight_difference(out, plain) == 0.0);
+    // The evaluation itself ran in bfloat16: its loss differs from the float32 evaluation's
+    // at step 0 only by rounding, and is the same on both ranks.
+    const auto first_eval = [&](int r) {
+      std::ifstream in((out / ("result.first_eval.rank" + std::to_string(r) + ".json")).string());
+      REQUIRE(in.good());
+      return nlohmann::json::parse(in).at("eval_loss").get<double>();
+    };
+    CHECK(first_eval(0) == first_eval(1));
+    CHECK(std::isfinite(first_eval(0)));
+  }
+  // FullShard holds shards only: the flag is refused at start-up.
+  const auto out = dist_dir("full_eval_full_shard");
+  auto args = base_args("full_shard", 4, out);
+  set_flags(args, {{"--bf16_full_eval", "true"}});
+  const auto l = launch(2, args, out / "logs");
+  for (int r = 0; r < 2; ++r) {
+    CHECK(l.status[static_cast<std::size_t>(r)] == 2);
+    CHECK(l.err[static_cast<std::size_t>(r)].find(
+              "loom: --bf16_full_eval casts the whole model for evaluations outside training, and under --sharding "
+              "full_shard each rank holds only its shards of the parameters") != std::string::npos);
   }
 }

@@ -261,7 +261,8 @@ TEST_CASE("label_smoothing_factor: transformers' LabelSmoother on the logits, la
 
 TEST_CASE("label_smoothing_factor on loom's GPT-2 shifts the labels, as HF does for a causal LM") {
   torch::manual_seed(3);
-  const loom::models::GPT2Config config{.vocab_size = 32, .n_positions = 16, .n_embd = 16, .n_layer = 1, .n_head = 2};
+  loom::models::GPT2Config config;
+  config.vocab_size = 32, config.n_positions = 16, config.n_embd = 16, config.n_layer = 1, config.n_head = 2;
   auto args = quiet_args("recipes/smoothing_gpt2");
   args.label_smoothing_factor = 0.1;
   loom::DefaultTrainer<loom::models::GPT2LMHeadModel> t(args, loom::models::GPT2LMHeadModel(config),
@@ -502,7 +503,7 @@ TEST_CASE("BatchPrefetcher hands out the batches asked for, in order, bounded ah
                        "loom: --dataloader_num_workers must not be negative, got -1", loom::Error);
 }
 
-TEST_CASE("bf16_full_eval / fp16_full_eval: evaluation outside training casts the model, as HF does") {
+TEST_CASE("bf16_full_eval / fp16_full_eval: evaluation outside training casts the model, then puts float32 back") {
   for (const bool bf16 : {true, false}) {
     CAPTURE(bf16);
     const auto dtype = bf16 ? torch::kBFloat16 : torch::kHalf;
@@ -527,9 +528,18 @@ TEST_CASE("bf16_full_eval / fp16_full_eval: evaluation outside training casts th
       torch::NoGradGuard no_grad;
       sum += torch::cross_entropy_loss(cast->forward(b.x.to(dtype)), b.labels).item<double>() * 8;
     }
+    const auto before = trainer.model()->weight.clone();
+    const auto* storage = trainer.model()->weight.data_ptr();
     const auto metrics = trainer.evaluate();
-    CHECK((trainer.model()->weight.scalar_type() == dtype));
     CHECK(metrics.get("eval_loss").value() == doctest::Approx(sum / 64).epsilon(1e-6));
+    // Unlike HF's, whose model stays cast, the parameters are the float32 ones again: the
+    // same storage (the optimizer's), the same values.
+    CHECK((trainer.model()->weight.scalar_type() == torch::kFloat));
+    CHECK(trainer.model()->weight.data_ptr() == storage);
+    CHECK(torch::equal(trainer.model()->weight, before));
+    // A train() after it trains the float32 model (HF's would train the cast one).
+    trainer.train();
+    CHECK((trainer.model()->weight.scalar_type() == torch::kFloat));
   }
 }
 

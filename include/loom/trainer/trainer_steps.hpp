@@ -271,6 +271,11 @@ void Trainer<Derived, Model, Policies...>::init(Train train_dataset) {
   check(!args_.predict_with_generate || !accelerator_type::forward_is_collective,
         "--predict_with_generate is not supported under --sharding {}: its ranks would generate different numbers "
         "of tokens through a collective forward", args_.sharding);
+  check(!(args_.bf16_full_eval || args_.fp16_full_eval) || !accelerator_type::forward_is_collective,
+        "--{} casts the whole model for evaluations outside training, and under --sharding {} each rank holds only "
+        "its shards of the parameters (gathered per unit in each forward); evaluate under --bf16 / --fp16 autocast, "
+        "or gather in bfloat16 with --sharding_param_dtype bf16", args_.bf16_full_eval ? "bf16_full_eval" : "fp16_full_eval",
+        args_.sharding);
   check(!args_.batch_eval_metrics || hook::compute_metrics::batched<Self>,
         "--batch_eval_metrics calls compute_metrics(const loom::EvalPrediction&, bool compute_result) once per "
         "batch, and this Trainer's compute_metrics has no compute_result parameter; declare that form (HF's "
@@ -432,12 +437,15 @@ template <class Batch>
 PredictResult Trainer<Derived, Model, Policies...>::evaluation_loop(data::DataLoader<Batch>& loader, const std::string& prefix,
                                                                     bool predicting) {
   auto& module = detail::module_of(model_);
-  // HF's bf16_full_eval / fp16_full_eval: outside training the model itself is cast (and
-  // stays so, as in HF); the batch's floating fields follow it.
+  // HF's bf16_full_eval / fp16_full_eval: outside training the model itself is cast; the
+  // batch's floating fields follow it. Unlike HF, whose model stays cast, the parameters get
+  // their float32 storage back when the evaluation ends: the optimizer holds them, and under
+  // DDP and ZeRO they are views into the engine's buffers, which a cast would cut them from.
   std::optional<torch::ScalarType> full_eval;
+  std::optional<detail::CastForEvaluation> cast;
   if (!in_train_ && (args_.bf16_full_eval || args_.fp16_full_eval)) {
     full_eval = args_.bf16_full_eval ? torch::kBFloat16 : torch::kHalf;
-    module.to(*full_eval);
+    cast.emplace(module, *full_eval);
   }
   const bool was_training = module.is_training();
   module.eval();

@@ -89,6 +89,26 @@ torch::nn::Module& module_of(Model& model) {
   else return *model;
 }
 
+// --bf16_full_eval / --fp16_full_eval: casts `module` to `dtype` (parameters and floating
+// buffers) for the scope; each tensor gets its own storage back when it ends (also on an
+// error), so the parameters are the optimizer's again, and views into a sharding engine's
+// buffers are views again.
+struct CastForEvaluation {
+  CastForEvaluation(torch::nn::Module& module, torch::ScalarType dtype) {
+    for (auto& p : module.parameters()) kept_.emplace_back(p, p.data());
+    for (auto& b : module.buffers()) kept_.emplace_back(b, b.data());
+    module.to(dtype);
+  }
+  ~CastForEvaluation() {
+    for (auto& [tensor, data] : kept_) tensor.set_data(data);
+  }
+  CastForEvaluation(const CastForEvaluation&) = delete;
+  CastForEvaluation& operator=(const CastForEvaluation&) = delete;
+
+ private:
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> kept_;  // (tensor, its data before the cast)
+};
+
 // --neftune_noise_alpha for the length of train() (HF activates NEFTune in train() and
 // deactivates it when training ends); nothing for a model without NEFTune.
 template <class Model>
