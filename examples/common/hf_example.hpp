@@ -82,14 +82,6 @@ inline int64_t count_parameters(const torch::nn::Module& module) {
   return n;
 }
 
-/// The tokens a causal-LM batch's loss averages over: position t predicts labels[t + 1], so
-/// labels[:, 1:] != -100 (a Trainer's num_items for token losses: accumulation and data
-/// parallelism then normalize by tokens across the global batch).
-inline int64_t predicted_tokens(const loom::data::CausalLMBatch& batch) {
-  const auto targets = batch.labels.narrow(1, 1, batch.labels.size(1) - 1);
-  return targets.ne(loom::data::ignore_index).sum().template item<int64_t>();
-}
-
 /// The tokenizer files of a token folder that exist (tokenizer.json, tokenizer_config.json):
 /// what trainer.set_tokenizer_files copies beside the weights of save_model and of every
 /// checkpoint, as HF's run_clm saves its tokenizer, so AutoTokenizer opens those folders.

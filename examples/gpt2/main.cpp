@@ -70,13 +70,11 @@ using loom::models::GPT2LMHeadModel;
 // Sharding and precision are types; main() picks them from --sharding and --bf16 / --fp16
 // through loom::select_policies. The model's forward(batch) returns {loss, logits}, so the
 // Trainer's default compute_loss is the model's loss.
-/// The trainer: HF's token count for the loss normalization.
+/// The trainer: every hook is the default (num_items counts a CausalLMBatch's predicted
+/// tokens, HF's normalization).
 template <class Sharding, class Precision>
 struct GPT2Trainer : loom::Trainer<GPT2Trainer<Sharding, Precision>, GPT2LMHeadModel, Sharding, Precision> {
   using loom::Trainer<GPT2Trainer<Sharding, Precision>, GPT2LMHeadModel, Sharding, Precision>::Trainer;
-
-  /// The tokens the loss averages over (labels[:, 1:] != -100).
-  int64_t num_items(const CausalLMBatch& batch) { return hf_example::predicted_tokens(batch); }
 };
 
 int main(int argc, char** argv) {

@@ -86,9 +86,6 @@ template <class Sharding, class Precision>
 struct SFTTrainer : loom::Trainer<SFTTrainer<Sharding, Precision>, LlamaForCausalLM, Sharding, Precision> {
   using loom::Trainer<SFTTrainer<Sharding, Precision>, LlamaForCausalLM, Sharding, Precision>::Trainer;
 
-  /// The tokens the loss averages over (labels[:, 1:] != -100).
-  int64_t num_items(const CausalLMBatch& batch) { return hf_example::predicted_tokens(batch); }
-
   /// With --predict_with_generate: the share of held-out completions generated exactly (greedy,
   /// from each prompt, through the completion's end of text).
   loom::Metrics compute_metrics(const loom::EvalPrediction& p) {

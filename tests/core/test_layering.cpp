@@ -56,3 +56,12 @@ TEST_CASE("headers include only their own layer and the layers below") {
   CHECK(headers > 20);
   CHECK(includes > 40);
 }
+
+TEST_CASE("the Trainer's front end stays within 500 lines (docs/architecture.md)") {
+  std::ifstream in(loom_test::source_dir() / "include" / "loom" / "trainer" / "trainer.hpp");
+  REQUIRE(in.good());
+  int lines = 0;
+  for (std::string line; std::getline(in, line);) ++lines;
+  CHECK(lines > 100);
+  CHECK(lines <= 500);
+}

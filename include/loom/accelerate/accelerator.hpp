@@ -205,7 +205,8 @@ class AcceleratorBase {
   /// An accumulation group (the micro-batches of one optimizer step) starts; `local_items`:
   /// the items (num_items: rows, or tokens for token losses) this rank's micro-batches hold.
   /// Under a sharding policy each rank's gradient is weighted by its share of the group's
-  /// items (item_factor), as HF weights by num_items_in_batch.
+  /// items (item_factor), as HF weights by num_items_in_batch; by 1 / world under
+  /// --average_tokens_across_devices false (each rank normalized by its own items).
   LOOM_INLINE void begin_accumulation(int64_t local_items);
   /// Before a micro-batch's forward; gradients are communicated after the `last` one only
   /// (DDP's no_sync on the others). Under DDP / ZeRO, rank 0's buffers are broadcast first

@@ -126,6 +126,7 @@ struct TrainingArguments {
   std::string sharding_param_dtype = std::string(sharding_dtype::Float32::name);  ///< fp32 | bf16: the format full_shard gathers parameters in and computes with (FSDP2's MixedPrecisionPolicy param_dtype; bf16 needs --bf16); master shards and optimizer state stay fp32
   std::optional<std::string> sharding_reduce_dtype;  ///< fp32 | bf16: the format ddp, zero1, zero2 and full_shard reduce gradients in (FSDP2's reduce_dtype; default: --sharding_param_dtype's, as FSDP2); the result is accumulated in fp32
   int64_t ddp_timeout = 1800;                 ///< collective timeout in seconds
+  bool average_tokens_across_devices = true;  ///< several processes: each rank's gradient weighs by its share of the accumulation group's items (tokens) over every rank, as one process with the global batch (HF's default); false: each rank normalizes by its own items and the ranks average
   std::optional<int64_t> ddp_bucket_cap_mb;   ///< DDP bucket size (default 25)
   std::optional<bool> ddp_broadcast_buffers;  ///< DDP, ZeRO-1/2: copy rank 0's buffers (BatchNorm statistics) before each training forward (default: true)
   std::optional<bool> ddp_find_unused_parameters;  ///< DDP, ZeRO-1/2: find the parameters the loss does not reach, so their buckets need not wait for them, and skip in the optimizer step those no rank used (default: false; HF's is true without --gradient_checkpointing)
@@ -234,6 +235,7 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"sharding_param_dtype", names_text<ShardingDtypeCatalog, "", " | ", ": the format full_shard gathers parameters in and computes with (FSDP2's MixedPrecisionPolicy param_dtype; bf16 needs --bf16); master shards and optimizer state stay fp32">},
     {"sharding_reduce_dtype", names_text<ShardingDtypeCatalog, "", " | ", ": the format ddp, zero1, zero2 and full_shard reduce gradients in (FSDP2's reduce_dtype; default: --sharding_param_dtype's, as FSDP2); the result is accumulated in fp32">},
     {"ddp_timeout", "collective timeout in seconds"},
+    {"average_tokens_across_devices", "several processes: each rank's gradient weighs by its share of the accumulation group's items (tokens) over every rank, as one process with the global batch (HF's default); false: each rank normalizes by its own items and the ranks average"},
     {"ddp_bucket_cap_mb", "DDP bucket size (default 25)"},
     {"ddp_broadcast_buffers", "DDP, ZeRO-1/2: copy rank 0's buffers (BatchNorm statistics) before each training forward (default: true)"},
     {"ddp_find_unused_parameters", "DDP, ZeRO-1/2: find the parameters the loss does not reach, so their buckets need not wait for them, and skip in the optimizer step those no rank used (default: false; HF's is true without --gradient_checkpointing)"},

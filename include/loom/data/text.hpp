@@ -30,4 +30,14 @@ struct SequenceBatch {
 /// The label value ignored by the losses and by evaluation padding (HF's -100).
 inline constexpr int64_t ignore_index = -100;
 
+/// The tokens a causal-LM batch's loss averages over: position t predicts labels[t + 1], so
+/// labels[:, 1:] != -100 (what HF's Trainer counts as num_items_in_batch for a causal LM, and
+/// loom's Trainer's num_items for CausalLMBatch: accumulation and data parallelism then
+/// normalize by the tokens of the whole global batch).
+inline int64_t predicted_tokens(const CausalLMBatch& batch) {
+  if (batch.labels.dim() != 2 || batch.labels.size(1) < 2) return 0;
+  const auto targets = batch.labels.narrow(1, 1, batch.labels.size(1) - 1);
+  return targets.ne(ignore_index).sum().template item<int64_t>();
+}
+
 }  // namespace loom::data

@@ -78,8 +78,10 @@ class Engine {
   [[nodiscard]] virtual bool grads_sharded() const = 0;
   /// The engine zeroes the gradients it keeps (else the optimizer drops autograd's).
   [[nodiscard]] virtual bool owns_grads() const = 0;
-  /// An accumulation group starts; `local_items` are this rank's items in it.
-  virtual void begin_group(int64_t local_items, const torch::Device& device) = 0;
+  /// An accumulation group starts; `local_items` are this rank's items in it. `across_ranks`
+  /// (--average_tokens_across_devices): each rank's gradient weighs by its share of every
+  /// rank's items; false: by 1 / world (each rank normalized by its own items, then averaged).
+  virtual void begin_group(int64_t local_items, const torch::Device& device, bool across_ranks) = 0;
   /// local / global items of the group, on the device; undefined in a world of one.
   [[nodiscard]] virtual const torch::Tensor& item_factor() const = 0;
   /// Before a micro-step's forward; `last` is the group's last micro-step.

@@ -112,11 +112,20 @@ inline std::optional<std::pair<int64_t, int64_t>> owned_range(const Slot& slot, 
 // The factor each rank's gradient is scaled by before the SUM: its share of the group's
 // items (local / global), so the sum over ranks is the gradient of the loss normalized by
 // the items of the whole global batch, as one process with the global batch computes it.
+// Without across_ranks (HF's average_tokens_across_devices false) it is 1 / world: each rank
+// normalized by its own items, the ranks averaged, as DDP's mean; no count is exchanged.
 class ItemShare {
  public:
-  void begin_group(Comm* comm, int64_t local_items, const torch::Device& device) {
+  void begin_group(Comm* comm, int64_t local_items, const torch::Device& device, bool across_ranks) {
     if (comm == nullptr || comm->size() == 1) {
       factor_ = torch::Tensor();
+      return;
+    }
+    if (!across_ranks) {
+      if (!uniform_.defined() || uniform_.device() != device)
+        uniform_ = torch::full({}, 1.0 / static_cast<double>(comm->size()),
+                               torch::TensorOptions().device(device).dtype(torch::kFloat));
+      factor_ = uniform_;
       return;
     }
     auto opts = torch::TensorOptions().device(device).dtype(torch::kDouble);
@@ -133,6 +142,7 @@ class ItemShare {
 
  private:
   torch::Tensor factor_;
+  torch::Tensor uniform_;  // 1 / world on the device (across_ranks false)
 };
 
 }  // namespace detail
@@ -147,8 +157,8 @@ class EngineBase : public Engine {
   [[nodiscard]] bool owns_grads() const override { return true; }
 
   /// Starts an accumulation group whose micro-batches hold `local_items` items on this rank.
-  void begin_group(int64_t local_items, const torch::Device& device) override {
-    share_.begin_group(comm_.get(), local_items, device);
+  void begin_group(int64_t local_items, const torch::Device& device, bool across_ranks) override {
+    share_.begin_group(comm_.get(), local_items, device, across_ranks);
   }
   /// local / global items of the group, on the device; undefined in a world of one.
   [[nodiscard]] const torch::Tensor& item_factor() const override { return share_.factor(); }

@@ -11,9 +11,8 @@
 // transformers.Trainer._inner_training_loop; docs/semantics.md lists where loom differs. The
 // work that does not depend on those types is done by components, each owning its state and
 // its part of a checkpoint:
-//   accelerator.hpp     the parts a step needs, public for hand-written loops (HF's
-//                       Accelerate): engine, precision, optimizer step, checkpointer, the
-//                       run's state; the Trainer derives from loom::Accelerator privately
+//   accelerator.hpp     the parts a step needs, public for hand-written loops (HF's Accelerate):
+//                       engine, precision, optimizer step, checkpointer, the run's state
 //   startup.hpp         arguments against policies, world, device, process group
 //   loop_state.hpp      the run's plan and the loop's loss totals (loop_state.json)
 //   optimizer_step.hpp  optimizer sharding and unscale -> clip -> step -> skip bookkeeping
@@ -146,11 +145,10 @@ class Trainer {
   /// loss first (--ddp_find_unused_parameters).
   void backward(const torch::Tensor& loss) { acc_->backward(loss); }
 
-  /// Items a batch contributes to the loss normalization (default: its rows).
+  /// Items a batch contributes to the loss normalization: a CausalLMBatch's predicted tokens
+  /// (data::predicted_tokens, HF's num_items_in_batch), else its rows.
   template <class Batch>
-  int64_t num_items(const Batch& batch) {
-    return data::batch_rows(batch);
-  }
+  int64_t num_items(const Batch& batch) { return detail::default_num_items(batch); }
 
   /// Floating-point operations of one training micro-batch, summed into total_flos: the
   /// model's `floating_point_ops(batch)` when it has one, else 0 (unknown).

@@ -13,6 +13,7 @@
 #include <loom/data/collate.hpp>
 #include <loom/data/dataset.hpp>
 #include <loom/data/iterable.hpp>
+#include <loom/data/text.hpp>
 #include <loom/policy/bundle.hpp>
 #include <loom/trainer/events.hpp>
 #include <loom/trainer/hooks.hpp>
@@ -87,6 +88,13 @@ template <class Model>
 torch::nn::Module& module_of(Model& model) {
   if constexpr (requires { model.ptr(); }) return *model.ptr();
   else return *model;
+}
+
+// The Trainer's default num_items: a causal-LM batch's predicted tokens, else its rows.
+template <class Batch>
+int64_t default_num_items(const Batch& batch) {
+  if constexpr (std::is_same_v<Batch, data::CausalLMBatch>) return data::predicted_tokens(batch);
+  else return data::batch_rows(batch);
 }
 
 // --bf16_full_eval / --fp16_full_eval: casts `module` to `dtype` (parameters and floating

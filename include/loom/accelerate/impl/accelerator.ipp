@@ -171,7 +171,9 @@ LOOM_INLINE std::vector<std::optional<int64_t>> AcceleratorBase::eval_batches(in
   return out;
 }
 
-LOOM_INLINE void AcceleratorBase::begin_accumulation(int64_t local_items) { engine_->begin_group(local_items, device_); }
+LOOM_INLINE void AcceleratorBase::begin_accumulation(int64_t local_items) {
+  engine_->begin_group(local_items, device_, run_args_->average_tokens_across_devices);
+}
 
 LOOM_INLINE void AcceleratorBase::begin_micro_step(bool last) {
   engine_->begin_micro_step(last);
