@@ -290,6 +290,22 @@ TEST_CASE("a resume on a stream seeks to its position: no example is read again,
   }
 }
 
+TEST_CASE("--ignore_data_skip: a stream resumed mid-epoch reads its epoch again from the first example") {
+  auto args = stream_args("iterable/ignore_skip_straight");
+  StreamTrainer straight(args, fresh_mlp6(), shuffled_rows(kRows, std::make_shared<Calls>()));
+  straight.train();
+  auto calls = std::make_shared<Calls>();
+  auto resume = stream_args("iterable/ignore_skip_resumed");
+  resume.resume_from_checkpoint = (fs::path(args.output_dir) / "checkpoint-3").string();
+  resume.ignore_data_skip = true;
+  StreamTrainer resumed(resume, fresh_mlp6(), shuffled_rows(kRows, calls));
+  resumed.train();
+  REQUIRE_FALSE(calls->read.empty());
+  CHECK(calls->read.front() == std::pair<int64_t, int64_t>{0, 0});  // epoch 0, its first example
+  CHECK(resumed.state().global_step == straight.state().global_step);  // --max_steps still ends it
+  CHECK_FALSE(bitwise_equal(loom_test::weights(resumed.model()), loom_test::weights(straight.model())));
+}
+
 // The child of the next case, in a process of its own (started by exec, so no thread or
 // OpenMP pool of the parent's is inherited). Under RLIMIT_DATA = what it holds + 64 MiB it
 // writes a token file 64 MiB larger than that limit to $LOOM_TEST_BIG_FILE (ids 0, 1, ...,

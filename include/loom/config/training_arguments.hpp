@@ -100,6 +100,7 @@ struct TrainingArguments {
   std::optional<std::string> metric_for_best_model;  ///< metric that decides "best"
   std::optional<bool> greater_is_better;      ///< direction of metric_for_best_model
   std::optional<std::string> resume_from_checkpoint;  ///< a checkpoint folder, or "latest" / "true" (the last in output_dir)
+  bool ignore_data_skip = false;  ///< when resuming, start the resumed epoch at its first batch instead of where the checkpoint stopped (HF's; loom's resume reads nothing it skips, so skipping costs no time and this only changes which batches train)
   bool restore_callback_states_from_checkpoint = false;  ///< on resume, restore stateful callbacks and TrainerControl
 
   // --- initial weights (a loom extension: HF keeps this in the example scripts) --------
@@ -217,6 +218,7 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"metric_for_best_model", "metric that decides \"best\""},
     {"greater_is_better", "direction of metric_for_best_model"},
     {"resume_from_checkpoint", "a checkpoint folder, or \"latest\" / \"true\" (the last in output_dir)"},
+    {"ignore_data_skip", "when resuming, start the resumed epoch at its first batch instead of where the checkpoint stopped (HF's; loom's resume reads nothing it skips, so skipping costs no time and this only changes which batches train)"},
     {"restore_callback_states_from_checkpoint", "on resume, restore stateful callbacks and TrainerControl"},
     {"model_name_or_path", "start from DIR/model.safetensors (strict match)"},
     {"seed", "seed for initialization and shuffling"},

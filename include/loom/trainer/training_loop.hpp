@@ -57,12 +57,14 @@ TrainOutput Trainer<Derived, Model, Policies...>::train_impl() {
       const auto& position = acc_->loop().train_stream;
       check(!position.is_null(), "resuming training on a stream needs the stream's position, and {} has none (its "
             "loop_state.json has no train_stream: it was not saved by a run on a stream)", resume->string());
-      loader.seek(position);
       epochs_trained = position.at("epoch").template get<int64_t>();
-      batches_to_skip = position.at("batches").template get<int64_t>();
+      batches_to_skip = args_.ignore_data_skip ? 0 : position.at("batches").template get<int64_t>();
+      // --ignore_data_skip: the stream starts its epoch again
+      loader.seek(args_.ignore_data_skip ? decltype(loader)::epoch_start(epochs_trained) : position);
     } else {
       epochs_trained = acc_->state().global_step / plan.updates_per_epoch;
-      batches_to_skip = (acc_->state().global_step % plan.updates_per_epoch) * ga;
+      // --ignore_data_skip (HF's): the resumed epoch starts at its first batch
+      batches_to_skip = args_.ignore_data_skip ? 0 : (acc_->state().global_step % plan.updates_per_epoch) * ga;
     }
   }
 
