@@ -13,15 +13,28 @@
 
 using namespace dist_test;  // NOLINT: the runner helpers
 
-TEST_CASE("auto-wrap at 2 ranks: nested units, by class and by size, train as one process") {
-  constexpr int64_t b = 4, hidden = 64;
-  auto flags = [&](const std::string& policy, int64_t batch, const fs::path& out) {
-    auto a = base_args(policy, batch, out);
-    set_flags(a, {{"--nested", "true"}, {"--hidden", std::to_string(hidden)}});
-    return a;
-  };
-  const auto ref = dist_dir("wrap_ref");
+namespace {
+
+constexpr int64_t b = 4, hidden = 64;  // per-rank batch, the MLP's width
+
+// The nested MLP's arguments (main.cpp's --nested) under `policy`.
+std::vector<std::string> flags(const std::string& policy, int64_t batch, const fs::path& out) {
+  auto a = base_args(policy, batch, out);
+  set_flags(a, {{"--nested", "true"}, {"--hidden", std::to_string(hidden)}});
+  return a;
+}
+
+// The reference: one process without sharding on both ranks' batch, in dist_dir(`name`).
+fs::path reference_run(const std::string& name) {
+  const auto ref = dist_dir(name);
   require_success(launch(1, flags("no", 2 * b, ref), ref / "logs", /*launched=*/false));
+  return ref;
+}
+
+}  // namespace
+
+TEST_CASE("auto-wrap at 2 ranks: nested units, by class and by size, train as one process") {
+  const auto ref = reference_run("wrap_ref");
   const auto want = logged_losses(ref);
   REQUIRE(want.size() == 10);
   struct Case {
@@ -69,14 +82,7 @@ TEST_CASE("auto-wrap with --gradient_checkpointing: nested units recompute insid
   // "every" and "size") gathers its parameters a second time during the outer block's
   // backward; a block that is no unit (pair under "class_linear") recomputes from the
   // parameters its enclosing unit holds.
-  constexpr int64_t b = 4, hidden = 64;
-  auto flags = [&](const std::string& policy, int64_t batch, const fs::path& out) {
-    auto a = base_args(policy, batch, out);
-    set_flags(a, {{"--nested", "true"}, {"--hidden", std::to_string(hidden)}});
-    return a;
-  };
-  const auto ref = dist_dir("wrap_ckpt_ref");
-  require_success(launch(1, flags("no", 2 * b, ref), ref / "logs", /*launched=*/false));
+  const auto ref = reference_run("wrap_ckpt_ref");
   const auto want = logged_losses(ref);
   const auto plain_runs = rank_result(ref, 0).at("pair_runs").get<int64_t>();
   CHECK(plain_runs > 0);
