@@ -355,6 +355,20 @@ TEST_CASE("parse_args errors: unknown flag") {
                        loom::Error);
   CHECK_THROWS_WITH_AS(parse<loom::TrainingArguments>({"--banana", "1"}),
                        "loom: unknown argument --banana; see --help", loom::Error);
+  // transformers' flags that loom does not take say why, rather than a near name.
+  CHECK_THROWS_WITH_AS(parse<loom::TrainingArguments>({"--torch_compile", "true"}),
+                       "loom: --torch_compile is a transformers.TrainingArguments flag that loom does not take: it "
+                       "compiles a Python model with TorchDynamo, which libtorch does not have; loom::models choose "
+                       "fused kernels on CUDA themselves (models::Kernels)",
+                       loom::Error);
+  CHECK_THROWS_WITH_AS(parse<loom::TrainingArguments>({"--push-to-hub", "true"}),
+                       "loom: --push_to_hub is a transformers.TrainingArguments flag that loom does not take: loom does "
+                       "not upload to the Hugging Face Hub; the folders save_model and the checkpoints write open in "
+                       "transformers, and `hf upload` uploads them",
+                       loom::Error);
+  for (const char* flag : {"--use_liger_kernel", "--remove_unused_columns", "--ddp_backend", "--debug", "--project"})
+    CHECK(loom_test::error_of([&] { parse<loom::TrainingArguments>({flag, "x"}); })
+              .find(" is a transformers.TrainingArguments flag that loom does not take: ") != std::string::npos);
 }
 
 TEST_CASE("parse_args errors: missing value names the expected kind") {
