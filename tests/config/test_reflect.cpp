@@ -579,6 +579,10 @@ TEST_CASE("from_json errors") {
                        "loom: unknown JSON key 'learning_rat'; did you mean 'learning_rate'?", loom::Error);
   CHECK_THROWS_WITH_AS(loom::from_json<TA>(nlohmann::json::parse(R"({"zzz": 1})")), "loom: unknown JSON key 'zzz'",
                        loom::Error);
+  CHECK_THROWS_WITH_AS(loom::from_json<TA>(nlohmann::json::parse(R"({"ddp_backend": "nccl"})")),
+                       "loom: JSON key 'ddp_backend' is a transformers.TrainingArguments field that loom does not take: "
+                       "loom chooses the process group itself: NCCL for CUDA devices, Gloo for the CPU",
+                       loom::Error);
   CHECK_THROWS_WITH_AS(loom::from_json<TA>(nlohmann::json::parse(R"({"learning_rate": "fast"})")),
                        "loom: JSON key 'learning_rate' expects a number, got \"fast\"", loom::Error);
   CHECK_THROWS_WITH_AS(loom::from_json<TA>(nlohmann::json::parse(R"({"per_device_train_batch_size": 3.5})")),

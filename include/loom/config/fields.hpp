@@ -468,6 +468,9 @@ LOOM_INLINE const FieldInfo* find_field(const std::vector<FieldInfo>& table, std
 
 /// The field name of `table` nearest to `given` (for "did you mean ...?"), or "".
 LOOM_INLINE std::string nearest_field(std::string_view given, const std::vector<FieldInfo>& table);
+/// Why loom does not take `name` when it is a transformers.TrainingArguments field loom has
+/// no flag for (torch_compile, push_to_hub, ...); none otherwise.
+LOOM_INLINE std::optional<std::string_view> foreign_flag_reason(std::string_view name);
 
 }  // namespace loom::detail
 

@@ -70,6 +70,9 @@ LOOM_INLINE Error json_null_error(std::string_view key, std::string_view kind) {
 }
 
 LOOM_INLINE Error unknown_key_error(const std::string& key, const std::vector<FieldInfo>& table) {
+  if (const auto why = foreign_flag_reason(key))
+    return Error("loom: JSON key '" + key + "' is a transformers.TrainingArguments field that loom does not take: " +
+                 std::string(*why));
   const std::string suggestion = nearest_field(key, table);
   return Error("loom: unknown JSON key '" + key + "'" +
                (suggestion.empty() ? std::string() : "; did you mean '" + suggestion + "'?"));
