@@ -16,6 +16,10 @@
 namespace loom {
 
 /// Every knob of a training run, named and defaulted as in transformers.TrainingArguments.
+///
+/// The struct holds 100 fields, Boost.PFR's limit (its generated core17_generated.hpp stops
+/// at 100): a further flag does not compile ("Too many fields in a structure"). Before adding
+/// one, group related fields into a nested struct or move loom's own settings out.
 struct TrainingArguments {
   // --- output --------------------------------------------------------------------------
   std::string output_dir = "trainer_output";  ///< where checkpoints and results go
