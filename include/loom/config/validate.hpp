@@ -81,6 +81,9 @@ LOOM_INLINE bool list_has(std::string_view list, std::string_view item);
 /// --label_names as a list (default: {"labels"}).
 LOOM_INLINE std::vector<std::string> label_names_of(const TrainingArguments& args);
 
+/// --fsdp_transformer_layer_cls_to_wrap as a list of block classes (none when unset).
+LOOM_INLINE std::vector<std::string> wrap_classes_of(const TrainingArguments& args);
+
 /// Fails unless each item of the comma-separated `list` is one of `choices`, none twice.
 LOOM_INLINE void check_list(std::string_view name, std::string_view list, std::span<const std::string_view> choices);
 

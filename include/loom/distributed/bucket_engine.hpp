@@ -384,9 +384,7 @@ struct BucketPolicy {
           "whole float32 replica on every rank: drop it (--bf16 computes in bfloat16, --sharding_reduce_dtype {} "
           "halves the gradient traffic)", args.sharding_param_dtype, sharding::FullShard::name, Tag::name,
           sharding_dtype::BFloat16::name);
-    check(!args.fsdp_transformer_layer_cls_to_wrap && args.fsdp_min_num_params == 0,
-          "--fsdp_transformer_layer_cls_to_wrap / --fsdp_min_num_params choose --sharding {}'s units; --sharding {} "
-          "has none", sharding::FullShard::name, Tag::name);
+    check_no_units(args, Tag::name);
     check(!args.offload_optimizer || Tag::facts.shards_optimizer_state,
           "--offload_optimizer needs a sharded optimizer, and --sharding {} keeps the whole optimizer on every rank; "
           "use --sharding zero1, zero2 or full_shard (any of them also at one process)", Tag::name);

@@ -67,9 +67,7 @@ struct ShardingImpl<sharding::NoShard> {
           "--sharding_param_dtype {} / --sharding_reduce_dtype {}: --sharding {} communicates nothing, so there is no "
           "format to choose; drop them (--bf16 computes in bfloat16)", args.sharding_param_dtype,
           reduce_dtype_name(args), sharding::NoShard::name);
-    check(!args.fsdp_transformer_layer_cls_to_wrap && args.fsdp_min_num_params == 0,
-          "--fsdp_transformer_layer_cls_to_wrap / --fsdp_min_num_params choose --sharding {}'s units; --sharding {} "
-          "has none", sharding::FullShard::name, sharding::NoShard::name);
+    check_no_units(args, sharding::NoShard::name);
     check(!args.offload_optimizer,
           "--offload_optimizer needs a sharded optimizer, and --sharding {} has none; use --sharding zero1, zero2 "
           "or full_shard (any of them also at one process)", sharding::NoShard::name);

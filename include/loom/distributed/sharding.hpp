@@ -11,11 +11,13 @@
 
 #include <loom/config/meta.hpp>
 #include <loom/config/training_arguments.hpp>
+#include <loom/core/error.hpp>
 #include <loom/distributed/env.hpp>
 #include <loom/policy/tags.hpp>
 
 #include <concepts>
 #include <memory>
+#include <string_view>
 
 namespace loom::dist {
 
@@ -40,5 +42,13 @@ concept ShardingEngine = requires(std::shared_ptr<Comm> comm, const EngineOption
   { S::make_engine(comm, options) } -> std::same_as<std::unique_ptr<Engine>>;
   S::can_implement(args, world);
 };
+
+/// A policy without FullShard's units (`policy`: its --sharding name) refuses the flags that
+/// choose them: part of its can_implement.
+inline void check_no_units(const TrainingArguments& args, std::string_view policy) {
+  check(!args.fsdp_transformer_layer_cls_to_wrap && args.fsdp_min_num_params == 0,
+        "--fsdp_transformer_layer_cls_to_wrap / --fsdp_min_num_params choose --sharding {}'s units; --sharding {} "
+        "has none", sharding::FullShard::name, policy);
+}
 
 }  // namespace loom::dist

@@ -89,8 +89,15 @@ struct LlamaConfig {
 };
 
 /// Fills what follows from other fields: rope_parameters from the older rope_theta and
-/// rope_scaling keys, Qwen2's bias on q/k/v, num_key_value_heads and head_dim.
+/// rope_scaling keys, num_key_value_heads and head_dim.
 LOOM_INLINE void complete_config(LlamaConfig& config);
+
+/// The key/value heads: num_key_value_heads, or num_attention_heads when unset (no grouping).
+inline int64_t llama_kv_heads(const LlamaConfig& c) { return c.num_key_value_heads.value_or(c.num_attention_heads); }
+/// The width of one head: head_dim, or hidden_size / num_attention_heads when unset.
+inline int64_t llama_head_dim(const LlamaConfig& c) { return c.head_dim.value_or(c.hidden_size / c.num_attention_heads); }
+/// Whether q_proj, k_proj and v_proj have biases: attention_bias, and always in Qwen2.
+inline bool llama_qkv_bias(const LlamaConfig& c) { return c.attention_bias || c.model_type == "qwen2"; }
 
 /// Checks `config` (sizes, heads, rope, the features implemented here); errors name `where`.
 LOOM_INLINE void validate(const LlamaConfig& config, std::string_view where);
@@ -211,9 +218,8 @@ class LlamaForCausalLMImpl : public PreTrainedModel<LlamaForCausalLMImpl, LlamaC
   /// `recompute` under --gradient_checkpointing.
   [[nodiscard]] double activation_bytes(int64_t batch, int64_t seq, int64_t bytes_per_element, bool recompute) const {
     const auto& c = config();
-    const int64_t head_dim = c.head_dim.value_or(c.hidden_size / c.num_attention_heads);
     return transformer_activation_bytes({.layers = c.num_hidden_layers, .hidden = c.hidden_size,
-                                         .kv = c.num_key_value_heads.value_or(c.num_attention_heads) * head_dim,
+                                         .kv = llama_kv_heads(c) * llama_head_dim(c),
                                          .mlp = 4 * c.intermediate_size, .heads = c.num_attention_heads,
                                          .vocab = c.vocab_size, .attention_dropout = c.attention_dropout > 0},
                                         batch, seq, bytes_per_element, recompute);

@@ -33,9 +33,7 @@ LOOM_INLINE void AcceleratorBase::start(TrainingArguments& args, Startup up, con
                                .param_dtype = dist::sharding_dtype(args.sharding_param_dtype),
                                .reduce_dtype = dist::sharding_dtype(dist::reduce_dtype_name(args)),
                                .offload_param = args.offload_param,
-                               .wrap_classes = args.fsdp_transformer_layer_cls_to_wrap
-                                                   ? detail::split_list(*args.fsdp_transformer_layer_cls_to_wrap)
-                                                   : std::vector<std::string>{},
+                               .wrap_classes = detail::wrap_classes_of(args),
                                .min_num_params = args.fsdp_min_num_params});
 }
 

@@ -144,9 +144,7 @@ LOOM_INLINE MemoryPlanInputs memory_plan_inputs(const torch::nn::Module& module,
   // FullShard's units, chosen as the engine chooses them (each parameter in its innermost unit).
   std::unordered_map<const c10::TensorImpl*, int> unit_of;
   int units = 0;
-  const auto wrap = args.fsdp_transformer_layer_cls_to_wrap ? loom::detail::split_list(*args.fsdp_transformer_layer_cls_to_wrap)
-                                                            : std::vector<std::string>{};
-  for (const auto& c : dist::unit_candidates(module, wrap, args.fsdp_min_num_params)) {
+  for (const auto& c : dist::unit_candidates(module, loom::detail::wrap_classes_of(args), args.fsdp_min_num_params)) {
     if (!c.chosen) continue;
     ++units;
     for (const auto& p : c.module->parameters(true)) unit_of[p.unsafeGetTensorImpl()] = units;

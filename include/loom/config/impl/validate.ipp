@@ -81,6 +81,11 @@ LOOM_INLINE std::vector<std::string> label_names_of(const TrainingArguments& arg
   return split_list(*args.label_names);
 }
 
+LOOM_INLINE std::vector<std::string> wrap_classes_of(const TrainingArguments& args) {
+  if (!args.fsdp_transformer_layer_cls_to_wrap) return {};
+  return split_list(*args.fsdp_transformer_layer_cls_to_wrap);
+}
+
 LOOM_INLINE bool list_has(std::string_view list, std::string_view item) {
   for (const auto& i : split_list(list))
     if (i == item) return true;

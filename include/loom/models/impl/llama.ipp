@@ -78,7 +78,7 @@ LOOM_INLINE void validate(const LlamaConfig& c, std::string_view where) {
   check_config_size(where, "num_hidden_layers", c.num_hidden_layers, ConfigLimits::layers);
   check_config_size(where, "num_attention_heads", c.num_attention_heads, ConfigLimits::width);
   check_config_size(where, "max_position_embeddings", c.max_position_embeddings, ConfigLimits::positions);
-  const int64_t kv = c.num_key_value_heads.value_or(c.num_attention_heads);
+  const int64_t kv = llama_kv_heads(c);
   check_config_size(where, "num_key_value_heads", kv, ConfigLimits::width);
   check(c.num_attention_heads % kv == 0, "{}: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
         where, c.num_attention_heads, kv);
@@ -136,8 +136,7 @@ LOOM_INLINE void validate(const LlamaConfig& c, std::string_view where) {
 }
 
 LOOM_INLINE std::vector<ConfigShape> config_shapes(const LlamaConfig& c) {
-  const int64_t kv = c.num_key_value_heads.value_or(c.num_attention_heads);
-  const int64_t head_dim = c.head_dim.value_or(c.hidden_size / c.num_attention_heads);
+  const int64_t kv = llama_kv_heads(c), head_dim = llama_head_dim(c);
   const auto h = ", hidden_size " + std::to_string(c.hidden_size);
   const auto last = "model.layers." + std::to_string(c.num_hidden_layers - 1);
   return {{"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, "vocab_size " + std::to_string(c.vocab_size) + h},
@@ -150,10 +149,8 @@ LOOM_INLINE std::vector<ConfigShape> config_shapes(const LlamaConfig& c) {
 
 LOOM_INLINE int64_t parameter_count(const LlamaConfig& c) {
   const int64_t h = c.hidden_size, i = c.intermediate_size;
-  const int64_t heads = c.num_attention_heads, kv = c.num_key_value_heads.value_or(heads);
-  const int64_t head_dim = c.head_dim.value_or(h / heads);
-  const bool qkv_bias = c.attention_bias || c.model_type == "qwen2";  // as LlamaAttentionImpl
-  const int64_t attention = h * (heads + 2 * kv) * head_dim + (qkv_bias ? (heads + 2 * kv) * head_dim : 0) +
+  const int64_t heads = c.num_attention_heads, kv = llama_kv_heads(c), head_dim = llama_head_dim(c);
+  const int64_t attention = h * (heads + 2 * kv) * head_dim + (llama_qkv_bias(c) ? (heads + 2 * kv) * head_dim : 0) +
                             heads * head_dim * h + (c.attention_bias ? h : 0);
   const int64_t mlp = 3 * h * i + (c.mlp_bias ? 2 * i + h : 0);
   const int64_t layer = attention + mlp + 2 * h;  // and the two RMSNorms
@@ -176,12 +173,12 @@ LOOM_INLINE torch::Tensor LlamaRMSNormImpl::forward(const torch::Tensor& x) {
 
 LOOM_INLINE LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
     : heads_(c.num_attention_heads),
-      kv_heads_(c.num_key_value_heads.value_or(c.num_attention_heads)),
-      head_dim_(c.head_dim.value_or(c.hidden_size / c.num_attention_heads)),
+      kv_heads_(llama_kv_heads(c)),
+      head_dim_(llama_head_dim(c)),
       dropout_(c.attention_dropout),
       scaling_(std::pow(static_cast<double>(head_dim_), -0.5)),
       window_(c.model_type == "mistral" ? c.sliding_window : std::nullopt) {
-  const bool qkv_bias = c.attention_bias || c.model_type == "qwen2";
+  const bool qkv_bias = llama_qkv_bias(c);
   const auto linear = [&](int64_t in, int64_t out, bool bias) { return peft::AdaptableLinear(in, out, bias); };
   q_proj = register_module("q_proj", linear(c.hidden_size, heads_ * head_dim_, qkv_bias));
   k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
