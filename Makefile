@@ -80,7 +80,9 @@ $(BUILD)/build.ninja: $(DEPS)/apt.stamp $(DEPS)/venv.stamp CMakeLists.txt
 build: $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
-demo: build
+# The demo and the model examples build only their own program and what it links.
+demo: $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS) --target fashion_mnist
 	$(BUILD)/examples/fashion_mnist $(ARGS)
 
 test: build
@@ -114,13 +116,16 @@ $(KJV_SFT)/meta.json: $(TEXT_TOOLS) $(BUILD)/build.ninja
 
 llama-sft-data: $(KJV_SFT)/meta.json
 
-gpt2: build kjv-data
+gpt2: kjv-data
+	cmake --build $(BUILD) -j $(JOBS) --target gpt2
 	$(BUILD)/examples/gpt2 --data_dir $(KJV_DATA) $(ARGS)
 
-bert: build kjv-data
+bert: kjv-data
+	cmake --build $(BUILD) -j $(JOBS) --target bert_classify
 	$(BUILD)/examples/bert_classify --data_dir $(KJV_DATA) $(ARGS)
 
-llama-sft: build llama-sft-data
+llama-sft: llama-sft-data
+	cmake --build $(BUILD) -j $(JOBS) --target llama_sft
 	$(BUILD)/examples/llama_sft --data_dir $(KJV_SFT) $(ARGS)
 
 # --- fuzzing (tests/fuzz/README.md) ------------------------------------------------------

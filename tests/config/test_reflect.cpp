@@ -279,7 +279,7 @@ TEST_CASE("help_text: each struct under its heading, descriptions under their fl
   CHECK(help.starts_with("usage: run [--help] [settings.json] [--name value ...]\n"));
 
   // Headings in the order of the structs, each followed by its own fields only.
-  const auto training = help.find("\nTrainingArguments:\n  --output_dir <string>");
+  const auto training = help.find("\nTrainingArguments:\n output:\n  --output_dir <string>");
   const auto described = help.find("\nmodel arguments:\n  --tokenizer <string>  (default: bpe)\n");
   const auto data = help.find("\nDataArgs:\n  --data_dir <string>  (default: data)\n");
   const auto model = help.find("\nModelArgs:\n  --model_name <string>  (default: gpt2)\n");
@@ -581,7 +581,8 @@ TEST_CASE("from_json errors") {
                        loom::Error);
   CHECK_THROWS_WITH_AS(loom::from_json<TA>(nlohmann::json::parse(R"({"ddp_backend": "nccl"})")),
                        "loom: JSON key 'ddp_backend' is a transformers.TrainingArguments field that loom does not take: "
-                       "loom chooses the process group itself: NCCL for CUDA devices, Gloo for the CPU",
+                       "loom chooses the process group itself: NCCL for CUDA devices, Gloo for the CPU (given "
+                       "\"nccl\"; read only as null, HF's default)",
                        loom::Error);
   CHECK_THROWS_WITH_AS(loom::from_json<TA>(nlohmann::json::parse(R"({"learning_rate": "fast"})")),
                        "loom: JSON key 'learning_rate' expects a number, got \"fast\"", loom::Error);
@@ -887,8 +888,8 @@ TEST_CASE("GivenFlags: not written by to_json, not read by from_json, not in --h
   CHECK(help.find("\n  --depth <int>  (default: 2)\n  --mode <string>  (default: fast)\n") != std::string::npos);
 
   // The field checks skip it: it is counted as no setting, and a field_help entry naming it names no field.
-  static_assert(loom::detail::setting_count<loom::TrainingArguments>() ==
-                boost::pfr::tuple_size_v<loom::TrainingArguments> - 1);
+  static_assert(loom::detail::given_flags_count<loom::TrainingArguments>() == 1);
+  static_assert(loom::detail::setting_count<reflect_test::Recorded>() == boost::pfr::tuple_size_v<reflect_test::Recorded> - 1);
   static_assert(loom::detail::setting_names<reflect_test::Recorded>() ==
                 std::array<std::string_view, 2>{"depth", "mode"});
   static_assert(loom::detail::bad_field_help_entry<reflect_test::HelpForGiven>(false) == 1);

@@ -11,6 +11,7 @@ function(run_example name)
     message(FATAL_ERROR "${name} exited with ${rc}")
   endif()
   set(out "${out}" PARENT_SCOPE)
+  set(err "${err}" PARENT_SCOPE)
 endfunction()
 
 function(check_outputs steps)

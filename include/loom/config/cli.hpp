@@ -122,7 +122,8 @@ ParseResult<Ts...> try_parse_args(std::span<const std::string> args) {
 }
 
 /// The --help text: the usage, then each struct under its heading (config/field_help.hpp),
-/// one flag a line: `  --name <kind>  (default: value)`, its description on the next line.
+/// one flag a line: `  --name <kind>  (default: value)`, its description on the next line;
+/// the settings of a group under a sub-heading ` <group>:`.
 template <class... Ts>
 std::string help_text(std::string_view program, const std::tuple<Ts...>& defaults) {
   detail::check_parseable<Ts...>();
@@ -130,10 +131,16 @@ std::string help_text(std::string_view program, const std::tuple<Ts...>& default
   auto list = [&]<class T>(const T& defaults) {
     constexpr auto names = detail::setting_names<T>();
     constexpr auto descriptions = detail::field_descriptions<T>();
+    constexpr auto groups = detail::setting_groups<T>();
     out += '\n';
     out += detail::help_heading<T>();
     out += ":\n";
+    std::string_view group;
     detail::for_each_setting(defaults, [&]<class F>(const F& field, std::size_t index) {
+      if (groups[index] != group) {  // a group's settings under its own sub-heading
+        group = groups[index];
+        if (!group.empty()) out.append(" ").append(group).append(":\n");
+      }
       detail::append_help_line(out, names[index], detail::kind_short<typename detail::field_traits<F>::scalar>(),
                                detail::field_to_text(field), descriptions[index]);
     });

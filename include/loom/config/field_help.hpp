@@ -35,4 +35,20 @@ struct FieldHelp {
 template <class T>
 struct HelpFor {};
 
+/// The list of a struct's base-class groups (`using loom_groups = loom::Groups<A, B>;`), as
+/// loom::Grouped declares it.
+template <class... G>
+struct Groups {};
+
+/// The base of a struct whose settings live in groups, for a struct too large for one Boost.PFR
+/// reflection (100 fields):
+///   struct Args : loom::Grouped<OptimizerArgs, LoggingArgs> {};
+/// Reflection reads the groups in this order as one flat list of settings (config/fields.hpp),
+/// and code keeps writing `args.learning_rate`. A group is shown as a sub-heading in --help (its
+/// help_heading, else its name) and may have its own field_help table.
+template <class... G>
+struct Grouped : G... {
+  using loom_groups = Groups<G...>;  ///< the groups, in order
+};
+
 }  // namespace loom

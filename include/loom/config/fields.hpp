@@ -9,8 +9,11 @@
 // char8_t, char16_t, char32_t; int8_t/uint8_t are fine), float/double/long double,
 // std::string, and std::optional of any of those. A loom::GivenFlags field
 // (config/given_flags.hpp) is no setting: it is skipped (no flag, no --help line, no JSON
-// key) and the parsers fill it. Any other field type, a const field, or a non-aggregate is a
-// compile error whose message starts with "loom:".
+// key) and the parsers fill it. A field that is itself a plain struct is a group, and so are
+// the bases of a struct derived from loom::Grouped<A, B, ...> (config/field_help.hpp):
+// their settings join the flat list, so flags and JSON keys keep their own names. Any other
+// field type, a const field, or a non-aggregate is a compile error whose message starts with
+// "loom:".
 
 #include <loom/config/field_help.hpp>
 #include <loom/config/given_flags.hpp>
@@ -75,75 +78,263 @@ inline constexpr bool is_supported_field_v =
 template <class F>
 inline constexpr bool is_given_flags_v = std::is_same_v<std::remove_cv_t<F>, GivenFlags>;
 
-// ---- the settings of a struct: its fields less the GivenFlags ones ------------------------
+// ---- groups: the tree of a struct's settings ------------------------------------------------
+//
+// A reflected struct is a tree. Its children are its fields (Boost.PFR), or, for a struct that
+// declares `using loom_groups = loom::Groups<A, B, ...>` (as deriving from loom::Grouped<A, B,
+// ...> does, config/field_help.hpp), its base classes A, B, ... (PFR cannot
+// see into a class with bases, and bases keep `args.learning_rate` a plain member access). A
+// child is a setting (a supported field), a GivenFlags field (skipped), or a group: a field of
+// aggregate class type, reflected in turn. Settings are numbered in declaration order through
+// the whole tree, so a grouped struct reads and writes as one flat list of names: flags, JSON
+// keys and --help lines do not show the groups (only --help's headings do). Each struct in the
+// tree is held to Boost.PFR's limit of 100 fields; the tree has none.
 
-/// How many fields of T are settings.
+/// True for a struct composed of base-class groups (`using loom_groups = loom::Groups<...>`).
 template <class T>
-consteval std::size_t setting_count() {
-  return []<std::size_t... I>(std::index_sequence<I...>) {
-    return ((is_given_flags_v<boost::pfr::tuple_element_t<I, T>> ? std::size_t{0} : std::size_t{1}) + ... +
-            std::size_t{0});
-  }(std::make_index_sequence<boost::pfr::tuple_size_v<T>>{});
+concept has_base_groups = requires { typename T::loom_groups; };
+
+/// True for a field that is a nested group of settings (an aggregate struct, not GivenFlags).
+template <class F>
+inline constexpr bool is_group_v =
+    std::is_class_v<F> && std::is_aggregate_v<F> && !is_given_flags_v<F> && std::is_same_v<F, std::remove_cv_t<F>>;
+
+template <class T>
+struct node_of {  // a plain struct: its fields
+  static constexpr std::size_t arity = boost::pfr::tuple_size_v<T>;
+  template <std::size_t I>
+  using child = boost::pfr::tuple_element_t<I, T>;
+  template <std::size_t I, class V>
+  static constexpr auto& get(V& value) {
+    return boost::pfr::get<I>(value);
+  }
+  template <std::size_t I>
+  static constexpr std::string_view name() {
+    return boost::pfr::get_name<I, T>();
+  }
+};
+
+template <class T, class List>
+struct base_node_of;
+template <class T, class... G>
+struct base_node_of<T, Groups<G...>> {  // a struct of base-class groups: its bases
+  static constexpr std::size_t arity = sizeof...(G);
+  template <std::size_t I>
+  using child = std::tuple_element_t<I, std::tuple<G...>>;
+  template <std::size_t I, class V>
+  static constexpr auto& get(V& value) {
+    using C = child<I>;
+    if constexpr (std::is_const_v<V>) return static_cast<const C&>(value);
+    else return static_cast<C&>(value);
+  }
+  template <std::size_t I>
+  static constexpr std::string_view name() {
+    return {};
+  }
+};
+
+template <class T>
+  requires has_base_groups<T>
+struct node_of<T> : base_node_of<T, typename T::loom_groups> {};
+
+/// T's child number I (a field's type, or a base-class group).
+template <class T, std::size_t I>
+using child_t = typename node_of<T>::template child<I>;
+
+// The leaves of the tree: settings, and GivenFlags fields.
+enum class Leaf { setting, given_flags };
+
+template <class T, Leaf K>
+consteval std::size_t leaf_count();
+
+/// How many leaves of kind K a child of type C holds: a setting or a GivenFlags field is one of
+/// its kind, a group holds its own.
+template <class C, Leaf K>
+consteval std::size_t leaves_in() {
+  if constexpr (is_group_v<C>) return leaf_count<C, K>();
+  else if constexpr (is_given_flags_v<C>) return K == Leaf::given_flags ? 1 : 0;
+  else return K == Leaf::setting ? 1 : 0;
 }
 
-/// True when T holds a GivenFlags field.
+/// The setting index each child of T starts at (one more entry: the total).
 template <class T>
-inline constexpr bool has_given_flags_v = setting_count<T>() != boost::pfr::tuple_size_v<T>;
-
-/// Boost.PFR's field index of each setting of T, in declaration order.
-template <class T>
-consteval std::array<std::size_t, setting_count<T>()> setting_fields() {
-  std::array<std::size_t, setting_count<T>()> out{};
+consteval std::array<std::size_t, node_of<T>::arity + 1> child_offsets() {
+  std::array<std::size_t, node_of<T>::arity + 1> out{};
   [&]<std::size_t... I>(std::index_sequence<I...>) {
-    std::size_t k = 0;
-    ((is_given_flags_v<boost::pfr::tuple_element_t<I, T>> ? void() : void(out[k++] = I)), ...);
-    (void)k;
-  }(std::make_index_sequence<boost::pfr::tuple_size_v<T>>{});
+    ((out[I + 1] = out[I] + leaves_in<child_t<T, I>, Leaf::setting>()), ...);
+  }(std::make_index_sequence<node_of<T>::arity>{});
   return out;
 }
+
+/// How many leaves of kind K T holds, through its groups.
+template <class T, Leaf K>
+consteval std::size_t leaf_count() {
+  return []<std::size_t... I>(std::index_sequence<I...>) {
+    return (leaves_in<child_t<T, I>, K>() + ... + std::size_t{0});
+  }(std::make_index_sequence<node_of<T>::arity>{});
+}
+
+/// How many settings T holds, through its groups.
+template <class T>
+consteval std::size_t setting_count() {
+  return leaf_count<T, Leaf::setting>();
+}
+
+/// How many GivenFlags fields T holds, through its groups.
+template <class T>
+consteval std::size_t given_flags_count() {
+  return leaf_count<T, Leaf::given_flags>();
+}
+
+/// True when T holds a GivenFlags field (directly or in a group).
+template <class T>
+inline constexpr bool has_given_flags_v = given_flags_count<T>() > 0;
+
+/// T::help_heading, else T's name without namespaces (defined with the --help helpers below).
+/// A group's heading is its help_heading, else its field's name (a member group) or this.
+template <class T>
+constexpr std::string_view help_heading();
 
 /// The names of T's settings, by setting index.
 template <class T>
 consteval std::array<std::string_view, setting_count<T>()> setting_names() {
-  constexpr auto names = boost::pfr::names_as_array<T>();
-  constexpr auto fields = setting_fields<T>();
-  std::array<std::string_view, fields.size()> out{};
-  for (std::size_t i = 0; i < fields.size(); ++i) out[i] = names[fields[i]];
+  std::array<std::string_view, setting_count<T>()> out{};
+  constexpr auto at = child_offsets<T>();
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ([&] {
+      using C = child_t<T, I>;
+      if constexpr (is_group_v<C>) {
+        constexpr auto inner = setting_names<C>();
+        for (std::size_t k = 0; k < inner.size(); ++k) out[at[I] + k] = inner[k];
+      } else if constexpr (!is_given_flags_v<C>) {
+        out[at[I]] = node_of<T>::template name<I>();
+      }
+    }(),
+     ...);
+  }(std::make_index_sequence<node_of<T>::arity>{});
   return out;
+}
+
+/// The innermost group heading of each of T's settings ("" for T's own fields), by setting index.
+template <class T>
+consteval std::array<std::string_view, setting_count<T>()> setting_groups() {
+  std::array<std::string_view, setting_count<T>()> out{};
+  constexpr auto at = child_offsets<T>();
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ([&] {
+      using C = child_t<T, I>;
+      if constexpr (is_group_v<C>) {
+        constexpr auto inner = setting_groups<C>();
+        constexpr std::string_view own = [] {
+          if constexpr (requires { C::help_heading; } || has_base_groups<T>) return help_heading<C>();
+          else return node_of<T>::template name<I>();
+        }();
+        for (std::size_t k = 0; k < inner.size(); ++k) out[at[I] + k] = inner[k].empty() ? own : inner[k];
+      }
+    }(),
+     ...);
+  }(std::make_index_sequence<node_of<T>::arity>{});
+  return out;
+}
+
+// The type of T's setting number S (setting_t below).
+template <class T, std::size_t S>
+consteval auto setting_type_of() {
+  constexpr auto at = child_offsets<T>();
+  constexpr std::size_t I = [&] {
+    std::size_t i = 0;
+    while (!(at[i] <= S && S < at[i + 1])) ++i;
+    return i;
+  }();
+  using C = child_t<T, I>;
+  if constexpr (is_group_v<C>) return setting_type_of<C, S - at[I]>();
+  else return std::type_identity<C>{};
 }
 
 /// The type of T's setting number S.
 template <class T, std::size_t S>
-using setting_t = boost::pfr::tuple_element_t<setting_fields<T>()[S], T>;
+using setting_t = typename decltype(setting_type_of<T, S>())::type;
 
-// The setting index of T's field number `field` (a setting): the settings before it.
-template <class T>
-consteval std::size_t setting_index(std::size_t field) {
-  std::size_t before = 0;
-  for (std::size_t f : setting_fields<T>()) before += f < field ? 1 : 0;
-  return before;
+template <std::size_t Offset, class V, class F>
+constexpr void for_each_setting_from(V& value, F& f) {
+  using T = std::remove_cv_t<V>;
+  constexpr auto at = child_offsets<T>();
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ([&] {
+      using C = child_t<T, I>;
+      auto& child = node_of<T>::template get<I>(value);
+      if constexpr (is_group_v<C>) for_each_setting_from<Offset + at[I]>(child, f);
+      else if constexpr (!is_given_flags_v<C>) f(child, std::integral_constant<std::size_t, Offset + at[I]>{});
+    }(),
+     ...);
+  }(std::make_index_sequence<node_of<T>::arity>{});
 }
 
 /// Calls f(field, std::integral_constant<std::size_t, S>{}) for each setting of `value` in
-/// declaration order, S its setting index (boost::pfr::for_each_field less the GivenFlags fields).
+/// declaration order through its groups, S its setting index (GivenFlags fields skipped).
 template <class T, class F>
 constexpr void for_each_setting(T&& value, F&& f) {
-  using U = std::remove_cvref_t<T>;
-  boost::pfr::for_each_field(value, [&]<class Field, std::size_t I>(Field&& field, std::integral_constant<std::size_t, I>) {
-    if constexpr (!is_given_flags_v<std::remove_reference_t<Field>>)
-      f(field, std::integral_constant<std::size_t, setting_index<U>(I)>{});
-  });
+  for_each_setting_from<0>(value, f);
+}
+
+/// Calls f(flags) for each GivenFlags field of `value`, directly or in a group.
+template <class T, class F>
+void for_each_given_flags(T& value, F&& f) {
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ([&] {
+      using C = child_t<T, I>;
+      if constexpr (is_given_flags_v<C>) f(node_of<T>::template get<I>(value));
+      else if constexpr (is_group_v<C>) for_each_given_flags(node_of<T>::template get<I>(value), f);
+    }(),
+     ...);
+  }(std::make_index_sequence<node_of<T>::arity>{});
 }
 
 // ---- compile-time checks of a struct ----------------------------------------------------
 
 template <class T>
+consteval bool all_fields_supported();
+
+// A child of type C is a supported field, GivenFlags, or a group of such.
+template <class C>
+consteval bool child_supported() {
+  if constexpr (is_group_v<C>) return all_fields_supported<C>();
+  else return is_supported_field_v<C> || is_given_flags_v<C>;
+}
+
+template <class T>
 consteval bool all_fields_supported() {
   return []<std::size_t... I>(std::index_sequence<I...>) {
-    return ((is_supported_field_v<boost::pfr::tuple_element_t<I, T>> ||
-             std::is_same_v<boost::pfr::tuple_element_t<I, T>, GivenFlags>) &&
-            ... && true);
-  }(std::make_index_sequence<boost::pfr::tuple_size_v<T>>{});
+    return (child_supported<child_t<T, I>>() && ... && true);
+  }(std::make_index_sequence<node_of<T>::arity>{});
+}
+
+template <class T, class List>
+struct groups_are_bases : std::false_type {};
+template <class T, class... G>
+struct groups_are_bases<T, Groups<G...>> {
+  struct Only : G... {};  // the same bases, no member of T's own
+  static constexpr bool value = (std::is_base_of_v<G, T> && ...) && sizeof(Only) == sizeof(T);
+};
+
+template <class T>
+consteval bool groups_well_formed();
+
+// A child of type C of a struct whose children are base classes (InBases) or fields.
+template <class C, bool InBases>
+consteval bool child_well_formed() {
+  if constexpr (is_group_v<C>) return groups_well_formed<C>();
+  else return !InBases;  // a base-class group list names structs only
+}
+
+template <class T>
+consteval bool groups_well_formed() {
+  if constexpr (has_base_groups<T>) {
+    if (!groups_are_bases<T, typename T::loom_groups>::value) return false;
+  }
+  return []<std::size_t... I>(std::index_sequence<I...>) {
+    return (child_well_formed<child_t<T, I>, has_base_groups<T>>() && ... && true);
+  }(std::make_index_sequence<node_of<T>::arity>{});
 }
 
 template <class T>
@@ -159,7 +350,12 @@ constexpr void check_reflectable() {
                 "loom: reflected types must be default-constructible aggregates (plain structs)");
   static_assert(all_fields_supported<T>(),
                 "loom: every field of a reflected struct must be bool, an integer, a floating-point "
-                "number, std::string, or std::optional of one of those (and not const)");
+                "number, std::string, std::optional of one of those (and not const), or a struct of such "
+                "fields (a group)");
+  static_assert(groups_well_formed<T>(),
+                "loom: a struct of base-class groups (loom::Grouped<A, B, ...>, or `using loom_groups = "
+                "loom::Groups<A, B, ...>`) must list every base class, structs only, and may have no fields "
+                "of its own beside them");
 }
 
 // A name spelled as a type, so that the compiler's message shows it: a template argument
@@ -240,9 +436,34 @@ concept has_member_field_help = requires { std::size(T::field_help); };
 template <class T>
 concept has_adl_field_help = requires { std::size(field_help(HelpFor<T>{})); };
 template <class T>
-concept has_help_heading = requires {
+concept names_help_heading = requires {
   { T::help_heading } -> std::convertible_to<std::string_view>;
 };
+
+// True when T's help_heading is its base-class group G's.
+template <class T, class G>
+consteval bool heading_from() {
+  if constexpr (names_help_heading<G>)
+    return static_cast<const void*>(&G::help_heading) == static_cast<const void*>(&T::help_heading);
+  else
+    return false;
+}
+
+// True when T's help_heading is one of its base-class groups' (inherited, not T's own).
+template <class T, class... G>
+consteval bool heading_inherited(Groups<G...>) {
+  return (heading_from<T, G>() || ...);
+}
+
+template <class T>
+consteval bool heading_is_own() {
+  if constexpr (has_base_groups<T>) return !heading_inherited<T>(typename T::loom_groups{});
+  else return true;
+}
+
+/// True when T declares a help_heading of its own (a group's, inherited, does not count).
+template <class T>
+concept has_help_heading = names_help_heading<T> && heading_is_own<T>();
 
 // T's table as T gives it (a member array, or what field_help(HelpFor<T>) returns).
 template <class T>
@@ -311,13 +532,30 @@ constexpr void check_field_help() {
   constexpr std::size_t repeated = bad_field_help_entry<T>(true);
   if constexpr (repeated != no_index)
     (void)sizeof(field_help_names_a_field_twice<spelled<HelpEntryNameOf<T, repeated>>, T>);
+  [&]<std::size_t... I>(std::index_sequence<I...>) {  // each group's own table too
+    ([] {
+      if constexpr (is_group_v<child_t<T, I>>) check_field_help<child_t<T, I>>();
+    }(),
+     ...);
+  }(std::make_index_sequence<node_of<T>::arity>{});
 }
 
-/// The description of each setting of T, by setting index ("" where T gives none).
+/// The description of each setting of T, by setting index ("" where T gives none): a group's
+/// own table, then T's entries over it.
 template <class T>
 consteval std::array<std::string_view, setting_count<T>()> field_descriptions() {
   constexpr auto names = setting_names<T>();
   std::array<std::string_view, names.size()> out{};
+  constexpr auto at = child_offsets<T>();
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ([&] {
+      if constexpr (is_group_v<child_t<T, I>>) {
+        constexpr auto inner = field_descriptions<child_t<T, I>>();
+        for (std::size_t k = 0; k < inner.size(); ++k) out[at[I] + k] = inner[k];
+      }
+    }(),
+     ...);
+  }(std::make_index_sequence<node_of<T>::arity>{});
   for (const FieldHelp& entry : field_help_entries<T>())
     for (std::size_t i = 0; i < names.size(); ++i)
       if (names[i] == entry.name) out[i] = entry.help;
@@ -455,11 +693,8 @@ void record_given(Tuple& values, const FieldInfo& info) {
   if constexpr (TI < std::tuple_size_v<Tuple>) {
     using T = std::tuple_element_t<TI, Tuple>;
     if (info.type_index != TI) return record_given<TI + 1>(values, info);
-    if constexpr (has_given_flags_v<T>) {
-      boost::pfr::for_each_field(std::get<TI>(values), [&]<class F>(F& field) {
-        if constexpr (is_given_flags_v<F>) field.insert(info.name);
-      });
-    }
+    if constexpr (has_given_flags_v<T>)
+      for_each_given_flags(std::get<TI>(values), [&](GivenFlags& flags) { flags.insert(info.name); });
   }
 }
 
@@ -468,6 +703,16 @@ LOOM_INLINE const FieldInfo* find_field(const std::vector<FieldInfo>& table, std
 
 /// The field name of `table` nearest to `given` (for "did you mean ...?"), or "".
 LOOM_INLINE std::string nearest_field(std::string_view given, const std::vector<FieldInfo>& table);
+/// A transformers.TrainingArguments setting loom has no flag for (torch_compile, push_to_hub, ...).
+struct ForeignSetting {
+  std::string_view name;                   ///< HF's field name
+  std::vector<std::string_view> accepted;  ///< JSON texts a settings file may give it (HF's default first): loom does that already
+  std::string_view why;                    ///< why loom has no flag for it
+};
+/// Every such setting (config/impl/fields.ipp).
+LOOM_INLINE const std::vector<ForeignSetting>& foreign_settings();
+/// The ForeignSetting named `name`, or nullptr.
+LOOM_INLINE const ForeignSetting* foreign_setting(std::string_view name);
 /// Why loom does not take `name` when it is a transformers.TrainingArguments field loom has
 /// no flag for (torch_compile, push_to_hub, ...); none otherwise.
 LOOM_INLINE std::optional<std::string_view> foreign_flag_reason(std::string_view name);

@@ -26,11 +26,18 @@ class GivenFlags {
   [[nodiscard]] const std::vector<std::string>& names() const { return names_; }
   /// True when nothing was given.
   [[nodiscard]] bool empty() const { return names_.empty(); }
+  /// Records `name` as a transformers.TrainingArguments setting a JSON settings file gave at
+  /// HF's default, which loom has no flag for and no use of (sorted, once; the Trainer lists
+  /// them at info level at start-up).
+  LOOM_INLINE void insert_ignored(std::string_view name);
+  /// The settings insert_ignored recorded, sorted.
+  [[nodiscard]] const std::vector<std::string>& ignored() const { return ignored_; }
   /// Same names.
   bool operator==(const GivenFlags&) const = default;
 
  private:
   std::vector<std::string> names_;
+  std::vector<std::string> ignored_;
 };
 
 }  // namespace loom

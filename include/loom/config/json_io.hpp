@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -72,8 +73,39 @@ LOOM_INLINE Error json_type_error(std::string_view key, std::string_view kind, s
 /// "loom: JSON key '<key>' is null, but the field is not optional (expects <kind>)".
 LOOM_INLINE Error json_null_error(std::string_view key, std::string_view kind);
 
-/// "loom: unknown JSON key '<key>'", with the nearest field of `table` when one is close.
-LOOM_INLINE Error unknown_key_error(const std::string& key, const std::vector<FieldInfo>& table);
+/// "loom: unknown JSON key '<key>'", with the nearest field of `table` when one is close; for a
+/// transformers.TrainingArguments setting loom has no flag for, why, and `given` (the value
+/// as describe() shows it) beside the values that would be accepted.
+LOOM_INLINE Error unknown_key_error(const std::string& key, const std::vector<FieldInfo>& table,
+                                    std::string_view given = {});
+
+/// True when `value` is one of the values ForeignSetting::accepted lists for `key`.
+LOOM_INLINE bool foreign_value_accepted(std::string_view key, const nlohmann::json& value);
+
+/// What a JSON settings file written by transformers (TrainingArguments.to_json_string, or
+/// HfArgumentParser's JSON) gives in HF's own form, in the form loom's field takes: lists where
+/// loom takes comma-separated words (report_to, include_for_metrics, label_names; fsdp's words
+/// by spaces), objects where loom takes JSON text (lr_scheduler_kwargs, fsdp_config, deepspeed,
+/// gradient_checkpointing_kwargs), null lr_scheduler_kwargs as {} and a bool fsdp as text.
+/// Nothing when `value` is already loom's form.
+LOOM_INLINE std::optional<nlohmann::json> hf_json_form(std::string_view key, const nlohmann::json& value);
+
+/// Records `key` with GivenFlags::insert_ignored in the first struct of `values` that holds a
+/// GivenFlags field (TrainingArguments, when it is parsed).
+template <std::size_t TI = 0, class Tuple>
+void record_ignored(Tuple& values, std::string_view key) {
+  if constexpr (TI < std::tuple_size_v<Tuple>) {
+    using T = std::tuple_element_t<TI, Tuple>;
+    if constexpr (has_given_flags_v<T>) {
+      bool done = false;
+      for_each_given_flags(std::get<TI>(values), [&](GivenFlags& flags) {
+        if (!std::exchange(done, true)) flags.insert_ignored(key);
+      });
+    } else {
+      record_ignored<TI + 1>(values, key);
+    }
+  }
+}
 
 template <class F, class Json>
 void set_from_json(F& field, const Json& value, std::string_view key) {
@@ -141,8 +173,19 @@ void apply_json_object(Tuple& values, const Json& json, const std::vector<FieldI
   if (!json.is_object()) throw Error("loom: expected a JSON object of settings, got " + loom::json::describe(json));
   for (auto it = json.begin(); it != json.end(); ++it) {
     const FieldInfo* info = find_field(table, it.key());
-    if (info == nullptr) throw unknown_key_error(it.key(), table);
-    visit_field(values, *info, [&](auto& field) { set_from_json(field, it.value(), info->name); });
+    if (info == nullptr) {
+      // A transformers setting loom has no flag for, at a value loom already honours (HF's
+      // default): read, and listed at start-up; any other value is refused by name.
+      const nlohmann::json plain = it.value();
+      if (!foreign_value_accepted(it.key(), plain)) throw unknown_key_error(it.key(), table, loom::json::describe(plain));
+      if (record == RecordGiven::yes) record_ignored(values, it.key());
+      continue;
+    }
+    const std::optional<nlohmann::json> hf_form = hf_json_form(info->name, it.value());
+    visit_field(values, *info, [&](auto& field) {
+      if (hf_form) set_from_json(field, *hf_form, info->name);
+      else set_from_json(field, it.value(), info->name);
+    });
     if (record == RecordGiven::yes) record_given(values, *info);
   }
 }

@@ -1,5 +1,6 @@
 #pragma once
-// TrainingArguments: a plain aggregate with Hugging Face's field names and defaults.
+// TrainingArguments: an aggregate of group structs with Hugging Face's field names and
+// defaults, read by reflection as one flat list (config/fields.hpp).
 // Reflection (CLI, JSON, help) lives in config/reflect.hpp; run-time validation in
 // config/validate.hpp. No torch include here, on purpose. The `///<` comments are also the
 // --help descriptions: field_help() below repeats them as data.
@@ -11,26 +12,36 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <string>
 
 namespace loom {
 
-/// Every knob of a training run, named and defaulted as in transformers.TrainingArguments.
-///
-/// The struct holds 100 fields, Boost.PFR's limit (its generated core17_generated.hpp stops
-/// at 100): a further flag does not compile ("Too many fields in a structure"). Before adding
-/// one, group related fields into a nested struct or move loom's own settings out.
-struct TrainingArguments {
-  // --- output --------------------------------------------------------------------------
+namespace training_groups {
+// TrainingArguments' settings, one struct a group (config/fields.hpp reads them through
+// TrainingArguments::loom_groups as one flat list). To add a setting: add the field, with its
+// ///< comment, to the group it belongs to, and the same text to training_arguments_help
+// below (docs/architecture.md, "Adding a flag").
+
+/// TrainingArguments: output.
+struct Output {
   std::string output_dir = "trainer_output";  ///< where checkpoints and results go
   bool overwrite_output_dir = false;          ///< start afresh in an output_dir that holds files or checkpoints (loom::last_checkpoint, HF's example rule)
 
-  // --- what to run ---------------------------------------------------------------------
+  static constexpr std::string_view help_heading = "output";
+};
+
+/// TrainingArguments: what to run.
+struct Run {
   bool do_train = false;    ///< run training (the program decides, as in HF; loom's examples honour it)
   bool do_eval = false;     ///< run evaluation on the validation set (as do_train)
   bool do_predict = false;  ///< run predictions on the test set (as do_train)
 
-  // --- batches -------------------------------------------------------------------------
+  static constexpr std::string_view help_heading = "what to run";
+};
+
+/// TrainingArguments: batches and data loading.
+struct Batches {
   int64_t per_device_train_batch_size = 8;  ///< training batch per device (process)
   int64_t per_device_eval_batch_size = 8;   ///< evaluation batch per device (process)
   int64_t gradient_accumulation_steps = 1;  ///< micro-batches per optimizer step
@@ -43,8 +54,14 @@ struct TrainingArguments {
   std::string train_sampling_strategy = "random";  ///< random | sequential | group_by_length
   bool group_by_length = false;  ///< HF 4's name for --train_sampling_strategy group_by_length
   std::string length_column_name = "length";  ///< the dataset field holding each example's length (group_by_length)
+  bool dataloader_persistent_workers = false;  ///< keep the worker threads between epochs (HF's; loom's workers are threads of this process, so both values read the same batches)
+  bool dataloader_in_order = true;  ///< yield batches in sampler order (HF's default; false, as soon as ready, is refused: a run and its resume must read the same batches)
 
-  // --- optimizer -----------------------------------------------------------------------
+  static constexpr std::string_view help_heading = "batches and data loading";
+};
+
+/// TrainingArguments: optimizer.
+struct Optimizer {
   std::string optim = std::string(optimizer::AdamWTorchFused::name);  ///< adamw_torch_fused | adamw_torch | adafactor | sgd | adagrad | rmsprop | lion
   std::optional<std::string> optim_args;    ///< HF's extra optimizer arguments, "momentum=0.9,nesterov=True"
   double learning_rate = 5e-5;              ///< peak learning rate
@@ -56,9 +73,17 @@ struct TrainingArguments {
   double label_smoothing_factor = 0.0;      ///< label smoothing epsilon on the model's logits (0: off)
   bool gradient_checkpointing = false;      ///< recompute the activations of every FullShardUnit / Checkpointed block in backward (less memory, one more forward)
   std::optional<std::string> gradient_checkpointing_kwargs;  ///< HF's JSON object for it: only use_reentrant (true or false: loom recomputes the same way)
+  std::optional<bool> activation_checkpointing;  ///< HF 5's name for --gradient_checkpointing, which it sets when given (HF's rule)
+  std::optional<std::string> activation_checkpointing_kwargs;  ///< HF 5's name for --gradient_checkpointing_kwargs, which it sets when given
+  bool use_cache = false;  ///< HF's: the model's use_cache during training; loom's training forward keeps no key/value cache either way (generation always uses one)
+  std::optional<int64_t> torch_empty_cache_steps;  ///< on CUDA, return the caching allocator's free memory to the driver every N steps (HF's; slower, less fragmentation)
   std::optional<double> neftune_noise_alpha;  ///< NEFTune: uniform noise of this scale on the input embeddings while training (a model with neftune())
 
-  // --- length and schedule -------------------------------------------------------------
+  static constexpr std::string_view help_heading = "optimizer";
+};
+
+/// TrainingArguments: length and schedule.
+struct Schedule {
   double num_train_epochs = 3.0;              ///< epochs, when max_steps <= 0
   int64_t max_steps = -1;                     ///< optimizer steps; overrides num_train_epochs when > 0
   std::string lr_scheduler_type = "linear";   ///< HF scheduler name
@@ -66,7 +91,11 @@ struct TrainingArguments {
   double warmup_ratio = 0.0;                  ///< warmup as a fraction of max_steps
   double warmup_steps = 0;                    ///< warmup steps (a value below 1 is a fraction)
 
-  // --- logging -------------------------------------------------------------------------
+  static constexpr std::string_view help_heading = "length and schedule";
+};
+
+/// TrainingArguments: logging.
+struct Logging {
   std::string logging_strategy = "steps";  ///< no | steps | epoch
   double logging_steps = 500;              ///< log every N steps (below 1: fraction of max_steps)
   bool logging_first_step = false;         ///< also log after the first step
@@ -80,7 +109,11 @@ struct TrainingArguments {
   std::string log_level_replica = "warning";  ///< the same for the other ranks
   std::string include_num_input_tokens_seen = "no";  ///< no | all | non_padding (true: all, false: no): count input tokens
 
-  // --- evaluation ----------------------------------------------------------------------
+  static constexpr std::string_view help_heading = "logging";
+};
+
+/// TrainingArguments: evaluation.
+struct Evaluation {
   std::string eval_strategy = "no";      ///< no | steps | epoch
   std::optional<std::string> evaluation_strategy;  ///< HF 4's name for --eval_strategy
   std::optional<double> eval_steps;      ///< evaluate every N steps (default: logging_steps)
@@ -90,11 +123,16 @@ struct TrainingArguments {
   std::optional<std::string> label_names;  ///< the batch fields holding the labels, comma-separated (default: labels)
   std::string include_for_metrics = "";   ///< what compute_metrics also gets, comma-separated: inputs, loss
   bool batch_eval_metrics = false;  ///< call compute_metrics(prediction, compute_result) per batch, keeping nothing (compute_result true on the last)
+  bool eval_do_concat_batches = true;  ///< compute_metrics gets the predictions of all batches concatenated (HF's default; false, a list per batch, is refused: --batch_eval_metrics hands over one batch at a time)
   bool predict_with_generate = false;  ///< evaluation generates (a causal LM: each row's completion from its prompt) and hands the generated ids to compute_metrics
   std::optional<int64_t> generation_max_length;  ///< --predict_with_generate: max_length, prompt plus new tokens (default: the batch's longest reference completion as new tokens)
   std::optional<int64_t> generation_num_beams;   ///< --predict_with_generate: beams (1 only: beam search is not implemented)
 
-  // --- saving --------------------------------------------------------------------------
+  static constexpr std::string_view help_heading = "evaluation";
+};
+
+/// TrainingArguments: saving.
+struct Saving {
   std::string save_strategy = "steps";        ///< no | steps | epoch | best
   double save_steps = 500;                    ///< save every N steps (below 1: fraction)
   std::optional<int64_t> save_total_limit;    ///< keep at most N checkpoints
@@ -107,15 +145,27 @@ struct TrainingArguments {
   bool ignore_data_skip = false;  ///< when resuming, start the resumed epoch at its first batch instead of where the checkpoint stopped (HF's; loom's resume reads nothing it skips, so skipping costs no time and this only changes which batches train)
   bool restore_callback_states_from_checkpoint = false;  ///< on resume, restore stateful callbacks and TrainerControl
 
-  // --- initial weights (a loom extension: HF keeps this in the example scripts) --------
+  static constexpr std::string_view help_heading = "saving";
+};
+
+/// Initial weights (a loom extension: HF keeps this in the example scripts).
+struct Weights {
   std::optional<std::string> model_name_or_path;  ///< start from DIR/model.safetensors (strict match)
 
-  // --- reproducibility -----------------------------------------------------------------
+  static constexpr std::string_view help_heading = "initial weights";
+};
+
+/// TrainingArguments: reproducibility.
+struct Reproducibility {
   int64_t seed = 42;                 ///< seed for initialization and shuffling
   std::optional<int64_t> data_seed;  ///< seed for shuffling only
   bool full_determinism = false;     ///< deterministic algorithms only, cuDNN deterministic, CUBLAS_WORKSPACE_CONFIG=:16:8, CUDA_LAUNCH_BLOCKING=1 (HF's enable_full_determinism)
 
-  // --- precision and devices -----------------------------------------------------------
+  static constexpr std::string_view help_heading = "reproducibility";
+};
+
+/// TrainingArguments: precision and devices.
+struct Precision {
   bool bf16 = false;               ///< bfloat16 autocast (precision::BF16)
   bool fp16 = false;               ///< float16 autocast with loss scaling (precision::FP16)
   bool use_cpu = false;            ///< train on the CPU even when CUDA is available
@@ -126,7 +176,11 @@ struct TrainingArguments {
   bool skip_memory_check = false;  ///< start even when the memory plan (printed at start-up: parameters, gradients, optimizer state, gathered units, activations per rank) exceeds the device's memory; loom's, not HF's
   bool include_tokens_per_second = false;  ///< add train_tokens_per_second (items counted by num_items)
 
-  // --- distributed ---------------------------------------------------------------------
+  static constexpr std::string_view help_heading = "precision and devices";
+};
+
+/// TrainingArguments: distributed.
+struct Distributed {
   std::string sharding = "auto";              ///< auto | no | ddp | zero1 | zero2 | full_shard (auto: ddp when started as several processes, else no)
   std::string sharding_param_dtype = std::string(sharding_dtype::Float32::name);  ///< fp32 | bf16: the format full_shard gathers parameters in and computes with (FSDP2's MixedPrecisionPolicy param_dtype; bf16 needs --bf16); master shards and optimizer state stay fp32
   std::optional<std::string> sharding_reduce_dtype;  ///< fp32 | bf16: the format ddp, zero1, zero2 and full_shard reduce gradients in (FSDP2's reduce_dtype; default: --sharding_param_dtype's, as FSDP2); the result is accumulated in fp32
@@ -135,6 +189,7 @@ struct TrainingArguments {
   std::optional<int64_t> ddp_bucket_cap_mb;   ///< DDP bucket size (default 25)
   std::optional<bool> ddp_broadcast_buffers;  ///< DDP, ZeRO-1/2: copy rank 0's buffers (BatchNorm statistics) before each training forward (default: true)
   std::optional<bool> ddp_find_unused_parameters;  ///< DDP, ZeRO-1/2: find the parameters the loss does not reach, so their buckets need not wait for them, and skip in the optimizer step those no rank used (default: false; HF's is true without --gradient_checkpointing)
+  std::optional<bool> ddp_static_graph;  ///< DDP's static_graph: loom's buckets and their launch order are fixed at start-up whatever this says, as static_graph makes them in torch
   bool offload_optimizer = false;  ///< ZeRO-1/2, FullShard: keep each rank's optimizer state in host memory and run the optimizer step there (DeepSpeed's offload_optimizer with device cpu, FSDP's CPUOffload)
   bool offload_param = false;      ///< FullShard: keep each rank's fp32 parameter shard (the master weights) in host memory and copy it to the device for each gather; needs --offload_optimizer (DeepSpeed's offload_param with device cpu, FSDP's CPUOffload(offload_params=True))
   int64_t local_rank = -1;                    ///< accepted from torch.distributed.launch; the rank comes from LOCAL_RANK
@@ -144,10 +199,29 @@ struct TrainingArguments {
   int64_t fsdp_min_num_params = 0;            ///< full_shard: a FullShardUnit is a unit when it holds at least this many parameters outside the units inside it (HF's size-based auto wrap; 0: every unit)
   std::optional<std::string> fsdp;            ///< HF's FSDP words: full_shard (--sharding full_shard), shard_grad_op (zero2) or no_shard (ddp)
 
-  // --- not a setting -------------------------------------------------------------------
+  static constexpr std::string_view help_heading = "distributed";
+};
+
+/// TrainingArguments' one field that is not a setting.
+struct Record {
   /// The settings the command line or a JSON settings file gave explicitly (filled by
   /// loom::parse_args; no flag, no --help line, not in training_args.json).
   GivenFlags given;
+};
+}  // namespace training_groups
+
+/// Every knob of a training run, named and defaulted as in transformers.TrainingArguments.
+///
+/// The settings live in group structs (training_groups::Output, ::Optimizer, ...), its base
+/// classes (through loom::Grouped): code reads `args.learning_rate` as before, while flags,
+/// JSON keys, training_args.json and --help see one flat list of HF's names. Each group is
+/// held to Boost.PFR's 100 fields; the whole has no limit.
+struct TrainingArguments : Grouped<training_groups::Output, training_groups::Run, training_groups::Batches,
+                                   training_groups::Optimizer, training_groups::Schedule, training_groups::Logging,
+                                   training_groups::Evaluation, training_groups::Saving, training_groups::Weights,
+                                   training_groups::Reproducibility, training_groups::Precision,
+                                   training_groups::Distributed, training_groups::Record> {
+  static constexpr std::string_view help_heading = "TrainingArguments";  ///< --help's heading (the groups' own are sub-headings)
 };
 
 namespace detail {
@@ -171,6 +245,8 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"train_sampling_strategy", "random | sequential | group_by_length"},
     {"group_by_length", "HF 4's name for --train_sampling_strategy group_by_length"},
     {"length_column_name", "the dataset field holding each example's length (group_by_length)"},
+    {"dataloader_persistent_workers", "keep the worker threads between epochs (HF's; loom's workers are threads of this process, so both values read the same batches)"},
+    {"dataloader_in_order", "yield batches in sampler order (HF's default; false, as soon as ready, is refused: a run and its resume must read the same batches)"},
     {"optim", names_text<OptimizerCatalog, "", " | ", "">},
     {"optim_args", "HF's extra optimizer arguments, \"momentum=0.9,nesterov=True\""},
     {"learning_rate", "peak learning rate"},
@@ -182,6 +258,10 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"label_smoothing_factor", "label smoothing epsilon on the model's logits (0: off)"},
     {"gradient_checkpointing", "recompute the activations of every FullShardUnit / Checkpointed block in backward (less memory, one more forward)"},
     {"gradient_checkpointing_kwargs", "HF's JSON object for it: only use_reentrant (true or false: loom recomputes the same way)"},
+    {"activation_checkpointing", "HF 5's name for --gradient_checkpointing, which it sets when given (HF's rule)"},
+    {"activation_checkpointing_kwargs", "HF 5's name for --gradient_checkpointing_kwargs, which it sets when given"},
+    {"use_cache", "HF's: the model's use_cache during training; loom's training forward keeps no key/value cache either way (generation always uses one)"},
+    {"torch_empty_cache_steps", "on CUDA, return the caching allocator's free memory to the driver every N steps (HF's; slower, less fragmentation)"},
     {"neftune_noise_alpha", "NEFTune: uniform noise of this scale on the input embeddings while training (a model with neftune())"},
     {"num_train_epochs", "epochs, when max_steps <= 0"},
     {"max_steps", "optimizer steps; overrides num_train_epochs when > 0"},
@@ -210,6 +290,7 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"label_names", "the batch fields holding the labels, comma-separated (default: labels)"},
     {"include_for_metrics", "what compute_metrics also gets, comma-separated: inputs, loss"},
     {"batch_eval_metrics", "call compute_metrics(prediction, compute_result) per batch, keeping nothing (compute_result true on the last)"},
+    {"eval_do_concat_batches", "compute_metrics gets the predictions of all batches concatenated (HF's default; false, a list per batch, is refused: --batch_eval_metrics hands over one batch at a time)"},
     {"predict_with_generate", "evaluation generates (a causal LM: each row's completion from its prompt) and hands the generated ids to compute_metrics"},
     {"generation_max_length", "--predict_with_generate: max_length, prompt plus new tokens (default: the batch's longest reference completion as new tokens)"},
     {"generation_num_beams", "--predict_with_generate: beams (1 only: beam search is not implemented)"},
@@ -245,6 +326,7 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"ddp_bucket_cap_mb", "DDP bucket size (default 25)"},
     {"ddp_broadcast_buffers", "DDP, ZeRO-1/2: copy rank 0's buffers (BatchNorm statistics) before each training forward (default: true)"},
     {"ddp_find_unused_parameters", "DDP, ZeRO-1/2: find the parameters the loss does not reach, so their buckets need not wait for them, and skip in the optimizer step those no rank used (default: false; HF's is true without --gradient_checkpointing)"},
+    {"ddp_static_graph", "DDP's static_graph: loom's buckets and their launch order are fixed at start-up whatever this says, as static_graph makes them in torch"},
     {"offload_optimizer", "ZeRO-1/2, FullShard: keep each rank's optimizer state in host memory and run the optimizer step there (DeepSpeed's offload_optimizer with device cpu, FSDP's CPUOffload)"},
     {"offload_param", "FullShard: keep each rank's fp32 parameter shard (the master weights) in host memory and copy it to the device for each gather; needs --offload_optimizer (DeepSpeed's offload_param with device cpu, FSDP's CPUOffload(offload_params=True))"},
     {"local_rank", "accepted from torch.distributed.launch; the rank comes from LOCAL_RANK"},

@@ -6,6 +6,10 @@
 #include <loom/distributed/comm.hpp>
 #include <loom/accelerate/accelerator.hpp>
 #include <loom/accelerate/evaluation.hpp>
+#include <loom/metrics/memory.hpp>  // LOOM_HAS_CUDA_ALLOCATOR_STATS
+#ifdef LOOM_HAS_CUDA_ALLOCATOR_STATS
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 #include <algorithm>
 #include <cstdio>
@@ -174,6 +178,12 @@ LOOM_INLINE void AcceleratorBase::begin_accumulation(int64_t local_items) {
 }
 
 LOOM_INLINE void AcceleratorBase::begin_micro_step(bool last) {
+#if defined(LOOM_HAS_CUDA_ALLOCATOR_STATS)
+  // HF's --torch_empty_cache_steps: the caching allocator's free blocks go back to the driver
+  // before a micro-batch whose global step is a multiple of N (HF's training_step).
+  if (const auto every = run_args_->torch_empty_cache_steps; every && device_.is_cuda() && state_.global_step % *every == 0)
+    c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
   engine_->begin_micro_step(last);
   if (sync_buffers_) dist::broadcast_buffers(*engine_->comm(), *module_);
 }

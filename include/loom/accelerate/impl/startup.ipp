@@ -64,6 +64,12 @@ LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& po
   Startup s;
   s.world = dist::world_from_env();
   set_log_level(process_log_level(args, s.world.logs(args.log_on_each_node)));
+  if (const auto& ignored = args.given.ignored(); !ignored.empty()) {
+    std::string names;
+    for (const auto& name : ignored) names += (names.empty() ? "" : ", ") + name;
+    log_message(LogLevel::info, "transformers settings read at values loom already honours, with no flag of loom's: {}",
+                names);
+  }
   dist::check_sharding(policies.sharding.name, args, s.world);
   // An out-of-memory error on one rank would leave the others waiting in a collective.
   check(!args.auto_find_batch_size || s.world.size == 1,

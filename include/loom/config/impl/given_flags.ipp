@@ -13,9 +13,16 @@ LOOM_INLINE bool GivenFlags::contains(std::string_view name) const {
   return std::binary_search(names_.begin(), names_.end(), name);
 }
 
-LOOM_INLINE void GivenFlags::insert(std::string_view name) {
-  const auto at = std::lower_bound(names_.begin(), names_.end(), name);
-  if (at == names_.end() || *at != name) names_.emplace(at, name);
+namespace detail {
+// Inserts `name` into the sorted `names` unless it is there.
+inline void insert_sorted(std::vector<std::string>& names, std::string_view name) {
+  const auto at = std::lower_bound(names.begin(), names.end(), name);
+  if (at == names.end() || *at != name) names.emplace(at, name);
 }
+}  // namespace detail
+
+LOOM_INLINE void GivenFlags::insert(std::string_view name) { detail::insert_sorted(names_, name); }
+
+LOOM_INLINE void GivenFlags::insert_ignored(std::string_view name) { detail::insert_sorted(ignored_, name); }
 
 }  // namespace loom

@@ -5,6 +5,8 @@
 #include <loom/config/fields.hpp>
 #include <loom/config/json_io.hpp>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -69,13 +71,60 @@ LOOM_INLINE Error json_null_error(std::string_view key, std::string_view kind) {
                std::string(kind) + ")");
 }
 
-LOOM_INLINE Error unknown_key_error(const std::string& key, const std::vector<FieldInfo>& table) {
-  if (const auto why = foreign_flag_reason(key))
-    return Error("loom: JSON key '" + key + "' is a transformers.TrainingArguments field that loom does not take: " +
-                 std::string(*why));
+LOOM_INLINE Error unknown_key_error(const std::string& key, const std::vector<FieldInfo>& table,
+                                    std::string_view given) {
+  if (const ForeignSetting* foreign = foreign_setting(key)) {
+    std::string message = "loom: JSON key '" + key + "' is a transformers.TrainingArguments field that loom does not take: " +
+                          std::string(foreign->why);
+    if (!given.empty()) {
+      message += " (given " + std::string(given) + "; read only as ";
+      for (std::size_t i = 0; i < foreign->accepted.size(); ++i)
+        message += (i == 0 ? "" : i + 1 == foreign->accepted.size() ? " or " : ", ") + std::string(foreign->accepted[i]);
+      message += foreign->accepted.size() == 1 ? ", HF's default)" : ")";
+    }
+    return Error(message);
+  }
   const std::string suggestion = nearest_field(key, table);
   return Error("loom: unknown JSON key '" + key + "'" +
                (suggestion.empty() ? std::string() : "; did you mean '" + suggestion + "'?"));
+}
+
+LOOM_INLINE bool foreign_value_accepted(std::string_view key, const nlohmann::json& value) {
+  const ForeignSetting* foreign = foreign_setting(key);
+  if (foreign == nullptr) return false;
+  for (const std::string_view text : foreign->accepted)
+    if (nlohmann::json::parse(text) == value) return true;
+  return false;
+}
+
+LOOM_INLINE std::optional<nlohmann::json> hf_json_form(std::string_view key, const nlohmann::json& value) {
+  // transformers' list settings: loom reads comma-separated words (fsdp: space-separated).
+  struct ListForm {
+    std::string_view key, separator;
+    nlohmann::json empty;  // what an empty list means in loom's form
+  };
+  static const ListForm lists[] = {{"report_to", ",", "none"},
+                                   {"include_for_metrics", ",", ""},
+                                   {"label_names", ",", nullptr},
+                                   {"fsdp", " ", nullptr},
+                                   {"fsdp_transformer_layer_cls_to_wrap", ",", nullptr}};
+  for (const ListForm& list : lists) {
+    if (key != list.key || !value.is_array()) continue;
+    if (value.empty()) return list.empty;
+    std::string joined;
+    for (const auto& item : value) {
+      if (!item.is_string()) return std::nullopt;  // not HF's form: the field's own error says so
+      joined += (joined.empty() ? "" : std::string(list.separator)) + item.get<std::string>();
+    }
+    return joined;
+  }
+  // transformers' dict settings: loom reads JSON text (HF's own string form, JSON or a file).
+  static constexpr std::string_view dicts[] = {"lr_scheduler_kwargs", "gradient_checkpointing_kwargs", "fsdp_config",
+                                               "deepspeed"};
+  if (std::ranges::find(dicts, key) != std::end(dicts) && value.is_object()) return value.dump();
+  if (key == "lr_scheduler_kwargs" && value.is_null()) return "{}";  // HF's default, None: no arguments
+  if (key == "fsdp" && value.is_boolean()) return value.get<bool>() ? "true" : "false";  // HF 5: fsdp=True
+  return std::nullopt;
 }
 
 LOOM_INLINE void rethrow_with_path(const std::filesystem::path& path, const Error& e) {

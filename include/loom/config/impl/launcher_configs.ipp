@@ -310,6 +310,24 @@ LOOM_INLINE void apply_fsdp(TrainingArguments& args) {
       continue;
     }
     if (key == "version" && value.is_number() && value.get<double>() == 2) continue;  // loom's FullShard is FSDP2-like
+    // HF 5 writes --fsdp as true and the strategy as FSDP2's reshard_after_forward: true
+    // (full_shard) or false (shard_grad_op, loom's zero2); "offload" as cpu_offload.
+    if (key == "reshard_after_forward") {
+      if (!value.is_boolean()) c.refuse(raw, "it must be true (full_shard) or false (shard_grad_op)");
+      c.choose_sharding(value.get<bool>() ? sharding::FullShard::facts.name : sharding::ZeRO2::facts.name,
+                        raw + " " + value.dump());
+      continue;
+    }
+    if (key == "cpu_offload") {
+      if (!value.is_boolean()) c.refuse(raw, "it must be true or false");
+      if (value.get<bool>()) {
+        c.choose(args.offload_optimizer, "offload_optimizer", true, raw);
+        c.choose(args.offload_param, "offload_param", true, raw);
+      }
+      continue;
+    }
+    // The XLA keys HF fills in: loom has no XLA devices.
+    if ((key == "xla" || key == "xla_fsdp_v2" || key == "xla_fsdp_grad_ckpt") && value == false) continue;
     if (key == "transformer_layer_cls_to_wrap") {  // a class name or a list of them
       std::string classes;
       if (value.is_string()) classes = value.get<std::string>();

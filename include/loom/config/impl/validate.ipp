@@ -105,7 +105,7 @@ LOOM_INLINE void check_list(std::string_view name, std::string_view list, std::s
 // Each precision policy selected by a flag names a bool field of TrainingArguments.
 static_assert(
     [] {
-      constexpr auto names = boost::pfr::names_as_array<TrainingArguments>();
+      constexpr auto names = setting_names<TrainingArguments>();
       bool ok = true;
       for_each_member<PrecisionCatalog>([&]<class Tag>() {
         if constexpr (Tag::facts.has_flag) ok = ok && std::ranges::find(names, Tag::facts.name) != names.end();
@@ -114,10 +114,16 @@ static_assert(
     }(),
     "loom: a precision policy's flag (PrecisionFacts::name with has_flag) must be a bool field of TrainingArguments");
 
+// HF 5's names for gradient checkpointing win over the old ones when given.
+LOOM_INLINE void move_activation_checkpointing(TrainingArguments& args) {
+  if (args.activation_checkpointing) args.gradient_checkpointing = *args.activation_checkpointing;
+  if (args.activation_checkpointing_kwargs) args.gradient_checkpointing_kwargs = args.activation_checkpointing_kwargs;
+}
+
 LOOM_INLINE bool* bool_field(TrainingArguments& args, std::string_view name) {
   bool* found = nullptr;
-  constexpr auto names = boost::pfr::names_as_array<TrainingArguments>();
-  boost::pfr::for_each_field(args, [&]<class F>(F& field, std::size_t index) {
+  constexpr auto names = setting_names<TrainingArguments>();
+  for_each_setting(args, [&]<class F>(F& field, std::size_t index) {
     if constexpr (std::is_same_v<F, bool>)
       if (names[index] == name) found = &field;
   });
@@ -172,8 +178,12 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
     throw Error("loom: --local_rank must be -1 or a rank, got " + std::to_string(args.local_rank));
   // HF 4's names, which win over today's (HF 4 copied evaluation_strategy into
   // eval_strategy): the same checks on the arguments with them moved.
-  if (args.evaluation_strategy || args.group_by_length) {
+  if (args.evaluation_strategy || args.group_by_length || args.activation_checkpointing ||
+      args.activation_checkpointing_kwargs) {
     TrainingArguments moved = args;
+    detail::move_activation_checkpointing(moved);
+    moved.activation_checkpointing.reset();
+    moved.activation_checkpointing_kwargs.reset();
     if (args.evaluation_strategy) {
       check_choice("evaluation_strategy", *args.evaluation_strategy, kIntervalStrategies);
       moved.eval_strategy = *args.evaluation_strategy;
@@ -188,8 +198,8 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
   }
 
   // Every floating field must be finite (the CLI refuses nan/inf, code and JSON might not).
-  constexpr auto names = boost::pfr::names_as_array<TrainingArguments>();
-  boost::pfr::for_each_field(args, [&]<class F>(const F& field, std::size_t index) {
+  constexpr auto names = setting_names<TrainingArguments>();
+  for_each_setting(args, [&]<class F>(const F& field, std::size_t index) {
     if constexpr (std::is_same_v<F, double>) {
       if (!std::isfinite(field))
         throw Error("loom: " + flag(names[index]) + " must be a finite number, got " + num(field));
@@ -205,6 +215,16 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
     throw Error("loom: --fsdp_min_num_params and --fsdp_transformer_layer_cls_to_wrap are mutually exclusive (HF's "
                 "rule): wrap by size or by class");
   if (args.output_dir.empty()) throw Error("loom: --output_dir must not be empty");
+  if (args.torch_empty_cache_steps && *args.torch_empty_cache_steps <= 0)
+    throw Error("loom: --torch_empty_cache_steps must be a positive number of steps, got " +
+                std::to_string(*args.torch_empty_cache_steps));
+  if (!args.dataloader_in_order)
+    throw Error("loom: --dataloader_in_order false (batches as soon as a worker has them) is not honoured: loom's "
+                "workers hand batches over in sampler order, so that a run and its resume read the same batches");
+  if (!args.eval_do_concat_batches)
+    throw Error("loom: --eval_do_concat_batches false (a list of per-batch predictions) is not honoured: "
+                "compute_metrics gets the batches concatenated; --batch_eval_metrics hands them over one batch at a "
+                "time");
 
   // --- names ---------------------------------------------------------------------------
   check_choice("eval_strategy", args.eval_strategy, kIntervalStrategies);
@@ -391,6 +411,11 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
 
 LOOM_INLINE void finalize(TrainingArguments& args) {
   apply_launcher_configs(args);  // --deepspeed / --fsdp onto the flags they stand for
+  // HF 5's --activation_checkpointing(_kwargs) set the old names when given; then the old
+  // names are mirrored into the new (TrainingArguments.__post_init__).
+  detail::move_activation_checkpointing(args);
+  args.activation_checkpointing = args.gradient_checkpointing;
+  args.activation_checkpointing_kwargs = args.gradient_checkpointing_kwargs;
   // HF 4's names move to today's.
   if (args.evaluation_strategy) {
     args.eval_strategy = *args.evaluation_strategy;
