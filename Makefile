@@ -1,7 +1,8 @@
 # loom: the two commands a newcomer needs, plus the build.
 #   make demo   set up what is missing, build, train the Fashion-MNIST example
 #   make test   set up what is missing, build, run the whole test suite
-#   make build  set up what is missing, build tests, examples and benchmarks into build/
+#   make build  set up what is missing, build the tests and examples into build/
+#   make bench-build  the benchmarks too (make bench runs two of them)
 #   make kjv-data  the KJV token files (kjv_text + kjv.py) in data/kjv, for make gpt2 / make bert
 #   make llama-sft-data  KJV instruction data with loss masks (kjv.py + prepare.py --sft) in data/kjv_sft
 #   make llama-sft  LoRA fine-tuning of a Llama-architecture model on data/kjv_sft (examples/llama_sft)
@@ -33,13 +34,14 @@ LOOM_CC ?= clang-19
 # ccache's other settings travel with the build (build/loom-ccache, cmake/loomBuildHelpers.cmake).
 export CCACHE_MAXSIZE := 5G
 
-.PHONY: help deps build demo test bench clean fuzz sanitize kjv-data llama-sft-data llama-sft gpt2 bert
+.PHONY: help deps build bench-build demo test bench clean fuzz sanitize kjv-data llama-sft-data llama-sft gpt2 bert
 
 help:
 	@echo "make demo   - train the default example (Fashion-MNIST) after any missing set-up"
 	@echo "make test   - run the whole test suite after any missing set-up"
-	@echo "make build  - build tests, examples and benchmarks into build/"
-	@echo "make bench  - run the overhead and sharding benchmarks"
+	@echo "make build  - build the tests and examples into build/"
+	@echo "make bench-build - build the benchmarks into build/benchmarks"
+	@echo "make bench  - build the benchmarks, run the overhead and sharding ones"
 	@echo "make kjv-data - tokenize the King James Bible into data/kjv (BPE token files, a few seconds)"
 	@echo "make llama-sft-data - KJV instruction pairs as SFT token files with loss masks in data/kjv_sft (seconds)"
 	@echo "make llama-sft - LoRA fine-tuning of a Llama-architecture model on data/kjv_sft (examples/llama_sft; ARGS=...)"
@@ -80,6 +82,10 @@ $(BUILD)/build.ninja: $(DEPS)/apt.stamp $(DEPS)/venv.stamp CMakeLists.txt
 build: $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
+# The benchmarks are not part of `make build` (benchmarks/CMakeLists.txt); .ci/run builds them.
+bench-build: $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS) --target benchmarks
+
 # The demo and the model examples build only their own program and what it links.
 demo: $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS) --target fashion_mnist
@@ -88,7 +94,7 @@ demo: $(BUILD)/build.ninja
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
-bench: build
+bench: bench-build
 	$(BUILD)/benchmarks/overhead $(ARGS)
 	$(BUILD)/benchmarks/sharding --torchrun $(VENV)/bin/torchrun
 

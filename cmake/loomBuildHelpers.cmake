@@ -58,8 +58,18 @@ if(LOOM_SANITIZE)
   target_link_options(loom_build_options INTERFACE -fsanitize=address,undefined)
 endif()
 
-# The shared precompiled header, cmake/pch/loom_pch.hpp; loom_use_pch(target) makes a target
-# use it.
+# The shared precompiled headers, cmake/pch/loom_pch.hpp: loom_pch at the build type's
+# optimization for loom::compiled, the examples and the benchmarks, and loom_pch_tests at
+# LOOM_TEST_OPTIMIZATION for the test programs (a PCH only serves units compiled at its own
+# optimization level: clang compares __OPTIMIZE__). loom_use_pch(target [TESTS]) makes a target
+# use one of them.
+#
+# The test programs' own units compile at -O0 by default: their code is assertions and set-up,
+# their arithmetic runs in libtorch and in loom::compiled (still optimized), and -O3 spent most
+# of their build in LLVM's optimizer and code generator (the light test unit: 134 s at -O3,
+# 143 s at -O1, 55 s at -O0; docs/building.md). -DLOOM_TEST_OPTIMIZATION=-O3 builds them as
+# before.
+set(LOOM_TEST_OPTIMIZATION "-O0" CACHE STRING "the optimization flag of the test programs' own units")
 target_include_directories(loom_build_options INTERFACE "${CMAKE_CURRENT_LIST_DIR}/pch")
 if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
   # Under clang the header is compiled here rather than by target_precompile_headers, whose
@@ -72,36 +82,50 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
   # clone's headers. docs/building.md has the figures.
   set(_loom_pch_header "${CMAKE_CURRENT_LIST_DIR}/pch/loom_pch.hpp")
   set_source_files_properties("${_loom_pch_header}" PROPERTIES LANGUAGE CXX)
-  add_library(loom_pch OBJECT "${_loom_pch_header}")
-  target_link_libraries(loom_pch PUBLIC loom_build_options)
-  target_compile_options(loom_pch PRIVATE -x c++-header -relocatable-pch -fpch-instantiate-templates)
   file(RELATIVE_PATH _loom_pch_rel "${PROJECT_SOURCE_DIR}" "${_loom_pch_header}")
-  set(LOOM_PCH_FILE "${CMAKE_CURRENT_BINARY_DIR}/CMakeFiles/loom_pch.dir/${_loom_pch_rel}${CMAKE_CXX_OUTPUT_EXTENSION}"
-      CACHE INTERNAL "the shared precompiled header (clang)")
+  foreach(_pch IN ITEMS loom_pch loom_pch_tests)
+    add_library(${_pch} OBJECT "${_loom_pch_header}")
+    target_link_libraries(${_pch} PUBLIC loom_build_options)
+    target_compile_options(${_pch} PRIVATE -x c++-header -relocatable-pch -fpch-instantiate-templates)
+    set_target_properties(${_pch} PROPERTIES LOOM_PCH_FILE
+      "${CMAKE_CURRENT_BINARY_DIR}/CMakeFiles/${_pch}.dir/${_loom_pch_rel}${CMAKE_CXX_OUTPUT_EXTENSION}")
+  endforeach()
+  set_target_properties(loom_pch_tests PROPERTIES EXCLUDE_FROM_ALL ON)
 else()
   # GCC: CMake's precompiled header, named by an include path (<loom_pch.hpp>) rather than by
   # its absolute file name, which CMake writes into the header every unit force-includes
   # (an absolute one would make every unit's hash depend on where the checkout lies).
-  add_library(loom_pch OBJECT "${CMAKE_CURRENT_LIST_DIR}/pch.cpp")
-  target_link_libraries(loom_pch PUBLIC loom_build_options)
-  target_precompile_headers(loom_pch PRIVATE <loom_pch.hpp>)
+  foreach(_pch IN ITEMS loom_pch loom_pch_tests)
+    add_library(${_pch} OBJECT "${CMAKE_CURRENT_LIST_DIR}/pch.cpp")
+    target_link_libraries(${_pch} PUBLIC loom_build_options)
+    target_precompile_headers(${_pch} PRIVATE <loom_pch.hpp>)
+  endforeach()
+  set_target_properties(loom_pch_tests PROPERTIES EXCLUDE_FROM_ALL ON)
 endif()
+target_compile_options(loom_pch_tests PRIVATE ${LOOM_TEST_OPTIMIZATION})
 
-# loom_use_pch(target): the target's units start from the shared precompiled header.
+# loom_use_pch(target [TESTS]): the target's units start from the shared precompiled header
+# (TESTS: the test programs' one, and their optimization).
 function(loom_use_pch target)
-  if(DEFINED LOOM_PCH_FILE AND CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
-    target_compile_options(${target} PRIVATE -Winvalid-pch "SHELL:-include-pch ${LOOM_PCH_FILE}")
-    add_dependencies(${target} loom_pch)
+  set(_pch loom_pch)
+  if("TESTS" IN_LIST ARGN)
+    set(_pch loom_pch_tests)
+    target_compile_options(${target} PRIVATE ${LOOM_TEST_OPTIMIZATION})
+  endif()
+  get_target_property(_pch_file ${_pch} LOOM_PCH_FILE)
+  if(_pch_file AND CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    target_compile_options(${target} PRIVATE -Winvalid-pch "SHELL:-include-pch ${_pch_file}")
+    add_dependencies(${target} ${_pch})
     # Rebuild the units when the PCH changes (clang's -MD lists the PCH's headers, not the
     # PCH itself).
     get_target_property(_sources ${target} SOURCES)
     foreach(_src IN LISTS _sources)
       if(_src MATCHES "\\.(cpp|cxx|cc)$")
-        set_property(SOURCE "${_src}" TARGET_DIRECTORY ${target} APPEND PROPERTY OBJECT_DEPENDS "${LOOM_PCH_FILE}")
+        set_property(SOURCE "${_src}" TARGET_DIRECTORY ${target} APPEND PROPERTY OBJECT_DEPENDS "${_pch_file}")
       endif()
     endforeach()
   else()
-    target_precompile_headers(${target} REUSE_FROM loom_pch)
+    target_precompile_headers(${target} REUSE_FROM ${_pch})
   endif()
 endfunction()
 
@@ -111,4 +135,12 @@ function(loom_add_executable name)
   add_executable(${name} ${ARGN})
   target_link_libraries(${name} PRIVATE loom_build_options loom::compiled)
   loom_use_pch(${name})
+endfunction()
+
+# loom_add_test_executable(name sources...): a test program: the same, at LOOM_TEST_OPTIMIZATION
+# on the test programs' precompiled header.
+function(loom_add_test_executable name)
+  add_executable(${name} ${ARGN})
+  target_link_libraries(${name} PRIVATE loom_build_options loom::compiled)
+  loom_use_pch(${name} TESTS)
 endfunction()

@@ -64,6 +64,8 @@ struct GenerateArguments {
 /// prompt without --do_train / --do_eval / --do_predict), to be handed to apply_script_rules.
 inline bool generate_only(const GenerateArguments& g, const loom::TrainingArguments& args) {
   loom::check(g.max_new_tokens > 0, "--max_new_tokens must be positive, got {}", g.max_new_tokens);
+  // The sampling flags as generate() will check them, now rather than after training.
+  if (g.wanted()) loom::models::check_generation_config(g.config(static_cast<uint64_t>(args.seed)));
   return runs_alone(g.wanted(), args);
 }
 

@@ -32,6 +32,7 @@ inline bool is_main_process() { return loom::dist::world_from_env().is_main(); }
 /// what it prints. Without `train_by_default` (a run that only generates) none of the three
 /// is set.
 inline void apply_script_rules(loom::TrainingArguments& args, std::string_view program, bool train_by_default = true) {
+  loom::apply_launcher_configs(args);  // --deepspeed / --fsdp read once: the Trainer and the selector reuse them
   loom::validate(args);
   const bool hf_mode = args.do_train || args.do_eval || args.do_predict;
   if (!hf_mode && train_by_default) args.do_train = args.do_eval = true;

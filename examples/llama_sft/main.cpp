@@ -44,6 +44,7 @@
 
 #include "../common/generate_text.hpp"
 #include "../common/hf_example.hpp"
+#include "../common/saved_base.hpp"
 
 #include <fmt/format.h>
 
@@ -121,6 +122,11 @@ int main(int argc, char** argv) {
         loom::parse_args(argc, argv, ExampleArguments{}, hf_example::GenerateArguments{}, lora_defaults, defaults);
     loom::check(example.packing >= 0, "--packing must be 0 (padded rows) or a window size, got {}", example.packing);
     loom::check(example.max_length > 1, "--max_length must be at least 2, got {}", example.max_length);
+    // The window sizes the random base's position table: named here, not as its config field.
+    for (const auto& [flag, value] : {std::pair{"packing", example.packing}, std::pair{"max_length", example.max_length}})
+      loom::check(value <= loom::models::ConfigLimits::positions,
+                  "--{} {} is longer than {} tokens, the longest sequence loom builds a model for", flag, value,
+                  loom::models::ConfigLimits::positions);
     // Generation in evaluation hands compute_metrics the generated completions (not logits).
     if (args.predict_with_generate) args.prediction_loss_only = false;
     const bool generate_only = hf_example::generate_only(gen, args);  // a prompt alone only generates
@@ -160,18 +166,22 @@ int main(int argc, char** argv) {
 
     loom::set_seed(args.seed);
     // An adapter goes onto its base: a random base is saved as <output_dir>/base (an HF folder)
-    // and named in adapter_config.json, as a folder given is; a resumed run reads it back.
+    // and named in adapter_config.json, as a folder given is. A resumed run continues on the
+    // base its checkpoint's adapter names; a fresh one never replaces a base earlier
+    // checkpoints were trained on (examples/common/saved_base.hpp).
     const bool lora = loom::peft::lora_config_from_args(lora_args, config.model_type).has_value();
     const auto saved_base = std::filesystem::path(args.output_dir) / "base";
-    if (lora && !args.model_name_or_path && args.resume_from_checkpoint &&
-        loom::path_exists(saved_base / "config.json", loom::PathKind::file))
-      args.model_name_or_path = saved_base.string();
+    const auto base_plan = saved_base::plan(args, lora, saved_base);
+    if (base_plan.resumed_base) args.model_name_or_path = base_plan.resumed_base;
     std::optional<std::string> base = args.model_name_or_path;
     const std::string origin = base ? *base : std::string("random init");
     auto model = hf_example::pretrained_or_random<LlamaForCausalLM>(args, config);
+    // The random base is written aside now (the Trainer may shard the model) and put in place
+    // once the Trainer has accepted the run; a start that fails leaves output_dir as it was.
+    std::optional<saved_base::Staged> staged;
     if (lora && !base) {
       base = saved_base.string();
-      if (main_process && args.do_train) model->save_pretrained(saved_base);
+      if (main_process && base_plan.save_random_base) staged.emplace(model, saved_base);
     }
     const auto adapter = loom::peft::prepare_lora(*model, lora_args, model->config().model_type, base);
     if (main_process) {
@@ -194,6 +204,7 @@ int main(int argc, char** argv) {
       hf_example::check_generation_policy<SFTTrainer<Sharding, Precision>>(gen);
       SFTTrainer<Sharding, Precision> trainer(args, model, train_set, eval_set);
       trainer.set_tokenizer_files(hf_example::tokenizer_files(meta));
+      if (staged) staged->commit();  // <output_dir>/base, before the first checkpoint names it
       if (args.do_train) {
         auto result = trainer.train();
         trainer.save_model();  // the adapter (PEFT's files), or the full model with config.json

@@ -183,3 +183,24 @@ TEST_CASE("--fsdp and --fsdp_config") {
   CHECK(error_of({"--sharding", "zero2", "--fsdp", "full_shard"}) ==
         "loom: --sharding zero2 disagrees with --fsdp full_shard: that strategy runs --sharding full_shard");
 }
+
+TEST_CASE("--deepspeed is read once: validate, finalize and the selector reuse the first reading") {
+  const auto dir = loom_test::fresh_dir("launcher_configs_once");
+  const auto file = dir / "ds_zero1.json";
+  std::ofstream(file) << R"({"zero_optimization": {"stage": 1}, "train_micro_batch_size_per_gpu": "auto"})";
+  auto a = finalized({"--deepspeed", file.string()});
+  REQUIRE(a.sharding == "zero1");
+  CHECK(a.given.launcher_configs_applied());
+  // A second reading would now fail: the file is gone.
+  std::filesystem::remove(file);
+  CHECK_NOTHROW(loom::validate(a));
+  CHECK_NOTHROW(loom::finalize(a));
+  CHECK(a.sharding == "zero1");
+  CHECK(a.deepspeed == std::optional<std::string>(file.string()));  // still named, as HF keeps it
+  CHECK(loom::select_policies(a, []<class S, class P>() { return std::string(S::name); }) == "zero1");
+  // Arguments not read yet are read where they are used; the missing file is then refused.
+  const auto raw =
+      std::get<0>(loom::try_parse_args<TrainingArguments>(std::vector<std::string>{"--deepspeed", file.string()}).values);
+  CHECK_FALSE(raw.given.launcher_configs_applied());
+  CHECK_THROWS_AS(loom::validate(raw), loom::Error);
+}

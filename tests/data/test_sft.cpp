@@ -179,6 +179,17 @@ TEST_CASE("SftDataset's bad files and GPT-2 with position_ids: one loom: line ea
         "loom: " + files.offsets.string() + ": example 1 is empty (offsets 1 and 2 are both 4); every example needs a token");
   files = write_examples(dir, {4, 6}, {1, 2});
   CHECK(loom_test::error_of([&] { SftDataset d(files, options({}, {}, 50)); }).find("is not below the vocabulary size 50") != std::string::npos);
+  // Nothing to learn from: every mask 0, or every completion cut off by max_length.
+  const auto silent = write_examples(dir / "silent", {4, 6}, {4, 6});
+  CHECK(loom_test::error_of([&] { SftDataset d(silent, options()); }) ==
+        "loom: " + silent.ids.string() + ": no example keeps a completion token (a loss-mask 1 after its first id), so "
+        "every label is -100 and training would learn nothing; check " + silent.mask.string());
+  const auto late = write_examples(dir / "late", {6, 8}, {4, 5});
+  CHECK(loom_test::error_of([&] { SftDataset d(late, options({}, 3)); }) ==
+        "loom: " + late.ids.string() + ": no example keeps a completion token (a loss-mask 1 after its first id) once 2 "
+        "examples are cut to 3 tokens, so every label is -100 and training would learn nothing; check " +
+        late.mask.string() + ", or raise the packing window / max_length");
+  CHECK_NOTHROW(SftDataset(late, options({}, 5)));
   torch::manual_seed(0);
   loom::models::GPT2Config c;
   c.vocab_size = 100, c.n_positions = 32, c.n_embd = 32, c.n_layer = 1, c.n_head = 2;

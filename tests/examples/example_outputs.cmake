@@ -98,3 +98,33 @@ function(expect_loom_error regex)
   endif()
   message("bad input ok: ${err}")
 endfunction()
+
+# The files under `dir` with their SHA-256, one "name=hash;" each, into `out_var`.
+function(folder_digest dir out_var)
+  file(GLOB_RECURSE files LIST_DIRECTORIES false RELATIVE "${dir}" "${dir}/*")
+  list(SORT files)
+  set(digest "")
+  foreach(f IN LISTS files)
+    file(SHA256 "${dir}/${f}" h)
+    string(APPEND digest "${f}=${h};")
+  endforeach()
+  set(${out_var} "${digest}" PARENT_SCOPE)
+endfunction()
+
+# expect_refusal_keeps(<dir> <regex> <args>...): ${EXE} <args> --output_dir <dir> must stop with
+# exit code 2 and one `loom: <regex>` line, leaving every file under <dir> (checkpoints, the
+# base) as it was and adding none.
+function(expect_refusal_keeps dir regex)
+  folder_digest("${dir}" before)
+  execute_process(COMMAND "${EXE}" ${ARGN} --output_dir "${dir}" RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err TIMEOUT 120)
+  string(STRIP "${err}" err)
+  if(NOT rc EQUAL 2 OR NOT err MATCHES "^loom: ${regex}$")
+    message(FATAL_ERROR "expected exit code 2 and 'loom: ${regex}' for ${ARGN}, got ${rc}: ${err}")
+  endif()
+  folder_digest("${dir}" after)
+  if(NOT before STREQUAL after)
+    message(FATAL_ERROR "a refused start changed ${dir}:\nbefore: ${before}\nafter: ${after}")
+  endif()
+  message("refused, ${dir} kept: ${err}")
+endfunction()

@@ -316,9 +316,46 @@ def check_bad_input(work):
         lines = out.strip().splitlines()
         expect(rc == 1 and len(lines) == 1 and lines[0].startswith(f"prepare.py: {path}") and message in lines[0],
                f"{name}: rc {rc}, expected one line with {message!r}, got {out!r}")
+    # Text no UTF-8 can hold, JSON nested past Python's reader, and a word too long to train a BPE on.
+    raw_cases = [
+        ("surrogate.jsonl", json.dumps(good) + "\n" + '{"prompt": "x\\ud800", "completion": "c"}\n',
+         "surrogate.jsonl:2: field 'prompt' holds '\\ud800' at character 1, half of a surrogate pair"),
+        ("deep.jsonl", json.dumps(good) + "\n" + "[" * 100000 + "]" * 100000 + "\n",
+         "deep.jsonl:2: JSON nested too deeply to read"),
+        ("long.jsonl", "".join(json.dumps({"prompt": f"p{i}", "completion": "c"}) + "\n" for i in range(4))
+         + json.dumps({"prompt": "p", "completion": "ab" * 10001}) + "\n",
+         "a run of 20002 characters without whitespace"),
+    ]
+    for name, text, message in raw_cases:
+        path = work / "bad" / name
+        path.write_text(text)
+        rc, out = run(["--sft", path, "--out", work / "bad" / "out"])
+        lines = out.strip().splitlines()
+        expect(rc == 1 and len(lines) == 1 and message in lines[0],
+               f"{name}: rc {rc}, expected one line with {message!r}, got {out[-400:]!r}")
     write_jsonl(work / "bad" / "text.jsonl", [{"text": "a"}, {"body": "b"}])
     rc, out = run(["--jsonl", work / "bad" / "text.jsonl", "--out", work / "bad" / "out"])
     expect(rc == 1 and f"text.jsonl:2: missing field 'text'" in out, f"JSONL text without the field: {out!r}")
+
+
+def check_nothing_lost(work, pc):
+    """A refused input or an unwritable --out leaves an existing token folder as it was."""
+    folder = work / "kept"
+    prepare("--sft", pc, "--out", folder, "--vocab_size", 300, "--min_frequency", 1)
+    before = {f.name: f.read_bytes() for f in folder.iterdir()}
+    one = write_jsonl(work / "one.jsonl", [{"prompt": "p", "completion": "c"}])
+    rc, out = run(["--sft", one, "--out", folder, "--vocab_size", 280, "--min_frequency", 1])
+    expect(rc == 1 and "1 example(s) left" in out, f"one example: rc {rc}, {out!r}")
+    after = {f.name: f.read_bytes() for f in folder.iterdir()}
+    expect(after == before, f"a refused input changed {folder}: {sorted(set(before) ^ set(after))} "
+                            f"{[n for n in before if before[n] != after.get(n)]}")
+    expect(not [p for p in work.iterdir() if p.name.startswith(".kept.")], "a staging folder was left beside --out")
+    afile = work / "afile"
+    afile.write_text("x")
+    rc, out = run(["--sft", pc, "--out", afile])
+    lines = out.strip().splitlines()
+    expect(rc == 1 and len(lines) == 1 and "--out " in lines[0] and "a file is there, not a folder" in lines[0],
+           f"--out naming a file: rc {rc}, {out!r}")
 
 
 def check_kjv(work, kjv_text):
@@ -346,6 +383,7 @@ def main():
     check_existing_tokenizer(a.work, pc)
     check_lm(a.work)
     check_bad_input(a.work)
+    check_nothing_lost(a.work, pc)
     if a.kjv_text is not None:
         check_kjv(a.work, a.kjv_text)
     print("prepare ok" + ("" if a.kjv_text else " (no --kjv_text: kjv.py --instructions not run)"))

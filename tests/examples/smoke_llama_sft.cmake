@@ -57,10 +57,30 @@ run_example(llama_sft --data_dir "${DATA}" --model_name_or_path "${base}/straigh
 save_output("${base}/prompt.log")
 hf_check(complete --model "${base}/straight/merged" --prompt "Genesis 1:3" --max_new_tokens 12 --log "${base}/prompt.log")
 
+# Nothing lost: a start that is refused, or that would not resume the checkpoints there,
+# leaves the output folder as it was (the random base its adapters were trained on included),
+# and a resume continues on the base the checkpoint's adapter names or stops.
+expect_refusal_keeps("${base}/straight" ".*/straight/base holds the random base an earlier run's adapters were trained on.*"
+                     ${flags} --seed 7 --overwrite_output_dir)
+file(RENAME "${base}/straight/base" "${base}/straight_base_moved")
+expect_refusal_keeps("${base}/straight" "the adapter in .*checkpoint-6 was trained on the base in .*/straight/base, which is missing.*"
+                     ${flags} --resume_from_checkpoint latest)
+file(RENAME "${base}/straight_base_moved" "${base}/straight/base")
+expect_refusal_keeps("${base}/straight" "--model_name_or_path .*/merged is not the base the adapter in .*checkpoint-6 was trained on.*"
+                     ${flags} --resume_from_checkpoint latest --model_name_or_path "${base}/straight/merged")
+
 set(OUT "${base}")
+# Refused before anything is written: a sampling flag (checked before training, not after it),
+# and a flag the Trainer refuses once the random base is drawn (it is staged, then removed).
+expect_loom_error("generate: top_p must be in \\[0, 1\\], got 2" --data_dir "${DATA}" --do_train --prompt "Genesis 1:1"
+                  --do_sample --top_p 2)
+expect_loom_error("--fsdp_transformer_layer_cls_to_wrap / --fsdp_min_num_params choose --sharding full_shard's units.*"
+                  ${flags} --fsdp_min_num_params 5)
 expect_loom_error("--generation_num_beams 4: beam search is not implemented; generation is greedy \\(1 beam\\)"
                   --data_dir "${DATA}" --predict_with_generate --generation_num_beams 4)
 expect_loom_error("--packing must be 0 \\(padded rows\\) or a window size, got -1" --data_dir "${DATA}" --packing -1)
+expect_loom_error("--packing 1000000000 is longer than 1048576 tokens, the longest sequence loom builds a model for"
+                  --data_dir "${DATA}" --packing 1000000000)
 expect_loom_error("--lora_config and --lora_adapter both give the LoRA config.*" --data_dir "${DATA}"
                   --lora_config x.json --lora_adapter y)
 message("llama_sft smoke ok")

@@ -16,7 +16,7 @@
 #              starts and skips (exit 77: no CUDA device), and run the benchmark's CPU smoke
 #              (a tiny GPT-2, loom, hand-written and transformers.Trainer sides).
 #
-# On the GPU machine the binaries come prebuilt from this machine (`make build` makes CUDA
+# On the GPU machine the binaries come prebuilt from this machine (`make build bench-build` makes CUDA
 # builds: the torch wheel is +cu130) and run against that machine's torch through
 # LD_LIBRARY_PATH; carry build/tests/loom_gpu_tests and build/benchmarks/gpu_gpt with the tree.
 # Where they are missing the script builds only those targets (that needs the dependencies

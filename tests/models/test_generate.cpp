@@ -211,6 +211,10 @@ TEST_CASE("generate: refusals, and generation past the position table") {
         "max_position_embeddings (16); the rotary embeddings extrapolate (as in transformers), where the model was "
         "not trained\n");
   CHECK(stderr_of([&] { loom::models::generate(llama, ids, {}, {.max_new_tokens = 7}); }).empty());
+  // Far past every position table (max_new_tokens with extra digits): refused before the first step.
+  CHECK(loom_test::error_of([&] { loom::models::generate(llama, ids, {}, {.max_new_tokens = 100'000'000}); }) ==
+        "loom: generate: the longest prompt plus max_new_tokens needs 100000009 positions, past 1048576, the most loom "
+        "generates to (the largest position table it reads); lower max_new_tokens");
 }
 
 }  // namespace generate_test

@@ -184,6 +184,21 @@ TEST_CASE("the Llama architecture's names are HF's, each decoder layer a FullSha
   LlamaForCausalLM tied(c);
   CHECK(tied->lm_head.is_empty());
   CHECK(tied->num_parameters() == untied->num_parameters() - 100 * 48);
+  // A tied config whose file holds an lm_head.weight of its own: a copy of the embeddings is
+  // read; other values (a model trained untied) are refused rather than dropped by the tie.
+  const auto dir = loom_test::fresh_dir("models/llama_tied_head");
+  tied->save_pretrained(dir);
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& p : tied->named_parameters()) tensors.emplace_back(p.key(), p.value().detach());
+  tensors.emplace_back("lm_head.weight", tied->named_parameters()["model.embed_tokens.weight"].detach().clone());
+  loom::checkpoint::save_safetensors(tensors, dir / "model.safetensors", {{"format", "pt"}});
+  CHECK_NOTHROW(LlamaForCausalLM::from_pretrained(dir));
+  tensors.back().second = tensors.back().second + 1;
+  loom::checkpoint::save_safetensors(tensors, dir / "model.safetensors", {{"format", "pt"}});
+  const auto own_head = loom_test::error_of([&] { LlamaForCausalLM::from_pretrained(dir); });
+  CHECK(own_head.starts_with("loom: "));
+  CHECK(own_head.find("lm_head.weight differs from model.embed_tokens.weight in the file, but the config ties them "
+                      "(tie_word_embeddings true)") != std::string::npos);
 }
 
 TEST_CASE("Llama configs loom cannot compute are refused with a loom: line naming the field") {
@@ -469,6 +484,14 @@ TEST_CASE("LoRA's bad input: a target that matches nothing, r <= 0, an adapter f
   const auto mismatch = loom_test::error_of([&] { loom::peft::load_adapter(*other, dir); });
   CHECK(mismatch.find("(an adapter made for another base model)") != std::string::npos);
   CHECK(mismatch.starts_with("loom: "));
+  // Adapter weights stored as integers: refused by name, not read as whole numbers.
+  std::vector<std::pair<std::string, torch::Tensor>> as_ints;
+  for (auto& [name, t] : loom::peft::adapter_tensors(*model)) as_ints.emplace_back(name, t.detach().to(torch::kInt));
+  loom::checkpoint::save_safetensors(as_ints, dir / "adapter_model.safetensors", {{"format", "pt"}});
+  LlamaForCausalLM same(tiny());
+  const auto ints = loom_test::error_of([&] { loom::peft::load_adapter(*same, dir); });
+  CHECK(ints.starts_with("loom: "));
+  CHECK(ints.find("is Int in the file but Float here (adapter weights are floating-point") != std::string::npos);
 }
 
 }  // namespace llama_test

@@ -345,6 +345,22 @@ TEST_CASE("LoraArguments: TRL's flags and defaults, PEFT's default targets, one 
   loom::peft::LoraArguments bad;
   bad.lora_r = 8;
   CHECK(error(bad) == "loom: --lora_* flags are given without --use_peft; add --use_peft to train a LoRA adapter");
+  loom::peft::LoraArguments merged_alone;
+  merged_alone.lora_save_merged = true;
+  CHECK(error(merged_alone).starts_with("loom: --lora_save_merged merges a LoRA adapter, and without --use_peft"));
+  // PEFT's task types loom implements; an unknown or empty one, or one whose heads loom does not add, is refused.
+  for (const char* task : {"", "CAUSAL", "TOKEN_CLS", "SEQ_2_SEQ_LM"}) {
+    CAPTURE(task);
+    loom::peft::LoraArguments typed;
+    typed.use_peft = true;
+    typed.lora_task_type = task;
+    CHECK(error(typed) == std::string("loom: --use_peft: task_type \"") + task + "\" is not one loom implements: "
+                          "CAUSAL_LM, SEQ_CLS (the classification head trained and saved beside the adapter) or "
+                          "FEATURE_EXTRACTION");
+  }
+  const auto token_cls = nlohmann::json::parse(R"({"r": 4, "target_modules": ["q_proj"], "task_type": "TOKEN_CLS"})");
+  CHECK(loom_test::error_of([&] { (void)loom::peft::lora_config_from_json(token_cls, "adapter_config.json"); })
+            .starts_with("loom: adapter_config.json: task_type \"TOKEN_CLS\" is not one loom implements"));
   bad.use_peft = true;
   bad.lora_r = 0;
   CHECK(error(bad) == "loom: --use_peft: --lora_r must be a positive integer, got 0");
@@ -361,6 +377,26 @@ TEST_CASE("LoraArguments: TRL's flags and defaults, PEFT's default targets, one 
   loom::peft::LoraArguments from_file;
   from_file.lora_config = "/nonexistent/adapter_config.json";
   CHECK(error(from_file) == "loom: /nonexistent/adapter_config.json does not exist (--lora_config)");
+  // Initialisations: a new adapter starts as PEFT's default; one that rewrote its base cannot be read onto ours.
+  const auto init_dir = loom_test::fresh_dir("models/lora_init");
+  for (const auto& [init, message] : std::vector<std::pair<std::string, std::string>>{
+           {"\"gaussian\"", "init_lora_weights is \"gaussian\"; loom makes a new adapter as PEFT's default does"},
+           {"false", "init_lora_weights is false; loom makes a new adapter as PEFT's default does"},
+           {"\"pissa_niter_4\"", "init_lora_weights \"pissa_niter_4\" rewrites the base weights when the adapter is made"},
+           {"\"olora\"", "init_lora_weights \"olora\" rewrites the base weights"}}) {
+    CAPTURE(init);
+    const auto file = init_dir / "adapter_config.json";
+    loom_test::write_bytes(file, R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"], )"
+                                 R"("init_lora_weights": )" + init + "}");
+    loom::peft::LoraArguments with_file;
+    with_file.lora_config = file.string();
+    CHECK(error(with_file).find(message) != std::string::npos);
+  }
+  loom_test::write_bytes(init_dir / "adapter_config.json",
+                         R"({"peft_type": "LORA", "r": 4, "target_modules": ["q_proj"], "init_lora_weights": true})");
+  loom::peft::LoraArguments default_init;
+  default_init.lora_config = (init_dir / "adapter_config.json").string();
+  CHECK_NOTHROW((void)loom::peft::lora_config_from_args(default_init, "llama"));
   // adapter_config.json's r must be an integer in range (the fuzzer's find: 3e94 converted to int64).
   for (const char* r : {"4.5", "333333333333333333333333333333333"}) {
     CAPTURE(r);

@@ -3,6 +3,7 @@
 // other place reads the catalog. Also what validation, --help and the selector read from it.
 #include <loom/config/training_arguments.hpp>
 #include <loom/config/validate.hpp>
+#include <loom/distributed/no_shard.hpp>
 #include <loom/policy/catalog.hpp>
 #include <loom/trainer/selector.hpp>
 
@@ -105,6 +106,32 @@ TEST_CASE("a catalog's facts say what each policy shards") {
   CHECK(!loom::precision::FP32::facts.has_flag);
   CHECK(loom::in_catalog<loom::ShardingCatalog, ZeRO2>);
   CHECK(!loom::in_catalog<loom::ShardingCatalog, loom::precision::BF16>);
+}
+
+TEST_CASE("refusals and the schedule rules read the catalogs' facts, not written-out names") {
+  using loom::ShardingFacts;
+  const auto sharded_optimizer = [](const ShardingFacts& f) { return f.shards_optimizer_state; };
+  CHECK(loom::names_where<loom::ShardingCatalog>(sharded_optimizer) == "zero1, zero2 or full_shard");
+  CHECK(loom::names_where<loom::ShardingCatalog>([](const ShardingFacts& f) { return f.uses_comm; }, "|", "|") ==
+        "ddp|zero1|zero2|full_shard");
+  CHECK(loom::names_where<loom::ShardingCatalog>([](const ShardingFacts& f) { return f.shards_parameters; }) ==
+        "full_shard");
+  CHECK(loom::names_where<loom::ShardingCatalog>([](const ShardingFacts&) { return false; }).empty());
+  // A policy's refusal names the members that would do, as the catalog lists them.
+  loom::TrainingArguments args;
+  args.offload_optimizer = true;
+  std::string refusal;
+  try {
+    loom::dist::ShardingImpl<loom::sharding::NoShard>::can_implement(args, loom::dist::World{});
+  } catch (const loom::Error& e) {
+    refusal = e.what();
+  }
+  CHECK(refusal.find("use --sharding " + loom::names_where<loom::ShardingCatalog>(sharded_optimizer) +
+                     " (any of them also at one process)") != std::string::npos);
+  // reduce_lr_on_plateau's tag says it steps on a metric: validation and finalize() read that.
+  CHECK(loom::schedule_steps_on_metric(loom::schedule::ReduceLROnPlateau::name));
+  CHECK_FALSE(loom::schedule_steps_on_metric(loom::schedule::Cosine::name));
+  CHECK_FALSE(loom::schedule_steps_on_metric("not_a_schedule"));
 }
 
 }  // namespace policy_test_catalog

@@ -218,6 +218,49 @@ class AcceleratorBase {
   /// Trainer multiplies each micro-step's loss by it before summing the logged loss over ranks.
   [[nodiscard]] const torch::Tensor& item_factor() const { return engine_->item_factor(); }
 
+  // ---- the run's counters: the Trainer changes state() and loop() only through these ------
+
+  /// A run starts from `initial` (its plan's TrainerState: the intervals resolved, step 0).
+  void begin_run(TrainerState initial) { state_ = std::move(initial); }
+  /// A micro-batch of the current group was read: its items (num_items) and floating-point
+  /// operations (HF's total_flos) are counted.
+  void count_batch(int64_t items, double flos) {
+    state_.total_flos += flos;
+    loop_.items_seen += items;
+  }
+  /// A micro-step's loss, as training_step returned it, joins the logging window (weighted by
+  /// item_factor under a sharding policy, so that the window sums over ranks to the group's loss).
+  LOOM_INLINE void record_loss(torch::Tensor loss);
+  /// An optimizer step ended: global_step + 1, and `epoch` (HF's fractional epoch) reached.
+  void end_step(double epoch) {
+    state_.global_step += 1;
+    state_.epoch = epoch;
+  }
+  /// Training on a stream: where a checkpoint from here on resumes it (loop_state.json's
+  /// train_stream).
+  void set_stream_position(nlohmann::json position) { loop_.train_stream = std::move(position); }
+  /// Tokens counted on every rank (already summed over ranks) join num_input_tokens_seen.
+  void add_input_tokens(int64_t tokens) { state_.num_input_tokens_seen += tokens; }
+  /// The logging window closes: returns its summed loss and the optimizer steps it spans (the
+  /// logged loss is their ratio), and starts the next window at this step.
+  struct LoggedLoss {
+    double sum = 0.0;   ///< the window's losses summed (logging_nan_inf_filter applied)
+    int64_t steps = 0;  ///< the optimizer steps since the last log
+  };
+  LOOM_INLINE LoggedLoss close_log_window(bool nan_inf_filter);
+  /// fp16: the steps the scaler skipped since the last log (after settle_skip), counted as logged.
+  int64_t take_skipped_since_log() {
+    const int64_t now = skipped_steps();
+    const int64_t delta = now - loop_.skipped_logged;
+    loop_.skipped_logged = now;
+    return delta;
+  }
+  /// Training ended: the open window's loss joins the total (train_loss's numerator), which is returned.
+  double close_training_loss(bool nan_inf_filter) {
+    loop_.total_loss += loop_.tr_loss.total(nan_inf_filter);
+    return loop_.total_loss;
+  }
+
   // ---- collectives -----------------------------------------------------------------------
 
   /// `t` summed over ranks (a copy; `t` itself in a world of one). Every rank calls it.

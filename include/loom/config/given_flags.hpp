@@ -32,12 +32,18 @@ class GivenFlags {
   LOOM_INLINE void insert_ignored(std::string_view name);
   /// The settings insert_ignored recorded, sorted.
   [[nodiscard]] const std::vector<std::string>& ignored() const { return ignored_; }
-  /// Same names.
-  bool operator==(const GivenFlags&) const = default;
+  /// True once apply_launcher_configs has read --deepspeed / --fsdp onto these arguments'
+  /// flags: it reads them once, whoever calls it again (validate, finalize, the selector).
+  [[nodiscard]] bool launcher_configs_applied() const { return launcher_configs_applied_; }
+  /// Records that apply_launcher_configs has run (apply_launcher_configs' own call).
+  void mark_launcher_configs_applied() { launcher_configs_applied_ = true; }
+  /// Same names (the bookkeeping of apply_launcher_configs aside).
+  bool operator==(const GivenFlags& other) const { return names_ == other.names_ && ignored_ == other.ignored_; }
 
  private:
   std::vector<std::string> names_;
   std::vector<std::string> ignored_;
+  bool launcher_configs_applied_ = false;
 };
 
 }  // namespace loom

@@ -1,7 +1,9 @@
 #pragma once
 // The configs users bring from HF's Trainer: --deepspeed ds_config.json and --fsdp "words" with
-// --fsdp_config. They are read onto loom's own flags, once, by apply_launcher_configs (which
-// finalize() calls, and which validate() and the selector apply to a copy):
+// --fsdp_config. They are read onto loom's own flags, once, by apply_launcher_configs: a program
+// calls it first (the Trainer's start-up does otherwise), it marks the arguments read
+// (GivenFlags::launcher_configs_applied), and validate(), finalize() and the selector then use
+// the flags it set; given arguments not yet read, validate() and the selector read a copy:
 //
 //   --deepspeed   zero_optimization.stage 0/1/2/3 chooses --sharding (the catalog's
 //                 deepspeed_stage: ddp, zero1, zero2, full_shard). The keys that HF's
@@ -16,7 +18,7 @@
 //
 // A key loom does not honour is refused with a `loom:` line that names it; docs/distributed.md
 // has the table. A flag given explicitly that disagrees with a config (--sharding zero1 with
-// stage 2) is an error too. Idempotent.
+// stage 2) is an error too. A second call on the same arguments does nothing.
 
 #include <loom/config/inline.hpp>
 #include <loom/config/training_arguments.hpp>

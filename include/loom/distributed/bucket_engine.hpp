@@ -37,6 +37,7 @@
 
 #include <loom/distributed/engine_common.hpp>
 #include <loom/distributed/sharding.hpp>
+#include <loom/policy/catalog.hpp>
 
 #include <algorithm>
 #include <map>
@@ -387,11 +388,13 @@ struct BucketPolicy {
     check_no_units(args, Tag::name);
     check(!args.offload_optimizer || Tag::facts.shards_optimizer_state,
           "--offload_optimizer needs a sharded optimizer, and --sharding {} keeps the whole optimizer on every rank; "
-          "use --sharding zero1, zero2 or full_shard (any of them also at one process)", Tag::name);
+          "use --sharding {} (any of them also at one process)", Tag::name,
+          names_where<ShardingCatalog>([](const ShardingFacts& f) { return f.shards_optimizer_state; }));
     check(!args.offload_param,
-          "--offload_param needs --sharding full_shard: under --sharding {} every rank keeps every parameter on the "
+          "--offload_param needs --sharding {}: under --sharding {} every rank keeps every parameter on the "
           "device for its forward (DeepSpeed offloads parameters under ZeRO stage 3 only); --offload_optimizer alone "
-          "moves the optimizer state", Tag::name);
+          "moves the optimizer state", names_where<ShardingCatalog>([](const ShardingFacts& f) { return f.shards_parameters; }),
+          Tag::name);
   }
 };
 template <>

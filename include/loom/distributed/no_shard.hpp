@@ -5,6 +5,7 @@
 #include <loom/core/error.hpp>
 #include <loom/distributed/engine.hpp>
 #include <loom/distributed/sharding.hpp>
+#include <loom/policy/catalog.hpp>
 
 #include <memory>
 
@@ -60,8 +61,9 @@ struct ShardingImpl<sharding::NoShard> {
   /// One process: several would each train alone and write the same files. No offload.
   static void can_implement(const TrainingArguments& args, const World& world) {
     check(world.size == 1,
-          "WORLD_SIZE is {} but this Trainer does not shard (--sharding {}); pass --sharding ddp, zero1, zero2 "
-          "or full_shard, or start one process", world.size, sharding::NoShard::name);
+          "WORLD_SIZE is {} but this Trainer does not shard (--sharding {}); pass --sharding {}, or start one process",
+          world.size, sharding::NoShard::name,
+          names_where<ShardingCatalog>([](const ShardingFacts& f) { return f.uses_comm; }));
     check(sharding_dtype(args.sharding_param_dtype) == torch::kFloat &&
               sharding_dtype(reduce_dtype_name(args)) == torch::kFloat,
           "--sharding_param_dtype {} / --sharding_reduce_dtype {}: --sharding {} communicates nothing, so there is no "
@@ -69,9 +71,11 @@ struct ShardingImpl<sharding::NoShard> {
           reduce_dtype_name(args), sharding::NoShard::name);
     check_no_units(args, sharding::NoShard::name);
     check(!args.offload_optimizer,
-          "--offload_optimizer needs a sharded optimizer, and --sharding {} has none; use --sharding zero1, zero2 "
-          "or full_shard (any of them also at one process)", sharding::NoShard::name);
-    check(!args.offload_param, "--offload_param needs --sharding full_shard; --sharding {} keeps the model whole",
+          "--offload_optimizer needs a sharded optimizer, and --sharding {} has none; use --sharding {} (any of them "
+          "also at one process)", sharding::NoShard::name,
+          names_where<ShardingCatalog>([](const ShardingFacts& f) { return f.shards_optimizer_state; }));
+    check(!args.offload_param, "--offload_param needs --sharding {}; --sharding {} keeps the model whole",
+          names_where<ShardingCatalog>([](const ShardingFacts& f) { return f.shards_parameters; }),
           sharding::NoShard::name);
   }
 };

@@ -55,6 +55,12 @@ struct GenerationConfig {
   std::optional<uint64_t> seed{};
 };
 
+/// Refuses settings generate() cannot honour (beam search, a non-positive max_new_tokens, and
+/// under do_sample a temperature that is not positive, a negative top_k or a top_p outside
+/// [0, 1]), each with one `loom:` line; generate() checks the same, so a program can check its
+/// flags before it trains.
+LOOM_INLINE void check_generation_config(const GenerationConfig& config);
+
 struct GeneratedCompletions;
 
 namespace detail {

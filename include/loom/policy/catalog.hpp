@@ -11,6 +11,7 @@
 #include <string_view>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 namespace loom {
 
@@ -68,6 +69,32 @@ std::string joined_names(std::string_view separator) {
     out += name;
   }
   return out;
+}
+
+/// The names of `Catalog`'s members whose facts satisfy `keep`, in catalog order, as a list for
+/// messages: joined by `separator`, the last two by `last` ("zero1, zero2 or full_shard").
+template <class Catalog, class Keep>
+std::string names_where(Keep keep, std::string_view separator = ", ", std::string_view last = " or ") {
+  std::vector<std::string_view> names;
+  for_each_member<Catalog>([&]<class Tag>() {
+    if (keep(Tag::facts)) names.push_back(Tag::facts.name);
+  });
+  std::string out;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) out += i + 1 == names.size() ? last : separator;
+    out += names[i];
+  }
+  return out;
+}
+
+/// True when the schedule `name` (an --lr_scheduler_type) steps on an evaluation metric rather
+/// than on the step count (its tag declares steps_on_metric: reduce_lr_on_plateau).
+inline bool schedule_steps_on_metric(std::string_view name) {
+  bool on_metric = false;
+  visit_member<ScheduleCatalog>(name, [&]<class Tag>() {
+    if constexpr (requires { Tag::steps_on_metric; }) on_metric = Tag::steps_on_metric;
+  });
+  return on_metric;
 }
 
 /// A string literal as a template argument (names_text's pieces).

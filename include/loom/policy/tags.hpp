@@ -188,6 +188,9 @@ struct InverseSqrt {
 struct ReduceLROnPlateau {
   using loom_family = family::Schedule;
   static constexpr std::string_view name = "reduce_lr_on_plateau";
+  /// Steps on an evaluation metric, not on the step count: it needs evaluation, and watches
+  /// metric_for_best_model (the loss by default).
+  static constexpr bool steps_on_metric = true;
 };
 /// Cosine decay to a floor (HF "cosine_with_min_lr").
 struct CosineWithMinLR {

@@ -60,8 +60,9 @@ decltype(auto) select_precision(const TrainingArguments& args, F&& f) {
 /// default) is ddp when torchrun started several processes (WORLD_SIZE > 1), as HF's Trainer
 /// then trains under DDP, and no otherwise.
 inline std::string resolved_sharding(const TrainingArguments& given) {
-  TrainingArguments args = given;
-  apply_launcher_configs(args);
+  std::optional<TrainingArguments> copy;
+  if (!given.given.launcher_configs_applied()) apply_launcher_configs(copy.emplace(given));  // not finalized yet
+  const TrainingArguments& args = copy ? *copy : given;
   if (args.sharding != detail::kAutoSharding) return args.sharding;
   return std::string(dist::world_from_env().size > 1 ? sharding::DDP::name : sharding::NoShard::name);
 }

@@ -344,7 +344,7 @@ void Trainer<Derived, Model, Policies...>::sync_tokens() {
     t = acc_->reduce_sum(t);
     delta = t.cpu().template item<int64_t>();
   }
-  acc_->state().num_input_tokens_seen += delta;
+  acc_->add_input_tokens(delta);
 }
 
 template <class Derived, class Model, class... Policies>
@@ -352,15 +352,13 @@ template <class Batch>
 void Trainer<Derived, Model, Policies...>::maybe_log_save_evaluate(const torch::Tensor& grad_norm, double lr) {
   if (control_.should_log || control_.should_evaluate || control_.should_save) sync_tokens();
   if (control_.should_log && acc_->state().global_step > acc_->loop().last_logged) {
-    const double loss = acc_->loop().tr_loss.total(args_.logging_nan_inf_filter);
-    acc_->loop().tr_loss.reset();
+    const auto window = acc_->close_log_window(args_.logging_nan_inf_filter);
     Metrics logs;
-    logs.set("loss", loss / static_cast<double>(acc_->state().global_step - acc_->loop().last_logged));
+    logs.set("loss", window.sum / static_cast<double>(window.steps));
     if constexpr (precision::ScalesLoss<precision_type>) {
       // fp16: how many of the window's steps the scaler skipped (their loss still counts).
       acc_->settle_skip();
-      logs.set("skipped_steps", static_cast<double>(acc_->skipped_steps() - acc_->loop().skipped_logged));
-      acc_->loop().skipped_logged = acc_->skipped_steps();
+      logs.set("skipped_steps", static_cast<double>(acc_->take_skipped_since_log()));
     }
     if (grad_norm.defined()) logs.set("grad_norm", grad_norm.item<double>());
     logs.set("learning_rate", lr);
@@ -371,8 +369,6 @@ void Trainer<Derived, Model, Policies...>::maybe_log_save_evaluate(const torch::
                detail::round_to(static_cast<double>(acc_->state().num_input_tokens_seen - tokens_at_start_) /
                                     logs.get("train_runtime").value(), 3));
     }
-    acc_->loop().total_loss += loss;
-    acc_->loop().last_logged = acc_->state().global_step;
     call_hook<hook::log>(self(), std::as_const(logs));
   }
   if (control_.should_evaluate) {

@@ -29,7 +29,7 @@ TrainOutput Trainer<Derived, Model, Policies...>::train_impl() {
   const auto plan = stream ? TrainingPlan::for_stream(args_, acc_->world().size)
                            : TrainingPlan::make(args_, loader.size(), loader.num_examples(), acc_->world().size);
   const int64_t len = plan.batches_per_epoch, ga = args_.gradient_accumulation_steps;
-  acc_->state() = plan.initial_state(args_, acc_->world().is_main(), acc_->world().is_local_main());
+  acc_->begin_run(plan.initial_state(args_, acc_->world().is_main(), acc_->world().is_local_main()));
   control_ = TrainerControl{};
 
   auto optimizer = call_hook<hook::create_optimizer>(self());
@@ -109,13 +109,12 @@ TrainOutput Trainer<Derived, Model, Policies...>::train_impl() {
         // Counted on the host batch, so a token count never waits for the device.
         items.push_back(call_hook<hook::num_items>(self(), std::as_const(group.back())));
         if (args_.include_num_input_tokens_seen != "no") tokens_pending_ += input_tokens(group.back());
-        acc_->state().total_flos += call_hook<hook::floating_point_ops>(self(), std::as_const(group.back()));
+        acc_->count_batch(items.back(), call_hook<hook::floating_point_ops>(self(), std::as_const(group.back())));
         data::to_device(group.back(), acc_->device());
         group_items += items.back();
-        acc_->loop().items_seen += items.back();
       }
       if (count == 0) {  // the stream has ended: a checkpoint from here on resumes in the next epoch
-        acc_->loop().train_stream = decltype(loader)::epoch_start(epoch + 1);
+        acc_->set_stream_position(decltype(loader)::epoch_start(epoch + 1));
         break;
       }
       // Distributed: each rank's gradients are scaled by its share of the group's items.
@@ -126,19 +125,17 @@ TrainOutput Trainer<Derived, Model, Policies...>::train_impl() {
         const double divisor = group_items > 0 ? static_cast<double>(group_items) / static_cast<double>(items[i])
                                                : static_cast<double>(count);
         acc_->begin_micro_step(i + 1 == count);
-        torch::Tensor loss_step = call_hook<hook::training_step>(self(), model_, group[i], divisor);
+        const torch::Tensor loss_step = call_hook<hook::training_step>(self(), model_, group[i], divisor);
         acc_->end_micro_step();
-        if (acc_->item_factor().defined()) loss_step = loss_step * acc_->item_factor();
-        acc_->loop().tr_loss.add(loss_step, acc_->state().global_step - acc_->loop().last_logged);
+        acc_->record_loss(loss_step);
         if (i + 1 == count) {
           grad_norm = acc_->clip_grad_norm(args_.max_grad_norm);  // unscale, clip
           fire<event::on_pre_optimizer_step>();
           last_lr = acc_->optimizer_step();
           fire<event::on_optimizer_step>();
           acc_->finish_step();  // scaler update, scheduler, zero_grad
-          acc_->state().global_step += 1;
-          if (stream) acc_->loop().train_stream = loader.position_after(step);
-          acc_->state().epoch = static_cast<double>(epoch) + static_cast<double>(step + 1) / static_cast<double>(len);
+          acc_->end_step(static_cast<double>(epoch) + static_cast<double>(step + 1) / static_cast<double>(len));
+          if (stream) acc_->set_stream_position(loader.position_after(step));
           fire<event::on_step_end>();
           maybe_log_save_evaluate<Batch>(grad_norm, last_lr);
           if (preemption.should_stop()) preempted = control_.should_training_stop = true;
@@ -167,11 +164,11 @@ TrainOutput Trainer<Derived, Model, Policies...>::train_impl() {
                 args_.metric_for_best_model.value_or("loss"), acc_->state().best_metric.value_or(0.0));
     acc_->load_model(*acc_->state().best_model_checkpoint);
   }
-  acc_->loop().total_loss += acc_->loop().tr_loss.total(args_.logging_nan_inf_filter);
+  const double total_loss = acc_->close_training_loss(args_.logging_nan_inf_filter);
   sync_tokens();
   TrainOutput out;
   out.global_step = acc_->state().global_step;
-  out.training_loss = acc_->loop().total_loss / static_cast<double>(std::max<int64_t>(acc_->state().global_step, 1));
+  out.training_loss = total_loss / static_cast<double>(std::max<int64_t>(acc_->state().global_step, 1));
   out.metrics = speed_metrics("train", start, plan.num_train_samples, static_cast<double>(plan.max_steps));
   if (args_.include_tokens_per_second)
     out.metrics.set("train_tokens_per_second", detail::round_to(static_cast<double>(acc_->loop().items_seen) /

@@ -260,4 +260,17 @@ LOOM_INLINE void AcceleratorBase::load_state(const std::filesystem::path& dir) {
   if (!warning.empty() && should_log() && log_enabled(LogLevel::warning)) std::fprintf(stderr, "%s\n", warning.c_str());
 }
 
+LOOM_INLINE void AcceleratorBase::record_loss(torch::Tensor loss) {
+  if (item_factor().defined()) loss = loss * item_factor();
+  loop_.tr_loss.add(loss, state_.global_step - loop_.last_logged);
+}
+
+LOOM_INLINE AcceleratorBase::LoggedLoss AcceleratorBase::close_log_window(bool nan_inf_filter) {
+  LoggedLoss out{loop_.tr_loss.total(nan_inf_filter), state_.global_step - loop_.last_logged};
+  loop_.tr_loss.reset();
+  loop_.total_loss += out.sum;
+  loop_.last_logged = state_.global_step;
+  return out;
+}
+
 }  // namespace loom

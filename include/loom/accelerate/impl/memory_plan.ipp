@@ -6,6 +6,7 @@
 #include <loom/distributed/full_shard_unit.hpp>
 #include <loom/optim/catalog.hpp>
 #include <loom/optim/optimizer.hpp>
+#include <loom/policy/catalog.hpp>
 #include <loom/accelerate/memory_plan.hpp>
 
 #if __has_include(<ATen/cuda/CUDAContext.h>) && __has_include(<cuda_runtime_api.h>)
@@ -92,14 +93,15 @@ LOOM_INLINE std::optional<std::string> memory_plan_refusal(const MemoryPlan& pla
   if (capacity <= 0 || total <= capacity) return std::nullopt;
   return fmt::format(
       "the memory plan needs {} per process ({}parameters {}, gradients {}, optimizer state {}, gathered units {}, "
-      "activations {}{}) but the {} has {}: shard more (--sharding zero1 / zero2 / full_shard), offload "
+      "activations {}{}) but the {} has {}: shard more (--sharding {}), offload "
       "(--offload_optimizer, --offload_param), lower --per_device_train_batch_size or turn on "
       "--gradient_checkpointing; --skip_memory_check starts anyway",
       format_bytes(total), plan.frozen > 0 ? "frozen parameters " + format_bytes(plan.frozen) + ", " : std::string(),
       format_bytes(plan.params), format_bytes(plan.grads), format_bytes(plan.optimizer), format_bytes(plan.gathered),
       plan.activations ? format_bytes(*plan.activations) : std::string("unknown"),
       device_is_host && plan.host > 0 ? ", host " + format_bytes(plan.host) : std::string(),
-      device_is_host ? "CPU share of this process" : "device", format_bytes(capacity));
+      device_is_host ? "CPU share of this process" : "device", format_bytes(capacity),
+      names_where<ShardingCatalog>([](const ShardingFacts& f) { return f.shards_optimizer_state; }, " / ", " / "));
 }
 
 LOOM_INLINE std::string format_memory_plan(const MemoryPlan& plan) {

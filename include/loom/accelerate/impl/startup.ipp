@@ -1,5 +1,6 @@
 #pragma once
 #include <loom/checkpoint/folders.hpp>
+#include <loom/config/launcher_configs.hpp>
 #include <loom/config/validate.hpp>
 #include <loom/core/device.hpp>
 #include <loom/core/error.hpp>
@@ -55,6 +56,7 @@ LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& po
     custom_schedule = std::ranges::find(detail::kLrSchedulerTypes, policies.schedule) == detail::kLrSchedulerTypes.end();
     if (!custom_schedule) args.lr_scheduler_type = std::string(policies.schedule);
   }
+  apply_launcher_configs(args);  // --deepspeed / --fsdp read once, here or by the program before
   validate(args);
   finalize(args);
   if (custom_schedule) args.lr_scheduler_type = std::string(policies.schedule);

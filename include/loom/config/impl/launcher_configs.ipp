@@ -361,11 +361,13 @@ LOOM_INLINE void apply_fsdp(TrainingArguments& args) {
 }  // namespace detail
 
 LOOM_INLINE void apply_launcher_configs(TrainingArguments& args) {
+  if (args.given.launcher_configs_applied()) return;  // read once (launcher_configs.hpp)
   const bool fsdp = args.fsdp && !args.fsdp->empty() && detail::parse_bool(*args.fsdp) != std::optional<bool>(false);
   if (args.deepspeed && fsdp) throw Error("loom: --deepspeed and --fsdp are both given; choose one");
   if (args.fsdp_config && !fsdp) throw Error("loom: --fsdp_config needs --fsdp (e.g. --fsdp \"full_shard\")");
   if (args.deepspeed) detail::apply_deepspeed(args);
   if (fsdp) detail::apply_fsdp(args);
+  args.given.mark_launcher_configs_applied();
 }
 
 }  // namespace loom

@@ -8,6 +8,7 @@
 #include <loom/config/optim_args.hpp>
 #include <loom/config/reflect.hpp>
 #include <loom/config/training_arguments.hpp>
+#include <loom/policy/catalog.hpp>
 #include <loom/config/validate.hpp>
 
 #include <boost/pfr.hpp>
@@ -164,13 +165,11 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
   using namespace detail;
 
   // --- HF's command-line names that loom takes or refuses ----------------------------
-  // --deepspeed / --fsdp: the flags they stand for, checked as finalize() will set them.
-  if (args.deepspeed || args.fsdp || args.fsdp_config) {
+  // --deepspeed / --fsdp: the flags they stand for, checked as finalize() will set them
+  // (arguments read by apply_launcher_configs already are checked as they stand).
+  if ((args.deepspeed || args.fsdp || args.fsdp_config) && !args.given.launcher_configs_applied()) {
     TrainingArguments applied = args;
     apply_launcher_configs(applied);
-    applied.deepspeed.reset();
-    applied.fsdp.reset();
-    applied.fsdp_config.reset();
     validate(applied);
     return;
   }
@@ -342,8 +341,8 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
   if (args.warmup_ratio > 0 && args.warmup_steps > 0)
     throw Error("loom: --warmup_ratio and --warmup_steps cannot both be set; use one (warmup_steps below 1 "
                 "is a fraction too)");
-  if (args.lr_scheduler_type == "reduce_lr_on_plateau" && args.eval_strategy == "no")
-    throw Error("loom: --lr_scheduler_type reduce_lr_on_plateau needs evaluation; set --eval_strategy "
+  if (schedule_steps_on_metric(args.lr_scheduler_type) && args.eval_strategy == "no")
+    throw Error("loom: --lr_scheduler_type " + args.lr_scheduler_type + " needs evaluation; set --eval_strategy "
                 "steps or epoch");
 
   // --- logging, evaluation and saving intervals ----------------------------------------
@@ -439,7 +438,7 @@ LOOM_INLINE void finalize(TrainingArguments& args) {
   if (args.eval_strategy == "steps" && !args.eval_steps && args.logging_steps > 0)
     args.eval_steps = args.logging_steps;
   // HF: picking the best checkpoint, or reducing on plateau, watches the loss by default.
-  if ((args.load_best_model_at_end || args.lr_scheduler_type == "reduce_lr_on_plateau") &&
+  if ((args.load_best_model_at_end || schedule_steps_on_metric(args.lr_scheduler_type)) &&
       !args.metric_for_best_model)
     args.metric_for_best_model = "loss";
   // HF: a metric named *loss is minimized, anything else maximized.

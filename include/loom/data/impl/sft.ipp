@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
 
 namespace loom::data {
 
@@ -45,6 +46,14 @@ LOOM_INLINE SftDataset::SftDataset(const SftFiles& files, const SftOptions& opti
     used += e - b;
   }
   check(size() > 0, "{}: no examples", files.ids.string());
+  // Every label -100: the loss and its gradient would be zero, and a run would learn nothing.
+  check(completion_tokens_ > 0,
+        "{}: no example keeps a completion token (a loss-mask 1 after its first id){}, so every label is -100 and "
+        "training would learn nothing; check {}{}",
+        files.ids.string(),
+        truncated_ > 0 ? " once " + std::to_string(truncated_) + " examples are cut to " + std::to_string(limit_) + " tokens"
+                       : std::string(),
+        files.mask.string(), truncated_ > 0 ? ", or raise the packing window / max_length" : "");
 }
 
 LOOM_INLINE std::pair<int64_t, int64_t> SftDataset::span_of(int64_t i) const {

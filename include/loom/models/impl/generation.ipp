@@ -31,9 +31,9 @@ LOOM_INLINE std::vector<int64_t> token_ids(const nlohmann::json& ids) {
   return out;
 }
 
-// Checks the settings and the inputs before any forward (each refusal a loom: line).
-inline void check_generation(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
-                             const GenerationConfig& c) {
+}  // namespace detail
+
+LOOM_INLINE void check_generation_config(const GenerationConfig& c) {
   check(c.num_beams == 1,
         "generate: num_beams is {}; loom implements greedy decoding and sampling only (num_beams 1), not beam search",
         c.num_beams);
@@ -45,6 +45,14 @@ inline void check_generation(const torch::Tensor& input_ids, const torch::Tensor
     check(c.top_k >= 0, "generate: top_k must be 0 (off) or positive, got {}", c.top_k);
     check(c.top_p >= 0.0 && c.top_p <= 1.0, "generate: top_p must be in [0, 1], got {}", c.top_p);
   }
+}
+
+namespace detail {
+
+// Checks the settings and the inputs before any forward (each refusal a loom: line).
+inline void check_generation(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                             const GenerationConfig& c) {
+  check_generation_config(c);
   check(input_ids.defined() && input_ids.dim() == 2 && input_ids.size(0) > 0 && input_ids.size(1) > 0 &&
             input_ids.scalar_type() == torch::kLong,
         "generate: input_ids must be int64 of shape [batch, seq] with batch and seq at least 1, got {} {}",

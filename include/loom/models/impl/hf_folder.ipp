@@ -245,10 +245,19 @@ LOOM_INLINE void load_hf_weights(torch::nn::Module& module, const std::filesyste
                                       [&](const auto& d) { return d.first == name; });
     if (derived != rules.derived.end() && !targets.contains(name)) {
       const auto source = targets.find(derived->second);
-      if (source != targets.end() && stored.sizes() != source->second.sizes())
+      if (source != targets.end() && stored.sizes() != source->second.sizes()) {
         problems.push_back("shape of " + name + " is " + checkpoint::detail::shape_string(stored.sizes()) +
                            " in the file but " + checkpoint::detail::shape_string(source->second.sizes()) +
                            " in the model (it is tied to " + derived->second + ")");
+      } else {
+        // A tied copy must be a copy: other values are weights of their own (a model trained
+        // untied), which the tie would drop without a word.
+        const auto from = std::find_if(file.begin(), file.end(), [&](const auto& e) { return e.first == derived->second; });
+        if (from != file.end() && from->second.sizes() == stored.sizes() && !torch::equal(from->second, stored))
+          problems.push_back(name + " differs from " + derived->second + " in the file, but the config ties them "
+                             "(tie_word_embeddings true): its own values would be dropped; if the model was trained "
+                             "untied, set tie_word_embeddings to false in config.json");
+      }
       continue;
     }
     const auto it = targets.find(name);

@@ -467,6 +467,12 @@ LOOM_INLINE torch::Tensor LlamaForCausalLMImpl::next_token_logits(const DecodeSt
 }
 
 LOOM_INLINE void LlamaForCausalLMImpl::check_generation_positions(int64_t positions) const {
+  // Far past any position table loom reads (a max_new_tokens typed with extra digits) the run
+  // would go on for hours, growing its key/value cache: refused before the first step.
+  check(positions <= ConfigLimits::positions,
+        "generate: the longest prompt plus max_new_tokens needs {} positions, past {}, the most loom generates to (the "
+        "largest position table it reads); lower max_new_tokens",
+        positions, ConfigLimits::positions);
   if (positions > config_.max_position_embeddings)
     log_message(LogLevel::warning,
                 "generate: the longest prompt plus max_new_tokens needs {} positions, past the config's "

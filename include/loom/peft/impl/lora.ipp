@@ -132,6 +132,13 @@ LOOM_INLINE void validate(const LoraConfig& c, std::string_view where) {
   check(c.lora_dropout >= 0.0 && c.lora_dropout < 1.0, "{}: lora_dropout must be in [0, 1), got {}", where,
         c.lora_dropout);
   check(c.bias == "none", "{}: LoRA's bias is \"{}\"; loom trains no bias (\"none\")", where, c.bias);
+  // PEFT's task types: CAUSAL_LM and FEATURE_EXTRACTION add no module to the adapter, SEQ_CLS its
+  // classification head; TOKEN_CLS and QUESTION_ANS would train heads loom does not add, and
+  // SEQ_2_SEQ_LM needs an encoder-decoder model.
+  check(c.task_type == "CAUSAL_LM" || c.task_type == detail::sequence_classification ||
+            c.task_type == "FEATURE_EXTRACTION",
+        "{}: task_type \"{}\" is not one loom implements: CAUSAL_LM, SEQ_CLS (the classification head trained and "
+        "saved beside the adapter) or FEATURE_EXTRACTION", where, c.task_type);
   check(!c.target_modules.empty() || c.target_regex.has_value(),
         "{}: LoRA needs target_modules (module names, \"all-linear\", or a regex)", where);
   for (const auto& m : c.modules_to_save) check(!m.empty(), "{}: modules_to_save holds an empty name", where);
@@ -402,6 +409,15 @@ LOOM_INLINE LoraConfig lora_config_from_json(const nlohmann::json& j, std::strin
         (key.ends_with("_config") && key != "megatron_config" && key != "loftq_config"))
       off(key.c_str());
   if (j.contains("loftq_config")) off("loftq_config");
+  // Initialisations that rewrite the base weights (PiSSA, OLoRA, CorDA, LoftQ): the adapter's
+  // weights belong to that rewritten base, not to the base loom loads.
+  if (j.contains("init_lora_weights") && j["init_lora_weights"].is_string()) {
+    const auto init = j["init_lora_weights"].get<std::string>();
+    check(!(init.starts_with("pissa") || init == "olora" || init == "corda" || init == "loftq"),
+          "{}: init_lora_weights \"{}\" rewrites the base weights when the adapter is made, and loom loads the base "
+          "as it is; convert the adapter with PEFT first (path_initial_model_for_weight_conversion) or train it anew",
+          where, init);
+  }
   validate(c, where);
   return c;
 }
@@ -427,6 +443,10 @@ LOOM_INLINE void load_adapter_weights(torch::nn::Module& model, const std::files
     if (it->second.sizes() != t.sizes())
       problems.push_back(name + " has shape " + c10::str(t.sizes()) + " in the file but " +
                          c10::str(it->second.sizes()) + " here (an adapter made for another base model)");
+    else if (it->second.is_floating_point() != t.is_floating_point())
+      problems.push_back(name + " is " + std::string(c10::toString(t.scalar_type())) + " in the file but " +
+                         std::string(c10::toString(it->second.scalar_type())) +
+                         " here (adapter weights are floating-point; integers would be read as whole numbers)");
   }
   for (const auto& [name, p] : params)
     if (!found.contains(name)) problems.push_back("missing " + name);

@@ -59,10 +59,22 @@ LOOM_INLINE std::optional<LoraConfig> lora_config_from_args(const LoraArguments&
       file = std::filesystem::path(*args.lora_adapter) / adapter_config_file;
       check_path(file, PathKind::file, "--lora_adapter (a PEFT adapter folder holds adapter_config.json)");
     }
-    return lora_config_from_json(json::read_file(file), file.string());
+    const auto j = json::read_file(file);
+    auto config = lora_config_from_json(j, file.string());
+    // A new adapter (--lora_config) starts as PEFT's default does: A random, B zero.
+    if (args.lora_config && j.is_object() && j.contains("init_lora_weights")) {
+      const auto& init = j["init_lora_weights"];
+      check(init.is_null() || init == true,
+            "{}: init_lora_weights is {}; loom makes a new adapter as PEFT's default does (true: lora_A "
+            "Kaiming-uniform, lora_B zero), so the adapter starts as a no-op; drop the field or set it to true",
+            file.string(), init.dump());
+    }
+    return config;
   }
   if (!args.use_peft) {
     check(!flags_given, "--lora_* flags are given without --use_peft; add --use_peft to train a LoRA adapter");
+    check(!args.lora_save_merged, "--lora_save_merged merges a LoRA adapter, and without --use_peft (or --lora_config, "
+          "--lora_adapter) there is none; add --use_peft, or drop --lora_save_merged");
     return std::nullopt;
   }
   check(!(args.lora_target_modules && args.lora_target_regex),
