@@ -75,9 +75,11 @@ $(DEPS)/venv.stamp: requirements.txt
 	@$(PY) -m pip install -q --no-cache-dir -r requirements.txt
 	@touch $@
 
+# CMAKE_ARGS: more -D settings for the first configure (.ci/run sets LOOM_BENCHMARKS_CHECK_BUILD).
+CMAKE_ARGS ?=
 $(BUILD)/build.ninja: $(DEPS)/apt.stamp $(DEPS)/venv.stamp CMakeLists.txt
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_PYTHON=$(PY) \
-	      -DCMAKE_CXX_COMPILER=$(LOOM_CXX) -DCMAKE_C_COMPILER=$(LOOM_CC)
+	      -DCMAKE_CXX_COMPILER=$(LOOM_CXX) -DCMAKE_C_COMPILER=$(LOOM_CC) $(CMAKE_ARGS)
 
 build: $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
@@ -91,8 +93,10 @@ demo: $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS) --target fashion_mnist
 	$(BUILD)/examples/fashion_mnist $(ARGS)
 
+# The tests' warm Python (tests/warm_python.py) is stopped after the run, passed or not.
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+	cd $(BUILD) && { ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS); rc=$$?; \
+	  [ ! -x tests/warm_python ] || tests/warm_python --warm-python-stop; exit $$rc; }
 
 bench: bench-build
 	$(BUILD)/benchmarks/overhead $(ARGS)

@@ -1,7 +1,7 @@
 // data/tokenizer.hpp against the `tokenizers` package: tests/data/tokenizer_peer.py trains
 // byte-level BPEs (prepare.py's; GPT-2's and Llama 3's patterns as Split regexes; Splits of each
 // behavior) and WordPiece BERT tokenizers (BertNormalizer, normalizer sequences) on the KJV text (build/examples/kjv_text), encodes the 31102 verses, the
-// text as documents of 200 verses and a set of hard strings (Unicode, emoji, numbers,
+// first 4000 verses as documents of 200 and a set of hard strings (Unicode, emoji, numbers,
 // whitespace runs, contractions, added tokens), and decodes them; loom's ids and text must be
 // the same. Padded batches are checked against transformers' tokenizer(texts, padding=...,
 // truncation=..., max_length=...). Every tokenizer.json loom does not read is refused with one

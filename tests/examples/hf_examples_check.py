@@ -42,6 +42,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+# The Python that runs the tools: the tests' warm one when this runs under it (tests/warm_python.py).
+PYTHON = os.environ.get("LOOM_WARM_PYTHON_CLIENT", sys.executable)
+
 def fail(message):
     sys.exit(f"hf_examples_check: {message}")
 
@@ -60,7 +63,7 @@ def close(a, b, rtol):
 
 def kjv_data(opts):
     kjv = os.path.join(HERE, "..", "..", "examples", "text_data", "kjv.py")
-    done = subprocess.run([sys.executable, kjv, "--kjv_text", opts.kjv_text, "--out", opts.out,
+    done = subprocess.run([PYTHON, kjv, "--kjv_text", opts.kjv_text, "--out", opts.out,
                            "--limit", "2000", "--vocab_size", "512"], capture_output=True, text=True)
     print(done.stdout + done.stderr, end="")
     if done.returncode != 0:
@@ -77,7 +80,7 @@ def kjv_sft_data(opts):
     pairs = os.path.join(opts.out, "instructions.jsonl")
     for cmd in ([os.path.join(root, "kjv.py"), "--kjv_text", opts.kjv_text, "--instructions", pairs, "--limit", "1500"],
                 [os.path.join(root, "prepare.py"), "--sft", pairs, "--out", opts.out, "--vocab_size", "512"]):
-        done = subprocess.run([sys.executable] + cmd, capture_output=True, text=True)
+        done = subprocess.run([PYTHON] + cmd, capture_output=True, text=True)
         print(done.stdout + done.stderr, end="")
         if done.returncode != 0:
             fail(f"{os.path.basename(cmd[0])} exited with {done.returncode}")

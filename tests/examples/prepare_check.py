@@ -41,6 +41,9 @@ TOOLS = Path(__file__).resolve().parents[2] / "examples" / "text_data"
 PREPARE = TOOLS / "prepare.py"
 
 
+# The Python that runs the tools: the tests' warm one when this runs under it (tests/warm_python.py).
+PYTHON = os.environ.get("LOOM_WARM_PYTHON_CLIENT", sys.executable)
+
 def fail(message):
     sys.exit(f"prepare_check: {message}")
 
@@ -51,7 +54,7 @@ def expect(ok, message):
 
 
 def run(args, tool=PREPARE):
-    done = subprocess.run([sys.executable, str(tool), *map(str, args)], capture_output=True, text=True)
+    done = subprocess.run([PYTHON, str(tool), *map(str, args)], capture_output=True, text=True)
     return done.returncode, done.stdout + done.stderr
 
 

@@ -299,23 +299,38 @@ def run_hf(flags, inputs, out, model_kind="net"):
                   os.path.join(out, "final.safetensors"))
 
 
+def torchrun():
+    """torchrun's command: on the tests' warm Python when this runs under it (tests/warm_python.py)."""
+    warm = os.environ.get("LOOM_WARM_PYTHON_CLIENT")
+    if warm:
+        return [warm, "-m", "torch.distributed.run"]
+    return [os.path.join(os.path.dirname(sys.executable), "torchrun")]
+
+
 def run_loom(peer, flags, inputs, out, ranks, model_kind="net", sharding="ddp"):
     cmd = [peer] + flags + ["--data_file", os.path.join(inputs, "data.safetensors"), "--model_name_or_path",
                             os.path.join(inputs, "init"), "--weights_out", os.path.join(out, "final.safetensors"),
                             "--output_dir", out, "--model", model_kind]
     if ranks > 1:
-        cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone",
-               f"--nproc_per_node={ranks}", "--no-python"] + cmd + ["--sharding", sharding]
+        cmd = torchrun() + ["--standalone", f"--nproc_per_node={ranks}", "--no-python"] + cmd + ["--sharding", sharding]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"hf_peer failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
 
 
-def run_hf_ranks(flags, inputs, out, ranks, model_kind="net"):
-    """HF under torchrun: this script re-entered with --hf-worker."""
-    cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", f"--nproc_per_node={ranks}",
-           os.path.abspath(__file__), "--hf-worker", inputs, out, model_kind, "--"] + flags
+def run_hf_ranks(jobs, work, ranks):
+    """HF under torchrun: this script re-entered with --hf-worker, once for every job (a list of
+    [flags, inputs, out, model_kind]), so that each rank imports transformers once rather than
+    once a configuration (about 10 s a process on a 2-core machine)."""
+    jobs_file = os.path.join(work, "hf_jobs.json")
+    with open(jobs_file, "w") as f:
+        json.dump(jobs, f)
+    # Each rank's Python: the warm one too, when there is one (torchrun --no-python runs it).
+    warm = os.environ.get("LOOM_WARM_PYTHON_CLIENT")
+    program = ["--no-python", warm] if warm else []
+    cmd = torchrun() + ["--standalone", f"--nproc_per_node={ranks}"] + program + [os.path.abspath(__file__),
+                                                                                "--hf-worker", jobs_file]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
@@ -410,8 +425,9 @@ def compare(hf_out, loom_out, tolerance, skip=()):
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--hf-worker":
         torch.set_num_threads(1)
-        inputs, out, model_kind = sys.argv[2], sys.argv[3], sys.argv[4]
-        run_hf(sys.argv[6:], inputs, out, model_kind)
+        with open(sys.argv[2]) as f:
+            for flags, inputs, out, model_kind in json.load(f):
+                run_hf(flags, inputs, out, model_kind)
         # HF leaves the process group to the interpreter's exit, where gloo's threads can
         # abort the process ("terminate called without an active exception").
         if torch.distributed.is_initialized():
@@ -439,7 +455,7 @@ def main():
         names = DDP_CONFIGS if opts.ranks > 1 else list(CONFIGS)
     if opts.only:
         names = [opts.only]
-    failed = 0
+    runs = {}  # name -> (model_kind, inputs, flags)
     for name in names:
         if name in MODEL_CONFIGS:
             model_kind, n_train, flags = MODEL_CONFIGS[name]
@@ -450,10 +466,15 @@ def main():
             inputs = make_inputs(opts.work, n_train)
         # (The transformer configurations' 16 evaluation rows split evenly as they are.)
         flags = merge(COMMON, flags + (DDP_FLAGS if opts.ranks > 1 and model_kind == "net" else []))
+        runs[name] = (model_kind, inputs, flags)
+    if opts.ranks > 1:
+        run_hf_ranks([[flags, inputs, os.path.join(opts.work, name, "hf"), model_kind]
+                      for name, (model_kind, inputs, flags) in runs.items()], opts.work, opts.ranks)
+    failed = 0
+    for name in names:
+        model_kind, inputs, flags = runs[name]
         hf_out, loom_out = (os.path.join(opts.work, name, side) for side in ("hf", "loom"))
-        if opts.ranks > 1:
-            run_hf_ranks(flags, inputs, hf_out, opts.ranks, model_kind)
-        else:
+        if opts.ranks == 1:
             run_hf(flags, inputs, hf_out, model_kind)
         run_loom(opts.peer, flags, inputs, loom_out, opts.ranks, model_kind, opts.loom_sharding)
         report = compare(hf_out, loom_out, max(opts.tolerance, OWN_TOLERANCE.get(name, 0.0)),
