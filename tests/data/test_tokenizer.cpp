@@ -5,7 +5,7 @@
 // whitespace runs, contractions, added tokens), and decodes them; loom's ids and text must be
 // the same. Padded batches are checked against transformers' tokenizer(texts, padding=...,
 // truncation=..., max_length=...). Every tokenizer.json loom does not read is refused with one
-// `loom:` line naming the field. The Python side takes ~30 s, once per process.
+// `loom:` line naming the field. The Python side takes ~50 s (2026-11-28, 2 cores), once per process.
 #include <loom/config/json.hpp>
 #include <loom/data/tokenizer.hpp>
 
