@@ -260,7 +260,11 @@ def _take_request(conn, listener, wake_r, wake_w, runs):
     try:
         conn.settimeout(10)
         header, fds, _, _ = socket.recv_fds(conn, 4, 3)
+        if 0 < len(header) < 4:  # a short read: the rest of the length follows
+            header += _recv_exact(conn, 4 - len(header)) or b""
         if len(header) < 4:
+            for fd in fds:
+                os.close(fd)
             conn.close()
             return None
         size = struct.unpack("!I", header)[0]

@@ -299,11 +299,14 @@ def run_hf(flags, inputs, out, model_kind="net"):
                   os.path.join(out, "final.safetensors"))
 
 
+# The tests' warm Python when this runs under it (tests/warm_python.py), else None.
+WARM_PYTHON = os.environ.get("LOOM_WARM_PYTHON_CLIENT")
+
+
 def torchrun():
-    """torchrun's command: on the tests' warm Python when this runs under it (tests/warm_python.py)."""
-    warm = os.environ.get("LOOM_WARM_PYTHON_CLIENT")
-    if warm:
-        return [warm, "-m", "torch.distributed.run"]
+    """torchrun's command: on the warm Python when there is one."""
+    if WARM_PYTHON:
+        return [WARM_PYTHON, "-m", "torch.distributed.run"]
     return [os.path.join(os.path.dirname(sys.executable), "torchrun")]
 
 
@@ -327,8 +330,7 @@ def run_hf_ranks(jobs, work, ranks):
     with open(jobs_file, "w") as f:
         json.dump(jobs, f)
     # Each rank's Python: the warm one too, when there is one (torchrun --no-python runs it).
-    warm = os.environ.get("LOOM_WARM_PYTHON_CLIENT")
-    program = ["--no-python", warm] if warm else []
+    program = ["--no-python", WARM_PYTHON] if WARM_PYTHON else []
     cmd = torchrun() + ["--standalone", f"--nproc_per_node={ranks}"] + program + [os.path.abspath(__file__),
                                                                                 "--hf-worker", jobs_file]
     env = dict(os.environ, OMP_NUM_THREADS="1")
