@@ -27,7 +27,7 @@ loom::Metrics plain_evaluate(Acc& acc, Model& model, const loom::data::AnyDatase
   std::vector<torch::Tensor> preds, labels;
   for (const auto b : acc.eval_batches(loader.size())) {
     torch::Tensor p, l;
-    if (b || Acc::forward_is_collective) {
+    if (b || acc.forward_is_collective()) {
       auto batch = loader.batch(b.value_or(0));
       loom::data::to_device(batch, acc.device());
       auto autocast = acc.autocast();

@@ -120,14 +120,14 @@ static loom::Metrics problem_metrics(LabelKind kind, const torch::Tensor& logits
   return out;
 }
 
-// Sharding and precision are types; main() picks them from --sharding and --bf16 / --fp16
-// through loom::select_policies. The model's forward(batch) returns {loss, logits} (HF's loss
-// for the config's problem_type), so the Trainer's default compute_loss is the model's loss.
+// The sharding and precision policies are the ones --sharding and --bf16 / --fp16 name when
+// the run starts (sharding::FromArgs, precision::FromArgs). The model's forward(batch) returns
+// {loss, logits} (HF's loss for the config's problem_type), so the Trainer's default
+// compute_loss is the model's loss.
 /// The trainer: the data's problem type's metrics in evaluation.
-template <class Sharding, class Precision>
-struct BertTrainer
-    : loom::Trainer<BertTrainer<Sharding, Precision>, BertForSequenceClassification, Sharding, Precision> {
-  using loom::Trainer<BertTrainer<Sharding, Precision>, BertForSequenceClassification, Sharding, Precision>::Trainer;
+struct BertTrainer : loom::Trainer<BertTrainer, BertForSequenceClassification, loom::sharding::FromArgs,
+                                   loom::precision::FromArgs> {
+  using Trainer::Trainer;
 
   LabelKind kind = LabelKind::class_id;  ///< the data's labels (meta.json's problem_type)
 
@@ -145,6 +145,12 @@ static std::pair<std::string, double> text_blind_baseline(LabelKind kind, const 
     for (int64_t i = 0; i < d.size(); ++i) labels.push_back(d.get(i).labels);
     return torch::stack(labels);
   };
+  // prepare.py --val_fraction 0 or 1 writes one split empty.
+  loom::check(eval.size() > 0, "the held-out split has no examples (prepare.py --val_fraction 0 holds out none); "
+              "bert_classify evaluates on it: prepare the data with a --val_fraction above 0");
+  loom::check(kind == LabelKind::class_id || train.size() > 0,
+              "the training split has no examples (prepare.py --val_fraction 1 holds out all of them); the baseline "
+              "of multi-label and regression data is the training labels' majority or mean");
   const auto eval_labels = all(eval);
   if (kind == LabelKind::class_id) {
     const auto majority = std::get<0>(at::mode(eval_labels));  // the held-out set's most frequent class
@@ -299,11 +305,11 @@ int main(int argc, char** argv) {
 
     // As HF's run_glue: train, save the model, report, evaluate, report.
     std::optional<double> score;  // the metric the baseline is compared with
-    if (!predict_only) loom::select_policies(args, [&]<class Sharding, class Precision>() {
-      if constexpr (BertTrainer<Sharding, Precision>::accelerator_type::forward_is_collective)
+    if (!predict_only) {
+      if (loom::sharding_chosen(args).shards_parameters)
         loom::check(example.predict.empty(), "--predict is not supported under --sharding full_shard (the parameters "
                     "are sharded across the ranks): predict from the saved model in one process, without --do_train");
-      BertTrainer<Sharding, Precision> trainer(args, model, train_set, eval_set);
+      BertTrainer trainer(args, model, train_set, eval_set);
       trainer.kind = meta.label_kind;
       trainer.set_tokenizer_files(hf_example::tokenizer_files(meta));  // saved beside the weights
       if (args.do_train) {
@@ -318,7 +324,7 @@ int main(int argc, char** argv) {
         trainer.save_metrics("eval", metrics);
         score = metrics.get("eval_" + compared);
       }
-    });
+    }
     if (main_process) {
       if (score && meta.label_kind == LabelKind::class_id) {
         fmt::print("bert_classify: eval_accuracy {:.4f} against the majority baseline {:.4f} ({:+.4f})\n", *score,

@@ -66,10 +66,11 @@ using loom::models::BertForMaskedLM;
 
 /// The trainer: the masked tokens' accuracy in evaluation, from each batch's predicted ids
 /// (preprocess_logits_for_metrics keeps them instead of the [batch, seq, vocab] logits, as HF's
-/// run_mlm.py does).
-template <class Sharding, class Precision>
-struct MlmTrainer : loom::Trainer<MlmTrainer<Sharding, Precision>, BertForMaskedLM, Sharding, Precision> {
-  using loom::Trainer<MlmTrainer<Sharding, Precision>, BertForMaskedLM, Sharding, Precision>::Trainer;
+/// run_mlm.py does). Sharding and precision: those --sharding and --bf16 / --fp16 name when the
+/// run starts.
+struct MlmTrainer
+    : loom::Trainer<MlmTrainer, BertForMaskedLM, loom::sharding::FromArgs, loom::precision::FromArgs> {
+  using Trainer::Trainer;
 
   /// The predicted token ids.
   torch::Tensor preprocess_logits_for_metrics(const torch::Tensor& logits, const torch::Tensor& /*labels*/) {
@@ -152,8 +153,8 @@ int main(int argc, char** argv) {
 
     // As HF's run_mlm: train, save the model, report, evaluate with perplexity, report.
     double perplexity = -1;
-    loom::select_policies(args, [&]<class Sharding, class Precision>() {
-      MlmTrainer<Sharding, Precision> trainer(args, model, train_set, eval_set);
+    {
+      MlmTrainer trainer(args, model, train_set, eval_set);
       trainer.set_tokenizer_files(hf_example::tokenizer_files(meta));  // saved beside the weights
       if (args.do_train) {
         auto result = trainer.train();
@@ -168,7 +169,7 @@ int main(int argc, char** argv) {
         trainer.log_metrics("eval", metrics);
         trainer.save_metrics("eval", metrics);
       }
-    });
+    }
     if (main_process) {
       if (perplexity >= 0) fmt::print("bert_mlm: perplexity {:.2f} on the held-out verses\n", perplexity);
       fmt::print("outputs in {}\n", args.output_dir);

@@ -232,11 +232,10 @@ static torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& l
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kMean));
 }
 
-// The precision is a type; main() picks it from --bf16 / --fp16 through loom::select_precision.
+// The precision is the one --bf16 / --fp16 name when the run starts (precision::FromArgs).
 /// The trainer: token-level loss, token-count normalization under gradient accumulation.
-template <class Precision>
-struct CharLMTrainer : loom::Trainer<CharLMTrainer<Precision>, GPT, Precision> {
-  using loom::Trainer<CharLMTrainer<Precision>, GPT, Precision>::Trainer;
+struct CharLMTrainer : loom::Trainer<CharLMTrainer, GPT, loom::precision::FromArgs> {
+  using Trainer::Trainer;
 
   /// Mean next-character cross entropy of the batch; logits [N, T, vocab].
   loom::ModelOutput compute_loss(GPT& model, Batch& batch) {
@@ -345,13 +344,13 @@ int main(int argc, char** argv) {
       loom::Metrics eval;
       std::string sample;
     };
-    auto outcome = loom::select_precision(args, [&]<class Precision>() {
+    auto outcome = [&] {
       GPT model(cfg);
       int64_t params = 0;
       for (const auto& p : model->parameters()) params += p.numel();
       fmt::print("char_lm: GPT with {} layers, {} heads, width {}: {:.2f} M parameters{}\n", cfg.n_layer, cfg.n_head,
                  cfg.n_embd, static_cast<double>(params) / 1e6, args.bf16 ? ", bf16 autocast" : "");
-      CharLMTrainer<Precision> trainer(args, model, train_set, eval_set);
+      CharLMTrainer trainer(args, model, train_set, eval_set);
       Outcome o;
       o.train = trainer.train();
       trainer.save_model();  // output_dir/model.safetensors + training_args.json
@@ -364,7 +363,7 @@ int main(int argc, char** argv) {
         o.sample = generate(trainer.model(), vocab, example.sample_prompt, example.sample_length, example.temperature,
                             example.sample_seed, trainer.device());
       return o;
-    });
+    }();
 
     if (auto sps = outcome.train.metrics.get("train_samples_per_second"))
       fmt::print("training throughput: {:.0f} tokens/s\n", *sps * static_cast<double>(example.block_size));

@@ -71,9 +71,8 @@ inline bool generate_only(const GenerateArguments& g, const loom::TrainingArgume
 
 /// Refuses --prompt under a policy whose forward is collective (FullShard: every rank holds a
 /// shard, and one process generating alone would wait for the others), before training starts.
-template <class TrainerType>
-void check_generation_policy(const GenerateArguments& g) {
-  if constexpr (TrainerType::accelerator_type::forward_is_collective)
+inline void check_generation_policy(const GenerateArguments& g, const loom::TrainingArguments& args) {
+  if (loom::sharding_chosen(args).shards_parameters)
     loom::check(!g.wanted(), "--prompt is not supported under --sharding full_shard (the parameters are sharded "
                              "across the ranks): generate from the saved model in one process, without --do_train");
 }

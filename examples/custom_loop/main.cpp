@@ -147,7 +147,7 @@ double accuracy(Acc& acc, TwoHeadNet& model, const loom::data::AnyDataset<Batch>
   int64_t right = 0, rows = 0;
   for (const auto b : acc.eval_batches(loader.size())) {
     torch::Tensor predicted, targets;
-    if (b || Acc::forward_is_collective) {  // FullShard: every rank joins every forward
+    if (b || acc.forward_is_collective()) {  // FullShard: every rank joins every forward
       auto batch = loader.batch(b.value_or(0));
       loom::data::to_device(batch, acc.device());
       auto autocast = acc.autocast();
@@ -168,9 +168,9 @@ double accuracy(Acc& acc, TwoHeadNet& model, const loom::data::AnyDataset<Batch>
   return rows > 0 ? static_cast<double>(right) / static_cast<double>(rows) : 0.0;
 }
 
-template <class Sharding, class Precision>
 void run(const loom::TrainingArguments& args, const fashion_mnist::DataArguments& opts) {
-  loom::Accelerator<Sharding, Precision> acc(args);  // joins the job, seeds the generators
+  // The sharding and precision --sharding and --bf16 / --fp16 name, chosen as the run starts.
+  loom::Accelerator<loom::sharding::FromArgs, loom::precision::FromArgs> acc(args);  // joins the job, seeds the generators
   const std::filesystem::path dir(opts.data_dir);
   const auto [train_images, train_labels] = fashion_mnist::load_split(dir, "train", opts.max_train_samples);
   const auto [test_images, test_labels] = fashion_mnist::load_split(dir, "t10k", opts.max_eval_samples);
@@ -179,7 +179,7 @@ void run(const loom::TrainingArguments& args, const fashion_mnist::DataArguments
   const loom::data::AnyDataset<RotationBatch> turn_train(rotated(train_images)), turn_test(rotated(test_images));
   if (acc.is_main_process())
     fmt::print("custom_loop: {} training and {} test images, {} process(es), {} / {}\n", train_images.size(0),
-               test_images.size(0), acc.num_processes(), Sharding::name, Precision::name);
+               test_images.size(0), acc.num_processes(), acc.sharding_facts().name, acc.precision_facts().name);
 
   TwoHeadNet model;
   acc.prepare_model(model);
@@ -265,7 +265,7 @@ int main(int argc, char** argv) {
     loom::check(args.logging_steps >= 2 && static_cast<int64_t>(args.logging_steps) % 2 == 0,
                 "custom_loop alternates two tasks: --logging_steps must be an even number of steps, got {}",
                 args.logging_steps);
-    loom::select_policies(args, [&]<class Sharding, class Precision>() { run<Sharding, Precision>(args, opts); });
+    run(args, opts);
     return 0;
   });
 }

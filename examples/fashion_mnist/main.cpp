@@ -50,11 +50,10 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
-// Sharding and precision are types; main() picks them from --sharding and --bf16 / --fp16
-// through loom::select_policies.
-template <class Sharding, class Precision>
-struct FashionTrainer : loom::Trainer<FashionTrainer<Sharding, Precision>, Net, Sharding, Precision> {
-  using loom::Trainer<FashionTrainer<Sharding, Precision>, Net, Sharding, Precision>::Trainer;
+// The sharding and precision policies are the ones --sharding and --bf16 / --fp16 name when
+// the run starts (sharding::FromArgs, precision::FromArgs): one Trainer type for all of them.
+struct FashionTrainer : loom::Trainer<FashionTrainer, Net, loom::sharding::FromArgs, loom::precision::FromArgs> {
+  using Trainer::Trainer;
 
   loom::ModelOutput compute_loss(Net& model, Batch& batch) {
     auto logits = model->forward(batch.images);
@@ -101,8 +100,8 @@ int main(int argc, char** argv) {
                  dir.string());
 
     // As HF's example scripts: train, save the model, report, evaluate, report, predict.
-    loom::select_policies(args, [&]<class Sharding, class Precision>() {
-      FashionTrainer<Sharding, Precision> trainer(args, Net{}, train_set, test_set);
+    {
+      FashionTrainer trainer(args, Net{}, train_set, test_set);
       if (args.do_train) {
         auto train_output = trainer.train();
         trainer.save_model();  // output_dir/model.safetensors + training_args.json
@@ -130,7 +129,7 @@ int main(int argc, char** argv) {
           std::fclose(f);
         }
       }
-    });
+    }
     if (main_process) fmt::print("outputs in {}\n", args.output_dir);
     return 0;
   });

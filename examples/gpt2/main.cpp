@@ -67,14 +67,14 @@ struct ExampleArguments {
 using loom::data::CausalLMBatch;
 using loom::models::GPT2LMHeadModel;
 
-// Sharding and precision are types; main() picks them from --sharding and --bf16 / --fp16
-// through loom::select_policies. The model's forward(batch) returns {loss, logits}, so the
-// Trainer's default compute_loss is the model's loss.
+// The sharding and precision policies are the ones --sharding and --bf16 / --fp16 name when
+// the run starts (sharding::FromArgs, precision::FromArgs). The model's forward(batch) returns
+// {loss, logits}, so the Trainer's default compute_loss is the model's loss.
 /// The trainer: every hook is the default (num_items counts a CausalLMBatch's predicted
 /// tokens, HF's normalization).
-template <class Sharding, class Precision>
-struct GPT2Trainer : loom::Trainer<GPT2Trainer<Sharding, Precision>, GPT2LMHeadModel, Sharding, Precision> {
-  using loom::Trainer<GPT2Trainer<Sharding, Precision>, GPT2LMHeadModel, Sharding, Precision>::Trainer;
+struct GPT2Trainer
+    : loom::Trainer<GPT2Trainer, GPT2LMHeadModel, loom::sharding::FromArgs, loom::precision::FromArgs> {
+  using Trainer::Trainer;
 };
 
 int main(int argc, char** argv) {
@@ -147,9 +147,9 @@ int main(int argc, char** argv) {
     }
 
     // As HF's run_clm: train, save the model, report, evaluate (perplexity), report.
-    if (!generate_only) loom::select_policies(args, [&]<class Sharding, class Precision>() {
-      hf_example::check_generation_policy<GPT2Trainer<Sharding, Precision>>(gen);
-      GPT2Trainer<Sharding, Precision> trainer(args, model, train_set, eval_set);
+    if (!generate_only) {
+      hf_example::check_generation_policy(gen, args);
+      GPT2Trainer trainer(args, model, train_set, eval_set);
       trainer.set_tokenizer_files(hf_example::tokenizer_files(meta));  // saved beside the weights
       if (args.do_train) {
         auto result = trainer.train();
@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
         trainer.log_metrics("eval", metrics);
         trainer.save_metrics("eval", metrics);
       }
-    });
+    }
     if (gen.wanted() && main_process)
       hf_example::print_completion(model, meta.tokenizer_file, gen.prompt, gen, args.seed, "gpt2");
     if (main_process && !generate_only) fmt::print("outputs in {}\n", args.output_dir);

@@ -83,9 +83,10 @@ using loom::data::CausalLMBatch;
 using loom::models::LlamaForCausalLM;
 
 /// The trainer: the loss normalized by completion tokens (the shifted labels that count).
-template <class Sharding, class Precision>
-struct SFTTrainer : loom::Trainer<SFTTrainer<Sharding, Precision>, LlamaForCausalLM, Sharding, Precision> {
-  using loom::Trainer<SFTTrainer<Sharding, Precision>, LlamaForCausalLM, Sharding, Precision>::Trainer;
+/// Sharding and precision: those --sharding and --bf16 / --fp16 name when the run starts.
+struct SFTTrainer
+    : loom::Trainer<SFTTrainer, LlamaForCausalLM, loom::sharding::FromArgs, loom::precision::FromArgs> {
+  using Trainer::Trainer;
 
   /// With --predict_with_generate: the share of held-out completions generated exactly (greedy,
   /// from each prompt, through the completion's end of text).
@@ -200,9 +201,9 @@ int main(int argc, char** argv) {
     }
 
     // As HF's run_clm / TRL's sft script: train, save, report, evaluate, report.
-    if (!generate_only) loom::select_policies(args, [&]<class Sharding, class Precision>() {
-      hf_example::check_generation_policy<SFTTrainer<Sharding, Precision>>(gen);
-      SFTTrainer<Sharding, Precision> trainer(args, model, train_set, eval_set);
+    if (!generate_only) {
+      hf_example::check_generation_policy(gen, args);
+      SFTTrainer trainer(args, model, train_set, eval_set);
       trainer.set_tokenizer_files(hf_example::tokenizer_files(meta));
       if (staged) staged->commit();  // <output_dir>/base, before the first checkpoint names it
       if (args.do_train) {
@@ -217,7 +218,7 @@ int main(int argc, char** argv) {
         trainer.log_metrics("eval", metrics);
         trainer.save_metrics("eval", metrics);
       }
-    });
+    }
     if (gen.wanted() && main_process) {
       auto prompt = gen.prompt;
       if (!std::isspace(static_cast<unsigned char>(prompt.back()))) prompt += '\n';

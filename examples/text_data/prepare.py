@@ -66,6 +66,12 @@ Output, in --out:
       offsets, labels, examples, tokens}}, and "source" (the options). loom's
       read_token_meta reads it (data/token_file.hpp).
 
+--val_fraction lies in [0, 1]. Between the ends each split gets at least one document or
+example (so the input needs two). 0 holds out nothing and 1 everything (an evaluation-only
+folder), whole documents, a single document too: the other split is then written all the
+same, empty (a .bin of 0 bytes, .offsets holding the one 0, meta.json counting 0 examples /
+documents and 0 tokens), so the folder keeps its usual files and read_token_meta reads it.
+
 A prompt-completion example is the prompt's ids, the completion's ids and the eos id; the
 prompt and the completion are tokenized separately, so the mask's boundary is exact. The
 default chat template (a BPE trained here):
@@ -488,12 +494,32 @@ def existing_vocab(path, eos_token):
 
 # --- writing ------------------------------------------------------------------------------
 
+def whole_split(val_fraction):
+    """True for --val_fraction 0 or 1: every document or example goes to one split."""
+    return val_fraction in (0, 1)
+
+
+def held_out(n, val_fraction):
+    """How many of n go to val: n * val_fraction for 0 and 1; else round(n * val_fraction),
+    at least one and at most n - 1, so that train and val both have one."""
+    if whole_split(val_fraction):
+        return int(n * val_fraction)
+    return min(n - 1, max(1, round(n * val_fraction)))
+
+
+def too_few(n, val_fraction):
+    """The reason n documents or examples cannot be split at val_fraction, or None."""
+    if whole_split(val_fraction):
+        return None if n >= 1 else f"the {'val' if val_fraction == 1 else 'train'} split needs at least one"
+    return None if n >= 2 else "train and val need at least one each"
+
+
 def split_indices(n, val_fraction, seed):
     """A seeded shuffle of range(n) cut into (train, val), each in input order; val holds
-    round(n * val_fraction) indices, at least one, and train at least one."""
+    held_out(n, val_fraction) indices (0 and 1: none, all)."""
     order = list(range(n))
     random.Random(seed).shuffle(order)
-    n_val = min(n - 1, max(1, round(n * val_fraction)))
+    n_val = held_out(n, val_fraction)
     return sorted(order[n_val:]), sorted(order[:n_val])
 
 
@@ -517,7 +543,7 @@ def write_ragged(out, files, seqs, dtype):
 def lm_files(out, vocab, docs, val_fraction, seed):
     """train.bin and val.bin of the documents; their entries of meta.json's "lm"."""
     encoded = vocab.encode(docs)
-    if len(encoded) > 1:
+    if len(encoded) > 1 or whole_split(val_fraction):
         train, val = split_indices(len(encoded), val_fraction, seed)
         parts = {"train": [encoded[i] for i in train], "val": [encoded[i] for i in val]}
     else:
@@ -591,8 +617,8 @@ def classification_files(a, vocab, items, source):
     if room is not None and room < 1:
         fail(f"--max_length {a.max_length} leaves no room for text beside {len(head) + len(tail)} special ids")
     seqs = [head + ids[:room] + tail for ids in vocab.encode([text for text, _ in examples])]
-    if len(seqs) < 2:
-        fail(f"{len(seqs)} example(s); train and val need at least one each")
+    if (reason := too_few(len(seqs), a.val_fraction)) is not None:
+        fail(f"{len(seqs)} example(s); {reason}")
     if a.max_length is not None:
         source["max_length"] = a.max_length
     source["label_type"] = a.label_type
@@ -642,7 +668,8 @@ def parse_args():
                    help="the BPE trained here: at most this many tokens, special tokens included (default 8192)")
     p.add_argument("--min_frequency", type=int, default=2, help="the BPE trained here: a merge must occur this often")
     p.add_argument("--val_fraction", type=float, default=0.05,
-                   help="share of the documents or examples held out (default 0.05)")
+                   help="share of the documents or examples held out, in [0, 1] (default 0.05; 1: all of them, "
+                        "the train split empty; 0: none, the val split empty)")
     p.add_argument("--max_length", type=int, default=None,
                    help="--sft: drop examples of more ids than this; --classify: truncate examples to this many")
     p.add_argument("--seed", type=int, default=1234, help="the train/val shuffle (default 1234)")
@@ -663,8 +690,8 @@ def parse_args():
         fail("--vocab_size sizes the BPE trained here; --tokenizer brings its own vocabulary")
     if a.eos_token is not None and a.tokenizer is None:
         fail("--eos_token goes with --tokenizer (a BPE trained here ends texts with <|endoftext|>)")
-    if not 0 < a.val_fraction < 1:
-        fail("--val_fraction must lie in (0, 1)")
+    if not 0 <= a.val_fraction <= 1:  # NaN too
+        fail(f"--val_fraction must lie in [0, 1] (1 holds out everything), got {a.val_fraction}")
     return a
 
 
@@ -706,8 +733,8 @@ def sft_files(a, vocab, form, items, source):
         source.update(max_length=a.max_length, dropped_too_long=len(examples) - len(kept))
         dropped = f", {len(examples) - len(kept)} dropped (over --max_length {a.max_length})"
         examples = kept
-    if len(examples) < 2:
-        fail(f"{len(examples)} example(s) left; train and val need at least one each")
+    if (reason := too_few(len(examples), a.val_fraction)) is not None:
+        fail(f"{len(examples)} example(s) left; {reason}")
     train, val = split_indices(len(examples), a.val_fraction, a.seed)
     sft = {"format": form, **{split: sft_split(a.out, split, [examples[i] for i in idx], vocab.dtype)
                               for split, idx in (("train", train), ("val", val))}}

@@ -2,7 +2,7 @@
 // ProcessGroupGloo on the CPU. This one binary is both sides:
 //
 //   * with LOOM_DIST_WORKER set it is a worker: it trains a small MLP with the Trainer under
-//     the sharding and precision its flags name (through loom::select_policies), and writes
+//     the sharding and precision its flags name (sharding::FromArgs, precision::FromArgs), and writes
 //     its final weights, model-state bytes and log history for the test to read;
 //   * otherwise it is the doctest runner: each test starts 1, 2 or 4 workers with the
 //     variables torchrun would set (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT),
@@ -365,7 +365,11 @@ inline int run(int argc, char** argv) {
     }
     auto data = make_data(w.rows);
     auto eval_data = make_data(100, 99);  // 13 batches of 8 (the last of 4): uneven across ranks
-    loom::select_policies(args, [&]<class Sharding, class Precision>() {
+    // One Trainer type for every policy: the sharding and precision the flags name, chosen as
+    // the run starts (loom::sharding::FromArgs, loom::precision::FromArgs).
+    using Sharding = loom::sharding::FromArgs;
+    using Precision = loom::precision::FromArgs;
+    [&] {
       loom::set_seed(args.seed);
       if (w.task == "lora") {
         LoraMlp model(w.hidden);
@@ -450,7 +454,7 @@ inline int run(int argc, char** argv) {
                             {"plan", plan_json(trainer.accelerator().memory_plan())}}.dump();
       // save_model gathers the parameters under every policy; rank 0 writes.
       trainer.save_model(w.result + ".model");
-    });
+    }();
     return 0;
   });
 }

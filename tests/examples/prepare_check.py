@@ -17,6 +17,9 @@ transformers (ctest example.prepare_text):
     document once, each followed by eos (tests/data/test_text_data.cpp opens such folders
     with loom's reader);
   - bad input: one line naming FILE:LINE, exit status 1;
+  - --val_fraction 1 (and 0): every example or document in val (train), the other split's
+    files written empty and counted 0 in meta.json; a single document or example is enough;
+    a value outside [0, 1] is refused with one line;
   - with --kjv_text: kjv.py --instructions (make llama-sft-data) on 400 instructions, then
     prepare.py --sft on them.
 
@@ -117,7 +120,8 @@ class Folder:
         """The documents of a flat file, cut at each eos; the file must end with one."""
         entry = self.meta["lm"][split]
         ids = self.ids(entry["file"])
-        expect(len(ids) == entry["tokens"] and ids[-1] == self.eos, f"{self.path}/{entry['file']}: tokens or last id")
+        expect(len(ids) == entry["tokens"] and (len(ids) == 0 or ids[-1] == self.eos),
+               f"{self.path}/{entry['file']}: tokens or last id")
         ends = np.flatnonzero(ids == self.eos)
         expect(len(ends) == entry["documents"], f"{entry['file']}: {len(ends)} eos for {entry['documents']} documents")
         starts = np.concatenate([[0], ends[:-1] + 1])
@@ -125,13 +129,13 @@ class Folder:
 
 
 def check_split_sizes(folder, n, val_fraction=0.05):
-    n_val = min(n - 1, max(1, round(n * val_fraction)))
+    n_val = int(n * val_fraction) if val_fraction in (0, 1) else min(n - 1, max(1, round(n * val_fraction)))
     sft = folder.meta["sft"]
     expect((sft["train"]["examples"], sft["val"]["examples"]) == (n - n_val, n_val),
            f"{folder.path}: {sft['train']['examples']} / {sft['val']['examples']} examples, expected {n - n_val} / {n_val}")
 
 
-def check_prompt_completion(folder, pairs, prefix=()):
+def check_prompt_completion(folder, pairs, prefix=(), val_fraction=0.05):
     """Each example: prefix + prompt (mask 0), completion + eos (mask 1); together the input pairs, once each."""
     expect(folder.meta["sft"]["format"] == "prompt_completion", f"{folder.path}: format")
     seen = Counter()
@@ -145,7 +149,7 @@ def check_prompt_completion(folder, pairs, prefix=()):
             seen[(folder.decode(ids[len(prefix):k]), folder.decode(ids[k:-1]))] += 1
     expect(seen == Counter(pairs), f"{folder.path}: decoded pairs differ from the input, e.g. "
                                    f"{next(iter(seen - Counter(pairs)), None)!r} / {next(iter(Counter(pairs) - seen), None)!r}")
-    check_split_sizes(folder, len(pairs))
+    check_split_sizes(folder, len(pairs), val_fraction)
 
 
 def check_chat(folder, conversations):
@@ -341,6 +345,62 @@ def check_bad_input(work):
     expect(rc == 1 and f"text.jsonl:2: missing field 'text'" in out, f"JSONL text without the field: {out!r}")
 
 
+def check_whole_splits(work, pc):
+    """--val_fraction 1 holds out everything (0 nothing): the empty split's files are there, empty,
+    and meta.json counts 0 of them; the held-out split is the whole input, in input order."""
+    pairs = [(r["prompt"], r["completion"]) for r in map(json.loads, pc.read_text().splitlines())]
+    prepare("--sft", pc, "--out", work / "all_val", "--vocab_size", 400, "--val_fraction", 1)
+    folder = Folder(work / "all_val")
+    train = folder.meta["sft"]["train"]
+    expect((train["examples"], train["tokens"], train["completion_tokens"]) == (0, 0, 0) and folder.sft("train") == [],
+           f"--val_fraction 1: sft train {train}")
+    expect([(f / train[k]).stat().st_size for f, k in ((folder.path, "ids"), (folder.path, "offsets"),
+                                                        (folder.path, "mask"))] == [0, 8, 0],
+           "--val_fraction 1: the empty split's files are not a 0-byte .bin and .mask and one offset")
+    check_prompt_completion(folder, pairs, val_fraction=1)
+    # One example is enough when it all goes to one split.
+    one = write_jsonl(work / "one_val.jsonl", [{"prompt": "p", "completion": "c"}])
+    prepare("--sft", one, "--out", work / "one_val", "--vocab_size", 280, "--min_frequency", 1, "--val_fraction", 1)
+    expect(Folder(work / "one_val").meta["sft"]["val"]["examples"] == 1, "--val_fraction 1 on one example")
+
+    # Plain text: every document in val.bin, train.bin empty; a single document whole, not cut.
+    docs = [f"document {i}: " + words(random.Random(i), 20) + "\n" for i in range(3)]
+    files = []
+    for i, d in enumerate(docs):
+        files.append(work / f"whole{i}.txt")
+        files[-1].write_text(d)
+    for name, inputs, fraction in (("lm_all_val", files, 1), ("lm_one_val", files[:1], 1), ("lm_no_val", files, 0)):
+        prepare("--text", *inputs, "--out", work / name, "--vocab_size", 300, "--val_fraction", fraction)
+        folder = Folder(work / name)
+        full, empty = ("val", "train") if fraction == 1 else ("train", "val")
+        expect(folder.meta["lm"][empty]["tokens"] == folder.meta["lm"][empty]["documents"] == 0
+               and (folder.path / folder.meta["lm"][empty]["file"]).stat().st_size == 0 and folder.lm(empty) == [],
+               f"{name}: {empty} is not empty: {folder.meta['lm'][empty]}")
+        got = [folder.decode(d) for d in folder.lm(full)]
+        expect(got == docs[:len(inputs)], f"{name}: {full} holds {got!r}, not every document in input order")
+
+    # Classification: the labels too; an empty .labels file and .offsets holding one 0.
+    records = [{"text": words(random.Random(100 + i), 8) or "x", "label": ["b", "a"][i % 2]} for i in range(9)]
+    prepare("--classify", write_jsonl(work / "whole.jsonl", records), "--out", work / "cls_all_val",
+            "--vocab_size", 300, "--val_fraction", 1)
+    folder = Folder(work / "cls_all_val")
+    cls = folder.meta["classification"]
+    expect((cls["train"]["examples"], cls["train"]["tokens"], cls["val"]["examples"]) == (0, 0, len(records))
+           and [(folder.path / cls["train"][k]).stat().st_size for k in ("ids", "offsets", "labels")] == [0, 8, 0],
+           f"--classify --val_fraction 1: {cls['train']}, val {cls['val']['examples']} examples")
+    labels = np.fromfile(folder.path / cls["val"]["labels"], dtype="<i8").tolist()
+    expect([cls["label_names"][k] for k in labels] == [r["label"] for r in records],
+           f"--classify --val_fraction 1: val labels {labels} are not the input's, in order")
+
+    # Outside [0, 1]: one line, before anything is read.
+    for bad in ("1.5", "-0.1", "nan"):
+        rc, out = run(["--sft", pc, "--out", work / "bad_fraction", "--val_fraction", bad])
+        lines = out.strip().splitlines()
+        expect(rc == 1 and len(lines) == 1 and lines[0].startswith("prepare.py: --val_fraction must lie in [0, 1]"),
+               f"--val_fraction {bad}: rc {rc}, {out!r}")
+    expect(not (work / "bad_fraction").exists(), "a refused --val_fraction wrote its --out")
+
+
 def check_nothing_lost(work, pc):
     """A refused input or an unwritable --out leaves an existing token folder as it was."""
     folder = work / "kept"
@@ -386,6 +446,7 @@ def main():
     check_existing_tokenizer(a.work, pc)
     check_lm(a.work)
     check_bad_input(a.work)
+    check_whole_splits(a.work, pc)
     check_nothing_lost(a.work, pc)
     if a.kjv_text is not None:
         check_kjv(a.work, a.kjv_text)

@@ -81,6 +81,21 @@ struct Watched : loom::Trainer<Watched<Precision>, torch::nn::Linear, Precision,
   }
 };
 
+// One Trainer type for every policy: the flags choose when the run starts.
+struct FlagProbe : loom::Trainer<FlagProbe, torch::nn::Linear, loom::sharding::FromArgs, loom::precision::FromArgs,
+                                 loom::schedule::Linear> {
+  using Trainer::Trainer;
+  int64_t poison_step = -1;
+  torch::ScalarType seen = torch::kDouble;
+  torch::Tensor compute_loss(torch::nn::Linear& model, Batch& b) {
+    auto logits = model->forward(b.x);
+    seen = logits.scalar_type();
+    auto loss = torch::cross_entropy_loss(logits, b.labels);
+    if (this->state().global_step == poison_step) loss = loss * std::numeric_limits<float>::infinity();
+    return loss;
+  }
+};
+
 }  // namespace
 
 TEST_CASE("BF16: forward under bfloat16 autocast, float32 master weights, loss falls") {
@@ -182,6 +197,65 @@ TEST_CASE("FP16: the scale doubles after 2000 clean steps (PyTorch's growth inte
   CHECK(t.skipped_steps() == 0);
   // 2000 clean steps grow the scale once: 2^16 -> 2^17; the 2001st does not grow it again.
   CHECK(t.precision().scale().item<double>() == doctest::Approx(131072.0));
+}
+
+TEST_CASE("sharding::FromArgs and precision::FromArgs: one Trainer type, the flags choose as the run starts") {
+  const auto has_key = [](const FlagProbe& t, const char* key) {
+    for (const auto& entry : t.state().log_history)
+      if (entry.contains(key)) return true;
+    return false;
+  };
+  SUBCASE("no precision flag: float32, no loss scale, no skipped_steps in the logs") {
+    auto args = args_for("from_args_fp32", 4, 1);
+    torch::manual_seed(0);
+    FlagProbe t(args, torch::nn::Linear(8, 3), make_data(64, 5));
+    t.train();
+    CHECK((t.seen == torch::kFloat));
+    CHECK(t.accelerator().precision_facts().name == "fp32");
+    CHECK(t.accelerator().sharding_facts().name == "no");  // auto in one process
+    CHECK(t.args().sharding == "no");                       // training_args.json says what ran
+    CHECK_FALSE(t.accelerator().forward_is_collective());
+    CHECK_FALSE(t.precision().scale().defined());
+    CHECK_FALSE(has_key(t, "skipped_steps"));
+  }
+  SUBCASE("--bf16: bfloat16 autocast, float32 weights") {
+    auto args = args_for("from_args_bf16", 4, 1);
+    args.bf16 = true;
+    torch::manual_seed(0);
+    FlagProbe t(args, torch::nn::Linear(8, 3), make_data(64, 5));
+    t.train();
+    CHECK((t.seen == torch::kBFloat16));
+    CHECK((t.model()->weight.scalar_type() == torch::kFloat));
+    CHECK(t.accelerator().precision_facts().name == "bf16");
+    CHECK_FALSE(has_key(t, "skipped_steps"));
+  }
+  SUBCASE("--fp16: the loss scaler, an overflow skipped and logged, the same weights as precision::FP16") {
+    auto args = args_for("from_args_fp16", 5, 1);
+    args.fp16 = true;
+    torch::manual_seed(0);
+    FlagProbe t(args, torch::nn::Linear(8, 3), make_data(64, 5));
+    t.poison_step = 2;
+    t.train();
+    CHECK((t.seen == torch::kHalf));
+    CHECK(t.skipped_steps() == 1);
+    CHECK(t.precision().scale().item<double>() == doctest::Approx(32768.0));
+    CHECK(t.precision().state_dict()["scale"].get<double>() == doctest::Approx(32768.0));
+    CHECK(has_key(t, "skipped_steps"));
+    // The compiled FP16 Trainer on the same data and seed ends at the same weights, bit for bit.
+    auto fixed_args = args_for("from_args_fp16_fixed", 5, 1);
+    torch::manual_seed(0);
+    Probe<loom::precision::FP16> fixed(fixed_args, torch::nn::Linear(8, 3), make_data(64, 5));
+    fixed.poison_step = 2;
+    fixed.train();
+    CHECK(torch::equal(t.model()->weight, fixed.model()->weight));
+    CHECK(torch::equal(t.model()->bias, fixed.model()->bias));
+  }
+  SUBCASE("an unknown --sharding names the choices") {
+    auto args = args_for("from_args_bad");
+    args.sharding = "zero9";
+    CHECK_THROWS_WITH_AS(FlagProbe(args, torch::nn::Linear(8, 3), make_data(16, 4)),
+                         "loom: --sharding zero9 is not one of no|ddp|zero1|zero2|full_shard|auto", loom::Error);
+  }
 }
 
 TEST_CASE("--bf16 on a Trainer compiled for FP32 is a start-up error; select_policies picks the type") {

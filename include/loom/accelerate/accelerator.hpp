@@ -40,6 +40,7 @@
 #include <loom/precision/bf16.hpp>
 #include <loom/precision/fp16.hpp>
 #include <loom/precision/fp32.hpp>
+#include <loom/precision/from_args.hpp>
 #include <loom/schedule/schedule_decl.hpp>
 #include <loom/accelerate/checkpointer.hpp>
 #include <loom/accelerate/loop_state.hpp>
@@ -274,8 +275,17 @@ class AcceleratorBase {
   /// Around an evaluation (forward passes without backward): FullShard gathers each unit's
   /// parameters for the forward and frees them after, without waiting for a backward. Under
   /// FullShard every forward is a collective: a rank without a batch in a round runs a
-  /// forward on any batch and drops its result (Accelerator<...>::forward_is_collective).
+  /// forward on any batch and drops its result (forward_is_collective()).
   void begin_evaluation() { engine_->begin_forward_only(); }
+  /// Every forward is a collective under this run's sharding policy (FullShard gathers
+  /// parameters in each): in evaluation, a rank without a batch still runs one.
+  [[nodiscard]] bool forward_is_collective() const { return sharding_.shards_parameters; }
+  /// The run's precision policy scales the loss and may skip steps (fp16).
+  [[nodiscard]] bool scales_loss() const { return scales_loss_; }
+  /// The facts of the run's sharding policy (its --sharding name, what it shards).
+  [[nodiscard]] const ShardingFacts& sharding_facts() const { return sharding_; }
+  /// The facts of the run's precision policy (its name, whether it scales the loss).
+  [[nodiscard]] const PrecisionFacts& precision_facts() const { return precision_facts_; }
   void end_evaluation() { engine_->end_forward_only(); }
   /// Waits until every rank reaches this point (HF's wait_for_everyone).
   LOOM_INLINE void wait_for_everyone();
@@ -413,6 +423,7 @@ class AcceleratorBase {
   TrainerState state_;
   LoopState loop_;
   ShardingFacts sharding_;  // the sharding policy's facts
+  PrecisionFacts precision_facts_;  // the precision policy's, set by Accelerator<...>
   bool sync_buffers_ = false;  // broadcast rank 0's buffers before each training forward
   nlohmann::json resumed_loop_state_;
   std::vector<JsonPart> extra_parts_;
@@ -430,13 +441,10 @@ class Accelerator : public AcceleratorBase {
   using sharding_policy = typename policies::sharding;
   using precision_policy = typename policies::precision;
   using precision_type = precision::PrecisionImpl<precision_policy>;
-  /// Every forward is a collective under this policy (FullShard gathers parameters in each):
-  /// in evaluation, a rank without a batch still runs one.
-  static constexpr bool forward_is_collective = sharding_policy::facts.shards_parameters;
 
-  static_assert(in_catalog<ShardingCatalog, sharding_policy>,
+  static_assert(ChosenAtRunTime<sharding_policy> || in_catalog<ShardingCatalog, sharding_policy>,
                 "loom: the sharding policy is not in loom::ShardingCatalog (policy/tags.hpp)");
-  static_assert(in_catalog<PrecisionCatalog, precision_policy>,
+  static_assert(ChosenAtRunTime<precision_policy> || in_catalog<PrecisionCatalog, precision_policy>,
                 "loom: the precision policy is not in loom::PrecisionCatalog (policy/tags.hpp)");
   static_assert(precision::PrecisionPolicy<precision_type>,
                 "loom: the precision policy's PrecisionImpl does not provide the PrecisionPolicy interface");
@@ -445,8 +453,9 @@ class Accelerator : public AcceleratorBase {
   /// Trainer), joins the job (torchrun's variables) and seeds the generators with --seed.
   explicit Accelerator(TrainingArguments args) {
     own_args_ = std::make_unique<TrainingArguments>(std::move(args));
-    auto up = start_up(*own_args_, compiled_policies(""), /*has_eval_dataset=*/true);
-    start(*own_args_, std::move(up));
+    const CompiledPolicies policies = compiled_policies(*own_args_, "");
+    auto up = start_up(*own_args_, policies, /*has_eval_dataset=*/true);
+    start(*own_args_, std::move(up), policies);
   }
 
   /// For a front end that keeps its own arguments (the Trainer): checks `args` in place against
@@ -454,7 +463,8 @@ class Accelerator : public AcceleratorBase {
   /// chosen by that flag); `has_eval_dataset`: --eval_strategy may evaluate. `args` must
   /// outlive the Accelerator.
   Accelerator(TrainingArguments& args, std::string_view schedule, bool has_eval_dataset) {
-    start(args, start_up(args, compiled_policies(schedule), has_eval_dataset));
+    const CompiledPolicies policies = compiled_policies(args, schedule);
+    start(args, start_up(args, policies, has_eval_dataset), policies);
   }
 
   /// Autocast for the forward and the loss (bf16, fp16; nothing under fp32).
@@ -516,14 +526,22 @@ class Accelerator : public AcceleratorBase {
 
  protected:
 
-  static CompiledPolicies compiled_policies(std::string_view schedule_name) {
-    return {sharding_policy::facts, precision_policy::facts, schedule_name};
+  // The tags' facts; a tag chosen at run time takes the member `args` name.
+  static CompiledPolicies compiled_policies(const TrainingArguments& args, std::string_view schedule_name) {
+    CompiledPolicies p;
+    if constexpr (ChosenAtRunTime<sharding_policy>) p.sharding = sharding_chosen(args);
+    else p.sharding = sharding_policy::facts;
+    if constexpr (ChosenAtRunTime<precision_policy>) p.precision = precision_chosen(args);
+    else p.precision = precision_policy::facts;
+    p.schedule = schedule_name;
+    return p;
   }
-  void start(TrainingArguments& args, Startup up) {
+  void start(TrainingArguments& args, Startup up, const CompiledPolicies& policies) {
     precision_.emplace(args, up.device);
     precision_part_ = json_part("scaler.json", *precision_);
-    scales_loss_ = precision_policy::facts.scales_loss;
-    AcceleratorBase::start(args, std::move(up), sharding_policy::facts);
+    scales_loss_ = policies.precision.scales_loss;
+    precision_facts_ = policies.precision;
+    AcceleratorBase::start(args, std::move(up), policies.sharding);
   }
   std::optional<precision_type> precision_;
 };

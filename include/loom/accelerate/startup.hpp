@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <string>
 #include <string_view>
 
 namespace loom::dist {
@@ -37,6 +38,19 @@ struct Startup {
   /// no process of lower rank shares (checkpoint::claim_output_dir).
   bool saves = true;
 };
+
+/// The --sharding a program runs: the one --deepspeed / --fsdp choose, else `auto` (the
+/// default) is ddp when torchrun started several processes (WORLD_SIZE > 1), as HF's Trainer
+/// then trains under DDP, and no otherwise.
+LOOM_INLINE std::string resolved_sharding(const TrainingArguments& args);
+
+/// The facts of the sharding member `args` choose (resolved_sharding; sharding::FromArgs), a
+/// loom::Error naming the choices when none is called so.
+LOOM_INLINE ShardingFacts sharding_chosen(const TrainingArguments& args);
+
+/// The facts of the precision member `args` choose (--bf16 / --fp16, neither: the catalog's
+/// first; precision::FromArgs), a loom::Error when both are set.
+LOOM_INLINE PrecisionFacts precision_chosen(const TrainingArguments& args);
 
 /// Checks and finalizes `args` for `policies` and joins the job; the sharding policy's own
 /// checks (its can_implement) run once the world is known. The flags follow the compiled

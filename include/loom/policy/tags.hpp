@@ -74,7 +74,20 @@ struct FullShard {
                                        .deepspeed_stage = 3, .fsdp_option = spelled};
   static constexpr std::string_view name = facts.name;
 };
+/// The member of ShardingCatalog that --sharding names, chosen when the run starts (auto, the
+/// default: ddp when torchrun started several processes, else no; --deepspeed / --fsdp choose
+/// too). One Trainer type serves every value, where select_policies instantiates one per
+/// value. Not itself a catalog member.
+struct FromArgs {
+  using loom_family = family::Sharding;
+  static constexpr bool chosen_at_run_time = true;
+};
 }  // namespace sharding
+
+/// A sharding or precision tag whose member is chosen from the arguments when the run starts
+/// (sharding::FromArgs, precision::FromArgs).
+template <class Tag>
+concept ChosenAtRunTime = Tag::chosen_at_run_time;
 
 /// Every sharding policy, in --sharding's order; the first is the default.
 using ShardingCatalog =
@@ -108,6 +121,13 @@ struct FP16 {
   using loom_family = family::Precision;
   static constexpr PrecisionFacts facts{.name = "fp16", .type_name = "FP16", .has_flag = true, .scales_loss = true};
   static constexpr std::string_view name = facts.name;
+};
+/// The member of PrecisionCatalog that --bf16 / --fp16 name (neither: FP32), chosen when the
+/// run starts; one Trainer type for every value (precision/from_args.hpp). Not itself a
+/// catalog member.
+struct FromArgs {
+  using loom_family = family::Precision;
+  static constexpr bool chosen_at_run_time = true;
 };
 }  // namespace precision
 

@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <concepts>
+#include <utility>
 #include <vector>
 
 namespace loom::precision {
@@ -37,6 +38,11 @@ class Autocast {
   }
   Autocast(const Autocast&) = delete;
   Autocast& operator=(const Autocast&) = delete;
+  /// Takes over `other`'s scope (precision::FromArgs returns its member's); `other` then does nothing.
+  Autocast(Autocast&& other) noexcept
+      : active_(std::exchange(other.active_, false)), type_(other.type_), prev_enabled_(other.prev_enabled_),
+        prev_dtype_(other.prev_dtype_) {}
+  Autocast& operator=(Autocast&&) = delete;
   ~Autocast() {
     if (!active_) return;
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();

@@ -14,7 +14,13 @@
 // of PrecisionCatalog, none the default (precision::FP32). Every combination is instantiated
 // (each is a whole Trainer: a program that needs one should name its types).
 // select_precision is the one-dimensional form for programs that do not shard.
+//
+// The same choice at run time instead, with one instantiation (the examples' way, and the
+// cheaper build): name loom::sharding::FromArgs and loom::precision::FromArgs in the
+// Trainer's type. select_policies suits code that must know the policies as types (a
+// benchmark per combination, a test that compares them).
 
+#include <loom/accelerate/startup.hpp>
 #include <loom/config/training_arguments.hpp>
 #include <loom/config/launcher_configs.hpp>
 #include <loom/config/validate.hpp>
@@ -54,17 +60,6 @@ decltype(auto) select_precision(const TrainingArguments& args, F&& f) {
   std::string_view chosen = detail::precision_flag_chosen(args);
   if (chosen.empty()) chosen = std::tuple_element_t<0, PrecisionCatalog>::facts.name;  // the default
   return detail::call_member<PrecisionCatalog>(chosen, f, [&] { fail("no precision policy is called {}", chosen); });
-}
-
-/// The --sharding a program runs: the one --deepspeed / --fsdp choose, else `auto` (the
-/// default) is ddp when torchrun started several processes (WORLD_SIZE > 1), as HF's Trainer
-/// then trains under DDP, and no otherwise.
-inline std::string resolved_sharding(const TrainingArguments& given) {
-  std::optional<TrainingArguments> copy;
-  if (!given.given.launcher_configs_applied()) apply_launcher_configs(copy.emplace(given));  // not finalized yet
-  const TrainingArguments& args = copy ? *copy : given;
-  if (args.sharding != detail::kAutoSharding) return args.sharding;
-  return std::string(dist::world_from_env().size > 1 ? sharding::DDP::name : sharding::NoShard::name);
 }
 
 /// Calls `f.template operator()<Sharding, Precision>()` with the tags the arguments name.

@@ -268,10 +268,10 @@ void Trainer<Derived, Model, Policies...>::init(Train train_dataset) {
     check(!args_.predict_with_generate || detail::can_generate<Model, Batch>,
           "--predict_with_generate needs a model that generates from this batch type: loom::models' causal LMs "
           "(GPT-2, the Llama family) on CausalLMBatch, with <loom/models/generation.hpp> included");
-  check(!args_.predict_with_generate || !accelerator_type::forward_is_collective,
+  check(!args_.predict_with_generate || !acc_->forward_is_collective(),
         "--predict_with_generate is not supported under --sharding {}: its ranks would generate different numbers "
         "of tokens through a collective forward", args_.sharding);
-  check(!(args_.bf16_full_eval || args_.fp16_full_eval) || !accelerator_type::forward_is_collective,
+  check(!(args_.bf16_full_eval || args_.fp16_full_eval) || !acc_->forward_is_collective(),
         "--{} casts the whole model for evaluations outside training, and under --sharding {} each rank holds only "
         "its shards of the parameters (gathered per unit in each forward); evaluate under --bf16 / --fp16 autocast, "
         "or gather in bfloat16 with --sharding_param_dtype bf16", args_.bf16_full_eval ? "bf16_full_eval" : "fp16_full_eval",
@@ -355,7 +355,7 @@ void Trainer<Derived, Model, Policies...>::maybe_log_save_evaluate(const torch::
     const auto window = acc_->close_log_window(args_.logging_nan_inf_filter);
     Metrics logs;
     logs.set("loss", window.sum / static_cast<double>(window.steps));
-    if constexpr (precision::ScalesLoss<precision_type>) {
+    if constexpr (precision::ScalesLoss<precision_type>) if (acc_->scales_loss()) {
       // fp16: how many of the window's steps the scaler skipped (their loss still counts).
       acc_->settle_skip();
       logs.set("skipped_steps", static_cast<double>(acc_->take_skipped_since_log()));
@@ -466,7 +466,7 @@ PredictResult Trainer<Derived, Model, Policies...>::evaluation_loop(data::DataLo
   for (int64_t k = 0; k < acc.rounds(); ++k) {
     const auto b = acc.batch_of(k);
     if (!b) {
-      if constexpr (accelerator_type::forward_is_collective) {
+      if (acc_->forward_is_collective()) {
         Batch dummy = loader.batch(0);
         data::to_device(dummy, acc_->device());
         if (full_eval) data::cast_floating(dummy, *full_eval);

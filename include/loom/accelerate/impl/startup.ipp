@@ -12,10 +12,36 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <string>
 #include <string_view>
 
 namespace loom {
+
+LOOM_INLINE std::string resolved_sharding(const TrainingArguments& given) {
+  std::optional<TrainingArguments> copy;
+  if (!given.given.launcher_configs_applied()) apply_launcher_configs(copy.emplace(given));  // not finalized yet
+  const TrainingArguments& args = copy ? *copy : given;
+  if (args.sharding != detail::kAutoSharding) return args.sharding;
+  return std::string(dist::world_from_env().size > 1 ? sharding::DDP::name : sharding::NoShard::name);
+}
+
+LOOM_INLINE ShardingFacts sharding_chosen(const TrainingArguments& args) {
+  const std::string name = resolved_sharding(args);
+  ShardingFacts facts;
+  if (!visit_member<ShardingCatalog>(name, [&]<class Tag>() { facts = Tag::facts; }))
+    fail("--sharding {} is not one of {}|{}", name, joined_names<ShardingCatalog>("|"), detail::kAutoSharding);
+  return facts;
+}
+
+LOOM_INLINE PrecisionFacts precision_chosen(const TrainingArguments& args) {
+  std::string_view name = detail::precision_flag_chosen(args);
+  if (name.empty()) return std::tuple_element_t<0, PrecisionCatalog>::facts;  // the default
+  PrecisionFacts facts;
+  if (!visit_member<PrecisionCatalog>(name, [&]<class Tag>() { facts = Tag::facts; }))
+    fail("no precision policy is called {}", name);
+  return facts;
+}
 
 LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& policies, bool has_eval_dataset) {
   // The precision policy named in the type decides; its flag (--bf16 / --fp16) must agree with
@@ -24,14 +50,14 @@ LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& po
   if (!set.empty() && set != policies.precision.name) {
     std::string_view wanted;
     visit_member<PrecisionCatalog>(set, [&]<class Tag>() { wanted = Tag::facts.type_name; });
-    fail("--{} is set but this Trainer was compiled with precision::{}; name precision::{} in its type, or build it "
-         "through loom::select_policies", set, policies.precision.type_name, wanted);
+    fail("--{} is set but this Trainer was compiled with precision::{}; name precision::{} or precision::FromArgs in its "
+         "type, or build it through loom::select_policies", set, policies.precision.type_name, wanted);
   }
   // An explicit `--bf16 false` for a Trainer compiled with BF16 disagrees as well (the parser
   // records which flags were given: TrainingArguments::given).
   if (policies.precision.has_flag && args.given.contains(policies.precision.name) && set.empty())
-    fail("--{} false disagrees with this Trainer's compiled precision::{}; drop the flag, or build the Trainer "
-         "through loom::select_policies", policies.precision.name, policies.precision.type_name);
+    fail("--{} false disagrees with this Trainer's compiled precision::{}; drop the flag, or name "
+         "precision::FromArgs in the Trainer's type", policies.precision.name, policies.precision.type_name);
   for_each_member<PrecisionCatalog>([&]<class Tag>() {
     if constexpr (Tag::facts.has_flag) *detail::bool_field(args, Tag::facts.name) = Tag::facts.name == policies.precision.name;
   });
@@ -42,8 +68,9 @@ LOOM_INLINE Startup start_up(TrainingArguments& args, const CompiledPolicies& po
   const TrainingArguments defaults;
   if (args.sharding == defaults.sharding) args.sharding = std::string(policies.sharding.name);
   check(args.sharding == policies.sharding.name,
-        "--sharding {} is not available in this build; the Trainer's sharding policy is \"{}\" (name it in the "
-        "Trainer's type, or build it through loom::select_policies)", args.sharding, policies.sharding.name);
+        "--sharding {} is not available in this build; the Trainer's sharding policy is \"{}\" (name it or "
+        "sharding::FromArgs in the Trainer's type, or build it through loom::select_policies)", args.sharding,
+        policies.sharding.name);
   // A schedule tag outside HF's names (a user's own) is written back after validation, which
   // checks --lr_scheduler_type against HF's names.
   bool custom_schedule = false;
