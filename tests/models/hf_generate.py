@@ -2,17 +2,19 @@
 """transformers' side of tests/models/test_generate.cpp (run through $LOOM_PYTHON).
 
   hf_generate.py make DIR
-      Builds two tiny random causal LMs with transformers itself (seeded, nothing downloaded)
+      Builds three tiny random causal LMs with transformers itself (seeded, nothing downloaded)
       and saves each with save_pretrained:
         gpt2    GPT2LMHeadModel (tied head), no eos/bos in the config
         llama   LlamaForCausalLM with grouped-query attention (4 heads, 2 key/value heads)
+        qwen3   Qwen3ForCausalLM (q/k RMSNorm per head, perturbed from 1), head_dim 16
+        mistral MistralForCausalLM with sliding_window 5: the prompt and the new tokens pass it
       then runs transformers' greedy generate (do_sample=False, the default DynamicCache) on
       fixed prompts and writes DIR/expected.safetensors:
         PREFIX_single_ids / _out       one prompt of 7 tokens, 12 new tokens
         PREFIX_batch_ids / _mask / _out  three prompts of 7, 4 and 2 tokens, left-padded with
                                        the pad id 0 (attention_mask 0 there), 12 new tokens
         PREFIX_eos / PREFIX_eos_out    the same batch with eos ids taken from what the first
-                                       run generated (one for gpt2, two for llama), so rows
+                                       run generated (one for gpt2, two for the others), so rows
                                        stop early and then emit pad 0
       and the sampling warpers on fixed scores: warp_scores (float [3, 100]) and warped
       (LogitsProcessorList of TemperatureLogitsWarper(0.7), TopKLogitsWarper(10),
@@ -34,7 +36,8 @@ PAD = 0
 
 
 def models():
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
+                              MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM)
     torch.manual_seed(0)
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=97, n_positions=64, n_embd=32, n_layer=2, n_head=4,
                                       initializer_range=0.2, bos_token_id=None, eos_token_id=None,
@@ -44,7 +47,21 @@ def models():
                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                                          initializer_range=0.2, bos_token_id=None, eos_token_id=None,
                                          attn_implementation="sdpa"))
-    return {"gpt2": gpt2, "llama": llama}
+    torch.manual_seed(2)
+    qwen3 = Qwen3ForCausalLM(Qwen3Config(vocab_size=101, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                         max_position_embeddings=64, initializer_range=0.2, bos_token_id=None,
+                                         eos_token_id=None, attn_implementation="sdpa"))
+    with torch.no_grad():  # the q/k norms start at 1: perturbed, so that they count
+        for pname, p in qwen3.named_parameters():
+            if pname.endswith("q_norm.weight") or pname.endswith("k_norm.weight"):
+                p.add_(0.3 * torch.randn_like(p))
+    torch.manual_seed(3)
+    mistral = MistralForCausalLM(MistralConfig(vocab_size=101, hidden_size=48, intermediate_size=96,
+                                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                               sliding_window=5, max_position_embeddings=64, initializer_range=0.2,
+                                               bos_token_id=None, eos_token_id=None, attn_implementation="sdpa"))
+    return {"gpt2": gpt2, "llama": llama, "qwen3": qwen3, "mistral": mistral}
 
 
 def prompts(vocab):
@@ -80,7 +97,7 @@ def make(folder):
         t[name + "_batch_mask"] = mask
         out = greedy(model, ids, mask)
         t[name + "_batch_out"] = out
-        # eos ids the rows meet: gpt2, row 1's 3rd generated token; llama, row 0's 4th and row 2's 7th.
+        # eos ids the rows meet: gpt2, row 1's 3rd generated token; the others, row 0's 4th and row 2's 7th.
         eos = [int(out[1, 7 + 2])] if name == "gpt2" else [int(out[0, 7 + 3]), int(out[2, 7 + 6])]
         eos = sorted(set(eos) - {PAD})
         t[name + "_eos"] = torch.tensor(eos, dtype=torch.long)

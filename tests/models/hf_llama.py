@@ -8,7 +8,15 @@
         llama_tied     tied embeddings, default rope, attention_bias and mlp_bias, head_dim 12 (not
                        hidden_size / heads)
         qwen2          Qwen2ForCausalLM (bias on q, k, v), tied, rope_theta 1e6
+        qwen3          Qwen3ForCausalLM (RMSNorm on each head of q and k), head_dim 16, attention_bias
         mistral        MistralForCausalLM (sliding_window 64, longer than the inputs)
+        mistral_window MistralForCausalLM with sliding_window 8: every layer's window binds
+        qwen2_window   Qwen2ForCausalLM with use_sliding_window, sliding_window 8, max_window_layers 1
+                       (layer 0 full attention, layer 1 sliding)
+        llama_linear   rope_type linear, factor 4
+        llama_yarn     rope_type yarn, factor 4, original_max_position_embeddings 32
+        qwen3_yarn     yarn with factor null (max_position_embeddings / original), beta_fast, mscale,
+                       mscale_all_dim and truncate false
         llama_sharded  llama again, in shards with an index
         llama_bf16     llama saved in bfloat16
       and DIR/expected.safetensors: the inputs (labels with ignored tokens) and transformers'
@@ -49,12 +57,14 @@ from safetensors.torch import load_file, save_file
 BASE = dict(vocab_size=100, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             max_position_embeddings=128, bos_token_id=0, eos_token_id=1)
 CLASSES = {"llama": "LlamaForCausalLM", "llama_tied": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-           "mistral": "MistralForCausalLM", "llama_sharded": "LlamaForCausalLM", "llama_bf16": "LlamaForCausalLM",
+           "qwen3": "Qwen3ForCausalLM", "mistral_window": "MistralForCausalLM",
+           "qwen2_window": "Qwen2ForCausalLM", "llama_linear": "LlamaForCausalLM", "llama_yarn": "LlamaForCausalLM",
+           "qwen3_yarn": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM", "llama_sharded": "LlamaForCausalLM", "llama_bf16": "LlamaForCausalLM",
            "merged": "LlamaForCausalLM"}
 
 
 def configs():
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
     llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
     return {
@@ -62,7 +72,20 @@ def configs():
         "llama_tied": LlamaConfig(**BASE, tie_word_embeddings=True, attention_bias=True, mlp_bias=True, head_dim=12),
         "qwen2": Qwen2Config(**BASE, num_key_value_heads=2, tie_word_embeddings=True,
                              rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        "qwen3": Qwen3Config(**BASE, num_key_value_heads=2, head_dim=16, attention_bias=True,
+                             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
         "mistral": MistralConfig(**BASE, num_key_value_heads=1, sliding_window=64),
+        "mistral_window": MistralConfig(**BASE, num_key_value_heads=2, sliding_window=8),
+        "llama_linear": LlamaConfig(**BASE, rope_parameters={"rope_type": "linear", "rope_theta": 10000.0,
+                                                             "factor": 4.0}),
+        "llama_yarn": LlamaConfig(**BASE, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                           "original_max_position_embeddings": 32}),
+        "qwen3_yarn": Qwen3Config(**{**BASE, "max_position_embeddings": 256}, num_key_value_heads=2, head_dim=16,
+                                  rope_parameters={"rope_type": "yarn", "rope_theta": 1000000.0, "factor": None,
+                                                   "original_max_position_embeddings": 64, "beta_fast": 16.0,
+                                                   "mscale": 0.8, "mscale_all_dim": 0.6, "truncate": False}),
+        "qwen2_window": Qwen2Config(**BASE, num_key_value_heads=2, use_sliding_window=True, sliding_window=8,
+                                    max_window_layers=1),
     }
 
 

@@ -74,9 +74,11 @@ void check_against_transformers(const std::string& name) {
   CHECK(ended.eq(0).sum().template item<int64_t>() > mask.eq(0).sum().template item<int64_t>());
 }
 
-TEST_CASE("generate: greedy tokens equal transformers' generate, GPT-2 and Llama (GQA), cache on and off") {
+TEST_CASE("generate: greedy tokens equal transformers' generate, GPT-2, Llama (GQA), Qwen3, Mistral past its window") {
   check_against_transformers<loom::models::GPT2LMHeadModel>("gpt2");
   check_against_transformers<loom::models::LlamaForCausalLM>("llama");
+  check_against_transformers<loom::models::LlamaForCausalLM>("qwen3");
+  check_against_transformers<loom::models::LlamaForCausalLM>("mistral");  // sliding_window 5 < 7 + 12 tokens
 }
 
 TEST_CASE("generate: the sampling warpers equal transformers' (temperature, then top-k, then top-p)") {

@@ -11,6 +11,7 @@
 #include <loom/models/gpt2.hpp>
 #include <loom/models/llama.hpp>
 #include <loom/peft/lora.hpp>
+#include <loom/peft/lora_arguments.hpp>
 
 #include <doctest/doctest.h>
 
@@ -74,7 +75,9 @@ inline std::string peft_check(const fs::path& base, const fs::path& adapter, con
                                 " " + adapter.string() + " " + expected.string() + " 2>&1; echo \"exit=$?\"");
 }
 
-const std::vector<std::string> kFolders{"llama", "llama_tied", "qwen2", "mistral", "llama_sharded", "llama_bf16"};
+const std::vector<std::string> kFolders{"llama",         "llama_tied",   "qwen2",        "qwen3",      "mistral",
+                                        "mistral_window", "qwen2_window", "llama_linear", "llama_yarn", "qwen3_yarn",
+                                        "llama_sharded",  "llama_bf16"};
 
 
 TEST_CASE("the Llama family counts its parameters from the config, for every variant of its layers") {
@@ -87,9 +90,34 @@ TEST_CASE("the Llama family counts its parameters from the config, for every var
   CHECK(counted(q) == LlamaForCausalLM(q)->num_parameters());
   q.num_key_value_heads = std::nullopt;
   CHECK(counted(q) == LlamaForCausalLM(q)->num_parameters());
+  auto q3 = tiny("qwen3");  // q_norm and k_norm in each layer
+  q3.head_dim = 16, q3.attention_bias = true;
+  CHECK(counted(q3) == LlamaForCausalLM(q3)->num_parameters());
 }
 
-TEST_CASE("Llama, Qwen2 and Mistral folders made by transformers give its logits and loss in loom") {
+TEST_CASE("the Llama architecture's families are one table: names, keys and layers follow it") {
+  for (const auto& family : loom::models::kLlamaFamilies) {
+    CAPTURE(family.model_type);
+    auto c = tiny(std::string(family.model_type));
+    LlamaForCausalLM model(c);
+    CHECK(model->architecture_name() == family.causal_lm);
+    CHECK(model->model->units[0]->block_class() == family.decoder_layer);  // --fsdp_transformer_layer_cls_to_wrap
+    const auto& attention = model->model->units[0]->inner()->self_attn;
+    CHECK(attention->q_norm.is_empty() == !family.qk_norm);
+    CHECK(attention->q_proj->bias.defined() == family.qkv_bias);
+    CHECK(c.written("head_dim") == ((family.keys & loom::models::LlamaFamily::head_dim_key) != 0));
+  }
+  // Qwen3's config defaults head_dim to 128, not hidden_size / num_attention_heads, as transformers.
+  auto q3 = tiny("qwen3");
+  loom::models::complete_config(q3);
+  CHECK(q3.head_dim == 128);
+  auto l = tiny("llama");
+  loom::models::complete_config(l);
+  CHECK(l.head_dim == 12);
+  CHECK(loom::peft::default_target_modules("qwen3") == std::vector<std::string>{"q_proj", "v_proj"});
+}
+
+TEST_CASE("Llama, Qwen2, Qwen3 and Mistral folders made by transformers give its logits and loss in loom") {
   const fs::path* dir = made();
   if (dir == nullptr) return;
   const auto expected = loom::checkpoint::load_safetensors(*dir / "expected.safetensors");
@@ -128,6 +156,9 @@ TEST_CASE("Llama, Qwen2 and Mistral folders made by transformers give its logits
   CHECK_FALSE(layer->self_attn->o_proj->bias.defined());
   CHECK(qwen->config().tie_word_embeddings);
   CHECK(LlamaForCausalLM::from_pretrained(*dir / "llama")->config().rope_parameters["rope_type"] == "llama3");
+  auto qwen3 = LlamaForCausalLM::from_pretrained(*dir / "qwen3");
+  CHECK(qwen3->config().head_dim == 16);
+  CHECK(qwen3->model->units[1]->inner()->self_attn->k_norm->weight.size(0) == 16);
   // A config that disagrees with its weights is refused before the model is built.
   const auto wrong = loom_test::fresh_dir("models/llama_wrong_layers");
   fs::copy(*dir / "llama", wrong, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
@@ -155,6 +186,11 @@ TEST_CASE("what loom saves of a Llama-architecture model, transformers opens as 
   CHECK(config["model_type"] == "qwen2");
   CHECK_FALSE(config.contains("attention_bias"));  // a Llama key, not Qwen2's
   CHECK_FALSE(config.contains("rope_theta"));       // folded into rope_parameters
+  const auto qwen3_config = loom::json::read_file(out / "qwen3" / "config.json");
+  CHECK(qwen3_config["architectures"] == nlohmann::json::array({"Qwen3ForCausalLM"}));
+  CHECK(qwen3_config["head_dim"] == 16);
+  CHECK(qwen3_config["attention_bias"] == true);
+  CHECK_FALSE(qwen3_config.contains("mlp_bias"));  // a Llama key
   CHECK(fs::exists(out / "llama_sharded" / "model.safetensors.index.json"));
   const auto result = loom_test::run_capture(std::string(loom_test::python("")) + " " + script() + " check" + groups +
                                              " 2>&1; echo \"exit=$?\"");
@@ -204,8 +240,13 @@ TEST_CASE("the Llama architecture's names are HF's, each decoder layer a FullSha
 TEST_CASE("Llama configs loom cannot compute are refused with a loom: line naming the field") {
   const auto error = [](LlamaConfig c) { return loom_test::error_of([&] { LlamaForCausalLM m(std::move(c)); }); };
   auto c = tiny();
-  c.rope_parameters = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0}};
-  CHECK(error(c).find("field 'rope_parameters.rope_type' is \"yarn\"") != std::string::npos);
+  c.rope_parameters = {{"rope_type", "dynamic"}, {"rope_theta", 10000.0}, {"factor", 4.0}};
+  CHECK(error(c).find("field 'rope_parameters.rope_type' is \"dynamic\"") != std::string::npos);
+  c.rope_parameters = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0}};  // no original length
+  CHECK(error(c).find("'rope_parameters.original_max_position_embeddings' must be a number for rope_type yarn") !=
+        std::string::npos);
+  c.rope_parameters = {{"rope_type", "linear"}, {"rope_theta", 10000.0}, {"factor", 0.5}};
+  CHECK(error(c).find("'rope_parameters.factor' must be at least 1") != std::string::npos);
   c = tiny();
   c.rope_parameters = {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.5}};
   CHECK(error(c).find("'rope_parameters.partial_rotary_factor' is not supported") != std::string::npos);
@@ -219,19 +260,33 @@ TEST_CASE("Llama configs loom cannot compute are refused with a loom: line namin
   c.num_key_value_heads = 3;
   CHECK(error(c).find("must be a multiple of num_key_value_heads (3)") != std::string::npos);
   c = tiny("gemma");
-  CHECK(error(c).find("field 'model_type' is \"gemma\"") != std::string::npos);
+  CHECK(error(c).find("field 'model_type' is \"gemma\"; loom's Llama architecture reads llama, qwen2, qwen3, mistral") !=
+        std::string::npos);
+  c = tiny("qwen3");
+  c.use_sliding_window = true;
+  CHECK(error(c).find("field 'use_sliding_window' is true") != std::string::npos);
   c = tiny();
   c.num_hidden_layers = 1'000'000'000;
   CHECK(error(c).find("field 'num_hidden_layers' must be a positive integer at most 1024") != std::string::npos);
   for (const auto& e : {error(tiny("gemma")), error(c)}) CHECK(e.starts_with("loom: "));
-  // A Mistral window shorter than the sequence: refused at the forward, not silently wrong.
+  // A Mistral window shorter than the sequence (transformers' logits: the folders above). With
+  // one layer and rotary positions (relative), the last token sees exactly the last 8 tokens:
+  // its logits equal those of those 8 tokens alone, and differ from a window that does not bind.
   c = tiny("mistral");
-  c.sliding_window = 8;
+  c.num_hidden_layers = 1, c.sliding_window = 8;
+  torch::manual_seed(3);
   LlamaForCausalLM mistral(c);
+  mistral->eval();
   const auto ids = torch::randint(100, {1, 12});
-  CHECK(loom_test::error_of([&] { mistral->logits(ids); }).find("longer than the config's sliding_window (8)") !=
-        std::string::npos);
-  CHECK(mistral->logits(ids.narrow(1, 0, 8)).size(1) == 8);
+  torch::NoGradGuard no_grad;
+  const auto windowed = mistral->logits(ids).select(1, 11);
+  CHECK(torch::allclose(windowed, mistral->logits(ids.narrow(1, 4, 8)).select(1, 7), 1e-5, 1e-5));
+  CHECK(torch::equal(mistral->logits(ids).narrow(1, 0, 8), mistral->logits(ids.narrow(1, 0, 8))));
+  c.sliding_window = 12;
+  torch::manual_seed(3);
+  LlamaForCausalLM unbound(c);
+  unbound->eval();
+  CHECK_FALSE(torch::allclose(unbound->logits(ids).select(1, 11), windowed, 1e-3, 1e-3));
   // Older files: rope_theta and rope_scaling (with "type") become rope_parameters.
   const auto dir = loom_test::fresh_dir("models/llama_legacy");
   loom_test::write_bytes(dir / "config.json", R"({"model_type": "llama", "hidden_size": 48, "num_attention_heads": 4,
@@ -245,7 +300,7 @@ TEST_CASE("Llama configs loom cannot compute are refused with a loom: line namin
   CHECK(legacy.eos_token_id == nlohmann::json::array({1, 2}));
   loom_test::write_bytes(dir / "config.json", R"({"model_type": "bert"})");
   CHECK(loom_test::error_of([&] { loom::models::read_hf_config<LlamaConfig>(dir); })
-            .find("reads \"llama\", \"qwen2\", \"mistral\"") != std::string::npos);
+            .find("reads \"llama\", \"qwen2\", \"qwen3\", \"mistral\"") != std::string::npos);
 }
 
 TEST_CASE("the Llama architecture's fast kernels compute the reference's function (padded LM head)") {

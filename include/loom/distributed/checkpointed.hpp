@@ -180,6 +180,7 @@ class TransparentWrapper : public torch::nn::Module, public Recomputable {
   }
   /// The wrapped block.
   Inner& inner() { return inner_; }
+  const Inner& inner() const { return inner_; }
   /// The block, when it is itself a wrapper.
   Recomputable* wrapped() override { return dynamic_cast<Recomputable*>(inner_.ptr().get()); }
 

@@ -46,7 +46,8 @@ class FullShardUnitBase {
  public:
   virtual ~FullShardUnitBase() = default;
   /// The wrapped block's class name without namespaces or an Impl suffix ("LlamaDecoderLayer",
-  /// "Linear"): what --fsdp_transformer_layer_cls_to_wrap names.
+  /// "Linear"), or the HF class name the block gives (`hf_class_name()`: "Qwen3DecoderLayer"):
+  /// what --fsdp_transformer_layer_cls_to_wrap names.
   [[nodiscard]] virtual std::string block_class() const = 0;
   UnitRuntime* loom_runtime = nullptr;  ///< set while a FullShard engine owns the unit
   int loom_unit = -1;                   ///< the unit's index in that engine
@@ -60,7 +61,10 @@ class FullShardUnitImpl : public detail::TransparentWrapper<Inner>, public FullS
  public:
   explicit FullShardUnitImpl(Inner inner) : detail::TransparentWrapper<Inner>(std::move(inner)) {}
   [[nodiscard]] std::string block_class() const override {
-    return detail::class_name(c10::demangle(typeid(typename Inner::ContainedType).name()));
+    // A block that serves several HF classes (the Llama architecture's families) names its own.
+    if constexpr (requires(const typename Inner::ContainedType& b) { std::string(b.hf_class_name()); })
+      return std::string(this->inner()->hf_class_name());
+    else return detail::class_name(c10::demangle(typeid(typename Inner::ContainedType).name()));
   }
   /// The block's forward, with the unit's parameters gathered around it under FullShard.
   template <class... Args>

@@ -8,7 +8,8 @@
 //   q, k, v as scaled_dot_product_attention saves them (h + 2*kv), its output (h) and the
 //   output projection's contiguous input (h), the MLP's saved tensors (`mlp`: GPT-2's fc
 //   output and activation output 2f, plus 3f for gelu_new written out as HF writes it, the
-//   reference kernels'; Llama's gate, its SiLU, up and their product 4f), dropout masks of
+//   reference kernels'; Llama's gate, its SiLU, up and their product 4f), Qwen3's per-head q/k
+//   norms' inputs and outputs (`qk_norm`: 2 (q + k widths)), dropout masks of
 //   1 byte (h per dropout with p > 0), and with attention dropout sdpa's math path: the
 //   scaled q and k (2h) and the attention probabilities a*s (e each, before and after the
 //   dropout, and a 1-byte mask);
@@ -24,6 +25,7 @@ namespace loom::models {
 /// The sizes the estimate reads.
 struct ActivationShape {
   int64_t layers = 0, hidden = 0, kv = 0, mlp = 0, heads = 0, vocab = 0;
+  int64_t qk_norm = 0;          ///< elements a token of the q/k norms save (Qwen3; 0 without them)
   int dropouts = 0;             ///< dropouts with p > 0 in a layer (their 1-byte masks, h each)
   bool attention_dropout = false;
 };
@@ -32,7 +34,8 @@ struct ActivationShape {
 inline double transformer_activation_bytes(const ActivationShape& m, int64_t batch, int64_t seq, int64_t e,
                                            bool recompute) {
   const double tokens = static_cast<double>(batch) * static_cast<double>(seq);
-  double layer = static_cast<double>(e) * (4.0 * m.hidden + m.hidden + 2.0 * m.kv + 2.0 * m.hidden + m.mlp) +
+  double layer = static_cast<double>(e) *
+                     (4.0 * m.hidden + m.hidden + 2.0 * m.kv + 2.0 * m.hidden + m.mlp + static_cast<double>(m.qk_norm)) +
                  static_cast<double>(m.dropouts) * m.hidden;
   if (m.attention_dropout) layer += static_cast<double>(m.heads) * seq * (2.0 * e + 1) + 2.0 * e * m.hidden;
   const double head = static_cast<double>(e) * 2.0 * m.hidden + (e + 4.0) * m.vocab;

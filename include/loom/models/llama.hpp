@@ -1,30 +1,35 @@
 #pragma once
-// The Llama architecture (transformers' LlamaForCausalLM), which also serves the Qwen2 and
-// Mistral configs: the three differ only in config fields (Qwen2: bias on q/k/v; Mistral: a
-// sliding window). HF's parameter names and config.json, so an HF folder loads into it and
-// what it saves opens in transformers as the same class.
+// The Llama architecture (transformers' LlamaForCausalLM), which also serves the Qwen2, Qwen3
+// and Mistral configs: the families differ in a few facts, one row each of kLlamaFamilies
+// (Qwen2: bias on q/k/v; Qwen3: an RMSNorm on each head of q and k; Mistral: a sliding
+// window). HF's parameter names and config.json, so an HF folder loads into it and what it
+// saves opens in transformers as the same class.
 //
 //   auto model = loom::models::LlamaForCausalLM::from_pretrained("llama-folder");
 //   loom::models::LlamaConfig c;  c.hidden_size = 256; ...;  loom::models::LlamaForCausalLM model(c);
-//   model->save_pretrained("out");  // config.json (model_type llama/qwen2/mistral) + model.safetensors
+//   model->save_pretrained("out");  // config.json (model_type llama/qwen2/qwen3/mistral) + model.safetensors
 //
 // Names: model.embed_tokens, model.layers.{i}.input_layernorm, self_attn.{q,k,v,o}_proj,
 // post_attention_layernorm, mlp.{gate,up,down}_proj, model.norm, and lm_head.weight unless
-// tie_word_embeddings. Each decoder layer is a loom::FullShardUnit (name-transparent).
+// tie_word_embeddings; Qwen3 adds self_attn.{q,k}_norm. Each decoder layer is a
+// loom::FullShardUnit (name-transparent) answering to its family's HF class name
+// (LlamaDecoderLayer, Qwen2DecoderLayer, ...) for --fsdp_transformer_layer_cls_to_wrap.
 //
 // Arithmetic follows transformers' sdpa path op by op: RMSNorm in float32 then the weight
-// times the input's dtype, rotary embeddings computed in float32 (rope_type default or
-// llama3), grouped-query attention through at::scaled_dot_product_attention with
+// times the input's dtype, rotary embeddings computed in float32 (transformers' rope init
+// functions), grouped-query attention through at::scaled_dot_product_attention with
 // enable_gqa and is_causal, the SwiGLU MLP down(act(gate(x)) * up(x)), and the causal LM loss
 // of causal_lm.hpp.
 //
-// Supported: model_type llama, qwen2, mistral; rope_parameters (or the older rope_theta /
-// rope_scaling keys) of rope_type "default" or "llama3"; any num_key_value_heads dividing
+// Supported: model_type llama, qwen2, qwen3, mistral; rope_parameters (or the older rope_theta /
+// rope_scaling keys) of rope_type "default", "linear", "yarn" (its attention factor, mscale,
+// beta and truncate keys) or "llama3"; any num_key_value_heads dividing
 // num_attention_heads; head_dim; attention_bias / mlp_bias (Llama); tie_word_embeddings both
 // ways; hidden_act of models/activations.hpp. Refused with a loom: line naming the field:
-// other rope types or rope keys, pretraining_tp other than 1, Qwen2's use_sliding_window true,
-// and (at forward) a sequence longer than a Mistral sliding_window (sliding-window attention
-// is not implemented; shorter sequences are exact).
+// other rope types or rope keys, pretraining_tp other than 1. Sliding-window attention as
+// transformers masks it (a query sees the sliding_window keys up to itself): every Mistral
+// layer when sliding_window is set; Qwen2 / Qwen3 layers whose layer_types entry is
+// "sliding_attention" (by default those from max_window_layers on) when use_sliding_window.
 
 #include <loom/config/inline.hpp>
 #include <loom/core/neftune.hpp>
@@ -50,10 +55,46 @@
 
 namespace loom::models {
 
-/// transformers' LlamaConfig, with the fields Qwen2Config and MistralConfig add: HF's field
-/// names and Llama's defaults (config.json reads into it; model_type says which family).
+/// What sets one family of the Llama architecture apart: one row of kLlamaFamilies per
+/// config.json model_type, read wherever the families differ (no name compared elsewhere).
+struct LlamaFamily {
+  /// config.json keys a family's HF config has (save_pretrained writes only those).
+  enum Keys : unsigned {
+    attention_bias_key = 1u << 0,  ///< attention_bias
+    mlp_bias_key = 1u << 1,        ///< mlp_bias and pretraining_tp (Llama's own)
+    head_dim_key = 1u << 2,        ///< head_dim
+    window_keys = 1u << 3,         ///< use_sliding_window, max_window_layers, layer_types (Qwen's)
+    sliding_window_key = 1u << 4,  ///< sliding_window
+  };
+  std::string_view model_type;     ///< config.json's model_type
+  std::string_view causal_lm;      ///< transformers' causal LM class (config.json's architectures)
+  std::string_view decoder_layer;  ///< transformers' decoder layer class (--fsdp_transformer_layer_cls_to_wrap)
+  unsigned keys = 0;               ///< the Keys its config.json has
+  bool qkv_bias = false;           ///< q, k and v always have biases (Qwen2), whatever attention_bias says
+  bool qk_norm = false;            ///< an RMSNorm over each head of q and k, before the rotary embedding (Qwen3)
+  bool window_attends = false;     ///< sliding_window bounds the attention (Mistral); Qwen's needs use_sliding_window
+  int64_t default_head_dim = 0;    ///< head_dim when config.json has none (0: hidden_size / num_attention_heads)
+};
+
+/// The families LlamaForCausalLM reads, facts from transformers' config and modeling files.
+inline constexpr std::array<LlamaFamily, 4> kLlamaFamilies{{
+    {.model_type = "llama", .causal_lm = "LlamaForCausalLM", .decoder_layer = "LlamaDecoderLayer",
+     .keys = LlamaFamily::attention_bias_key | LlamaFamily::mlp_bias_key | LlamaFamily::head_dim_key},
+    {.model_type = "qwen2", .causal_lm = "Qwen2ForCausalLM", .decoder_layer = "Qwen2DecoderLayer",
+     .keys = LlamaFamily::window_keys | LlamaFamily::sliding_window_key, .qkv_bias = true},
+    {.model_type = "qwen3", .causal_lm = "Qwen3ForCausalLM", .decoder_layer = "Qwen3DecoderLayer",
+     .keys = LlamaFamily::attention_bias_key | LlamaFamily::head_dim_key | LlamaFamily::window_keys |
+             LlamaFamily::sliding_window_key,
+     .qk_norm = true, .default_head_dim = 128},
+    {.model_type = "mistral", .causal_lm = "MistralForCausalLM", .decoder_layer = "MistralDecoderLayer",
+     .keys = LlamaFamily::head_dim_key | LlamaFamily::sliding_window_key, .window_attends = true},
+}};
+
+/// transformers' LlamaConfig, with the fields Qwen2Config, Qwen3Config and MistralConfig add:
+/// HF's field names and Llama's defaults (config.json reads into it; model_type says which
+/// family, a row of kLlamaFamilies).
 struct LlamaConfig {
-  std::string model_type = "llama";                  ///< llama, qwen2 or mistral
+  std::string model_type = "llama";                  ///< llama, qwen2, qwen3 or mistral
   int64_t vocab_size = 32000;                        ///< tokens in the vocabulary
   int64_t hidden_size = 4096;                        ///< hidden size
   int64_t intermediate_size = 11008;                 ///< MLP width
@@ -77,13 +118,17 @@ struct LlamaConfig {
   bool attention_bias = false;                       ///< bias on q, k, v and o (Llama)
   double attention_dropout = 0.0;                    ///< dropout on the attention weights (training)
   bool mlp_bias = false;                             ///< bias on gate, up and down (Llama)
-  std::optional<bool> use_sliding_window;            ///< (Qwen2; must be false)
-  std::optional<int64_t> sliding_window;             ///< (Mistral: window of the attention; Qwen2: unused)
-  std::optional<int64_t> max_window_layers;          ///< (Qwen2; unused without a sliding window)
-  nlohmann::json layer_types;                        ///< (Qwen2: "full_attention" per layer)
+  std::optional<bool> use_sliding_window;            ///< (Qwen: the sliding_attention layers have a window)
+  std::optional<int64_t> sliding_window;             ///< keys a query sees (Mistral: every layer; Qwen: with use_sliding_window)
+  std::optional<int64_t> max_window_layers;          ///< (Qwen: layers from this one on slide, when layer_types is absent; 28)
+  nlohmann::json layer_types;                        ///< (Qwen: "full_attention" / "sliding_attention" per layer)
 
-  /// The model types this struct reads (config.json's model_type).
-  static constexpr std::array<std::string_view, 3> model_types = {"llama", "qwen2", "mistral"};
+  /// The model types this struct reads (config.json's model_type): kLlamaFamilies' in order.
+  static constexpr auto model_types = [] {
+    std::array<std::string_view, kLlamaFamilies.size()> out{};
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = kLlamaFamilies[i].model_type;
+    return out;
+  }();
   /// Whether config.json gets `key` (each family writes the keys its HF config has).
   LOOM_INLINE bool written(std::string_view key) const;
 };
@@ -96,8 +141,20 @@ LOOM_INLINE void complete_config(LlamaConfig& config);
 inline int64_t llama_kv_heads(const LlamaConfig& c) { return c.num_key_value_heads.value_or(c.num_attention_heads); }
 /// The width of one head: head_dim, or hidden_size / num_attention_heads when unset.
 inline int64_t llama_head_dim(const LlamaConfig& c) { return c.head_dim.value_or(c.hidden_size / c.num_attention_heads); }
+/// The row of kLlamaFamilies for `model_type`; null when none (validate refuses it).
+inline const LlamaFamily* find_llama_family(std::string_view model_type) {
+  for (const auto& f : kLlamaFamilies)
+    if (f.model_type == model_type) return &f;
+  return nullptr;
+}
+/// The row of kLlamaFamilies for the config's model_type (a loom::Error when none).
+LOOM_INLINE const LlamaFamily& llama_family(const LlamaConfig& c);
 /// Whether q_proj, k_proj and v_proj have biases: attention_bias, and always in Qwen2.
-inline bool llama_qkv_bias(const LlamaConfig& c) { return c.attention_bias || c.model_type == "qwen2"; }
+inline bool llama_qkv_bias(const LlamaConfig& c) { return c.attention_bias || llama_family(c).qkv_bias; }
+
+/// The attention window of decoder layer `layer` (keys a query sees, itself included), or none
+/// (causal over the whole sequence): see the file comment.
+LOOM_INLINE std::optional<int64_t> llama_layer_window(const LlamaConfig& c, int64_t layer);
 
 /// Checks `config` (sizes, heads, rope, the features implemented here); errors name `where`.
 LOOM_INLINE void validate(const LlamaConfig& config, std::string_view where);
@@ -123,7 +180,8 @@ TORCH_MODULE(LlamaRMSNorm);
 /// Grouped-query self-attention with rotary position embeddings.
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
-  LOOM_INLINE explicit LlamaAttentionImpl(const LlamaConfig& config);
+  /// Layer `layer`'s attention (its window: llama_layer_window).
+  LOOM_INLINE explicit LlamaAttentionImpl(const LlamaConfig& config, int64_t layer = 0);
   /// `cos`, `sin`: [batch, seq, head_dim] (the model's rotary table for these positions);
   /// `mask`: undefined (causal attention), or bool [batch, 1, seq, seq], true where a query
   /// may attend (packed documents: causal within each); `cu_seqlens`: undefined, or (packed
@@ -136,8 +194,11 @@ class LlamaAttentionImpl : public torch::nn::Module {
   LOOM_INLINE torch::Tensor forward_step(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                                          const AttentionStep& step);
   peft::AdaptableLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  LlamaRMSNorm q_norm{nullptr}, k_norm{nullptr};  ///< Qwen3's, over each head's width (null in other families)
 
  private:
+  /// [batch, seq, width] -> [batch, heads, seq, head_dim], through `norm` when the family has one.
+  LOOM_INLINE torch::Tensor split_heads(const torch::Tensor& t, LlamaRMSNorm norm) const;
   int64_t heads_, kv_heads_, head_dim_;
   double dropout_, scaling_;
   std::optional<int64_t> window_;
@@ -159,7 +220,7 @@ TORCH_MODULE(LlamaMLP);
 /// One decoder layer: x + attn(input_layernorm(x)), then + mlp(post_attention_layernorm(.)).
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
-  LOOM_INLINE explicit LlamaDecoderLayerImpl(const LlamaConfig& config);
+  LOOM_INLINE explicit LlamaDecoderLayerImpl(const LlamaConfig& config, int64_t layer = 0);
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                                     const torch::Tensor& mask, const torch::Tensor& cu_seqlens);
   /// A decoding step (generation): the attention reads and grows the step's cache.
@@ -168,6 +229,12 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
   LlamaRMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  /// transformers' class of this layer in the config's family (Qwen3DecoderLayer, ...): what
+  /// --fsdp_transformer_layer_cls_to_wrap names (FullShardUnit reads it).
+  [[nodiscard]] std::string hf_class_name() const { return std::string(decoder_layer_); }
+
+ private:
+  std::string_view decoder_layer_;
 };
 TORCH_MODULE(LlamaDecoderLayer);
 
@@ -201,7 +268,7 @@ class LlamaModelImpl : public torch::nn::Module {
 TORCH_MODULE(LlamaModel);
 
 /// A Llama-architecture causal LM (transformers' LlamaForCausalLM, Qwen2ForCausalLM,
-/// MistralForCausalLM by the config's model_type).
+/// Qwen3ForCausalLM, MistralForCausalLM by the config's model_type).
 class LlamaForCausalLMImpl : public PreTrainedModel<LlamaForCausalLMImpl, LlamaConfig, data::CausalLMBatch> {
  public:
   /// A causal LM (HF's MODEL_FOR_CAUSAL_LM_MAPPING): --label_smoothing_factor shifts the labels.
@@ -221,7 +288,11 @@ class LlamaForCausalLMImpl : public PreTrainedModel<LlamaForCausalLMImpl, LlamaC
     return transformer_activation_bytes({.layers = c.num_hidden_layers, .hidden = c.hidden_size,
                                          .kv = llama_kv_heads(c) * llama_head_dim(c),
                                          .mlp = 4 * c.intermediate_size, .heads = c.num_attention_heads,
-                                         .vocab = c.vocab_size, .attention_dropout = c.attention_dropout > 0},
+                                         .vocab = c.vocab_size,
+                                         .qk_norm = llama_family(c).qk_norm
+                                                        ? 2 * (c.num_attention_heads + llama_kv_heads(c)) * llama_head_dim(c)
+                                                        : 0,
+                                         .attention_dropout = c.attention_dropout > 0},
                                         batch, seq, bytes_per_element, recompute);
   }
   /// Logits [batch, seq, vocab_size] of int64 token ids [batch, seq].
@@ -232,7 +303,7 @@ class LlamaForCausalLMImpl : public PreTrainedModel<LlamaForCausalLMImpl, LlamaC
   /// Warns (once a call) when a generation needs more positions than max_position_embeddings:
   /// the rotary embeddings go on past it, as in transformers, but the model was not trained there.
   LOOM_INLINE void check_generation_positions(int64_t positions) const;
-  /// config.json's architectures: LlamaForCausalLM, Qwen2ForCausalLM or MistralForCausalLM.
+  /// config.json's architectures: the family's causal_lm (LlamaForCausalLM, Qwen3ForCausalLM, ...).
   LOOM_INLINE std::string_view architecture_name() const;
   /// The names beyond the parameters that an HF file may hold (lm_head.weight when tied).
   LOOM_INLINE HfNameRules name_rules() const;
@@ -256,7 +327,7 @@ class LlamaForCausalLMImpl : public PreTrainedModel<LlamaForCausalLMImpl, LlamaC
 class LlamaForCausalLM : public torch::nn::ModuleHolder<LlamaForCausalLMImpl> {
  public:
   using torch::nn::ModuleHolder<LlamaForCausalLMImpl>::ModuleHolder;
-  /// Reads an HF folder (model_type llama, qwen2 or mistral): config.json, then the weights
+  /// Reads an HF folder (model_type llama, qwen2, qwen3 or mistral): config.json, then the weights
   /// (model.safetensors or sharded), checked strictly against the model built from it, into
   /// parameters of `dtype` (float32 by default; bf16 / fp16 files are converted).
   static LlamaForCausalLM from_pretrained(const std::filesystem::path& dir, torch::ScalarType dtype = torch::kFloat) {

@@ -18,6 +18,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 
 namespace loom::models {
 
@@ -26,12 +27,22 @@ namespace detail {
 // The keys of rope_parameters loom computes; any other changes the rope and is refused.
 inline const std::set<std::string, std::less<>> rope_keys = {
     "rope_type", "type", "rope_theta", "factor", "low_freq_factor", "high_freq_factor",
-    "original_max_position_embeddings"};
+    "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+    "truncate"};
+// The rope types loom computes (transformers' ROPE_INIT_FUNCTIONS of the same names).
+inline constexpr std::array<std::string_view, 4> rope_types = {"default", "linear", "yarn", "llama3"};
 
 inline double rope_number(const nlohmann::json& rope, const char* key, std::string_view where) {
   const auto it = rope.find(key);
-  check(it != rope.end() && it->is_number(), "{}: field 'rope_parameters.{}' must be a number for rope_type llama3",
-        where, key);
+  check(it != rope.end() && it->is_number(), "{}: field 'rope_parameters.{}' must be a number for rope_type {}",
+        where, key, rope.value("rope_type", std::string("default")));
+  return it->get<double>();
+}
+// An optional number of rope_parameters (absent or null: none).
+inline std::optional<double> rope_optional(const nlohmann::json& rope, const char* key, std::string_view where) {
+  const auto it = rope.find(key);
+  if (it == rope.end() || it->is_null()) return std::nullopt;
+  check(it->is_number(), "{}: field 'rope_parameters.{}' must be a number or null", where, key);
   return it->get<double>();
 }
 
@@ -41,14 +52,32 @@ inline std::string rope_type(const nlohmann::json& rope) {
   return "default";
 }
 
+// "llama, qwen2, qwen3, mistral": the families' model types, for messages.
+inline std::string model_types_text() {
+  std::string out;
+  for (const auto& f : kLlamaFamilies) out += (out.empty() ? "" : ", ") + std::string(f.model_type);
+  return out;
+}
+
 }  // namespace detail
+
+LOOM_INLINE const LlamaFamily& llama_family(const LlamaConfig& c) {
+  const LlamaFamily* family = find_llama_family(c.model_type);
+  check(family != nullptr, "field 'model_type' is \"{}\"; loom's Llama architecture reads {}", c.model_type,
+        detail::model_types_text());
+  return *family;
+}
 
 LOOM_INLINE bool LlamaConfig::written(std::string_view key) const {
   if (key == "rope_theta" || key == "rope_scaling") return false;  // folded into rope_parameters
-  if (key == "use_sliding_window" || key == "max_window_layers" || key == "layer_types") return model_type == "qwen2";
-  if (key == "sliding_window") return model_type == "qwen2" || model_type == "mistral";
-  if (key == "attention_bias" || key == "mlp_bias" || key == "pretraining_tp") return model_type == "llama";
-  if (key == "head_dim") return model_type != "qwen2";
+  const unsigned keys = llama_family(*this).keys;
+  const auto has = [&](LlamaFamily::Keys k) { return (keys & k) != 0; };
+  if (key == "use_sliding_window" || key == "max_window_layers" || key == "layer_types")
+    return has(LlamaFamily::window_keys);
+  if (key == "sliding_window") return has(LlamaFamily::sliding_window_key);
+  if (key == "attention_bias") return has(LlamaFamily::attention_bias_key);
+  if (key == "mlp_bias" || key == "pretraining_tp") return has(LlamaFamily::mlp_bias_key);
+  if (key == "head_dim") return has(LlamaFamily::head_dim_key);
   return true;
 }
 
@@ -62,13 +91,17 @@ LOOM_INLINE void complete_config(LlamaConfig& c) {
     c.rope_parameters = rope;
   }
   if (!c.num_key_value_heads) c.num_key_value_heads = c.num_attention_heads;
+  // A family whose HF config defaults head_dim (Qwen3's 128) takes that default; the others
+  // hidden_size / num_attention_heads.
+  if (const auto* family = find_llama_family(c.model_type); !c.head_dim && family && family->default_head_dim > 0)
+    c.head_dim = family->default_head_dim;
   if (!c.head_dim && c.num_attention_heads > 0) c.head_dim = c.hidden_size / c.num_attention_heads;
 }
 
 LOOM_INLINE void validate(const LlamaConfig& c, std::string_view where) {
-  check(c.model_type == "llama" || c.model_type == "qwen2" || c.model_type == "mistral",
-        "{}: field 'model_type' is \"{}\"; loom's Llama architecture reads llama, qwen2 and mistral", where,
-        c.model_type);
+  check(find_llama_family(c.model_type) != nullptr,
+        "{}: field 'model_type' is \"{}\"; loom's Llama architecture reads {}", where, c.model_type,
+        detail::model_types_text());
   const auto positive = [&](int64_t v, const char* field) {
     check(v > 0, "{}: field '{}' must be a positive integer, got {}", where, field, v);
   };
@@ -99,28 +132,35 @@ LOOM_INLINE void validate(const LlamaConfig& c, std::string_view where) {
   check(!c.pretraining_tp || *c.pretraining_tp == 1,
         "{}: field 'pretraining_tp' is {}; loom computes the plain product (only 1 is supported)", where,
         c.pretraining_tp.value_or(1));
-  check(!c.use_sliding_window.value_or(false),
-        "{}: field 'use_sliding_window' is true; loom's Llama architecture has no sliding-window attention", where);
   if (c.sliding_window) positive(*c.sliding_window, "sliding_window");
+  check(!c.use_sliding_window.value_or(false) || c.sliding_window,
+        "{}: field 'use_sliding_window' is true but 'sliding_window' is null; give the window's length", where);
+  if (c.max_window_layers)
+    check(*c.max_window_layers >= 0, "{}: field 'max_window_layers' must be at least 0, got {}", where,
+          *c.max_window_layers);
   check(c.eos_token_id.is_null() || c.eos_token_id.is_number_integer() ||
             (c.eos_token_id.is_array() &&
              std::all_of(c.eos_token_id.begin(), c.eos_token_id.end(), [](const auto& e) { return e.is_number_integer(); })),
         "{}: field 'eos_token_id' must be an integer, a list of integers or null", where);
   if (!c.layer_types.is_null()) {
-    check(c.layer_types.is_array(), "{}: field 'layer_types' must be a list", where);
+    check(c.layer_types.is_array() && std::cmp_equal(c.layer_types.size(), c.num_hidden_layers),
+          "{}: field 'layer_types' must be a list of one entry per layer ({})", where, c.num_hidden_layers);
     for (const auto& t : c.layer_types)
-      check(t == "full_attention", "{}: field 'layer_types' holds {}; loom's Llama architecture has full attention only",
-            where, t.dump());
+      check(t == "full_attention" || t == "sliding_attention",
+            "{}: field 'layer_types' holds {}; loom's Llama architecture has \"full_attention\" and "
+            "\"sliding_attention\" layers", where, t.dump());
   }
   // The rope (complete_config made rope_parameters from the older keys).
   const auto& rope = c.rope_parameters;
   check(rope.is_object(), "{}: field 'rope_parameters' must be an object", where);
   for (const auto& [key, value] : rope.items())
     check(detail::rope_keys.contains(key),
-          "{}: field 'rope_parameters.{}' is not supported (loom computes rope_type default and llama3)", where, key);
+          "{}: field 'rope_parameters.{}' is not supported (loom computes rope_type default, linear, yarn and llama3)",
+          where, key);
   const std::string type = detail::rope_type(rope);
-  check(type == "default" || type == "llama3",
-        "{}: field 'rope_parameters.rope_type' is \"{}\"; loom computes \"default\" and \"llama3\"", where, type);
+  check(std::ranges::find(detail::rope_types, type) != detail::rope_types.end(),
+        "{}: field 'rope_parameters.rope_type' is \"{}\"; loom computes \"default\", \"linear\", \"yarn\" and "
+        "\"llama3\"", where, type);
   check(rope.contains("rope_theta") && rope["rope_theta"].is_number() && rope["rope_theta"].get<double>() > 0,
         "{}: field 'rope_parameters.rope_theta' must be a positive number", where);
   if (type == "llama3") {
@@ -133,7 +173,45 @@ LOOM_INLINE void validate(const LlamaConfig& c, std::string_view where) {
           where, high, low);
     check(original > 0, "{}: field 'rope_parameters.original_max_position_embeddings' must be positive", where);
   }
+  if (type == "linear")
+    check(detail::rope_number(rope, "factor", where) >= 1.0, "{}: field 'rope_parameters.factor' must be at least 1",
+          where);
+  if (type == "yarn") {
+    const double original = detail::rope_number(rope, "original_max_position_embeddings", where);
+    check(original > 0, "{}: field 'rope_parameters.original_max_position_embeddings' must be positive", where);
+    // factor null: max_position_embeddings / original_max_position_embeddings (transformers' rule).
+    const double factor = detail::rope_optional(rope, "factor", where)
+                              .value_or(static_cast<double>(c.max_position_embeddings) / original);
+    check(factor >= 1.0, "{}: rope_parameters' yarn factor must be at least 1, got {}", where, factor);
+    for (const char* key : {"attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"})
+      if (const auto v = detail::rope_optional(rope, key, where))
+        check(*v >= 0, "{}: field 'rope_parameters.{}' must not be negative, got {}", where, key, *v);
+    if (rope.contains("truncate"))
+      check(rope["truncate"].is_boolean(), "{}: field 'rope_parameters.truncate' must be true or false", where);
+  }
 }
+
+LOOM_INLINE std::optional<int64_t> llama_layer_window(const LlamaConfig& c, int64_t layer) {
+  const LlamaFamily& family = llama_family(c);
+  if (family.window_attends) return c.sliding_window;  // Mistral: every layer
+  if (!(family.keys & LlamaFamily::window_keys) || !c.use_sliding_window.value_or(false)) return std::nullopt;
+  // Qwen2Config / Qwen3Config: layer_types, or by default sliding from max_window_layers on.
+  const bool sliding = c.layer_types.is_array()
+                           ? c.layer_types.at(static_cast<std::size_t>(layer)) == "sliding_attention"
+                           : layer >= c.max_window_layers.value_or(28);
+  return sliding ? c.sliding_window : std::nullopt;
+}
+
+namespace detail {
+// transformers' sliding_window_overlay on the causal mask: query i (at key index `offset` + i)
+// sees key j when j <= offset + i and offset + i - j < window. bool [query, keys].
+inline torch::Tensor sliding_window_mask(int64_t query, int64_t keys, int64_t window, const torch::Device& device) {
+  const auto options = torch::TensorOptions().device(device).dtype(torch::kLong);
+  const auto q = torch::arange(keys - query, keys, options).unsqueeze(1);
+  const auto k = torch::arange(keys, options).unsqueeze(0);
+  return k.le(q).logical_and(q.sub(k).lt(window));
+}
+}  // namespace detail
 
 LOOM_INLINE std::vector<ConfigShape> config_shapes(const LlamaConfig& c) {
   const int64_t kv = llama_kv_heads(c), head_dim = llama_head_dim(c);
@@ -151,7 +229,8 @@ LOOM_INLINE int64_t parameter_count(const LlamaConfig& c) {
   const int64_t h = c.hidden_size, i = c.intermediate_size;
   const int64_t heads = c.num_attention_heads, kv = llama_kv_heads(c), head_dim = llama_head_dim(c);
   const int64_t attention = h * (heads + 2 * kv) * head_dim + (llama_qkv_bias(c) ? (heads + 2 * kv) * head_dim : 0) +
-                            heads * head_dim * h + (c.attention_bias ? h : 0);
+                            heads * head_dim * h + (c.attention_bias ? h : 0) +
+                            (llama_family(c).qk_norm ? 2 * head_dim : 0);
   const int64_t mlp = 3 * h * i + (c.mlp_bias ? 2 * i + h : 0);
   const int64_t layer = attention + mlp + 2 * h;  // and the two RMSNorms
   return c.vocab_size * h + c.num_hidden_layers * layer + h + (c.tie_word_embeddings ? 0 : c.vocab_size * h);
@@ -171,19 +250,31 @@ LOOM_INLINE torch::Tensor LlamaRMSNormImpl::forward(const torch::Tensor& x) {
   return weight * normed.to(dtype);
 }
 
-LOOM_INLINE LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
+LOOM_INLINE LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, int64_t layer)
     : heads_(c.num_attention_heads),
       kv_heads_(llama_kv_heads(c)),
       head_dim_(llama_head_dim(c)),
       dropout_(c.attention_dropout),
       scaling_(std::pow(static_cast<double>(head_dim_), -0.5)),
-      window_(c.model_type == "mistral" ? c.sliding_window : std::nullopt) {
+      window_(llama_layer_window(c, layer)) {
   const bool qkv_bias = llama_qkv_bias(c);
   const auto linear = [&](int64_t in, int64_t out, bool bias) { return peft::AdaptableLinear(in, out, bias); };
   q_proj = register_module("q_proj", linear(c.hidden_size, heads_ * head_dim_, qkv_bias));
   k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
   v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
   o_proj = register_module("o_proj", linear(heads_ * head_dim_, c.hidden_size, c.attention_bias));
+  if (llama_family(c).qk_norm) {  // registered after o_proj, as Qwen3Attention's
+    q_norm = register_module("q_norm", LlamaRMSNorm(head_dim_, c.rms_norm_eps));
+    k_norm = register_module("k_norm", LlamaRMSNorm(head_dim_, c.rms_norm_eps));
+  }
+}
+
+LOOM_INLINE torch::Tensor LlamaAttentionImpl::split_heads(const torch::Tensor& t, LlamaRMSNorm norm) const {
+  // Qwen3Attention: the norm over each head's width of [batch, seq, heads, head_dim], then the
+  // heads to dim 1.
+  auto h = t.view({t.size(0), t.size(1), -1, head_dim_});
+  if (!norm.is_empty()) h = norm->forward(h);
+  return h.transpose(1, 2);
 }
 
 namespace detail {
@@ -212,22 +303,24 @@ LOOM_INLINE torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, co
                                                       const torch::Tensor& sin, const torch::Tensor& mask,
                                                       const torch::Tensor& cu_seqlens) {
   const int64_t batch = x.size(0), seq = x.size(1);
-  check(!window_ || seq <= *window_,
-        "a sequence of {} tokens is longer than the config's sliding_window ({}); loom's Llama architecture has no "
-        "sliding-window attention, so use sequences of at most {} tokens",
-        seq, *window_, *window_);
-  const auto heads = [&](const torch::Tensor& t) { return t.view({batch, seq, -1, head_dim_}).transpose(1, 2); };
-  auto q = heads(q_proj(x));
-  auto k = heads(k_proj(x));
-  const auto v = heads(v_proj(x));
+  // A window shorter than the sequence: the causal mask (or the packed documents') narrowed to it.
+  const bool windowed = window_ && seq > *window_;
+  torch::Tensor attention_mask = mask;
+  if (windowed) {
+    const auto sliding = detail::sliding_window_mask(seq, seq, *window_, x.device());
+    attention_mask = mask.defined() ? mask.logical_and(sliding) : sliding.view({1, 1, seq, seq});
+  }
+  auto q = split_heads(q_proj(x), q_norm);
+  auto k = split_heads(k_proj(x), k_norm);
+  const auto v = split_heads(v_proj(x), nullptr);
   // apply_rotary_pos_emb: cos/sin [batch, seq, head_dim] broadcast over the heads.
   const auto c = cos.unsqueeze(1), s = sin.unsqueeze(1);
   q = (q * c) + (detail::rotate_half(q) * s);
   k = (k * c) + (detail::rotate_half(k) * s);
   // Packed documents on CUDA in half precision: the variable-length flash kernel over the
-  // flattened tokens ([tokens, heads, head_dim]), causal within each document; the window's
-  // length bounds every document's.
-  if (cu_seqlens.defined() && head_dim_ % 8 == 0 && head_dim_ <= 256)
+  // flattened tokens ([tokens, heads, head_dim]), causal within each document (a window that
+  // binds takes the mask below instead).
+  if (cu_seqlens.defined() && !windowed && head_dim_ % 8 == 0 && head_dim_ <= 256)
     if (const auto dtype = detail::flash_dtype(q)) {
       const auto flat = [&](const torch::Tensor& t, int64_t n) {
         return t.transpose(1, 2).reshape({batch * seq, n, head_dim_}).to(*dtype);
@@ -237,11 +330,14 @@ LOOM_INLINE torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, co
           is_training() ? dropout_ : 0.0, /*is_causal=*/true, /*return_debug_mask=*/false, scaling_));
       return o_proj(out.reshape({batch, seq, -1}));
     }
-  // Causal, or the mask of packed documents (causal within each; SDPA's math or memory-efficient kernel).
-  auto y = mask.defined() ? at::scaled_dot_product_attention(q, k, v, mask, is_training() ? dropout_ : 0.0,
-                                                             /*is_causal=*/false, scaling_, kv_heads_ != heads_)
-                          : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, is_training() ? dropout_ : 0.0,
-                                                             /*is_causal=*/seq > 1, scaling_, kv_heads_ != heads_);
+  // Causal, or a mask: packed documents (causal within each) and / or the sliding window (SDPA's
+  // math or memory-efficient kernel).
+  const double dropout = is_training() ? dropout_ : 0.0;
+  auto y = attention_mask.defined()
+               ? at::scaled_dot_product_attention(q, k, v, attention_mask, dropout, /*is_causal=*/false, scaling_,
+                                                  kv_heads_ != heads_)
+               : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout, /*is_causal=*/seq > 1, scaling_,
+                                                  kv_heads_ != heads_);
   y = y.transpose(1, 2).contiguous().reshape({batch, seq, -1}).contiguous();
   return o_proj(y);
 }
@@ -249,29 +345,31 @@ LOOM_INLINE torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, co
 LOOM_INLINE torch::Tensor LlamaAttentionImpl::forward_step(const torch::Tensor& x, const torch::Tensor& cos,
                                                            const torch::Tensor& sin, const AttentionStep& step) {
   const int64_t batch = x.size(0), seq = x.size(1);
-  const auto heads = [&](const torch::Tensor& t) { return t.view({batch, seq, -1, head_dim_}).transpose(1, 2); };
-  auto q = heads(q_proj(x));
-  auto k = heads(k_proj(x));
-  auto v = heads(v_proj(x));
+  auto q = split_heads(q_proj(x), q_norm);
+  auto k = split_heads(k_proj(x), k_norm);
+  auto v = split_heads(v_proj(x), nullptr);
   const auto c = cos.unsqueeze(1), s = sin.unsqueeze(1);
   q = (q * c) + (detail::rotate_half(q) * s);
   k = (k * c) + (detail::rotate_half(k) * s);
   if (step.cache != nullptr) std::tie(k, v) = step.cache->update(k, v);
   const int64_t keys = k.size(2);
-  check(!window_ || keys <= *window_,
-        "a sequence of {} tokens is longer than the config's sliding_window ({}); loom's Llama architecture has no "
-        "sliding-window attention, so use sequences of at most {} tokens",
-        keys, *window_, *window_);
+  // Past the window: the step's mask (causal, or with left padding) narrowed to it.
+  AttentionStep windowed{step.mask, step.cache};
+  if (window_ && keys > *window_) {
+    const auto sliding = detail::sliding_window_mask(seq, keys, *window_, x.device());
+    windowed.mask = step.mask.defined() ? step.mask.logical_and(sliding) : sliding.view({1, 1, seq, keys});
+  }
+  const AttentionStep& masked = windowed;
   // transformers' sdpa_attention_forward: grouped heads by sdpa's enable_gqa without a mask;
   // a single query with a mask as [batch, kv_heads, groups] queries against the kv heads;
   // else the key/value heads repeated (repeat_kv).
   const int64_t groups = heads_ / kv_heads_;
-  const bool causal = seq > 1 && !step.mask.defined();
+  const bool causal = seq > 1 && !masked.mask.defined();
   torch::Tensor y;
-  if (groups > 1 && !step.mask.defined() && head_dim_ <= 256) {
+  if (groups > 1 && !masked.mask.defined() && head_dim_ <= 256) {
     y = at::scaled_dot_product_attention(q, k, v, {}, 0.0, causal, scaling_, /*enable_gqa=*/true);
   } else if (groups > 1 && seq == 1) {
-    y = at::scaled_dot_product_attention(q.reshape({batch, kv_heads_, groups, head_dim_}), k, v, step.sdpa_mask(), 0.0,
+    y = at::scaled_dot_product_attention(q.reshape({batch, kv_heads_, groups, head_dim_}), k, v, masked.sdpa_mask(), 0.0,
                                          false, scaling_)
             .reshape({batch, -1, seq, head_dim_});
   } else {
@@ -280,7 +378,7 @@ LOOM_INLINE torch::Tensor LlamaAttentionImpl::forward_step(const torch::Tensor& 
       return t.unsqueeze(2).expand({batch, kv_heads_, groups, t.size(2), head_dim_}).reshape(
           {batch, heads_, t.size(2), head_dim_});
     };
-    y = at::scaled_dot_product_attention(q, repeat(k), repeat(v), step.sdpa_mask(), 0.0, causal, scaling_);
+    y = at::scaled_dot_product_attention(q, repeat(k), repeat(v), masked.sdpa_mask(), 0.0, causal, scaling_);
   }
   y = y.transpose(1, 2).contiguous().reshape({batch, seq, -1}).contiguous();
   return o_proj(y);
@@ -298,8 +396,9 @@ LOOM_INLINE torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
   return down_proj(gated * up_proj(x));
 }
 
-LOOM_INLINE LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) {
-  self_attn = register_module("self_attn", LlamaAttention(c));
+LOOM_INLINE LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer)
+    : decoder_layer_(llama_family(c).decoder_layer) {
+  self_attn = register_module("self_attn", LlamaAttention(c, layer));
   mlp = register_module("mlp", LlamaMLP(c));
   input_layernorm = register_module("input_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
   post_attention_layernorm = register_module("post_attention_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
@@ -324,7 +423,7 @@ LOOM_INLINE LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) {
   embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    units.push_back(full_shard_unit(LlamaDecoderLayer(c)));
+    units.push_back(full_shard_unit(LlamaDecoderLayer(c, i)));
     layers->push_back(units.back());
   }
   norm = register_module("norm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
@@ -344,6 +443,37 @@ LOOM_INLINE LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) {
     const auto smoothed = (1 - smooth) * scaled / factor + smooth * scaled;
     const auto medium = wavelen.ge(high_wavelen).logical_and(wavelen.le(low_wavelen));
     inv_freq = torch::where(medium, smoothed, scaled);
+  } else if (detail::rope_type(rope) == "linear") {  // _compute_linear_scaling_rope_parameters
+    inv_freq = inv_freq / rope["factor"].get<double>();
+  } else if (detail::rope_type(rope) == "yarn") {  // _compute_yarn_parameters, op for op
+    const double original = rope["original_max_position_embeddings"].get<double>();
+    const double factor = detail::rope_optional(rope, "factor", "config.json")
+                              .value_or(static_cast<double>(c.max_position_embeddings) / original);
+    const auto mscale_of = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+    const auto mscale = detail::rope_optional(rope, "mscale", "config.json");
+    const auto mscale_all_dim = detail::rope_optional(rope, "mscale_all_dim", "config.json");
+    if (const auto given = detail::rope_optional(rope, "attention_factor", "config.json")) attention_scaling_ = *given;
+    else if (mscale.value_or(0) != 0 && mscale_all_dim.value_or(0) != 0)
+      attention_scaling_ = mscale_of(factor, *mscale) / mscale_of(factor, *mscale_all_dim);
+    else attention_scaling_ = mscale_of(factor, 1.0);
+    const auto or_default = [&](const char* key, double fallback) {  // Python's `get(key) or fallback`
+      const auto v = detail::rope_optional(rope, key, "config.json");
+      return v && *v != 0 ? *v : fallback;
+    };
+    const double beta_fast = or_default("beta_fast", 32.0), beta_slow = or_default("beta_slow", 1.0);
+    const auto correction_dim = [&](double rotations) {
+      return (static_cast<double>(dim) * std::log(original / (rotations * 2 * std::numbers::pi))) / (2 * std::log(theta));
+    };
+    double low = correction_dim(beta_fast), high = correction_dim(beta_slow);
+    if (rope.value("truncate", true)) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0), high = std::min(high, static_cast<double>(dim - 1));
+    if (low == high) high += 0.001;  // linear_ramp_factor's guard
+    const auto pos_freqs = torch::pow(theta, torch::arange(0, dim, 2, torch::kLong).to(torch::kFloat) / dim);
+    const auto extrapolation = 1.0 / pos_freqs;
+    const auto interpolation = 1.0 / (factor * pos_freqs);
+    const auto ramp = torch::clamp((torch::arange(dim / 2, torch::kFloat) - low) / (high - low), 0, 1);
+    const auto extrapolation_factor = 1 - ramp;
+    inv_freq = interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor;
   }
   inv_freq_ = inv_freq;
 }
@@ -482,9 +612,7 @@ LOOM_INLINE void LlamaForCausalLMImpl::check_generation_positions(int64_t positi
 }
 
 LOOM_INLINE std::string_view LlamaForCausalLMImpl::architecture_name() const {
-  if (config_.model_type == "qwen2") return "Qwen2ForCausalLM";
-  if (config_.model_type == "mistral") return "MistralForCausalLM";
-  return "LlamaForCausalLM";
+  return llama_family(config_).causal_lm;
 }
 
 LOOM_INLINE HfNameRules LlamaForCausalLMImpl::name_rules() const {
