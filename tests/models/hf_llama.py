@@ -15,6 +15,8 @@
                        (layer 0 full attention, layer 1 sliding)
         llama_linear   rope_type linear, factor 4
         llama_yarn     rope_type yarn, factor 4, original_max_position_embeddings 32
+        llama_dynamic  rope_type dynamic (NTK), factor 2, max_position_embeddings 16 < the 24-token inputs
+        llama_longrope rope_type longrope, original_max_position_embeddings 16 < 24: the long factors
         qwen3_yarn     yarn with factor null (max_position_embeddings / original), beta_fast, mscale,
                        mscale_all_dim and truncate false
         llama_sharded  llama again, in shards with an index
@@ -59,7 +61,8 @@ BASE = dict(vocab_size=100, hidden_size=48, intermediate_size=96, num_hidden_lay
 CLASSES = {"llama": "LlamaForCausalLM", "llama_tied": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
            "qwen3": "Qwen3ForCausalLM", "mistral_window": "MistralForCausalLM",
            "qwen2_window": "Qwen2ForCausalLM", "llama_linear": "LlamaForCausalLM", "llama_yarn": "LlamaForCausalLM",
-           "qwen3_yarn": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM", "llama_sharded": "LlamaForCausalLM", "llama_bf16": "LlamaForCausalLM",
+           "qwen3_yarn": "Qwen3ForCausalLM", "llama_dynamic": "LlamaForCausalLM", "llama_longrope": "LlamaForCausalLM",
+           "mistral": "MistralForCausalLM", "llama_sharded": "LlamaForCausalLM", "llama_bf16": "LlamaForCausalLM",
            "merged": "LlamaForCausalLM"}
 
 
@@ -80,6 +83,11 @@ def configs():
                                                              "factor": 4.0}),
         "llama_yarn": LlamaConfig(**BASE, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                                            "original_max_position_embeddings": 32}),
+        "llama_dynamic": LlamaConfig(**{**BASE, "max_position_embeddings": 16},
+                                     rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}),
+        "llama_longrope": LlamaConfig(**{**BASE, "max_position_embeddings": 64}, rope_parameters={
+            "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 16,
+            "short_factor": [1.0, 1.1, 1.3, 1.7, 2.2, 3.0], "long_factor": [1.0, 1.5, 2.5, 4.0, 6.5, 9.0]}),
         "qwen3_yarn": Qwen3Config(**{**BASE, "max_position_embeddings": 256}, num_key_value_heads=2, head_dim=16,
                                   rope_parameters={"rope_type": "yarn", "rope_theta": 1000000.0, "factor": None,
                                                    "original_max_position_embeddings": 64, "beta_fast": 16.0,

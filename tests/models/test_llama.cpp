@@ -77,7 +77,7 @@ inline std::string peft_check(const fs::path& base, const fs::path& adapter, con
 
 const std::vector<std::string> kFolders{"llama",         "llama_tied",   "qwen2",        "qwen3",      "mistral",
                                         "mistral_window", "qwen2_window", "llama_linear", "llama_yarn", "qwen3_yarn",
-                                        "llama_sharded",  "llama_bf16"};
+                                        "llama_dynamic",  "llama_longrope", "llama_sharded", "llama_bf16"};
 
 
 TEST_CASE("the Llama family counts its parameters from the config, for every variant of its layers") {
@@ -237,11 +237,36 @@ TEST_CASE("the Llama architecture's names are HF's, each decoder layer a FullSha
                       "(tie_word_embeddings true)") != std::string::npos);
 }
 
+TEST_CASE("dynamic NTK rope keeps transformers' state: grown past max_position_embeddings, reset below it") {
+  auto c = tiny();
+  c.max_position_embeddings = 16;
+  c.rope_parameters = {{"rope_type", "dynamic"}, {"rope_theta", 10000.0}, {"factor", 2.0}};
+  torch::manual_seed(5);
+  const auto ids = torch::randint(100, {1, 24});
+  const auto fresh = [&] {
+    torch::manual_seed(4);
+    LlamaForCausalLM m(c);
+    m->eval();
+    return m;
+  };
+  torch::NoGradGuard no_grad;
+  auto model = fresh();
+  const auto short_before = model->logits(ids.narrow(1, 0, 8));
+  const auto grown = model->logits(ids);                    // 24 > 16: frequencies for 24 positions
+  const auto middle = model->logits(ids.narrow(1, 0, 20));  // 16 < 20 < 24: still those of 24
+  CHECK_FALSE(torch::equal(middle, fresh()->logits(ids.narrow(1, 0, 20))));
+  CHECK(torch::equal(model->logits(ids.narrow(1, 0, 8)), short_before));  // below 16: the original ones again
+  CHECK(torch::equal(grown, fresh()->logits(ids)));
+}
+
 TEST_CASE("Llama configs loom cannot compute are refused with a loom: line naming the field") {
   const auto error = [](LlamaConfig c) { return loom_test::error_of([&] { LlamaForCausalLM m(std::move(c)); }); };
   auto c = tiny();
-  c.rope_parameters = {{"rope_type", "dynamic"}, {"rope_theta", 10000.0}, {"factor", 4.0}};
-  CHECK(error(c).find("field 'rope_parameters.rope_type' is \"dynamic\"") != std::string::npos);
+  c.rope_parameters = {{"rope_type", "proportional"}, {"rope_theta", 10000.0}, {"factor", 4.0}};
+  CHECK(error(c).find("field 'rope_parameters.rope_type' is \"proportional\"") != std::string::npos);
+  c.rope_parameters = {{"rope_type", "longrope"}, {"rope_theta", 10000.0}, {"original_max_position_embeddings", 16},
+                       {"short_factor", {1.0, 1.0}}, {"long_factor", {1.0, 1.0}}};
+  CHECK(error(c).find("'rope_parameters.short_factor' must be a list of 6 positive numbers") != std::string::npos);
   c.rope_parameters = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0}};  // no original length
   CHECK(error(c).find("'rope_parameters.original_max_position_embeddings' must be a number for rope_type yarn") !=
         std::string::npos);

@@ -22,8 +22,10 @@
 // of causal_lm.hpp.
 //
 // Supported: model_type llama, qwen2, qwen3, mistral; rope_parameters (or the older rope_theta /
-// rope_scaling keys) of rope_type "default", "linear", "yarn" (its attention factor, mscale,
-// beta and truncate keys) or "llama3"; any num_key_value_heads dividing
+// rope_scaling keys) of rope_type "default", "linear", "dynamic" (NTK, recomputed past
+// max_position_embeddings as transformers' rotary embedding does, state included), "yarn" (its
+// attention factor, mscale, beta and truncate keys), "longrope" (short / long factors) or
+// "llama3"; any num_key_value_heads dividing
 // num_attention_heads; head_dim; attention_bias / mlp_bias (Llama); tie_word_embeddings both
 // ways; hidden_act of models/activations.hpp. Refused with a loom: line naming the field:
 // other rope types or rope keys, pretraining_tp other than 1. Sliding-window attention as
@@ -264,6 +266,13 @@ class LlamaModelImpl : public torch::nn::Module {
  private:
   torch::Tensor inv_freq_;  // the rope's frequencies (float32, on the device of the last forward)
   double attention_scaling_ = 1.0;
+  // The rope types whose frequencies follow the sequence (transformers' dynamic_rope_update):
+  // dynamic NTK recomputes them past max_position_embeddings, longrope switches to its long
+  // factors past original_max_position_embeddings.
+  std::string rope_type_;
+  nlohmann::json rope_;
+  int64_t rope_dim_ = 0, max_positions_ = 0, max_seq_len_cached_ = 0;
+  torch::Tensor original_inv_freq_, long_inv_freq_;
 };
 TORCH_MODULE(LlamaModel);
 

@@ -28,9 +28,10 @@ namespace detail {
 inline const std::set<std::string, std::less<>> rope_keys = {
     "rope_type", "type", "rope_theta", "factor", "low_freq_factor", "high_freq_factor",
     "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
-    "truncate"};
+    "truncate", "short_factor", "long_factor"};
 // The rope types loom computes (transformers' ROPE_INIT_FUNCTIONS of the same names).
-inline constexpr std::array<std::string_view, 4> rope_types = {"default", "linear", "yarn", "llama3"};
+inline constexpr std::array<std::string_view, 6> rope_types = {"default", "linear", "dynamic",
+                                                               "yarn",    "longrope", "llama3"};
 
 inline double rope_number(const nlohmann::json& rope, const char* key, std::string_view where) {
   const auto it = rope.find(key);
@@ -155,12 +156,12 @@ LOOM_INLINE void validate(const LlamaConfig& c, std::string_view where) {
   check(rope.is_object(), "{}: field 'rope_parameters' must be an object", where);
   for (const auto& [key, value] : rope.items())
     check(detail::rope_keys.contains(key),
-          "{}: field 'rope_parameters.{}' is not supported (loom computes rope_type default, linear, yarn and llama3)",
-          where, key);
+          "{}: field 'rope_parameters.{}' is not supported (loom computes rope_type default, linear, dynamic, yarn, "
+          "longrope and llama3)", where, key);
   const std::string type = detail::rope_type(rope);
   check(std::ranges::find(detail::rope_types, type) != detail::rope_types.end(),
-        "{}: field 'rope_parameters.rope_type' is \"{}\"; loom computes \"default\", \"linear\", \"yarn\" and "
-        "\"llama3\"", where, type);
+        "{}: field 'rope_parameters.rope_type' is \"{}\"; loom computes \"default\", \"linear\", \"dynamic\", "
+        "\"yarn\", \"longrope\" and \"llama3\"", where, type);
   check(rope.contains("rope_theta") && rope["rope_theta"].is_number() && rope["rope_theta"].get<double>() > 0,
         "{}: field 'rope_parameters.rope_theta' must be a positive number", where);
   if (type == "llama3") {
@@ -173,9 +174,23 @@ LOOM_INLINE void validate(const LlamaConfig& c, std::string_view where) {
           where, high, low);
     check(original > 0, "{}: field 'rope_parameters.original_max_position_embeddings' must be positive", where);
   }
-  if (type == "linear")
+  if (type == "linear" || type == "dynamic")
     check(detail::rope_number(rope, "factor", where) >= 1.0, "{}: field 'rope_parameters.factor' must be at least 1",
           where);
+  if (type == "longrope") {
+    const double original = detail::rope_number(rope, "original_max_position_embeddings", where);
+    check(original > 1, "{}: field 'rope_parameters.original_max_position_embeddings' must be above 1", where);
+    const int64_t half = llama_head_dim(c) / 2;
+    for (const char* key : {"short_factor", "long_factor"}) {
+      const auto it = rope.find(key);
+      check(it != rope.end() && it->is_array() && std::cmp_equal(it->size(), half) &&
+                std::all_of(it->begin(), it->end(), [](const auto& v) { return v.is_number() && v.template get<double>() > 0; }),
+            "{}: field 'rope_parameters.{}' must be a list of {} positive numbers (head_dim / 2) for rope_type longrope",
+            where, key, half);
+    }
+    if (const auto factor = detail::rope_optional(rope, "factor", where))
+      check(*factor >= 1.0, "{}: field 'rope_parameters.factor' must be at least 1, got {}", where, *factor);
+  }
   if (type == "yarn") {
     const double original = detail::rope_number(rope, "original_max_position_embeddings", where);
     check(original > 0, "{}: field 'rope_parameters.original_max_position_embeddings' must be positive", where);
@@ -474,8 +489,30 @@ LOOM_INLINE LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) {
     const auto ramp = torch::clamp((torch::arange(dim / 2, torch::kFloat) - low) / (high - low), 0, 1);
     const auto extrapolation_factor = 1 - ramp;
     inv_freq = interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor;
+  } else if (detail::rope_type(rope) == "dynamic") {
+    // _compute_dynamic_ntk_parameters at init (seq_len = max_position_embeddings), in Python's doubles.
+    const double factor = rope["factor"].get<double>(), m = static_cast<double>(c.max_position_embeddings);
+    const double base = theta * std::pow(factor * m / m - (factor - 1), static_cast<double>(dim) / (dim - 2.0));
+    inv_freq = 1.0 / torch::pow(base, torch::arange(0, dim, 2, torch::kLong).to(torch::kFloat) / dim);
+  } else if (detail::rope_type(rope) == "longrope") {  // _compute_longrope_parameters
+    const double original = rope["original_max_position_embeddings"].get<double>();
+    const double factor = detail::rope_optional(rope, "factor", "config.json")
+                              .value_or(static_cast<double>(c.max_position_embeddings) / original);
+    if (const auto given = detail::rope_optional(rope, "attention_factor", "config.json")) attention_scaling_ = *given;
+    else attention_scaling_ = factor <= 1.0 ? 1.0 : std::sqrt(1 + std::log(factor) / std::log(original));
+    const auto shape = torch::arange(0, dim, 2, torch::kLong).to(torch::kFloat) / dim;
+    const auto with = [&](const char* key) {
+      return 1.0 / (torch::tensor(rope[key].get<std::vector<double>>(), torch::kFloat) * torch::pow(theta, shape));
+    };
+    inv_freq = with("short_factor");
+    long_inv_freq_ = with("long_factor");
   }
   inv_freq_ = inv_freq;
+  rope_type_ = detail::rope_type(rope);
+  rope_ = rope;
+  rope_dim_ = dim;
+  max_positions_ = max_seq_len_cached_ = c.max_position_embeddings;
+  original_inv_freq_ = inv_freq.clone();
 }
 
 LOOM_INLINE std::pair<torch::Tensor, torch::Tensor> LlamaModelImpl::rotary(int64_t seq, const torch::Device& device) {
@@ -483,6 +520,30 @@ LOOM_INLINE std::pair<torch::Tensor, torch::Tensor> LlamaModelImpl::rotary(int64
 }
 
 LOOM_INLINE std::pair<torch::Tensor, torch::Tensor> LlamaModelImpl::rotary(const torch::Tensor& positions) {
+  if (rope_type_ == "dynamic" || rope_type_ == "longrope") {
+    // transformers' dynamic_rope_update, from the longest position (a host read).
+    const int64_t seq_len = positions.max().item<int64_t>() + 1;
+    const auto device = positions.device();
+    if (rope_type_ == "longrope") {
+      const double original = rope_["original_max_position_embeddings"].get<double>();
+      inv_freq_ = (static_cast<double>(seq_len) > original ? long_inv_freq_ : original_inv_freq_).to(device);
+    } else {
+      const int64_t cached = max_seq_len_cached_;
+      if (seq_len > cached) {  // growth: _compute_dynamic_ntk_parameters at seq_len, in float32 as there
+        const double factor = rope_["factor"].get<double>(), theta = rope_.value("rope_theta", 10000.0);
+        const auto length = torch::tensor(seq_len, torch::kLong);
+        const auto base = ((length * factor) / max_positions_ - (factor - 1))
+                              .pow(static_cast<double>(rope_dim_) / (rope_dim_ - 2.0)) * theta;
+        inv_freq_ = (1.0 / torch::pow(base, torch::arange(0, rope_dim_, 2, torch::kLong).to(torch::kFloat) / rope_dim_))
+                        .to(device);
+        max_seq_len_cached_ = seq_len;
+      }
+      if (seq_len < max_positions_ && cached > max_positions_) {  // reset to the original frequencies
+        inv_freq_ = original_inv_freq_.to(device);
+        max_seq_len_cached_ = max_positions_;
+      }
+    }
+  }
   if (inv_freq_.device() != positions.device()) inv_freq_ = inv_freq_.to(positions.device());
   // LlamaRotaryEmbedding.forward: float32, autocast off; position x frequency, [batch, seq, dim].
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
