@@ -53,6 +53,10 @@ LOOM_INLINE std::vector<std::string_view> precision_flags_set(const TrainingArgu
 /// and --fp16 are both set; choose one"), as the selector and start-up say it.
 LOOM_INLINE std::string_view precision_flag_chosen(const TrainingArguments& args);
 
+/// The name of the PrecisionCatalog member `args` choose: the precision flag set, or the
+/// catalog's first member (fp32) when none is (the selector, start-up and precision::FromArgs).
+LOOM_INLINE std::string_view precision_member_chosen(const TrainingArguments& args);
+
 /// "--<name>".
 LOOM_INLINE std::string flag(std::string_view name);
 

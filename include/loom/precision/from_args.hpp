@@ -43,8 +43,7 @@ class PrecisionImpl<FromArgs> {
  public:
   /// The member `args` name (--bf16 / --fp16; neither: the catalog's first, FP32).
   PrecisionImpl(const TrainingArguments& args, torch::Device device) {
-    std::string_view chosen = loom::detail::precision_flag_chosen(args);
-    if (chosen.empty()) chosen = std::tuple_element_t<0, PrecisionCatalog>::facts.name;
+    const std::string_view chosen = loom::detail::precision_member_chosen(args);
     visit_member<PrecisionCatalog>(chosen, [&]<class Tag>() {
       impl_.emplace(std::in_place_type<PrecisionImpl<Tag>>, args, device);
       facts_ = Tag::facts;

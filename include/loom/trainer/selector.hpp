@@ -57,8 +57,7 @@ decltype(auto) call_member(std::string_view name, G& g, Unknown&& unknown) {
 /// Calls `f.template operator()<Precision>()` with the precision tag the arguments name.
 template <class F>
 decltype(auto) select_precision(const TrainingArguments& args, F&& f) {
-  std::string_view chosen = detail::precision_flag_chosen(args);
-  if (chosen.empty()) chosen = std::tuple_element_t<0, PrecisionCatalog>::facts.name;  // the default
+  const std::string_view chosen = detail::precision_member_chosen(args);
   return detail::call_member<PrecisionCatalog>(chosen, f, [&] { fail("no precision policy is called {}", chosen); });
 }
 

@@ -35,8 +35,7 @@ LOOM_INLINE ShardingFacts sharding_chosen(const TrainingArguments& args) {
 }
 
 LOOM_INLINE PrecisionFacts precision_chosen(const TrainingArguments& args) {
-  std::string_view name = detail::precision_flag_chosen(args);
-  if (name.empty()) return std::tuple_element_t<0, PrecisionCatalog>::facts;  // the default
+  const std::string_view name = detail::precision_member_chosen(args);
   PrecisionFacts facts;
   if (!visit_member<PrecisionCatalog>(name, [&]<class Tag>() { facts = Tag::facts; }))
     fail("no precision policy is called {}", name);

@@ -153,6 +153,11 @@ LOOM_INLINE std::string_view precision_flag_chosen(const TrainingArguments& args
   return set.empty() ? std::string_view() : set[0];
 }
 
+LOOM_INLINE std::string_view precision_member_chosen(const TrainingArguments& args) {
+  const std::string_view flag = precision_flag_chosen(args);
+  return flag.empty() ? std::tuple_element_t<0, PrecisionCatalog>::facts.name : flag;
+}
+
 LOOM_INLINE bool is_multiple_of(double save, double eval) {
   const double ratio = save / eval;
   return std::fabs(ratio - std::round(ratio)) <= 1e-9 * std::max(1.0, std::fabs(ratio)) &&
