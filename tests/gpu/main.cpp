@@ -15,11 +15,13 @@
 #include <loom/distributed/comm.hpp>
 #include <loom/loom.hpp>
 #include <loom/models/gpt2.hpp>
+#include <loom/models/causal_lm.hpp>
 #include <loom/models/llama.hpp>
 
 #include "../trainer/token_support.hpp"
 #include "../trainer_support.hpp"
 
+#include <ATen/autocast_mode.h>
 #include <sys/wait.h>
 
 #include <chrono>
@@ -382,6 +384,52 @@ TEST_CASE("Llama on CUDA: packed documents through the variable-length flash ker
   for (const auto dtype : {torch::kBFloat16, torch::kHalf}) {
     CAPTURE(dtype);
     check_kernels_agree(model, batch, dtype, 3e-2, 0.3, "packed Llama");
+  }
+}
+
+TEST_CASE("the LM loss at the scored positions, and chunked, on CUDA: the full loss's in float32, bf16 and fp16") {
+  // Issue 41 points 1 and 2 on the device: the fast (padded) head, autocast's formats, the
+  // float16 log-softmax reading half, and the chunked loss's float16 gradients (scaled after
+  // the products, so that they do not underflow), against causal_lm_loss over every logit.
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  torch::manual_seed(0);
+  const int64_t vocab = 50257, width = 256, batch = 4, seq = 256;
+  const auto ids = torch::randint(vocab, {batch, seq}, cuda.dtype(torch::kLong));
+  const auto start = torch::randint(8, seq - 8, {batch, 1}, cuda.dtype(torch::kLong));
+  const auto labels = ids.masked_fill(torch::arange(seq, cuda.dtype(torch::kLong)).unsqueeze(0) < start, -100);
+  const auto hidden0 = torch::randn({batch, seq, width}, cuda);
+  const auto weight0 = torch::randn({vocab, width}, cuda) * 0.05;
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    CAPTURE(dtype);
+    struct Out {
+      torch::Tensor loss, d_hidden, d_weight;
+    };
+    const auto run = [&](int way) {
+      auto hidden = hidden0.clone().requires_grad_();
+      auto weight = weight0.clone().requires_grad_();
+      torch::Tensor loss;
+      {
+        if (dtype != torch::kFloat) at::autocast::set_autocast_dtype(at::kCUDA, dtype);
+        at::autocast::set_autocast_enabled(at::kCUDA, dtype != torch::kFloat);
+        if (way == 0) loss = loom::models::causal_lm_loss(loom::models::lm_head_logits(hidden, weight, true), labels, true);
+        else loss = loom::models::scored_causal_lm_loss(hidden, weight, labels, true, way == 2);
+        at::autocast::set_autocast_enabled(at::kCUDA, false);
+        at::autocast::clear_cache();
+      }
+      (loss * 1024.0).backward();  // a loss scale's factor
+      return Out{loss.detach().cpu(), hidden.grad().cpu(), weight.grad().cpu()};
+    };
+    const auto full = run(0), scored = run(1), chunked = run(2);
+    const double tol = dtype == torch::kFloat ? 1e-5 : 3e-2;
+    const auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
+      return (a - b).abs().max().item<double>() / b.abs().max().item<double>();
+    };
+    for (const auto* other : {&scored, &chunked}) {
+      CHECK(rel(other->loss, full.loss) <= tol / 10);
+      CHECK(rel(other->d_hidden, full.d_hidden) <= tol);
+      CHECK(rel(other->d_weight, full.d_weight) <= tol);
+      CHECK(std::isfinite(other->d_hidden.abs().sum().item<double>()));
+    }
   }
 }
 

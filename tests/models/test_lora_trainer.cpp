@@ -15,11 +15,16 @@
 
 #include "../support.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace lora_trainer_test {
@@ -421,6 +426,72 @@ TEST_CASE("LoraArguments: TRL's flags and defaults, PEFT's default targets, one 
   loom::peft::apply_lora(*plain, config);
   CHECK(loom_test::error_of([&] { loom::peft::apply_lora(*plain, config); })
             .find("the model already carries a LoRA adapter") != std::string::npos);
+}
+
+}  // namespace lora_trainer_test
+
+namespace lora_trainer_test {
+
+// Windows whose first 4-11 positions are a prompt (-100), as instruction data.
+inline loom::data::TensorDataset<CausalLMBatch> prompted(int64_t n, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const auto ids = torch::randint(2, 100, {n, 16}, gen);
+  const auto start = torch::randint(4, 12, {n, 1}, gen);
+  return loom::data::TensorDataset<CausalLMBatch>({ids, ids.masked_fill(torch::arange(16).unsqueeze(0) < start, -100)});
+}
+
+// transformers' way: every position's logits, then the loss (the forward outside any
+// ForwardRequestScope, as an override sees it).
+struct FullLogitsTrainer : loom::Trainer<FullLogitsTrainer, LlamaForCausalLM> {
+  using Trainer::Trainer;
+  loom::ModelOutput compute_loss(LlamaForCausalLM& model, CausalLMBatch& batch) {
+    auto out = model->forward(batch);
+    CHECK(out.logits.defined());
+    return {out.loss, out.logits};
+  }
+};
+
+TEST_CASE("the Trainer's training forward runs the LM head at the scored positions alone, to the same weights") {
+  const auto data = prompted(32, 9);
+  auto args = args_for("lora_trainer/scored", 4);
+  args.save_strategy = "no";
+  const auto train = [&](auto tag, std::optional<bool> chunked) {
+    auto model = LlamaForCausalLM::from_pretrained(base_folder());  // full fine-tuning: lm_head trains too
+    auto a = args;
+    a.chunked_lm_loss = chunked;
+    using T = typename decltype(tag)::type;
+    T trainer(a, model, data);
+    const double loss = trainer.train().training_loss;
+    return std::pair{loss, state_of(*model)};
+  };
+  const auto [full_loss, full] = train(std::type_identity<FullLogitsTrainer>{}, std::nullopt);
+  const auto [scored_loss, scored] = train(std::type_identity<Trainer>{}, std::nullopt);
+  const auto [chunked_loss, chunked] = train(std::type_identity<Trainer>{}, true);
+  // The head at the scored rows: at this size every product is the full one's, bit for bit.
+  CHECK(scored_loss == full_loss);
+  for (const auto& [name, t] : full) {
+    CAPTURE(name);
+    CHECK(torch::equal(scored.at(name), t));
+    // Chunked: the gradients within float32 rounding (AdamW's normalization magnifies the
+    // last bits of small gradients over 4 steps).
+    CHECK((chunked.at(name) - t).abs().max().item<double>() <= 1e-4 * t.abs().max().item<double>());
+  }
+  CHECK(std::abs(chunked_loss - full_loss) <= 1e-6 * std::abs(full_loss));
+  // ... and it did run: its other summation order leaves some weight a few bits apart.
+  CHECK(std::any_of(full.begin(), full.end(), [&](const auto& kv) { return !torch::equal(chunked.at(kv.first), kv.second); }));
+
+  // Evaluation: with --prediction_loss_only the head runs at the scored rows; the eval_loss is
+  // the full logits' one, bit for bit.
+  auto model = LlamaForCausalLM::from_pretrained(base_folder());
+  auto eval_args = args;
+  Trainer with_logits(eval_args, model, data, prompted(12, 10));
+  const double reference = with_logits.evaluate().get("eval_loss").value();
+  eval_args.prediction_loss_only = true;
+  Trainer loss_only(eval_args, model, data, prompted(12, 10));
+  CHECK(loss_only.evaluate().get("eval_loss").value() == reference);
+  eval_args.chunked_lm_loss = true;
+  Trainer chunked_eval(eval_args, model, data, prompted(12, 10));
+  CHECK(std::abs(chunked_eval.evaluate().get("eval_loss").value() - reference) <= 1e-6 * reference);
 }
 
 }  // namespace lora_trainer_test

@@ -71,6 +71,7 @@ struct Optimizer {
   double adam_epsilon = 1e-8;               ///< AdamW epsilon
   double max_grad_norm = 1.0;               ///< clip the global gradient norm (0: off)
   double label_smoothing_factor = 0.0;      ///< label smoothing epsilon on the model's logits (0: off)
+  std::optional<bool> chunked_lm_loss;  ///< a causal LM's LM head and cross-entropy in chunks of positions, never holding every position's float32 logits (Liger's fused linear cross-entropy), in training and --prediction_loss_only evaluation (default: where the scored positions' float32 logits would pass 64 MiB); loom's, not HF's
   bool gradient_checkpointing = false;      ///< recompute the activations of every FullShardUnit / Checkpointed block in backward (less memory, one more forward)
   std::optional<std::string> gradient_checkpointing_kwargs;  ///< HF's JSON object for it: only use_reentrant (true or false: loom recomputes the same way)
   std::optional<bool> activation_checkpointing;  ///< HF 5's name for --gradient_checkpointing, which it sets when given (HF's rule)
@@ -256,6 +257,7 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"adam_epsilon", "AdamW epsilon"},
     {"max_grad_norm", "clip the global gradient norm (0: off)"},
     {"label_smoothing_factor", "label smoothing epsilon on the model's logits (0: off)"},
+    {"chunked_lm_loss", "a causal LM's LM head and cross-entropy in chunks of positions, never holding every position's float32 logits (Liger's fused linear cross-entropy), in training and --prediction_loss_only evaluation (default: where the scored positions' float32 logits would pass 64 MiB); loom's, not HF's"},
     {"gradient_checkpointing", "recompute the activations of every FullShardUnit / Checkpointed block in backward (less memory, one more forward)"},
     {"gradient_checkpointing_kwargs", "HF's JSON object for it: only use_reentrant (true or false: loom recomputes the same way)"},
     {"activation_checkpointing", "HF 5's name for --gradient_checkpointing, which it sets when given (HF's rule)"},

@@ -14,9 +14,15 @@
 //   scaled q and k (2h) and the attention probabilities a*s (e each, before and after the
 //   dropout, and a 1-byte mask);
 //   after the stack: the final norm (2h), the logits (V, in e) and the loss's log-softmax (V,
-//   float32).
+//   float32). When this thread's forward_request() asks for the loss alone (the Trainer sets
+//   it around its estimate as around its training forward), the head sees only the scored
+//   positions (counted here as every position, the most there can be): each one's gathered
+//   hidden state (h, in e) and, chunked (--chunked_lm_loss, or its default by size), the
+//   float32 gradient of its hidden state (4h bytes) instead of its logits and log-softmax.
 // recompute (--gradient_checkpointing): each layer keeps its input (h) and one layer's
 // activations are live again during its backward.
+
+#include <loom/core/forward_request.hpp>
 
 #include <cstdint>
 
@@ -28,6 +34,7 @@ struct ActivationShape {
   int64_t qk_norm = 0;          ///< elements a token of the q/k norms save (Qwen3; 0 without them)
   int dropouts = 0;             ///< dropouts with p > 0 in a layer (their 1-byte masks, h each)
   bool attention_dropout = false;
+  bool loss_only_head = false;  ///< a causal LM's head, which honours forward_request() (causal_lm_output)
 };
 
 /// One micro-batch's saved activations in bytes (see the file comment).
@@ -38,7 +45,12 @@ inline double transformer_activation_bytes(const ActivationShape& m, int64_t bat
                      (4.0 * m.hidden + m.hidden + 2.0 * m.kv + 2.0 * m.hidden + m.mlp + static_cast<double>(m.qk_norm)) +
                  static_cast<double>(m.dropouts) * m.hidden;
   if (m.attention_dropout) layer += static_cast<double>(m.heads) * seq * (2.0 * e + 1) + 2.0 * e * m.hidden;
-  const double head = static_cast<double>(e) * 2.0 * m.hidden + (e + 4.0) * m.vocab;
+  double head = static_cast<double>(e) * 2.0 * m.hidden + (e + 4.0) * m.vocab;
+  if (const ForwardRequest& request = forward_request(); !request.logits && m.loss_only_head) {
+    const bool chunked =
+        request.chunked_lm_loss.value_or(chunked_lm_loss_by_default(batch * seq, m.vocab));
+    head = static_cast<double>(e) * 3.0 * m.hidden + (chunked ? 4.0 * m.hidden : (e + 4.0) * m.vocab);
+  }
   const double stack = recompute ? static_cast<double>(e) * m.hidden * m.layers + layer : layer * m.layers;
   return tokens * (stack + head);
 }

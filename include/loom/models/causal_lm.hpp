@@ -10,6 +10,7 @@
 // their items itself (Accelerator::item_factor), so no model divides by a batch-wide count.
 
 #include <loom/config/inline.hpp>
+#include <loom/core/forward_request.hpp>
 
 #include <torch/torch.h>
 
@@ -42,9 +43,34 @@ LOOM_INLINE torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torc
 /// columns and give the whole to causal_lm_loss. Else [.., vocab], as a linear layer.
 LOOM_INLINE torch::Tensor lm_head_logits(const torch::Tensor& hidden, const torch::Tensor& weight, bool fast);
 
+/// The LM head and the cross-entropy in one, over chunks of rows (Liger's fused linear
+/// cross-entropy): the mean over the rows whose target is not -100 of -log softmax(hidden @
+/// weight^T)[target], for hidden [n, h], weight [vocab, h] and int64 targets [n]. It never
+/// holds more than one chunk's logits (`chunk_rows` rows, 0: chunked_lm_loss_rows): the
+/// forward computes each chunk's gradients with respect to `hidden` and `weight` (those that
+/// require one, when grad mode is on) and backward scales them by the loss's gradient, so the
+/// products are the unchunked loss's three, and no logits are kept for backward. Under
+/// autocast the products run in its format and the softmax in float32, as the unchunked loss.
+/// `fast`: the product over the vocabulary padded to 64 (lm_head_logits). Differentiable once.
+LOOM_INLINE torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                               const torch::Tensor& targets, bool fast, int64_t chunk_rows = 0);
+
+/// causal_lm_loss of the logits lm_head_logits(hidden, weight, fast) would give, computed at
+/// the scored positions only (shifted label not -100): their hidden states are gathered and
+/// go through the head, the others never do. Unchunked, the same value as causal_lm_loss
+/// (the per-position log-probabilities are reduced in the order nll_loss reduces all of
+/// them); `chunked` (nullopt: chunked_lm_loss_by_default): linear_cross_entropy, within
+/// float32 rounding of it. hidden [batch, seq, h], labels [batch, seq]. One host sync (the
+/// count of scored positions).
+LOOM_INLINE torch::Tensor scored_causal_lm_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                                const torch::Tensor& labels, bool fast,
+                                                std::optional<bool> chunked = std::nullopt);
+
 /// A causal LM's output from its last hidden states: the logits of lm_head_logits(hidden,
 /// weight, fast), shown with vocab_size = weight.size(0) columns, and, when `labels` is
 /// defined, causal_lm_loss over all of them. Every causal LM's forward(batch) and logits().
+/// When this thread's forward_request() asks for the loss alone (the Trainer's training
+/// forward), a batch with labels gets scored_causal_lm_loss and no logits.
 LOOM_INLINE CausalLMOutput causal_lm_output(const torch::Tensor& hidden, const torch::Tensor& weight,
                                             const torch::Tensor& labels, bool fast);
 

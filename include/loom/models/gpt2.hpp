@@ -180,7 +180,7 @@ class GPT2LMHeadModelImpl : public PreTrainedModel<GPT2LMHeadModelImpl, GPT2Conf
     return transformer_activation_bytes({.layers = c.n_layer, .hidden = c.n_embd, .kv = c.n_embd,
                                          .mlp = (composite ? 5 : 2) * inner, .heads = c.n_head,
                                          .vocab = c.vocab_size, .dropouts = c.resid_pdrop > 0 ? 2 : 0,
-                                         .attention_dropout = c.attn_pdrop > 0},
+                                         .attention_dropout = c.attn_pdrop > 0, .loss_only_head = true},
                                         batch, seq, bytes_per_element, recompute);
   }
   /// Logits [batch, seq, vocab_size] of int64 token ids [batch, seq].

@@ -301,7 +301,7 @@ class LlamaForCausalLMImpl : public PreTrainedModel<LlamaForCausalLMImpl, LlamaC
                                          .qk_norm = llama_family(c).qk_norm
                                                         ? 2 * (c.num_attention_heads + llama_kv_heads(c)) * llama_head_dim(c)
                                                         : 0,
-                                         .attention_dropout = c.attention_dropout > 0},
+                                         .attention_dropout = c.attention_dropout > 0, .loss_only_head = true},
                                         batch, seq, bytes_per_element, recompute);
   }
   /// Logits [batch, seq, vocab_size] of int64 token ids [batch, seq].

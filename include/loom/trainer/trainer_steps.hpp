@@ -5,6 +5,7 @@
 // (init), what happens between optimizer steps (logging, evaluating, saving, ReduceLROnPlateau,
 // the token count, preemption) and the evaluation loop. Included by trainer.hpp.
 
+#include <loom/core/forward_request.hpp>
 #include <loom/trainer/trainer.hpp>
 
 #include <boost/pfr.hpp>
@@ -93,7 +94,13 @@ auto Trainer<Derived, Model, Policies...>::compute_loss(Model& model, Batch& bat
     static_assert(LossResult<R>, "loom: the default compute_loss needs model->forward(batch) to return "
                                  "a loss tensor or an aggregate with a `loss` member; override compute_loss");
     const torch::Tensor* labels = data::field_named(batch, "labels");
-    if (args_.label_smoothing_factor == 0 || labels == nullptr || !labels->defined()) return model->forward(batch);
+    if (args_.label_smoothing_factor == 0 || labels == nullptr || !labels->defined()) {
+      // A training forward (grad mode on) and a --prediction_loss_only evaluation read only the
+      // loss: a causal LM then runs its head only where a label is (core/forward_request.hpp).
+      ForwardRequestScope request({.logits = !(torch::GradMode::is_enabled() || args_.prediction_loss_only),
+                                   .chunked_lm_loss = args_.chunked_lm_loss});
+      return model->forward(batch);
+    }
     if constexpr (requires(R r) { { r.logits } -> std::convertible_to<torch::Tensor>; r.loss = torch::Tensor{}; }) {
       using Impl = std::decay_t<decltype(*model)>;
       constexpr bool causal = [] {
@@ -295,6 +302,10 @@ void Trainer<Derived, Model, Policies...>::init(Train train_dataset) {
     if (sequence_length) {
       const int64_t element = args_.bf16 || args_.fp16 ? 2 : 4;
       const int64_t tokens = sequence_length->tokens;
+      // The estimate of the forward the default compute_loss runs (a causal LM's head at the
+      // scored positions only); an override reads whatever it reads.
+      ForwardRequestScope request({.logits = requires { &Self::compute_loss; } || args_.label_smoothing_factor != 0,
+                                   .chunked_lm_loss = args_.chunked_lm_loss});
       acc_->set_activation_estimate(
           model_->activation_bytes(args_.per_device_train_batch_size, tokens, element, args_.gradient_checkpointing),
           fmt::format("batch {} x sequence {}{}, {}-byte activations{}", args_.per_device_train_batch_size, tokens,

@@ -26,7 +26,8 @@ LOOM_INLINE const std::vector<ForeignSetting>& foreign_settings() {
       "on CUDA themselves (models::Kernels)";
   constexpr std::string_view liger =
       "Liger's kernels are Triton code patched into Python models; loom::models choose fused kernels on CUDA "
-      "themselves (models::Kernels)";
+      "themselves (models::Kernels), and Liger's fused linear cross-entropy is --chunked_lm_loss (on by default "
+      "where it saves memory)";
   constexpr std::string_view hub =
       "loom does not upload to the Hugging Face Hub; the folders save_model and the checkpoints write open in "
       "transformers, and `hf upload` uploads them";

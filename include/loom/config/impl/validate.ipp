@@ -332,6 +332,10 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
   check_non_negative("max_grad_norm", args.max_grad_norm);
   if (!(args.label_smoothing_factor >= 0 && args.label_smoothing_factor <= 1))
     throw Error("loom: --label_smoothing_factor must be in [0, 1], got " + num(args.label_smoothing_factor));
+  if (args.chunked_lm_loss.value_or(false) && args.label_smoothing_factor > 0)
+    throw Error("loom: --chunked_lm_loss true cannot go with --label_smoothing_factor " +
+                num(args.label_smoothing_factor) +
+                ": label smoothing reads every position's logits, which the chunked loss never holds; drop one");
   if (args.neftune_noise_alpha && !(*args.neftune_noise_alpha > 0 && std::isfinite(*args.neftune_noise_alpha)))
     throw Error("loom: --neftune_noise_alpha must be a positive number (HF's papers use 5 to 15), got " +
                 num(*args.neftune_noise_alpha));

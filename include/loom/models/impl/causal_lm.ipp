@@ -4,7 +4,10 @@
 #include <loom/data/text.hpp>
 #include <loom/models/causal_lm.hpp>
 
+#include <loom/core/error.hpp>
+
 #include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
 
 #include <limits>
@@ -13,23 +16,137 @@
 
 namespace loom::models {
 
-LOOM_INLINE torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels, bool fused_upcast) {
-  // ForCausalLMLoss: pad the labels with -100 on the right and drop the first, so position t
-  // is scored against token t + 1 and the last position against nothing.
-  const int64_t vocab = logits.size(-1);
-  auto shifted = torch::constant_pad_nd(labels, {0, 1}, static_cast<double>(data::ignore_index))
-                     .narrow(-1, 1, labels.size(-1))
-                     .contiguous();
-  // torch's CUDA log-softmax reads half and writes float32 in one kernel (half only: for
-  // bfloat16 it refuses, and the upcast below is a copy of a contiguous tensor).
-  if (fused_upcast && logits.is_cuda() && logits.scalar_type() == torch::kHalf) {
-    const auto log_probs = at::_log_softmax(logits.reshape({-1, vocab}), 1, /*half_to_float=*/true);
-    return at::nll_loss_nd(log_probs, shifted.view({-1}).to(logits.device()), {}, at::Reduction::Mean,
-                           data::ignore_index);
+namespace detail {
+
+// ForCausalLMLoss's targets: the labels padded with -100 on the right and the first dropped,
+// so position t is scored against token t + 1 and the last position against nothing.
+inline torch::Tensor shifted_labels(const torch::Tensor& labels) {
+  return torch::constant_pad_nd(labels, {0, 1}, static_cast<double>(data::ignore_index))
+      .narrow(-1, 1, labels.size(-1))
+      .contiguous();
+}
+
+// The float32 log-probabilities of logits [rows, vocab]. torch's CUDA log-softmax reads half
+// and writes float32 in one kernel (half only: for bfloat16 it refuses, and the upcast is a
+// copy of a contiguous tensor); otherwise the upcast, then the kernel cross_entropy runs.
+inline torch::Tensor float_log_probs(const torch::Tensor& logits, bool fused_upcast) {
+  if (fused_upcast && logits.is_cuda() && logits.scalar_type() == torch::kHalf)
+    return at::_log_softmax(logits, 1, /*half_to_float=*/true);
+  return torch::log_softmax(logits.to(torch::kFloat), 1);
+}
+
+// linear_cross_entropy's autograd function: the forward computes the loss chunk by chunk and,
+// when `grads`, each chunk's gradients at once (softmax minus the target's one-hot, over the
+// scored count); backward scales them by the loss's gradient.
+struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropyFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor hidden, torch::Tensor weight,
+                               torch::Tensor targets, bool fast, int64_t chunk_rows, bool grads) {
+    const int64_t n = hidden.size(0), width = hidden.size(1), vocab = weight.size(0);
+    const auto device = hidden.device().type();
+    // The products run in autocast's format when it is on (as lm_head_logits under it), the
+    // rest in float32; autocast itself is held off inside, so nothing else is cast.
+    const auto compute =
+        at::autocast::is_autocast_enabled(device) ? at::autocast::get_autocast_dtype(device) : weight.scalar_type();
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const int64_t padded = fast ? (vocab + 63) / 64 * 64 : vocab;
+    auto w = weight.to(compute);
+    torch::Tensor bias;  // -inf on the padded columns (lm_head_logits' padding)
+    if (padded != vocab) {
+      w = torch::constant_pad_nd(w, {0, 0, 0, padded - vocab});
+      bias = torch::zeros({padded}, w.options());
+      bias.narrow(0, vocab, padded - vocab).fill_(-std::numeric_limits<double>::infinity());
+    }
+    const int64_t rows = chunk_rows > 0 ? chunk_rows : chunked_lm_loss_rows(n, width, padded);
+    const bool grad_hidden = grads && hidden.requires_grad(), grad_weight = grads && weight.requires_grad();
+    const auto float_options = hidden.options().dtype(torch::kFloat);
+    const auto count = targets.ne(data::ignore_index).sum().to(torch::kFloat);  // on the device: no sync
+    auto losses = torch::empty({n}, float_options);
+    torch::Tensor d_hidden = grad_hidden ? torch::empty_like(hidden, torch::MemoryFormat::Contiguous) : torch::Tensor();
+    torch::Tensor d_weight = grad_weight ? torch::zeros({padded, width}, float_options) : torch::Tensor();
+    for (int64_t start = 0; start < n; start += rows) {
+      const int64_t c = std::min(rows, n - start);
+      const auto h = hidden.narrow(0, start, c).to(compute);
+      const auto logits = bias.defined() ? torch::addmm(bias, h, w.t()) : torch::mm(h, w.t());
+      auto z = logits.to(torch::kFloat);  // the same tensor when computing in float32
+      const auto t = targets.narrow(0, start, c);
+      const auto scored = t.ne(data::ignore_index).unsqueeze(1);
+      const auto target = t.clamp_min(0).unsqueeze(1);  // an unscored row reads column 0, then counts 0
+      const auto lse = torch::logsumexp(z, 1, /*keepdim=*/true);
+      losses.narrow(0, start, c).copy_((lse - z.gather(1, target)).masked_fill(scored.logical_not(), 0).squeeze(1));
+      if (!grad_hidden && !grad_weight) continue;
+      // d(sum of losses)/d logits: softmax minus the one-hot of the target, 0 on unscored rows.
+      // The 1/count is applied after the products, in float32, so that a 16-bit format sees
+      // values of order one (an unscaled float16 gradient would underflow).
+      auto g = z.sub_(lse).exp_();
+      g.scatter_add_(1, target, torch::full({c, 1}, -1.0, g.options()));
+      g.mul_(scored);
+      const auto gc = g.to(compute);
+      if (grad_hidden) d_hidden.narrow(0, start, c).copy_(torch::mm(gc, w).to(torch::kFloat).div_(count));
+      if (grad_weight) {
+        if (compute == torch::kFloat) d_weight.addmm_(gc.t(), h);  // no [vocab, hidden] temporary
+        else d_weight.add_(torch::mm(gc.t(), h));
+      }
+    }
+    if (grad_hidden) ctx->saved_data["d_hidden"] = d_hidden;
+    if (grad_weight)
+      ctx->saved_data["d_weight"] = d_weight.narrow(0, 0, vocab).div_(count).to(weight.scalar_type());
+    return losses.sum() / count;
   }
-  return torch::nn::functional::cross_entropy(
-      logits.to(torch::kFloat).reshape({-1, vocab}), shifted.view({-1}).to(logits.device()),
-      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(data::ignore_index));
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const auto& go = grad_outputs[0];
+    torch::Tensor d_hidden, d_weight;
+    if (ctx->saved_data.count("d_hidden") != 0) {
+      const auto d = ctx->saved_data["d_hidden"].toTensor();
+      d_hidden = d * go.to(d.scalar_type());
+    }
+    if (ctx->saved_data.count("d_weight") != 0) {
+      const auto d = ctx->saved_data["d_weight"].toTensor();
+      d_weight = d * go.to(d.scalar_type());
+    }
+    return {d_hidden, d_weight, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace detail
+
+LOOM_INLINE torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels, bool fused_upcast) {
+  const int64_t vocab = logits.size(-1);
+  const auto shifted = detail::shifted_labels(labels);
+  return at::nll_loss_nd(detail::float_log_probs(logits.reshape({-1, vocab}), fused_upcast),
+                         shifted.view({-1}).to(logits.device()), {}, at::Reduction::Mean, data::ignore_index);
+}
+
+LOOM_INLINE torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                               const torch::Tensor& targets, bool fast, int64_t chunk_rows) {
+  check(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
+        "linear_cross_entropy: hidden [rows, h] and weight [vocab, h], got {} and {}", c10::str(hidden.sizes()),
+        c10::str(weight.sizes()));
+  check(targets.dim() == 1 && targets.size(0) == hidden.size(0),
+        "linear_cross_entropy: targets [rows] for hidden {}, got {}", c10::str(hidden.sizes()),
+        c10::str(targets.sizes()));
+  const bool grads = torch::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
+  return detail::LinearCrossEntropyFunction::apply(hidden, weight, targets.to(hidden.device(), torch::kLong), fast,
+                                                   chunk_rows, grads);
+}
+
+LOOM_INLINE torch::Tensor scored_causal_lm_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                                const torch::Tensor& labels, bool fast, std::optional<bool> chunked) {
+  const auto shifted = detail::shifted_labels(labels).view({-1}).to(hidden.device());
+  const auto scored = shifted.ne(data::ignore_index);
+  const auto index = scored.nonzero().squeeze(1);  // the host sync
+  const auto rows = hidden.reshape({-1, hidden.size(-1)}).index_select(0, index);
+  const auto targets = shifted.index_select(0, index);
+  if (chunked.value_or(chunked_lm_loss_by_default(index.size(0), weight.size(0))))
+    return linear_cross_entropy(rows, weight, targets, fast);
+  // Each scored row's log-probability of its target, placed at its position among all of
+  // them, is reduced by nll_loss as causal_lm_loss reduces the whole [positions, vocab]: the
+  // same rows (a row of a product or a log-softmax does not depend on the others), summed in
+  // the same order (nll_loss's cascade runs over every position, the unscored skipped).
+  const auto picked = detail::float_log_probs(lm_head_logits(rows, weight, fast), fast).gather(1, targets.unsqueeze(1));
+  const auto placed = torch::zeros({shifted.size(0), 1}, picked.options()).index_copy(0, index, picked);
+  return at::nll_loss_nd(placed, shifted.masked_fill(scored, 0), {}, at::Reduction::Mean, data::ignore_index);
 }
 
 LOOM_INLINE torch::Tensor lm_head_logits(const torch::Tensor& hidden, const torch::Tensor& weight, bool fast) {
@@ -50,6 +167,8 @@ LOOM_INLINE torch::Tensor lm_head_logits(const torch::Tensor& hidden, const torc
 
 LOOM_INLINE CausalLMOutput causal_lm_output(const torch::Tensor& hidden, const torch::Tensor& weight,
                                             const torch::Tensor& labels, bool fast) {
+  if (const auto& request = forward_request(); labels.defined() && !request.logits)
+    return {scored_causal_lm_loss(hidden, weight, labels, fast, request.chunked_lm_loss), torch::Tensor()};
   const auto all = lm_head_logits(hidden, weight, fast);
   CausalLMOutput out;
   out.logits = all.narrow(-1, 0, weight.size(0));
