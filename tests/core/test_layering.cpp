@@ -1,6 +1,7 @@
 // The dependency rule of docs/architecture.md, checked on the real headers:
 //   policy <- config <- core <- {precision, schedule, optim, distributed, data,
 //                                checkpoint, metrics, callbacks} <- peft <- {accelerate, models} <- trainer
+//   <- methods
 // A header (or its impl/*.ipp) may include its own folder and folders to its left; the
 // braced folders never include each other.
 #include <doctest/doctest.h>
@@ -19,7 +20,7 @@ int rank_of(const std::string& folder) {
       {"policy", 0},   {"config", 1},      {"core", 2},  {"precision", 3}, {"schedule", 3},
       {"optim", 3},    {"distributed", 3}, {"data", 3},    {"checkpoint", 3}, {"metrics", 3},
       {"callbacks", 3}, {"accelerate", 5}, {"models", 5},  {"peft", 4}, {"trainer", 6},
-      {"loom.hpp", 7}};
+      {"methods", 7},   {"loom.hpp", 8}};
   auto it = ranks.find(folder);
   return it == ranks.end() ? -1 : it->second;
 }

@@ -63,7 +63,10 @@ CLASSES = {"llama": "LlamaForCausalLM", "llama_tied": "LlamaForCausalLM", "qwen2
            "qwen2_window": "Qwen2ForCausalLM", "llama_linear": "LlamaForCausalLM", "llama_yarn": "LlamaForCausalLM",
            "qwen3_yarn": "Qwen3ForCausalLM", "llama_dynamic": "LlamaForCausalLM", "llama_longrope": "LlamaForCausalLM",
            "mistral": "MistralForCausalLM", "llama_sharded": "LlamaForCausalLM", "llama_bf16": "LlamaForCausalLM",
-           "merged": "LlamaForCausalLM"}
+           "merged": "LlamaForCausalLM", "llama_seqcls": "LlamaForSequenceClassification",
+           "qwen2_reward": "Qwen2ForSequenceClassification", "gpt2_seqcls": "GPT2ForSequenceClassification"}
+# Sequence classifiers (issue 39 point 1): their folders, and the labels each is checked with.
+SEQCLS = {"llama_seqcls": "cls_labels", "qwen2_reward": "reward_labels", "gpt2_seqcls": "multi_labels"}
 
 
 def configs():
@@ -97,11 +100,50 @@ def configs():
     }
 
 
+def seqcls_configs():
+    from transformers import GPT2Config, LlamaConfig, Qwen2Config
+    return {"llama_seqcls": LlamaConfig(**BASE, num_key_value_heads=2, pad_token_id=0, num_labels=3),
+            "qwen2_reward": Qwen2Config(**BASE, num_key_value_heads=2, pad_token_id=0, num_labels=1),
+            "gpt2_seqcls": GPT2Config(vocab_size=BASE["vocab_size"], n_positions=64, n_embd=48, n_layer=2, n_head=4,
+                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0, num_labels=2)}
+
+
+def seqcls_inputs(t):
+    """Rows of 20 tokens (never the padding id 0): row 1 and 2 padded on the right, row 3 on the
+    left (its attention_mask keeps the tokens off the padding); 3-class ids and rewards."""
+    ids = torch.randint(2, BASE["vocab_size"], (4, 20))
+    ids[1, 14:] = 0
+    ids[2, 9:] = 0
+    ids[3, :5] = 0
+    t["cls_input_ids"], t["cls_attention_mask"] = ids, (ids != 0).long()
+    t["cls_labels"] = torch.tensor([2, 0, 1, 2])
+    t["reward_labels"] = torch.tensor([0.5, -1.0, 2.0, 0.25])
+    t["multi_labels"] = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 0.0], [0.0, 1.0]])
+
+
+def run_seqcls(model, t, name):
+    model.eval()
+    with torch.no_grad():
+        out = model(input_ids=t["cls_input_ids"], attention_mask=t["cls_attention_mask"], labels=t[SEQCLS[name]])
+    return out.logits.float().contiguous(), out.loss.reshape(1).float().contiguous()
+
+
 def run(model, t, name):
+    if name in SEQCLS:
+        return run_seqcls(model, t, name)
     model.eval()
     with torch.no_grad():
         out = model(input_ids=t["input_ids"], labels=t["labels"])
     return out.logits.float().contiguous(), out.loss.reshape(1).float().contiguous()
+
+
+def perturbed(model):
+    """transformers initializes norms to 1 and biases to 0: perturbed here so that they count."""
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("norm.weight") or pname.endswith(".bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    return model
 
 
 def make(folder):
@@ -115,12 +157,7 @@ def make(folder):
     labels[2, 17:] = -100
     t["input_ids"], t["labels"] = ids, labels
     for name, config in configs().items():
-        model = AutoModelForCausalLM.from_config(config)
-        # transformers initializes norms to 1 and biases to 0: perturb them so they count.
-        with torch.no_grad():
-            for pname, p in model.named_parameters():
-                if pname.endswith("norm.weight") or pname.endswith(".bias"):
-                    p.add_(0.1 * torch.randn_like(p))
+        model = perturbed(AutoModelForCausalLM.from_config(config))
         model.save_pretrained(os.path.join(folder, name))
         t[f"{name}_logits"], t[f"{name}_loss"] = run(model, t, name)
         if name == "llama":
@@ -129,6 +166,12 @@ def make(folder):
             back = AutoModelForCausalLM.from_pretrained(os.path.join(folder, "llama_bf16"), dtype=torch.float32)
             t["llama_bf16_logits"], t["llama_bf16_loss"] = run(back, t, "llama_bf16")
     t["llama_sharded_logits"], t["llama_sharded_loss"] = t["llama_logits"].clone(), t["llama_loss"].clone()
+    from transformers import AutoModelForSequenceClassification
+    seqcls_inputs(t)
+    for name, config in seqcls_configs().items():
+        model = perturbed(AutoModelForSequenceClassification.from_config(config))
+        model.save_pretrained(os.path.join(folder, name))
+        t[f"{name}_logits"], t[f"{name}_loss"] = run_seqcls(model, t, name)
     save_file(t, os.path.join(folder, "expected.safetensors"))
     shards = [f for f in os.listdir(os.path.join(folder, "llama_sharded")) if f.startswith("model-")]
     print(f"made {', '.join(CLASSES)} (llama sharded into {len(shards)} files)")
@@ -202,10 +245,11 @@ def lora_check(base_folder, adapter, expected):
 
 
 def check(name, folder, inputs):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
     from transformers.utils import logging
     logging.disable_progress_bar()
-    model, info = AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True, dtype=torch.float32)
+    auto = AutoModelForSequenceClassification if name in SEQCLS else AutoModelForCausalLM
+    model, info = auto.from_pretrained(folder, output_loading_info=True, dtype=torch.float32)
     problems = {k: v for k, v in info.items() if v}
     if problems:
         print(f"loading {folder}: {problems}")

@@ -199,6 +199,67 @@ TEST_CASE("what loom saves of a Llama-architecture model, transformers opens as 
   for (const auto& name : kFolders) CHECK(result.find(name + ": logits ") != std::string::npos);
 }
 
+TEST_CASE("Llama-architecture and GPT-2 sequence classifiers: transformers' logits and loss, padding either side; saved, opened") {
+  using loom::models::LlamaForSequenceClassification;
+  const fs::path* dir = made();
+  if (dir == nullptr) return;
+  const auto expected = loom::checkpoint::load_safetensors(*dir / "expected.safetensors");
+  const auto ids = named(expected, "cls_input_ids"), mask = named(expected, "cls_attention_mask");
+  const auto out_dir = loom_test::fresh_dir("models/llama_seqcls_saved");
+  std::string groups;
+  for (const auto& [name, labels] : {std::pair<std::string, std::string>{"llama_seqcls", "cls_labels"},
+                                     {"qwen2_reward", "reward_labels"}}) {
+    CAPTURE(name);
+    auto model = LlamaForSequenceClassification::from_pretrained(*dir / name);
+    model->eval();
+    torch::NoGradGuard no_grad;
+    const auto out = model->forward({ids, mask, named(expected, labels)});
+    CHECK(relative(out.logits, named(expected, name + "_logits")) <= 1e-5);
+    CHECK(relative(out.loss.reshape({1}), named(expected, name + "_loss")) <= 1e-5);
+    // The pooled positions: each row's last token (row 3 is padded on the left).
+    CHECK(model->pooled_positions(ids).to(torch::kLong).equal(torch::tensor({19, 13, 8, 19})));
+    model->save_pretrained(out_dir / name);
+    groups += " " + name + "," + (out_dir / name).string() + "," + (*dir / "expected.safetensors").string();
+  }
+  {  // GPT-2's classifier, multi-label (float 0/1 targets, BCE)
+    auto gpt2 = loom::models::GPT2ForSequenceClassification::from_pretrained(*dir / "gpt2_seqcls");
+    gpt2->eval();
+    torch::NoGradGuard no_grad;
+    const auto out = gpt2->forward({ids, mask, named(expected, "multi_labels")});
+    CHECK(relative(out.logits, named(expected, "gpt2_seqcls_logits")) <= 1e-5);
+    CHECK(relative(out.loss.reshape({1}), named(expected, "gpt2_seqcls_loss")) <= 1e-5);
+    gpt2->save_pretrained(out_dir / "gpt2_seqcls");
+    groups += " gpt2_seqcls," + (out_dir / "gpt2_seqcls").string() + "," + (*dir / "expected.safetensors").string();
+  }
+  const auto config = loom::json::read_file(out_dir / "qwen2_reward" / "config.json");
+  CHECK(config["architectures"] == nlohmann::json::array({"Qwen2ForSequenceClassification"}));
+  CHECK(config["id2label"] == nlohmann::json{{"0", "LABEL_0"}});
+  CHECK_FALSE(config.contains("num_labels"));
+  CHECK_FALSE(loom::json::read_file(out_dir / "llama_seqcls" / "config.json").contains("problem_type"));
+  CHECK_FALSE(loom::json::read_file(*dir / "llama" / "config.json").contains("id2label"));  // a causal LM's has none
+  const auto result = loom_test::run_capture(std::string(loom_test::python("")) + " " + script() + " check" + groups +
+                                             " 2>&1; echo \"exit=$?\"");
+  INFO(result);
+  CHECK(result.find("exit=0") != std::string::npos);
+  CHECK(result.find("qwen2_reward: logits ") != std::string::npos);
+  CHECK(result.find("gpt2_seqcls: logits ") != std::string::npos);
+
+  // A reward model from a causal LM's folder: the body read, lm_head left out, score new.
+  auto causal = LlamaForCausalLM::from_pretrained(*dir / "llama");
+  auto reward = LlamaForSequenceClassification::from_pretrained(*dir / "llama", torch::kFloat, 1);
+  CHECK(reward->config().num_labels == 1);
+  CHECK(reward->score->weight.sizes() == torch::IntArrayRef({1, 48}));
+  CHECK(torch::equal(reward->model->embed_tokens->weight, causal->model->embed_tokens->weight));
+  CHECK(loom::json::read_file(*dir / "llama" / "config.json")["architectures"][0] == "LlamaForCausalLM");
+  // Without pad_token_id only a batch of one, as transformers.
+  CHECK(loom_test::error_of([&] { reward->logits(ids); }).find("without pad_token_id") != std::string::npos);
+  CHECK(reward->logits(ids.narrow(0, 0, 1)).sizes() == torch::IntArrayRef({1, 1}));
+  // Labels that do not fit the problem type: one loom: line naming the class.
+  auto classifier = LlamaForSequenceClassification::from_pretrained(*dir / "llama_seqcls");
+  const auto wrong = loom_test::error_of([&] { classifier->forward({ids, mask, torch::ones({4, 2})}); });
+  CHECK(wrong.starts_with("loom: LlamaForSequenceClassification with problem_type unset"));
+}
+
 TEST_CASE("the Llama architecture's names are HF's, each decoder layer a FullShard unit; tied heads share") {
   torch::manual_seed(0);
   LlamaForCausalLM untied(tiny());

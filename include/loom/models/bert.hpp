@@ -17,13 +17,8 @@
 // Arithmetic follows transformers' default (sdpa) path: the padding mask from attention_mask
 // becomes SDPA's boolean attn_mask (none when nothing is padded, as HF skips it), the
 // activation is hidden_act (gelu: the exact erf form), the pooler is tanh(dense(h[:, 0])).
-// Loss as HF's: problem_type, or when unset regression (MSE) for num_labels == 1, single-label
-// cross-entropy for integer labels, multi-label BCE-with-logits for float labels. Labels of
-// the wrong dtype or shape for the problem type are a loom: error naming what it takes:
-//   regression                  float [batch] or [batch, 1] (num_labels 1; both squeezed),
-//                               float [batch, num_labels] otherwise
-//   single_label_classification int64 / int32 class ids [batch] (-100 ignored)
-//   multi_label_classification  float 0/1 targets [batch, num_labels]
+// Loss as HF's, by problem_type (models/sequence_classification.hpp, shared with the Llama
+// architecture's classifier).
 // from_pretrained, save_pretrained, num_parameters and floating_point_ops are pretrained.hpp's.
 
 #include <loom/config/inline.hpp>
@@ -33,6 +28,7 @@
 #include <loom/models/activations.hpp>
 #include <loom/models/hf_folder.hpp>
 #include <loom/models/pretrained.hpp>
+#include <loom/models/sequence_classification.hpp>
 #include <loom/core/neftune.hpp>
 #include <loom/peft/lora.hpp>
 
@@ -80,10 +76,6 @@ struct BertConfig {
   static constexpr std::string_view model_type = "bert";  ///< config.json's model_type
 };
 
-/// HF's label rule: a given id2label sets num_labels; an empty one becomes LABEL_0 ...
-/// LABEL_{num_labels-1} (when num_labels is within ConfigLimits: validate refuses it
-/// otherwise), and an empty label2id its inverse.
-LOOM_INLINE void complete_labels(BertConfig& config);
 
 /// Checks `config` (sizes positive and within ConfigLimits, ...); errors name `where` (the
 /// config file, or "BertConfig").
@@ -98,12 +90,6 @@ LOOM_INLINE std::vector<ConfigShape> body_shapes(const BertConfig& config);
 LOOM_INLINE int64_t parameter_count(const BertConfig& config);
 /// The parameters of BertModel (embeddings, layers, and the pooler when `pooler`).
 LOOM_INLINE int64_t body_parameter_count(const BertConfig& config, bool pooler);
-
-/// What BertForSequenceClassification's forward(batch) returns.
-struct SequenceClassifierOutput {
-  torch::Tensor loss;    ///< HF's loss for problem_type (undefined when the batch has no labels)
-  torch::Tensor logits;  ///< [batch, num_labels]
-};
 
 /// word + token_type + position embeddings, LayerNorm, dropout.
 class BertEmbeddingsImpl : public torch::nn::Module {

@@ -29,6 +29,7 @@
 #include <loom/models/hf_folder.hpp>
 #include <loom/peft/lora.hpp>
 #include <loom/models/pretrained.hpp>
+#include <loom/models/sequence_classification.hpp>
 #include <loom/core/neftune.hpp>
 
 #include <torch/torch.h>
@@ -37,6 +38,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <map>
 #include <string_view>
 #include <vector>
 
@@ -70,8 +72,20 @@ struct GPT2Config {
   bool reorder_and_upcast_attn = false;              ///< (HF's eager path only; sdpa ignores it)
   bool add_cross_attention = false;                  ///< must be false: no encoder-decoder use here
   bool tie_word_embeddings = true;                   ///< lm_head shares wte's weight
+  int64_t num_labels = 2;                            ///< classifier outputs (GPT2ForSequenceClassification; id2label's size when given)
+  std::map<int64_t, std::string> id2label;           ///< a classifier's label names (empty in an LM's config)
+  std::map<std::string, int64_t> label2id;           ///< the inverse
+  std::optional<std::string> problem_type;           ///< a classifier's: regression, single_label_classification, multi_label_classification
 
   static constexpr std::string_view model_type = "gpt2";  ///< config.json's model_type
+  /// Whether config.json gets `key`: a classifier's labels only when it has them (as
+  /// transformers writes them), num_labels never (id2label says it).
+  [[nodiscard]] bool written(std::string_view key) const {
+    if (key == "num_labels") return false;
+    if (key == "id2label" || key == "label2id") return !id2label.empty();
+    if (key == "problem_type") return problem_type.has_value();
+    return true;
+  }
 };
 
 /// Checks `config` (sizes positive and within ConfigLimits, n_embd a multiple of n_head, a known activation, the
@@ -96,7 +110,8 @@ TORCH_MODULE(Conv1D);
 class GPT2AttentionImpl : public torch::nn::Module {
  public:
   LOOM_INLINE GPT2AttentionImpl(const GPT2Config& config, int64_t layer_idx);
-  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
+  /// `mask` (bool [batch, 1, seq, seq], true: attend; optional) instead of the causal one.
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask = {});
   /// A decoding step (generation): this step's mask, keys and values appended to the cache.
   LOOM_INLINE torch::Tensor forward_step(const torch::Tensor& x, const AttentionStep& step);
   Conv1D c_attn{nullptr}, c_proj{nullptr};
@@ -128,6 +143,8 @@ class GPT2BlockImpl : public torch::nn::Module {
  public:
   LOOM_INLINE GPT2BlockImpl(const GPT2Config& config, int64_t layer_idx);
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
+  /// The same with an attention mask (bool [batch, 1, seq, seq], true: attend): the padding's.
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask);
   /// A decoding step (generation): the attention reads and grows the step's cache.
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const AttentionStep& step);
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
@@ -140,8 +157,10 @@ TORCH_MODULE(GPT2Block);
 class GPT2ModelImpl : public torch::nn::Module {
  public:
   LOOM_INLINE explicit GPT2ModelImpl(const GPT2Config& config);
-  /// Hidden states [batch, seq, n_embd] of int64 token ids [batch, seq].
-  LOOM_INLINE torch::Tensor forward(const torch::Tensor& input_ids);
+  /// Hidden states [batch, seq, n_embd] of int64 token ids [batch, seq]; `attention_mask`
+  /// (int64 [batch, seq], 1 on tokens, 0 on padding; optional) keeps every query off the
+  /// padding, as transformers' padding mask.
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {});
   /// Hidden states [batch, query, n_embd] of a decoding step (generation): the step's
   /// positions, its padding mask, and the key/value cache when it has one.
   LOOM_INLINE torch::Tensor forward_step(const DecodeStep& step);
@@ -207,6 +226,73 @@ class GPT2LMHeadModelImpl : public PreTrainedModel<GPT2LMHeadModelImpl, GPT2Conf
  private:
   LOOM_INLINE void init_weights();
   Kernels kernels_ = Kernels::automatic;
+};
+
+namespace detail {
+/// GPT2PreTrainedModel._init_weights over GPT-2's body: wte, wpe and every Conv1D normal(0,
+/// initializer_range), the residual projections (attn.c_proj, mlp.c_proj) with that over
+/// sqrt(2 n_layer), biases 0, LayerNorms 1 and 0.
+LOOM_INLINE void init_gpt2_body(GPT2ModelImpl& body, const GPT2Config& config);
+}  // namespace detail
+
+/// GPT-2 as a sequence classifier (transformers' GPT2ForSequenceClassification): the body,
+/// then `score` (no bias) on each row's last token that is not pad_token_id
+/// (models/sequence_classification.hpp: left and right padding; without pad_token_id, batches
+/// of one), and HF's loss by problem_type. Names: transformer.*, score.weight.
+class GPT2ForSequenceClassificationImpl
+    : public PreTrainedModel<GPT2ForSequenceClassificationImpl, GPT2Config, data::SequenceBatch> {
+ public:
+  static constexpr std::string_view architecture = "GPT2ForSequenceClassification";  ///< config.json's architectures
+
+  /// A model with HF's random initialization, drawn from torch's default generator.
+  LOOM_INLINE explicit GPT2ForSequenceClassificationImpl(GPT2Config config = {});
+  /// Loss (when batch.labels is defined) and logits [batch, num_labels]: the Trainer's default
+  /// compute_loss. batch.attention_mask (optional) masks the padding in attention.
+  LOOM_INLINE SequenceClassifierOutput forward(const data::SequenceBatch& batch);
+  /// Logits [batch, num_labels] of int64 token ids [batch, seq] (attention_mask optional).
+  LOOM_INLINE torch::Tensor logits(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {});
+  /// The memory plan's estimate: the body's (as GPT2LMHeadModel's), no LM head.
+  [[nodiscard]] double activation_bytes(int64_t batch, int64_t seq, int64_t bytes_per_element, bool recompute) const {
+    const auto& c = config();
+    const int64_t inner = c.n_inner.value_or(4 * c.n_embd);
+    const bool composite = c.activation_function == "gelu_new" && kernels_ != Kernels::fast;
+    return transformer_activation_bytes({.layers = c.n_layer, .hidden = c.n_embd, .kv = c.n_embd,
+                                         .mlp = (composite ? 5 : 2) * inner, .heads = c.n_head, .vocab = 0,
+                                         .dropouts = c.resid_pdrop > 0 ? 2 : 0, .attention_dropout = c.attn_pdrop > 0},
+                                        batch, seq, bytes_per_element, recompute);
+  }
+  /// A file may lack score.weight (an LM's or a bare body's: new, as transformers' "newly
+  /// initialized") and hold lm_head.weight or the legacy attention buffers (ignored).
+  LOOM_INLINE HfNameRules name_rules() const;
+  /// HF's label rule (complete_labels), applied before every validation.
+  static void complete_config(GPT2Config& config) { complete_labels(config); }
+  /// The parameters a classifier of `config` has (the body and the score head).
+  LOOM_INLINE static int64_t parameter_count(const GPT2Config& config);
+
+  /// NEFTune's noise on the token embeddings (the Trainer sets it from --neftune_noise_alpha).
+  NEFTune& neftune() { return transformer->embedding_noise; }
+  /// Chooses the kernels of the forward (Kernels: automatic, the default, is fast on CUDA).
+  LOOM_INLINE void set_kernels(Kernels kernels);
+  [[nodiscard]] Kernels kernels() const { return kernels_; }
+
+  GPT2Model transformer{nullptr};
+  peft::AdaptableLinear score{nullptr};  ///< [num_labels, n_embd], no bias
+
+ private:
+  Kernels kernels_ = Kernels::automatic;
+};
+
+/// Module holder of GPT2ForSequenceClassificationImpl, with HF's from_pretrained (an LM's
+/// folder too, its score head new; `num_labels` replaces the config's, as transformers'
+/// from_pretrained(..., num_labels=N)).
+class GPT2ForSequenceClassification : public torch::nn::ModuleHolder<GPT2ForSequenceClassificationImpl> {
+ public:
+  using torch::nn::ModuleHolder<GPT2ForSequenceClassificationImpl>::ModuleHolder;
+  static GPT2ForSequenceClassification from_pretrained(const std::filesystem::path& dir,
+                                                       torch::ScalarType dtype = torch::kFloat,
+                                                       std::optional<int64_t> num_labels = std::nullopt) {
+    return load_pretrained<GPT2ForSequenceClassification>(dir, dtype, [&](GPT2Config& c) { override_num_labels(c, num_labels); });
+  }
 };
 
 /// Module holder of GPT2LMHeadModelImpl, with HF's from_pretrained.

@@ -61,6 +61,10 @@ struct HfNameRules {
   std::vector<std::pair<std::string, std::string>> derived;  ///< {name, derived_from}
   /// Name suffixes of legacy buffers that are skipped when present (GPT-2's ".attn.bias").
   std::vector<std::string> ignored_suffixes;
+  /// Parameters a file may lack, which then keep the model's initialization, with a warning
+  /// naming them (a classifier's head read from a causal LM's file: transformers' "newly
+  /// initialized" weights).
+  std::vector<std::string> may_be_new;
 };
 
 /// How save_pretrained writes the weights.

@@ -43,6 +43,7 @@
 #include <loom/models/hf_folder.hpp>
 #include <loom/peft/lora.hpp>
 #include <loom/models/pretrained.hpp>
+#include <loom/models/sequence_classification.hpp>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -50,6 +51,8 @@
 #include <array>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -70,6 +73,7 @@ struct LlamaFamily {
   };
   std::string_view model_type;     ///< config.json's model_type
   std::string_view causal_lm;      ///< transformers' causal LM class (config.json's architectures)
+  std::string_view sequence_classification;  ///< transformers' sequence classifier class (LlamaForSequenceClassification)
   std::string_view decoder_layer;  ///< transformers' decoder layer class (--fsdp_transformer_layer_cls_to_wrap)
   unsigned keys = 0;               ///< the Keys its config.json has
   bool qkv_bias = false;           ///< q, k and v always have biases (Qwen2), whatever attention_bias says
@@ -80,15 +84,19 @@ struct LlamaFamily {
 
 /// The families LlamaForCausalLM reads, facts from transformers' config and modeling files.
 inline constexpr std::array<LlamaFamily, 4> kLlamaFamilies{{
-    {.model_type = "llama", .causal_lm = "LlamaForCausalLM", .decoder_layer = "LlamaDecoderLayer",
+    {.model_type = "llama", .causal_lm = "LlamaForCausalLM",
+     .sequence_classification = "LlamaForSequenceClassification", .decoder_layer = "LlamaDecoderLayer",
      .keys = LlamaFamily::attention_bias_key | LlamaFamily::mlp_bias_key | LlamaFamily::head_dim_key},
-    {.model_type = "qwen2", .causal_lm = "Qwen2ForCausalLM", .decoder_layer = "Qwen2DecoderLayer",
+    {.model_type = "qwen2", .causal_lm = "Qwen2ForCausalLM",
+     .sequence_classification = "Qwen2ForSequenceClassification", .decoder_layer = "Qwen2DecoderLayer",
      .keys = LlamaFamily::window_keys | LlamaFamily::sliding_window_key, .qkv_bias = true},
-    {.model_type = "qwen3", .causal_lm = "Qwen3ForCausalLM", .decoder_layer = "Qwen3DecoderLayer",
+    {.model_type = "qwen3", .causal_lm = "Qwen3ForCausalLM",
+     .sequence_classification = "Qwen3ForSequenceClassification", .decoder_layer = "Qwen3DecoderLayer",
      .keys = LlamaFamily::attention_bias_key | LlamaFamily::head_dim_key | LlamaFamily::window_keys |
              LlamaFamily::sliding_window_key,
      .qk_norm = true, .default_head_dim = 128},
-    {.model_type = "mistral", .causal_lm = "MistralForCausalLM", .decoder_layer = "MistralDecoderLayer",
+    {.model_type = "mistral", .causal_lm = "MistralForCausalLM",
+     .sequence_classification = "MistralForSequenceClassification", .decoder_layer = "MistralDecoderLayer",
      .keys = LlamaFamily::head_dim_key | LlamaFamily::sliding_window_key, .window_attends = true},
 }};
 
@@ -124,6 +132,10 @@ struct LlamaConfig {
   std::optional<int64_t> sliding_window;             ///< keys a query sees (Mistral: every layer; Qwen: with use_sliding_window)
   std::optional<int64_t> max_window_layers;          ///< (Qwen: layers from this one on slide, when layer_types is absent; 28)
   nlohmann::json layer_types;                        ///< (Qwen: "full_attention" / "sliding_attention" per layer)
+  int64_t num_labels = 2;                            ///< classifier outputs (LlamaForSequenceClassification; id2label's size when given)
+  std::map<int64_t, std::string> id2label;           ///< a classifier's label names (empty in a causal LM's config)
+  std::map<std::string, int64_t> label2id;           ///< the inverse
+  std::optional<std::string> problem_type;           ///< a classifier's: regression, single_label_classification, multi_label_classification
 
   /// The model types this struct reads (config.json's model_type): kLlamaFamilies' in order.
   static constexpr auto model_types = [] {
@@ -166,6 +178,12 @@ LOOM_INLINE std::vector<ConfigShape> config_shapes(const LlamaConfig& config);
 /// The parameters LlamaForCausalLM has under `config` (num_parameters(), counted from the
 /// config before anything is built).
 LOOM_INLINE int64_t parameter_count(const LlamaConfig& config);
+
+namespace detail {
+/// HF's random initialization of a Llama-architecture model: normal(0, initializer_range) for
+/// linear and embedding weights (the padding row 0), zero biases; norms stay 1.
+LOOM_INLINE void init_llama_weights(torch::nn::Module& module, const LlamaConfig& config);
+}  // namespace detail
 
 /// Llama's RMSNorm: weight * (x / sqrt(mean(x^2) + eps)), computed in float32.
 class LlamaRMSNormImpl : public torch::nn::Module {
@@ -248,8 +266,10 @@ class LlamaModelImpl : public torch::nn::Module {
   /// (int64 [batch, seq], optional) restart at 0 at each packed document, which then attends
   /// to itself only: through a mask, or with `varlen` on CUDA through the variable-length
   /// flash kernel (the fast kernels' choice; one host sync a forward to find the documents).
+  /// `attention_mask` (int64 [batch, seq], 1 on tokens, 0 on padding; optional) keeps every
+  /// query off the padding, as transformers' padding mask (not with position_ids).
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& position_ids = {},
-                                    bool varlen = false);
+                                    bool varlen = false, const torch::Tensor& attention_mask = {});
   /// Hidden states [batch, query, hidden_size] of a decoding step (generation): the rotary
   /// table at the step's positions, its padding mask, and the key/value cache when it has one.
   LOOM_INLINE torch::Tensor forward_step(const DecodeStep& step);
@@ -330,6 +350,80 @@ class LlamaForCausalLMImpl : public PreTrainedModel<LlamaForCausalLMImpl, LlamaC
  private:
   LOOM_INLINE void init_weights();
   Kernels kernels_ = Kernels::automatic;
+};
+
+/// A Llama-architecture sequence classifier (transformers' LlamaForSequenceClassification,
+/// Qwen2ForSequenceClassification, ... by the config's model_type): the body, then `score`
+/// (no bias) on the hidden state of each row's last token that is not pad_token_id (the
+/// rightmost, so left and right padding both work; without pad_token_id only a batch of one,
+/// as transformers), and HF's loss by problem_type (models/sequence_classification.hpp). A
+/// reward model is one with num_labels 1. Names: model.* as the causal LM's, score.weight.
+class LlamaForSequenceClassificationImpl
+    : public PreTrainedModel<LlamaForSequenceClassificationImpl, LlamaConfig, data::SequenceBatch> {
+ public:
+  /// A model with HF's random initialization (as LlamaForCausalLM's), drawn from torch's
+  /// default generator.
+  LOOM_INLINE explicit LlamaForSequenceClassificationImpl(LlamaConfig config = {});
+
+  /// Loss (when batch.labels is defined) and logits [batch, num_labels]: the Trainer's default
+  /// compute_loss. batch.attention_mask (optional) masks the padding in attention.
+  LOOM_INLINE SequenceClassifierOutput forward(const data::SequenceBatch& batch);
+  /// Logits [batch, num_labels] of int64 token ids [batch, seq] (attention_mask optional).
+  LOOM_INLINE torch::Tensor logits(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {});
+  /// The position each row is classified at: the last token that is not pad_token_id (0 when a
+  /// row is all padding, as transformers' argmax), int64 [batch].
+  LOOM_INLINE torch::Tensor pooled_positions(const torch::Tensor& input_ids) const;
+  /// The memory plan's estimate (models/activation_memory.hpp): the body's, no LM head.
+  [[nodiscard]] double activation_bytes(int64_t batch, int64_t seq, int64_t bytes_per_element, bool recompute) const {
+    const auto& c = config();
+    return transformer_activation_bytes({.layers = c.num_hidden_layers, .hidden = c.hidden_size,
+                                         .kv = llama_kv_heads(c) * llama_head_dim(c),
+                                         .mlp = 4 * c.intermediate_size, .heads = c.num_attention_heads, .vocab = 0,
+                                         .qk_norm = llama_family(c).qk_norm
+                                                        ? 2 * (c.num_attention_heads + llama_kv_heads(c)) * llama_head_dim(c)
+                                                        : 0,
+                                         .attention_dropout = c.attention_dropout > 0},
+                                        batch, seq, bytes_per_element, recompute);
+  }
+  /// config.json's architectures: the family's sequence classifier (LlamaForSequenceClassification, ...).
+  LOOM_INLINE std::string_view architecture_name() const;
+  /// A file may lack score.weight (a causal LM's or a bare body's: the head starts from its
+  /// initialization, as transformers' "newly initialized") and hold lm_head.weight (ignored).
+  LOOM_INLINE HfNameRules name_rules() const;
+  /// The causal LM's completion, then HF's label rule (complete_labels).
+  static void complete_config(LlamaConfig& config) {
+    models::complete_config(config);
+    complete_labels(config);
+  }
+  /// The parameters a classifier of `config` has (the body and the score head).
+  LOOM_INLINE static int64_t parameter_count(const LlamaConfig& config);
+
+  /// NEFTune's noise on the token embeddings (the Trainer sets it from --neftune_noise_alpha).
+  NEFTune& neftune() { return model->embedding_noise; }
+  /// Chooses the kernels of the forward (Kernels: automatic, the default, is fast on CUDA).
+  void set_kernels(Kernels kernels) { kernels_ = kernels; }
+  [[nodiscard]] Kernels kernels() const { return kernels_; }
+
+  LlamaModel model{nullptr};
+  peft::AdaptableLinear score{nullptr};  ///< [num_labels, hidden_size], no bias
+
+ private:
+  Kernels kernels_ = Kernels::automatic;
+};
+
+/// Module holder of LlamaForSequenceClassificationImpl, with HF's from_pretrained.
+class LlamaForSequenceClassification : public torch::nn::ModuleHolder<LlamaForSequenceClassificationImpl> {
+ public:
+  using torch::nn::ModuleHolder<LlamaForSequenceClassificationImpl>::ModuleHolder;
+  /// Reads an HF folder of the Llama architecture: a sequence classifier's, or a causal LM's or
+  /// a bare body's, whose score head starts from its initialization (a reward model from an SFT
+  /// model: num_labels 1). `num_labels` (when given) replaces the config's, and its label names
+  /// when their count differs (transformers' from_pretrained(..., num_labels=N)).
+  static LlamaForSequenceClassification from_pretrained(const std::filesystem::path& dir,
+                                                        torch::ScalarType dtype = torch::kFloat,
+                                                        std::optional<int64_t> num_labels = std::nullopt) {
+    return load_pretrained<LlamaForSequenceClassification>(dir, dtype, [&](LlamaConfig& c) { override_num_labels(c, num_labels); });
+  }
 };
 
 /// Module holder of LlamaForCausalLMImpl, with HF's from_pretrained.

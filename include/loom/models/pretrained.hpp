@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string_view>
 #include <utility>
@@ -142,10 +143,14 @@ class PreTrainedModel : public torch::nn::Module {
 /// gives (the family's config_shapes) compared with the weight files' headers, the model built from it,
 /// then the weights (model.safetensors or sharded) read into it strictly, in `dtype` (HF's
 /// torch_dtype: float32 by default, as HF's; bfloat16 or float16 to train or run in them).
+/// `adjust`, when given, changes the config read before it is completed (transformers'
+/// from_pretrained(..., num_labels=N)).
 template <class Model>
-Model load_pretrained(const std::filesystem::path& dir, torch::ScalarType dtype = torch::kFloat) {
+Model load_pretrained(const std::filesystem::path& dir, torch::ScalarType dtype = torch::kFloat,
+                      const std::function<void(typename Model::ContainedType::Config&)>& adjust = {}) {
   using Impl = typename Model::ContainedType;
   auto config = read_hf_config<typename Impl::Config>(dir);
+  if (adjust) adjust(config);
   Impl::complete_config(config);
   validate(config, (dir / config_file).string());
   // The shapes the config gives (the model's own config_shapes when its head differs from

@@ -18,16 +18,6 @@
 
 namespace loom::models {
 
-LOOM_INLINE void complete_labels(BertConfig& c) {
-  if (!c.id2label.empty()) {
-    c.num_labels = static_cast<int64_t>(c.id2label.size());
-  } else {
-    for (int64_t i = 0; i < std::min(c.num_labels, ConfigLimits::labels); ++i) c.id2label[i] = "LABEL_" + std::to_string(i);
-  }
-  if (c.label2id.empty())
-    for (const auto& [id, label] : c.id2label) c.label2id[label] = id;
-}
-
 LOOM_INLINE void validate(const BertConfig& c, std::string_view where) {
   check_config_size(where, "vocab_size", c.vocab_size, ConfigLimits::vocab_size);
   check_config_size(where, "hidden_size", c.hidden_size, ConfigLimits::width);
@@ -36,7 +26,6 @@ LOOM_INLINE void validate(const BertConfig& c, std::string_view where) {
   check_config_size(where, "intermediate_size", c.intermediate_size, ConfigLimits::feed_forward);
   check_config_size(where, "max_position_embeddings", c.max_position_embeddings, ConfigLimits::positions);
   check_config_size(where, "type_vocab_size", c.type_vocab_size, ConfigLimits::vocab_size);
-  check_config_size(where, "num_labels", c.num_labels, ConfigLimits::labels);
   check(c.hidden_size % c.num_attention_heads == 0, "{}: hidden_size ({}) must be a multiple of num_attention_heads ({})",
         where, c.hidden_size, c.num_attention_heads);
   check(is_known_activation(c.hidden_act), "{}: field 'hidden_act' is \"{}\"; loom knows {}", where, c.hidden_act,
@@ -53,15 +42,7 @@ LOOM_INLINE void validate(const BertConfig& c, std::string_view where) {
     check(*c.pad_token_id >= 0 && *c.pad_token_id < c.vocab_size, "{}: field 'pad_token_id' ({}) is outside the "
                                                                    "vocabulary (vocab_size {})",
           where, *c.pad_token_id, c.vocab_size);
-  if (c.problem_type) {
-    const auto& p = *c.problem_type;
-    check(p == "regression" || p == "single_label_classification" || p == "multi_label_classification",
-          "{}: field 'problem_type' is \"{}\"; HF's are regression, single_label_classification, "
-          "multi_label_classification",
-          where, p);
-    check(!(p == "single_label_classification" && c.num_labels == 1),
-          "{}: problem_type single_label_classification needs num_labels > 1 (for one output use regression)", where);
-  }
+  validate_labels(c.num_labels, c.problem_type, where);
 }
 
 LOOM_INLINE std::vector<ConfigShape> config_shapes(const BertConfig& c) {
@@ -284,41 +265,8 @@ LOOM_INLINE torch::Tensor BertForSequenceClassificationImpl::logits(const torch:
 
 LOOM_INLINE torch::Tensor BertForSequenceClassificationImpl::loss(const torch::Tensor& logits,
                                                                   const torch::Tensor& labels) const {
-  // BertForSequenceClassification.forward's rules. Labels that do not fit the problem type
-  // stop here with one line, before libtorch's shape errors (or its broadcasting warning).
-  const int64_t n = config_.num_labels, batch = logits.size(0);
-  const bool integer = labels.scalar_type() == torch::kLong || labels.scalar_type() == torch::kInt;  // HF's test
-  std::string problem = config_.problem_type.value_or("");
-  std::string which = "problem_type " + problem;
-  if (problem.empty()) {
-    problem = n == 1 ? "regression" : integer ? "single_label_classification" : "multi_label_classification";
-    which = fmt::format("problem_type unset (inferred: {}, from num_labels {} and {} labels)", problem, n,
-                        c10::toString(labels.scalar_type()));
-  }
-  const auto refuse = [&](const std::string& want) {
-    fail("BertForSequenceClassification with {} takes {}; got {} labels of shape {}", which, want,
-         c10::toString(labels.scalar_type()), c10::str(labels.sizes()));
-  };
-  const auto shape = [](std::vector<int64_t> s) { return c10::str(torch::IntArrayRef(s)); };
-  namespace F = torch::nn::functional;
-  if (problem == "regression") {
-    if (n == 1) {  // MSE of the squeezed logits and labels
-      if (!labels.is_floating_point() || labels.numel() != batch)
-        refuse("floating-point labels, one per example (shape " + shape({batch}) + " or " + shape({batch, 1}) + ")");
-      return F::mse_loss(logits.squeeze(), labels.to(logits.scalar_type()).squeeze());
-    }
-    if (!labels.is_floating_point() || labels.sizes() != logits.sizes())
-      refuse("floating-point labels, num_labels targets per example (shape " + shape({batch, n}) + ")");
-    return F::mse_loss(logits, labels.to(logits.scalar_type()));
-  }
-  if (problem == "single_label_classification") {
-    if (!integer || labels.numel() != batch)
-      refuse("integer class ids (int64 or int32), one per example (shape " + shape({batch}) + ")");
-    return F::cross_entropy(logits.view({-1, n}), labels.view({-1}).to(torch::kLong));
-  }
-  if (!labels.is_floating_point() || labels.sizes() != logits.sizes())
-    refuse("floating-point 0/1 targets, one per label (shape " + shape({batch, n}) + ")");
-  return F::binary_cross_entropy_with_logits(logits, labels.to(logits.scalar_type()));
+  return sequence_classification_loss(config_.problem_type, config_.num_labels, logits, labels,
+                                      "BertForSequenceClassification");
 }
 
 LOOM_INLINE SequenceClassifierOutput BertForSequenceClassificationImpl::forward(const data::SequenceBatch& batch) {
@@ -329,7 +277,7 @@ LOOM_INLINE SequenceClassifierOutput BertForSequenceClassificationImpl::forward(
 }
 
 LOOM_INLINE HfNameRules BertForSequenceClassificationImpl::name_rules() const {
-  return HfNameRules{.base_prefix = "bert", .derived = {}, .ignored_suffixes = {}};
+  return HfNameRules{.base_prefix = "bert", .derived = {}, .ignored_suffixes = {}, .may_be_new = {}};
 }
 
 LOOM_INLINE BertForSequenceClassification BertForSequenceClassification::from_pretrained(
@@ -404,7 +352,8 @@ LOOM_INLINE MaskedLMOutput BertForMaskedLMImpl::forward(const data::SequenceBatc
 LOOM_INLINE HfNameRules BertForMaskedLMImpl::name_rules() const {
   HfNameRules rules{.base_prefix = "bert", .derived = {},
                     .ignored_suffixes = {"pooler.dense.weight", "pooler.dense.bias", "cls.seq_relationship.weight",
-                                         "cls.seq_relationship.bias"}};
+                                         "cls.seq_relationship.bias"},
+                    .may_be_new = {}};
   if (config_.tie_word_embeddings)
     rules.derived = {{"cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"},
                      {"cls.predictions.decoder.bias", "cls.predictions.bias"}};

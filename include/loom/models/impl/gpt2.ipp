@@ -68,7 +68,7 @@ LOOM_INLINE GPT2AttentionImpl::GPT2AttentionImpl(const GPT2Config& c, int64_t la
   if (c.scale_attn_by_inverse_layer_idx) scaling_ /= static_cast<double>(layer_idx + 1);
 }
 
-LOOM_INLINE torch::Tensor GPT2AttentionImpl::forward(const torch::Tensor& x) {
+LOOM_INLINE torch::Tensor GPT2AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& mask) {
   const int64_t batch = x.size(0), seq = x.size(1), head_dim = n_embd_ / n_head_;
   const auto qkv = c_attn(x).split(n_embd_, 2);
   // One statement per operation, in transformers' order (key and value, then query): the
@@ -77,8 +77,10 @@ LOOM_INLINE torch::Tensor GPT2AttentionImpl::forward(const torch::Tensor& x) {
   const auto k = heads(qkv[1]);
   const auto v = heads(qkv[2]);
   const auto q = heads(qkv[0]);
-  auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, is_training() ? attn_pdrop_ : 0.0,
-                                            /*is_causal=*/seq > 1, scaling_);
+  auto y = mask.defined() ? at::scaled_dot_product_attention(q, k, v, mask, is_training() ? attn_pdrop_ : 0.0,
+                                                             /*is_causal=*/false, scaling_)
+                          : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, is_training() ? attn_pdrop_ : 0.0,
+                                                             /*is_causal=*/seq > 1, scaling_);
   y = y.transpose(1, 2).contiguous().reshape({batch, seq, n_embd_});
   return resid_dropout(c_proj(y));
 }
@@ -126,6 +128,11 @@ LOOM_INLINE torch::Tensor GPT2BlockImpl::forward(const torch::Tensor& x) {
   return h + mlp(ln_2(h));
 }
 
+LOOM_INLINE torch::Tensor GPT2BlockImpl::forward(const torch::Tensor& x, const torch::Tensor& mask) {
+  auto h = attn(ln_1(x), mask) + x;
+  return h + mlp(ln_2(h));
+}
+
 LOOM_INLINE torch::Tensor GPT2BlockImpl::forward(const torch::Tensor& x, const AttentionStep& step) {
   auto h = attn->forward_step(ln_1(x), step) + x;
   return h + mlp(ln_2(h));
@@ -145,14 +152,21 @@ LOOM_INLINE GPT2ModelImpl::GPT2ModelImpl(const GPT2Config& c) {
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd}).eps(c.layer_norm_epsilon)));
 }
 
-LOOM_INLINE torch::Tensor GPT2ModelImpl::forward(const torch::Tensor& input_ids) {
+LOOM_INLINE torch::Tensor GPT2ModelImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) {
   check(input_ids.dim() == 2, "GPT-2 takes input_ids of shape [batch, seq], got {}", c10::str(input_ids.sizes()));
   const int64_t seq = input_ids.size(1);
   check(seq <= wpe->weight.size(0), "GPT-2 got a sequence of {} tokens; n_positions is {}", seq, wpe->weight.size(0));
+  torch::Tensor mask;  // as transformers' sdpa path: none when nothing is padded
+  if (attention_mask.defined()) {
+    check(attention_mask.sizes() == input_ids.sizes(), "attention_mask of shape {} does not match input_ids of shape {}",
+          c10::str(attention_mask.sizes()), c10::str(input_ids.sizes()));
+    const auto keep = attention_mask.to(input_ids.device());
+    if (!keep.to(torch::kBool).all().item<bool>()) mask = step_attention_mask(keep, seq, seq, input_ids.device());
+  }
   const auto positions = torch::arange(seq, input_ids.options().dtype(torch::kLong)).unsqueeze(0);
   const auto tokens = embedding_noise(wte(input_ids), is_training());
   auto x = drop(tokens + wpe(positions));
-  for (auto& block : blocks) x = block->forward(x);
+  for (auto& block : blocks) x = mask.defined() ? block->forward(x, mask) : block->forward(x);
   return ln_f(x);
 }
 
@@ -180,17 +194,23 @@ LOOM_INLINE GPT2LMHeadModelImpl::GPT2LMHeadModelImpl(GPT2Config config)
 }
 
 LOOM_INLINE void GPT2LMHeadModelImpl::init_weights() {
+  detail::init_gpt2_body(*transformer, config_);
+  torch::NoGradGuard no_grad;
+  if (lm_head) lm_head->weight.normal_(0.0, config_.initializer_range);
+}
+
+LOOM_INLINE void detail::init_gpt2_body(GPT2ModelImpl& body, const GPT2Config& config) {
   // GPT2PreTrainedModel._init_weights over every module.
   torch::NoGradGuard no_grad;
-  const double std = config_.initializer_range;
-  const double residual_std = std / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
-  transformer->wte->weight.normal_(0.0, std);
-  transformer->wpe->weight.normal_(0.0, std);
+  const double std = config.initializer_range;
+  const double residual_std = std / std::sqrt(2.0 * static_cast<double>(config.n_layer));
+  body.wte->weight.normal_(0.0, std);
+  body.wpe->weight.normal_(0.0, std);
   const auto layer_norm = [](torch::nn::LayerNorm& ln) {
     ln->weight.fill_(1.0);
     ln->bias.zero_();
   };
-  for (auto& unit : transformer->blocks) {
+  for (auto& unit : body.blocks) {
     auto& b = unit->inner();
     layer_norm(b->ln_1);
     layer_norm(b->ln_2);
@@ -201,8 +221,7 @@ LOOM_INLINE void GPT2LMHeadModelImpl::init_weights() {
     b->attn->c_proj->weight.normal_(0.0, residual_std);
     b->mlp->c_proj->weight.normal_(0.0, residual_std);
   }
-  layer_norm(transformer->ln_f);
-  if (lm_head) lm_head->weight.normal_(0.0, std);
+  layer_norm(body.ln_f);
 }
 
 LOOM_INLINE void GPT2LMHeadModelImpl::set_kernels(Kernels kernels) {
@@ -250,6 +269,53 @@ LOOM_INLINE HfNameRules GPT2LMHeadModelImpl::name_rules() const {
 LOOM_INLINE GPT2LMHeadModel GPT2LMHeadModel::from_pretrained(const std::filesystem::path& dir,
                                                              torch::ScalarType dtype) {
   return load_pretrained<GPT2LMHeadModel>(dir, dtype);
+}
+
+// ---- the sequence classifier ------------------------------------------------------------------
+
+LOOM_INLINE GPT2ForSequenceClassificationImpl::GPT2ForSequenceClassificationImpl(GPT2Config config)
+    : PreTrainedModel(std::move(config), "GPT2Config") {
+  transformer = register_module("transformer", GPT2Model(config_));
+  score = register_module("score", peft::AdaptableLinear(config_.n_embd, config_.num_labels, /*bias=*/false));
+  detail::init_gpt2_body(*transformer, config_);
+  torch::NoGradGuard no_grad;
+  score->weight.normal_(0.0, config_.initializer_range);
+}
+
+LOOM_INLINE int64_t GPT2ForSequenceClassificationImpl::parameter_count(const GPT2Config& c) {
+  return models::parameter_count(c) - (c.tie_word_embeddings ? 0 : c.vocab_size * c.n_embd) + c.num_labels * c.n_embd;
+}
+
+LOOM_INLINE void GPT2ForSequenceClassificationImpl::set_kernels(Kernels kernels) {
+  kernels_ = kernels;
+  for (auto& block : transformer->blocks) block->inner()->mlp->kernels = kernels;
+}
+
+LOOM_INLINE torch::Tensor GPT2ForSequenceClassificationImpl::logits(const torch::Tensor& input_ids,
+                                                                    const torch::Tensor& attention_mask) {
+  const auto hidden = transformer->forward(input_ids, attention_mask);
+  const auto rows = torch::arange(input_ids.size(0), input_ids.options().dtype(torch::kLong));
+  // transformers applies score at every position, then takes each row's; a row of a product
+  // does not depend on the others, so the head runs at the taken positions only.
+  const auto at = last_token_positions(input_ids, config_.pad_token_id, architecture).to(torch::kLong);
+  return score(hidden.index({rows, at}));
+}
+
+LOOM_INLINE SequenceClassifierOutput GPT2ForSequenceClassificationImpl::forward(const data::SequenceBatch& batch) {
+  SequenceClassifierOutput out;
+  out.logits = logits(batch.input_ids, batch.attention_mask);
+  if (batch.labels.defined())
+    out.loss = sequence_classification_loss(config_.problem_type, config_.num_labels, out.logits, batch.labels,
+                                            architecture);
+  return out;
+}
+
+LOOM_INLINE HfNameRules GPT2ForSequenceClassificationImpl::name_rules() const {
+  HfNameRules rules;
+  rules.base_prefix = "transformer";
+  rules.ignored_suffixes = {".attn.bias", ".attn.masked_bias", "lm_head.weight"};
+  rules.may_be_new = {"score.weight"};
+  return rules;
 }
 
 }  // namespace loom::models

@@ -6,6 +6,7 @@
 #include <loom/config/paths.hpp>
 #include <loom/config/reflect.hpp>
 #include <loom/core/error.hpp>
+#include <loom/core/log.hpp>
 #include <loom/models/hf_folder.hpp>
 
 #include <fmt/format.h>
@@ -281,8 +282,14 @@ LOOM_INLINE void load_hf_weights(torch::nn::Module& module, const std::filesyste
       copies.emplace_back(target, &stored);
     }
   }
-  for (const auto& name : order)
-    if (!found.contains(name)) missing.push_back(name);
+  std::vector<std::string> fresh;
+  for (const auto& name : order) {
+    if (found.contains(name)) continue;
+    if (std::find(rules.may_be_new.begin(), rules.may_be_new.end(), name) != rules.may_be_new.end())
+      fresh.push_back(name);
+    else
+      missing.push_back(name);
+  }
   if (!missing.empty() || !unexpected.empty() || !problems.empty()) {
     std::vector<std::string> parts;
     if (!missing.empty()) parts.push_back("missing " + detail::join_names(missing));
@@ -292,6 +299,9 @@ LOOM_INLINE void load_hf_weights(torch::nn::Module& module, const std::filesyste
     for (const auto& p : parts) all += (all.empty() ? "" : "; ") + p;
     fail("{} does not match the model: {}", where.string(), all);
   }
+  if (!fresh.empty())
+    log_message(LogLevel::warning, "{} holds no {}: initialized as new (train it before use)", where.string(),
+                detail::join_names(fresh));
   torch::NoGradGuard no_grad;
   for (auto& [target, source] : copies) target.copy_(*source);
 }

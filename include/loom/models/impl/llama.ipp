@@ -79,6 +79,11 @@ LOOM_INLINE bool LlamaConfig::written(std::string_view key) const {
   if (key == "attention_bias") return has(LlamaFamily::attention_bias_key);
   if (key == "mlp_bias" || key == "pretraining_tp") return has(LlamaFamily::mlp_bias_key);
   if (key == "head_dim") return has(LlamaFamily::head_dim_key);
+  // A classifier's labels (complete_labels filled them), as transformers writes them: not a
+  // causal LM's, and num_labels never (id2label says it).
+  if (key == "num_labels") return false;
+  if (key == "id2label" || key == "label2id") return !id2label.empty();
+  if (key == "problem_type") return problem_type.has_value();
   return true;
 }
 
@@ -103,6 +108,7 @@ LOOM_INLINE void validate(const LlamaConfig& c, std::string_view where) {
   check(find_llama_family(c.model_type) != nullptr,
         "{}: field 'model_type' is \"{}\"; loom's Llama architecture reads {}", where, c.model_type,
         detail::model_types_text());
+  validate_labels(c.num_labels, c.problem_type, where);
   const auto positive = [&](int64_t v, const char* field) {
     check(v > 0, "{}: field '{}' must be a positive integer, got {}", where, field, v);
   };
@@ -574,10 +580,21 @@ inline torch::Tensor packed_cu_seqlens(const torch::Tensor& position_ids) {
 }  // namespace detail
 
 LOOM_INLINE torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& position_ids,
-                                                  bool varlen) {
+                                                  bool varlen, const torch::Tensor& attention_mask) {
   check(input_ids.dim() == 2, "the Llama architecture takes input_ids of shape [batch, seq], got {}",
         c10::str(input_ids.sizes()));
   torch::Tensor mask, cu_seqlens;
+  if (attention_mask.defined()) {
+    check(attention_mask.sizes() == input_ids.sizes(), "attention_mask of shape {} does not match input_ids of shape {}",
+          c10::str(attention_mask.sizes()), c10::str(input_ids.sizes()));
+    check(!position_ids.defined(), "the Llama architecture takes an attention_mask (padding) or position_ids (packed "
+                                   "documents), not both");
+    // As transformers' sdpa path: no mask when nothing is padded (one value read back, as
+    // BERT's), else causal and off the padding, [batch, 1, seq, seq].
+    const auto keep = attention_mask.to(input_ids.device());
+    if (!keep.to(torch::kBool).all().item<bool>())
+      mask = step_attention_mask(keep, input_ids.size(1), input_ids.size(1), input_ids.device());
+  }
   if (position_ids.defined()) {
     check(position_ids.sizes() == input_ids.sizes(), "position_ids of shape {} do not match input_ids of shape {}",
           c10::str(position_ids.sizes()), c10::str(input_ids.sizes()));
@@ -621,10 +638,12 @@ LOOM_INLINE LlamaForCausalLMImpl::LlamaForCausalLMImpl(LlamaConfig config)
   init_weights();
 }
 
-LOOM_INLINE void LlamaForCausalLMImpl::init_weights() {
+LOOM_INLINE void LlamaForCausalLMImpl::init_weights() { detail::init_llama_weights(*this, config_); }
+
+LOOM_INLINE void detail::init_llama_weights(torch::nn::Module& module, const LlamaConfig& config) {
   torch::NoGradGuard no_grad;
-  const double std = config_.initializer_range;
-  for (auto& m : modules(/*include_self=*/false)) {
+  const double std = config.initializer_range;
+  for (auto& m : module.modules(/*include_self=*/false)) {
     if (auto* linear = m->as<torch::nn::Linear>()) {
       linear->weight.normal_(0.0, std);
       if (linear->bias.defined()) linear->bias.zero_();
@@ -633,8 +652,8 @@ LOOM_INLINE void LlamaForCausalLMImpl::init_weights() {
       if (adaptable->bias.defined()) adaptable->bias.zero_();
     } else if (auto* embedding = m->as<torch::nn::Embedding>()) {
       embedding->weight.normal_(0.0, std);
-      if (config_.pad_token_id && *config_.pad_token_id >= 0 && *config_.pad_token_id < config_.vocab_size)
-        embedding->weight[*config_.pad_token_id].zero_();
+      if (config.pad_token_id && *config.pad_token_id >= 0 && *config.pad_token_id < config.vocab_size)
+        embedding->weight[*config.pad_token_id].zero_();
     }
   }
 }
@@ -683,6 +702,51 @@ LOOM_INLINE HfNameRules LlamaForCausalLMImpl::name_rules() const {
   // Older transformers versions saved the rotary table's frequencies.
   rules.ignored_suffixes = {".rotary_emb.inv_freq"};
   return rules;
+}
+
+// ---- the sequence classifier ------------------------------------------------------------------
+
+LOOM_INLINE LlamaForSequenceClassificationImpl::LlamaForSequenceClassificationImpl(LlamaConfig config)
+    : PreTrainedModel(std::move(config), "LlamaConfig") {
+  model = register_module("model", LlamaModel(config_));
+  score = register_module("score", peft::AdaptableLinear(config_.hidden_size, config_.num_labels, /*bias=*/false));
+  detail::init_llama_weights(*this, config_);
+}
+
+LOOM_INLINE int64_t LlamaForSequenceClassificationImpl::parameter_count(const LlamaConfig& c) {
+  return models::parameter_count(c) - (c.tie_word_embeddings ? 0 : c.vocab_size * c.hidden_size) +
+         c.num_labels * c.hidden_size;
+}
+
+LOOM_INLINE torch::Tensor LlamaForSequenceClassificationImpl::pooled_positions(const torch::Tensor& input_ids) const {
+  return last_token_positions(input_ids, config_.pad_token_id, architecture_name());
+}
+
+LOOM_INLINE torch::Tensor LlamaForSequenceClassificationImpl::logits(const torch::Tensor& input_ids,
+                                                                     const torch::Tensor& attention_mask) {
+  const auto hidden = model->forward(input_ids, torch::Tensor(), false, attention_mask);
+  const auto rows = torch::arange(input_ids.size(0), input_ids.options().dtype(torch::kLong));
+  // transformers applies score at every position and then takes each row's; a row of a product
+  // does not depend on the others, so the head runs at the taken positions only.
+  return score(hidden.index({rows, pooled_positions(input_ids).to(torch::kLong)}));
+}
+
+LOOM_INLINE SequenceClassifierOutput LlamaForSequenceClassificationImpl::forward(const data::SequenceBatch& batch) {
+  SequenceClassifierOutput out;
+  out.logits = logits(batch.input_ids, batch.attention_mask);
+  if (batch.labels.defined())
+    out.loss = sequence_classification_loss(config_.problem_type, config_.num_labels, out.logits, batch.labels,
+                                            architecture_name());
+  return out;
+}
+
+LOOM_INLINE std::string_view LlamaForSequenceClassificationImpl::architecture_name() const {
+  return llama_family(config_).sequence_classification;
+}
+
+LOOM_INLINE HfNameRules LlamaForSequenceClassificationImpl::name_rules() const {
+  return HfNameRules{.base_prefix = "model", .derived = {}, .ignored_suffixes = {"lm_head.weight"},
+                     .may_be_new = {"score.weight"}};
 }
 
 }  // namespace loom::models
