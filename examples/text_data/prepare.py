@@ -11,6 +11,16 @@ One kind of input per run (UTF-8 files; blank lines of a JSONL file are skipped)
                      of a run the same form; other fields are ignored):
                        {"prompt": "...", "completion": "..."}
                        {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}
+  --preference FILE... preference pairs in TRL's formats, JSON Lines, every line of one form
+                     (all lines of a run the same form; other fields are ignored):
+                       {"prompt": "...", "chosen": "...", "rejected": "..."}     explicit prompt
+                       {"chosen": "...", "rejected": "..."}                       whole texts (no prompt)
+                       {"prompt": [messages], "chosen": [messages], "rejected": [messages]}
+                       {"chosen": [messages], "rejected": [messages]}             the prompt: the
+                                                   messages the two share from the start
+                     messages as --sft's; a chosen or rejected completion ends with the
+                     assistant's reply. An optional number "margin" (TRL's RewardTrainer) on
+                     every line or on none.
   --classify FILE... sequence classification or regression, JSON Lines {"text": "...", "label": ...}
                      (--text_field, --label_field rename them); the label's form and --label_type
                      (HF's problem_type; default auto) decide the task, the same for every line:
@@ -49,6 +59,13 @@ Output, in --out:
       (example i is ids[offsets[i]:offsets[i+1]]), .mask uint8, one per id: 1 on a token the
       loss counts (the completion, the assistant's replies, their eos), 0 on the rest (labels
       -100). A seeded shuffle picks --val_fraction of the examples for val.
+  pref_train_chosen.bin / .offsets / .mask, pref_train_rejected.*, pref_train.margin,
+  pref_val_* (--preference)
+      one pair per example, the chosen and the rejected side each as SFT's files (the prompt
+      then the completion; mask 1 on the completion and its eos, or on the completion's
+      assistant replies, 0 on the prompt), example i of one side paired with example i of
+      the other; .margin float32, one per pair, when the lines have margins. A seeded
+      shuffle picks --val_fraction of the pairs for val.
   classify_train.bin / .offsets / .labels, classify_val.* (--classify)
       one example per line: .bin and .offsets as for SFT, each example [CLS] text [SEP] when
       the tokenizer has both tokens (a BPE trained here does), else its prefix and the text;
@@ -61,7 +78,10 @@ Output, in --out:
       dtype, vocab_size, tokenizer_file, the special token ids (eos_token_id, pad_token_id,
       and cls/sep/mask when the tokenizer has them), special_tokens, then "lm": {split:
       {file, tokens, documents}}, "sft": {"format": "prompt_completion" | "chat", split:
-      {ids, offsets, mask, examples, tokens, completion_tokens}} or "classification":
+      {ids, offsets, mask, examples, tokens, completion_tokens}}, "preference": {"format":
+      "prompt_completion" | "chat", "margin": true | false, split: {"chosen": {ids,
+      offsets, mask, examples, tokens, completion_tokens}, "rejected": {...}, "pairs",
+      "margin": file (with margins)}} or "classification":
       {"problem_type", "label_dtype": "int64" | "float32", "label_names", split: {ids,
       offsets, labels, examples, tokens}}, and "source" (the options). loom's
       read_token_meta reads it (data/token_file.hpp).
@@ -89,7 +109,7 @@ No bos is added unless the tokenizer's post-processor puts one before a text (Ll
 then every document and example starts with it. Special-token spellings inside the data are
 tokenized as text, never as the special ids (except through a tokenizer's chat_template).
 
---max_length N (--sft) drops every example longer than N ids (counted, reported, and recorded
+--max_length N (--sft, --preference: a pair either side of which is longer) drops every example longer than N ids (counted, reported, and recorded
 in meta.json's source as dropped_too_long); nothing is truncated, so no example loses its
 completion. With --classify it truncates instead (see above). Bad input ends the run with one line naming FILE:LINE and exit status 1. The same
 input and options give the same bytes. The ids are held in memory (about 40 bytes a token)
@@ -102,6 +122,7 @@ encodes such text.
   .venv/bin/python examples/text_data/prepare.py --text book1.txt book2.txt --out data/books
   .venv/bin/python examples/text_data/prepare.py --sft pairs.jsonl --out data/sft --vocab_size 8192
   .venv/bin/python examples/text_data/prepare.py --sft chats.jsonl --tokenizer my-model/ --out data/chat
+  .venv/bin/python examples/text_data/prepare.py --preference pairs.jsonl --out data/pref --vocab_size 8192
   .venv/bin/python examples/text_data/prepare.py --classify reviews.jsonl --out data/reviews --max_length 128
   .venv/bin/python examples/text_data/prepare.py --classify scores.jsonl --label_type regression --out data/scores
 """
@@ -215,7 +236,7 @@ def prompt_completion(record, where):
     return prompt, completion
 
 
-def conversation(record, where):
+def conversation(record, where, ends_with_assistant=True):
     messages = record["messages"]
     if not isinstance(messages, list) or not messages:
         fail(f"{where}: 'messages' must be a non-empty list")
@@ -230,7 +251,7 @@ def conversation(record, where):
         if role == "assistant" and not content.strip():
             fail(f"{at}: empty assistant content")
         turns.append((role, content))
-    if turns[-1][0] != "assistant":
+    if ends_with_assistant and turns[-1][0] != "assistant":
         fail(f"{where}: the last message is the {turns[-1][0]}'s; a conversation ends with the assistant's reply")
     return turns
 
@@ -254,6 +275,70 @@ def instructions(paths):
     if not examples:
         fail(f"no examples in {', '.join(map(str, paths))}")
     return form, examples
+
+
+def messages_field(record, key, where):
+    """The list of (role, content) of record[key] (--sft's message rules), possibly ending anywhere."""
+    value = record[key]
+    if not isinstance(value, list) or not value:
+        fail(f"{where}: '{key}' must be a non-empty list of messages")
+    return conversation({"messages": value}, f"{where}: {key}", ends_with_assistant=False)
+
+
+def preference_pair(record, where):
+    """("prompt_completion", (prompt, chosen, rejected)) or ("chat", (prompt turns, chosen turns,
+    rejected turns)) of one line, TRL's four forms."""
+    for key in ("chosen", "rejected"):
+        if key not in record:
+            fail(f"{where}: missing field '{key}'")
+    if isinstance(record["chosen"], str) or isinstance(record["rejected"], str):
+        prompt = string_field(record, "prompt", where) if "prompt" in record else ""
+        chosen, rejected = string_field(record, "chosen", where), string_field(record, "rejected", where)
+        for key, text in (("chosen", chosen), ("rejected", rejected)):
+            if not text.strip():
+                fail(f"{where}: empty {key} completion")
+        return "prompt_completion", (prompt, chosen, rejected)
+    chosen, rejected = messages_field(record, "chosen", where), messages_field(record, "rejected", where)
+    if "prompt" in record:
+        prompt = messages_field(record, "prompt", where)
+    else:  # TRL's implicit prompt: the messages both sides share from the start
+        shared = 0
+        while shared < min(len(chosen), len(rejected)) - 1 and chosen[shared] == rejected[shared]:
+            shared += 1
+        prompt, chosen, rejected = chosen[:shared], chosen[shared:], rejected[shared:]
+        if not prompt:
+            fail(f"{where}: 'chosen' and 'rejected' share no first message, so no prompt; give 'prompt'")
+    for key, turns in (("chosen", chosen), ("rejected", rejected)):
+        if turns[-1][0] != "assistant":
+            fail(f"{where}: '{key}' ends with the {turns[-1][0]}'s message; a completion ends with the assistant's reply")
+    return "chat", (prompt, chosen, rejected)
+
+
+def preferences(paths):
+    """(form, [pair], margins or None) of --preference's lines (one form, margins on all or none)."""
+    form, first, pairs, margins, margin_first = None, None, [], [], None
+    for path in paths:
+        for where, record in jsonl_records(path):
+            this, pair = preference_pair(record, where)
+            if form is None:
+                form, first = this, where
+            elif this != form:
+                fail(f"{where}: a {this} pair, but {first} is {form}; one run holds one form")
+            has = "margin" in record
+            if margin_first is None:
+                margin_first = (has, where)
+            elif has != margin_first[0]:
+                with_, without = (where, margin_first[1]) if has else (margin_first[1], where)
+                fail(f"{with_} has a 'margin' and {without} none; give every line a margin or none")
+            if has:
+                m = record["margin"]
+                if not is_number(m) or not math.isfinite(m):
+                    fail(f"{where}: field 'margin' must be a finite number, got {json.dumps(m)[:40]}")
+                margins.append(float(m))
+            pairs.append(pair)
+    if not pairs:
+        fail(f"no pairs in {', '.join(map(str, paths))}")
+    return form, pairs, (margins if margin_first[0] else None)
 
 
 PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
@@ -635,13 +720,65 @@ def classification_files(a, vocab, items, source):
     return meta, f"{len(seqs)} {problem_type} examples, {len(names)} labels; classification {', '.join(counts)}"
 
 
-def sft_split(out, split, examples, dtype):
-    """sft_<split>.bin / .offsets / .mask of (ids, mask) examples; their entry of meta.json's "sft"."""
-    files = {"ids": f"sft_{split}.bin", "offsets": f"sft_{split}.offsets", "mask": f"sft_{split}.mask"}
+def sft_split(out, split, examples, dtype, prefix="sft"):
+    """<prefix>_<split>.bin / .offsets / .mask of (ids, mask) examples; their entry of meta.json's "sft"."""
+    files = {"ids": f"{prefix}_{split}.bin", "offsets": f"{prefix}_{split}.offsets", "mask": f"{prefix}_{split}.mask"}
     tokens = write_ragged(out, files, [ids for ids, _ in examples], dtype)
     mask = np.fromiter(itertools.chain.from_iterable(m for _, m in examples), dtype=np.uint8, count=tokens)
     mask.tofile(out / files["mask"])
     return {**files, "examples": len(examples), "tokens": tokens, "completion_tokens": int(mask.sum(dtype=np.int64))}
+
+
+def completion_examples(a, vocab, form, prompts_completions):
+    """(ids, mask) of each (prompt, completion): --sft's encodings, the mask 1 on the completion
+    only (a chat prompt's assistant turns are prompt too)."""
+    if form == "prompt_completion":
+        return list(prompt_completion_examples(vocab, prompts_completions))
+    whole = [p + c for p, c in prompts_completions]
+    prompts = [p for p, _ in prompts_completions]
+    if a.tokenizer is None:
+        full, heads = list(chat_examples(vocab, whole)), list(chat_examples(vocab, prompts))
+    else:
+        full = list(template_examples(vocab, whole, a.tokenizer))
+        heads = [(list(vocab.fast.apply_chat_template([{"role": r, "content": c} for r, c in p], tokenize=True,
+                                                      return_dict=True)["input_ids"]), None)
+                 for p in prompts]
+    out = []
+    for (ids, mask), (head, _) in zip(full, heads):
+        if ids[:len(head)] != head:
+            fail(f"--tokenizer {a.tokenizer}: its chat_template renders a prompt that does not begin its conversation, "
+                 "so the completion cannot be told apart")
+        mask = [0] * len(head) + list(mask[len(head):])
+        out.append((ids, mask))
+    return out
+
+
+def preference_files(a, vocab, items, source):
+    """pref_<split>_{chosen,rejected}.* and pref_<split>.margin; meta.json's "preference"."""
+    form, pairs, margins = items
+    chosen = completion_examples(a, vocab, form, [(p, c) for p, c, _ in pairs])
+    rejected = completion_examples(a, vocab, form, [(p, r) for p, _, r in pairs])
+    keep = list(range(len(pairs)))
+    dropped = ""
+    if a.max_length is not None:
+        keep = [i for i in keep if len(chosen[i][0]) <= a.max_length and len(rejected[i][0]) <= a.max_length]
+        source.update(max_length=a.max_length, dropped_too_long=len(pairs) - len(keep))
+        dropped = f", {len(pairs) - len(keep)} dropped (over --max_length {a.max_length})"
+    if (reason := too_few(len(keep), a.val_fraction)) is not None:
+        fail(f"{len(keep)} pair(s) left; {reason}")
+    meta = {"format": form, "margin": margins is not None}
+    counts = []
+    for split, idx in zip(("train", "val"), split_indices(len(keep), a.val_fraction, a.seed)):
+        rows = [keep[i] for i in idx]
+        entry = {side: sft_split(a.out, f"{split}_{side}", [examples[i] for i in rows], vocab.dtype, prefix="pref")
+                 for side, examples in (("chosen", chosen), ("rejected", rejected))}
+        entry["pairs"] = len(rows)
+        if margins is not None:
+            entry["margin"] = f"pref_{split}.margin"
+            np.asarray([margins[i] for i in rows], dtype="<f4").tofile(a.out / entry["margin"])
+        meta[split] = entry
+        counts.append(f"{split} {len(rows)} pairs")
+    return meta, f"{len(pairs)} {form} pairs{dropped}; preference {', '.join(counts)}"
 
 
 # --- the command --------------------------------------------------------------------------
@@ -654,6 +791,8 @@ def parse_args():
     src.add_argument("--jsonl", nargs="+", type=Path, metavar="FILE", help="JSON Lines, a document per line")
     src.add_argument("--sft", nargs="+", type=Path, metavar="FILE",
                      help="JSON Lines of {prompt, completion} or {messages}: SFT token files with loss masks")
+    src.add_argument("--preference", nargs="+", type=Path, metavar="FILE",
+                     help="JSON Lines of TRL's preference pairs (prompt, chosen, rejected): token files of both sides")
     src.add_argument("--classify", nargs="+", type=Path, metavar="FILE",
                      help="JSON Lines of {text, label}: classification or regression token and label files")
     p.add_argument("--out", type=Path, required=True, help="output folder (created)")
@@ -682,8 +821,8 @@ def parse_args():
         if getattr(a, flag) is not None and not a.classify:
             fail(f"--{flag} goes with --classify")
     a.label_type = a.label_type or "auto"
-    if a.max_length is not None and not (a.sft or a.classify):
-        fail("--max_length goes with --sft or --classify")
+    if a.max_length is not None and not (a.sft or a.preference or a.classify):
+        fail("--max_length goes with --sft, --preference or --classify")
     if a.max_length is not None and a.max_length < 2:
         fail("--max_length must be at least 2 (a token and the eos; [CLS] and [SEP])")
     if a.tokenizer is not None and a.vocab_size is not None:
@@ -706,6 +845,14 @@ def read_input(a, source):
             texts = [content for conv in items for _, content in conv]
         source.update(format=form, examples=len(items))
         return form, items, texts
+    if a.preference:
+        form, pairs, margins = preferences(a.preference)
+        if form == "prompt_completion":
+            texts = [t for pair in pairs for t in pair if t]
+        else:
+            texts = [content for pair in pairs for turns in pair for _, content in turns]
+        source.update(format=f"preference_{form}", pairs=len(pairs))
+        return form, (form, pairs, margins), texts
     if a.classify:
         problem_type, examples, wheres = labelled_examples(a.classify, a.text_field or "text",
                                                            a.label_field or "label", a.label_type)
@@ -746,7 +893,7 @@ def sft_files(a, vocab, form, items, source):
 def main():
     a = parse_args()
     start = time.time()
-    source = {"inputs": [str(f) for f in a.text or a.jsonl or a.sft or a.classify], "seed": a.seed,
+    source = {"inputs": [str(f) for f in a.text or a.jsonl or a.sft or a.preference or a.classify], "seed": a.seed,
               "val_fraction": a.val_fraction}
     form, items, texts = read_input(a, source)
     if a.tokenizer is not None:
@@ -775,6 +922,8 @@ def main():
         meta = vocab.meta()
         if a.sft:
             meta["sft"], summary = sft_files(a, vocab, form, items, source)
+        elif a.preference:
+            meta["preference"], summary = preference_files(a, vocab, items, source)
         elif a.classify:
             meta["classification"], summary = classification_files(a, vocab, items, source)
         else:

@@ -101,7 +101,10 @@ class Folder:
 
     def sft(self, split):
         """[(ids, mask)] of an SFT split, after checking the three files against each other and meta.json."""
-        entry = self.meta["sft"][split]
+        return self.ragged(self.meta["sft"][split], split)
+
+    def ragged(self, entry, split):
+        """[(ids, mask)] of the ids / offsets / mask files `entry` names (an SFT split, a preference side)."""
         ids = self.ids(entry["ids"])
         offsets = np.fromfile(self.path / entry["offsets"], dtype="<u8")
         mask = np.fromfile(self.path / entry["mask"], dtype=np.uint8)
@@ -161,15 +164,7 @@ def check_chat(folder, conversations):
     seen = Counter()
     for split in ("train", "val"):
         for ids, mask in folder.sft(split):
-            runs, current = [], []
-            for i, m in zip(ids, mask + [0]):
-                if m:
-                    current.append(i)
-                elif current:
-                    runs.append(current)
-                    current = []
-            if current:
-                runs.append(current)
+            runs = masked_runs(ids, mask)
             replies = [folder.decode(r) for r in runs]
             expect(all(r.endswith(eos_text) for r in replies), f"{folder.path}: a masked run without its eos: {replies}")
             expect(ids.count(folder.eos) == len(runs), f"{folder.path}: {ids.count(folder.eos)} eos, {len(runs)} replies")
@@ -186,6 +181,114 @@ def check_chat(folder, conversations):
             seen[json.dumps(conv)] += 1
     expect(seen == want, f"{folder.path}: the examples are not the input conversations, once each")
     check_split_sizes(folder, len(conversations))
+
+
+def preference_sides(folder, split):
+    """[(chosen (ids, mask), rejected (ids, mask), margin or None)] of a preference split."""
+    entry = folder.meta["preference"][split]
+    chosen = folder.ragged(entry["chosen"], f"{split} chosen")
+    rejected = folder.ragged(entry["rejected"], f"{split} rejected")
+    margins = [None] * len(chosen)
+    if folder.meta["preference"]["margin"]:
+        margins = np.fromfile(folder.path / entry["margin"], dtype="<f4").tolist()
+    expect(len(chosen) == len(rejected) == len(margins) == entry["pairs"],
+           f"{folder.path}/{split}: {len(chosen)} chosen, {len(rejected)} rejected, {len(margins)} margins, "
+           f"{entry['pairs']} pairs")
+    return list(zip(chosen, rejected, margins))
+
+
+def masked_runs(ids, mask):
+    """The runs of ids under mask 1."""
+    runs, current = [], []
+    for i, m in zip(ids, mask):
+        if m:
+            current.append(i)
+        elif current:
+            runs.append(current)
+            current = []
+    return runs + ([current] if current else [])
+
+
+def check_preference(work):
+    """--preference: TRL's four forms. Each side of a pair is its prompt (mask 0) then its
+    completion and eos (mask 1; in chat, the completion's reply only, not the prompt's
+    assistant turns), the two sides of a line stay paired, with their margin; bad lines are
+    refused with FILE:LINE."""
+    rng = random.Random(11)
+    explicit = [{"prompt": words(rng, 6), "chosen": words(rng, 4) + ".", "rejected": words(rng, 3) + "!",
+                 "margin": round(rng.random(), 3)} for _ in range(30)]
+    write_jsonl(work / "pref.jsonl", explicit)
+    prepare("--preference", work / "pref.jsonl", "--out", work / "pref", "--vocab_size", 300)
+    folder = Folder(work / "pref")
+    expect(folder.meta["preference"]["format"] == "prompt_completion" and folder.meta["preference"]["margin"],
+           f"{folder.path}: format or margin in meta.json")
+    seen = Counter()
+    for split in ("train", "val"):
+        for (c_ids, c_mask), (r_ids, r_mask), margin in preference_sides(folder, split):
+            kc, kr = c_mask.index(1), r_mask.index(1)
+            for ids, mask, k in ((c_ids, c_mask, kc), (r_ids, r_mask, kr)):
+                expect(mask == [0] * k + [1] * (len(ids) - k) and ids[-1] == folder.eos,
+                       f"{folder.path}: a side is not prompt (0) then completion and eos (1): {mask}")
+            expect(c_ids[:kc] == r_ids[:kr], f"{folder.path}: the two sides of a pair have other prompts")
+            seen[(folder.decode(c_ids[:kc]), folder.decode(c_ids[kc:-1]), folder.decode(r_ids[kr:-1]),
+                  round(margin, 3))] += 1
+    want = Counter((r["prompt"], r["chosen"], r["rejected"], r["margin"]) for r in explicit)
+    expect(seen == want, f"{folder.path}: the pairs differ from the input, e.g. {next(iter(seen - want), None)!r}")
+    expect((folder.meta["preference"]["train"]["pairs"], folder.meta["preference"]["val"]["pairs"]) == (28, 2),
+           f"{folder.path}: split sizes")
+
+    # Chat, explicit prompt with an assistant turn in it, and implicit (the shared first messages).
+    def say(role):
+        return {"role": role, "content": words(rng, 4)}
+    chats = [{"prompt": [say("user"), say("assistant"), say("user")], "chosen": [say("assistant")],
+              "rejected": [say("assistant")]} for _ in range(12)]
+    implicit = []
+    for _ in range(12):
+        head = [say("system"), say("user")]
+        implicit.append({"chosen": head + [say("assistant")], "rejected": head + [say("assistant")]})
+    write_jsonl(work / "pref_chat.jsonl", chats)
+    prepare("--preference", work / "pref_chat.jsonl", "--out", work / "pref_chat", "--vocab_size", 300)
+    # The same pairs through the saved tokenizer's own chat_template (apply_chat_template).
+    prepare("--preference", work / "pref_chat.jsonl", "--out", work / "pref_chat_template", "--tokenizer",
+            work / "pref_chat")
+    write_jsonl(work / "pref_chat_implicit.jsonl", implicit)
+    prepare("--preference", work / "pref_chat_implicit.jsonl", "--out", work / "pref_chat_implicit", "--vocab_size", 300)
+    for name, records in (("pref_chat", chats), ("pref_chat_template", chats), ("pref_chat_implicit", implicit)):
+        folder = Folder(work / name)
+        expect(folder.meta["preference"]["format"] == "chat" and not folder.meta["preference"]["margin"],
+               f"{folder.path}: format or margin")
+        replies = Counter()
+        for split in ("train", "val"):
+            for (c_ids, c_mask), (r_ids, r_mask), _ in preference_sides(folder, split):
+                c_runs, r_runs = masked_runs(c_ids, c_mask), masked_runs(r_ids, r_mask)
+                expect(len(c_runs) == 1 and len(r_runs) == 1, f"{folder.path}: the mask covers {len(c_runs)} / "
+                                                              f"{len(r_runs)} runs, not the completion's reply alone")
+                replies[(folder.decode(c_runs[0]), folder.decode(r_runs[0]))] += 1
+        eos_text = folder.tok.eos_token
+        want = Counter((r["chosen"][-1]["content"] + eos_text, r["rejected"][-1]["content"] + eos_text)
+                       for r in records)
+        expect(replies == want, f"{folder.path}: the masked replies are not the completions")
+
+    # Bad lines: one loom-style line naming FILE:LINE, exit status 1.
+    bad = {
+        "no_rejected": [{"prompt": "a", "chosen": "b"}],
+        "mixed_margin": [{"chosen": "a b", "rejected": "c", "margin": 1}, {"chosen": "a b", "rejected": "c"}],
+        "bad_margin": [{"chosen": "a b", "rejected": "c", "margin": "high"}],
+        "user_last": [{"prompt": [{"role": "user", "content": "q"}], "chosen": [{"role": "user", "content": "x"}],
+                       "rejected": [{"role": "assistant", "content": "y"}]}],
+        "mixed_forms": [{"chosen": "a", "rejected": "b"},
+                        {"chosen": [{"role": "assistant", "content": "a"}],
+                         "rejected": [{"role": "assistant", "content": "b"}], "prompt": [{"role": "user", "content": "q"}]}],
+        "empty_chosen": [{"prompt": "q", "chosen": " ", "rejected": "b"}],
+    }
+    messages = {"no_rejected": ":1: missing field 'rejected'", "mixed_margin": ":1 has a 'margin' and",
+                "bad_margin": ":1: field 'margin' must be a finite number", "user_last": "'chosen' ends with the user's",
+                "mixed_forms": ":2: a chat pair, but", "empty_chosen": ":1: empty chosen completion"}
+    for name, records in bad.items():
+        write_jsonl(work / f"bad_{name}.jsonl", records)
+        rc, out = run(["--preference", work / f"bad_{name}.jsonl", "--out", work / "bad_pref"])
+        expect(rc == 1 and messages[name] in out and "Traceback" not in out,
+               f"--preference {name}: exit {rc}, output {out!r}")
 
 
 def same_files(a, b, names):
@@ -448,6 +551,7 @@ def main():
     check_bad_input(a.work)
     check_whole_splits(a.work, pc)
     check_nothing_lost(a.work, pc)
+    check_preference(a.work)
     if a.kjv_text is not None:
         check_kjv(a.work, a.kjv_text)
     print("prepare ok" + ("" if a.kjv_text else " (no --kjv_text: kjv.py --instructions not run)"))
