@@ -5,6 +5,7 @@
 
 #include <loom/loom.hpp>
 #include <loom/checkpoint/safetensors.hpp>
+#include <loom/data/preference.hpp>
 #include <loom/methods/reward.hpp>
 #include <loom/models/llama.hpp>
 
@@ -14,7 +15,9 @@
 #include "../support.hpp"
 #include "../trainer_support.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -122,6 +125,67 @@ TEST_CASE("RewardTrainer refuses a model with more than one output and a config 
   loom::methods::RewardTrainer<RewardModel> refused(loom::methods::RewardArguments{}, args, no_pad, pairs(*dir, false));
   CHECK(loom_test::error_of([&] { refused.train(); }).starts_with("loom: RewardTrainer: the model's config has no "
                                                                   "pad_token_id"));
+}
+
+TEST_CASE("prepare.py --preference's files as PreferenceBatch rows: sides, masks, labels, margins; a reward model trains") {
+  const char* py = loom_test::python("prepare.py --preference");
+  if (py == nullptr) return;
+  const auto dir = loom_test::fresh_dir("methods/preference_data");
+  std::string lines;
+  std::vector<float> margins;
+  for (int i = 0; i < 12; ++i) {
+    const float margin = 0.25f * static_cast<float>(i);
+    margins.push_back(margin);
+    lines += fmt::format(R"({{"prompt": "question {} about the light", "chosen": "a good answer {}", )"
+                         R"("rejected": "no", "margin": {}}})" "\n", i, i, margin);
+  }
+  loom_test::write_bytes(dir / "pairs.jsonl", lines);
+  const auto out = loom_test::run_capture(std::string(py) + " " +
+                                          (loom_test::source_dir() / "examples/text_data/prepare.py").string() +
+                                          " --preference " + (dir / "pairs.jsonl").string() + " --out " +
+                                          (dir / "data").string() + " --vocab_size 300 --val_fraction 0 2>&1");
+  INFO(out);
+  REQUIRE(out.find("preference train 12 pairs") != std::string::npos);
+  const auto meta = loom::data::read_token_meta(dir / "data" / "meta.json");
+  loom::data::PreferenceDataset pairs(meta.preference_files("train"),
+                                      {.dtype = meta.dtype, .vocab_size = meta.vocab_size,
+                                       .pad_token_id = meta.pad_token_id.value_or(0), .max_length = std::nullopt,
+                                       .packing = std::nullopt});
+  REQUIRE(pairs.size() == 12);
+  CHECK(pairs.has_margin());
+  std::vector<int64_t> all(12);
+  for (int64_t i = 0; i < 12; ++i) all[static_cast<std::size_t>(i)] = i;
+  const auto b = pairs.get_batch(all);
+  for (const auto& [ids, mask, labels] : {std::tuple{b.chosen_input_ids, b.chosen_attention_mask, b.chosen_labels},
+                                          std::tuple{b.rejected_input_ids, b.rejected_attention_mask, b.rejected_labels}}) {
+    REQUIRE(ids.sizes() == mask.sizes());
+    REQUIRE(ids.sizes() == labels.sizes());
+    // Labels: the completion's ids under the mask, -100 on the prompt and the padding.
+    const auto scored = labels.ne(-100);
+    CHECK(torch::equal(labels.masked_select(scored), ids.masked_select(scored)));
+    CHECK(mask.masked_select(scored).eq(1).all().item<bool>());
+    CHECK(ids.masked_select(mask.eq(0)).eq(meta.pad_token_id.value_or(0)).all().item<bool>());
+    CHECK(scored.sum(1).gt(0).all().item<bool>());  // every side has a completion
+  }
+  // The chosen answer is longer than "no": its completion scores more tokens, pair by pair.
+  CHECK(b.chosen_labels.ne(-100).sum(1).gt(b.rejected_labels.ne(-100).sum(1)).all().item<bool>());
+  std::vector<float> seen(b.margin.data_ptr<float>(), b.margin.data_ptr<float>() + 12);
+  std::sort(seen.begin(), seen.end());
+  CHECK(seen == margins);
+
+  // A reward model on them: two steps, the loss finite.
+  loom::models::LlamaConfig c;
+  c.vocab_size = meta.vocab_size, c.hidden_size = 32, c.intermediate_size = 64, c.num_hidden_layers = 1;
+  c.num_attention_heads = 4, c.num_key_value_heads = 2, c.max_position_embeddings = 64;
+  c.pad_token_id = meta.pad_token_id, c.num_labels = 1;
+  torch::manual_seed(0);
+  RewardModel model(c);
+  auto args = loom_test::quiet_args("methods/preference_reward");
+  args.max_steps = 2, args.per_device_train_batch_size = 4, args.logging_steps = 1;
+  loom::methods::RewardTrainer<RewardModel> trainer(loom::methods::RewardArguments{}, args, model, std::move(pairs));
+  trainer.train();
+  CHECK(std::isfinite(trainer.state().log_history.at(1)["loss"].get<double>()));
+  CHECK(trainer.state().log_history.at(1).contains("accuracy"));
 }
 
 }  // namespace reward_test

@@ -234,6 +234,14 @@ struct SftFiles {
   std::filesystem::path ids, offsets, mask;
 };
 
+/// A split of preference pairs (prepare.py --preference): the chosen and the rejected side,
+/// each as instruction files (the prompt, then the completion under mask 1), pair i being
+/// example i of both; and the margins, float32 little-endian, one a pair, when the data has them.
+struct PreferenceFiles {
+  SftFiles chosen, rejected;
+  std::optional<std::filesystem::path> margin;
+};
+
 namespace detail {
 /// The little-endian unsigned integer of type T at element `i` of `bytes`.
 template <class T>
@@ -267,6 +275,7 @@ struct TokenFileMeta {
   std::map<std::string, std::filesystem::path> lm;          ///< "lm": split -> flat token file
   std::map<std::string, RaggedTokenFiles> classification;  ///< "classification": split -> ragged files
   std::map<std::string, SftFiles> sft;                      ///< "sft": split -> instruction files with loss masks
+  std::map<std::string, PreferenceFiles> preference;        ///< "preference": split -> the pairs' files
   std::vector<std::string> label_names;       ///< "classification"."label_names"
   /// "classification"."problem_type" (HF's name; absent: single_label_classification), with
   /// "label_dtype" ("int64" for class ids, "float32" otherwise) checked against it when given.
@@ -276,6 +285,8 @@ struct TokenFileMeta {
   [[nodiscard]] LOOM_INLINE const std::filesystem::path& lm_file(std::string_view split) const;
   /// The instruction files of split `split` ("train", "val").
   [[nodiscard]] LOOM_INLINE const SftFiles& sft_files(std::string_view split) const;
+  /// The preference files of split `split` ("train", "val").
+  [[nodiscard]] LOOM_INLINE const PreferenceFiles& preference_files(std::string_view split) const;
   /// The ragged files of classification split `split`.
   [[nodiscard]] LOOM_INLINE const RaggedTokenFiles& classification_files(std::string_view split) const;
   /// TokenFileOptions for windows of `block_size`, with this folder's dtype and vocab_size.

@@ -21,6 +21,7 @@
 
 #include <loom/config/field_help.hpp>
 #include <loom/config/reflect.hpp>
+#include <loom/data/preference.hpp>
 #include <loom/trainer/trainer.hpp>
 
 #include <torch/torch.h>
@@ -46,15 +47,10 @@ struct RewardArguments {
   static constexpr std::string_view help_heading = "reward modelling (TRL's RewardConfig)";
 };
 
-/// Preference pairs, one row each: the chosen and the rejected token rows (each padded on the
-/// right with pad_token_id, attention_mask 0 there) and an optional margin (float [batch]).
-struct PreferenceBatch {
-  torch::Tensor chosen_input_ids;         ///< int64 [batch, seq]
-  torch::Tensor chosen_attention_mask;    ///< int64 [batch, seq]: 1 on tokens, 0 on padding
-  torch::Tensor rejected_input_ids;       ///< int64 [batch, seq']
-  torch::Tensor rejected_attention_mask;  ///< int64 [batch, seq']
-  torch::Tensor margin;                   ///< float [batch], or undefined (TRL's optional margin column)
-};
+/// Preference pairs (data/preference.hpp): the chosen and the rejected token rows, their
+/// attention masks, labels (unused here) and an optional margin; data::PreferenceDataset reads
+/// prepare.py --preference's files into them.
+using PreferenceBatch = data::PreferenceBatch;
 
 namespace detail {
 /// `a` [rows, n] and `b` [rows, m] one above the other, the shorter padded on the right with

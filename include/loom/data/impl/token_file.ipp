@@ -351,6 +351,14 @@ LOOM_INLINE const SftFiles& TokenFileMeta::sft_files(std::string_view split) con
        have.empty() ? "none" : have);
 }
 
+LOOM_INLINE const PreferenceFiles& TokenFileMeta::preference_files(std::string_view split) const {
+  if (const auto it = preference.find(std::string(split)); it != preference.end()) return it->second;
+  std::string have;
+  for (const auto& [name, files] : preference) have += (have.empty() ? "" : ", ") + name;
+  fail("{}: no preference split '{}' (there are: {})", (folder / "meta.json").string(), split,
+       have.empty() ? "none" : have);
+}
+
 LOOM_INLINE const RaggedTokenFiles& TokenFileMeta::classification_files(std::string_view split) const {
   if (const auto it = classification.find(std::string(split)); it != classification.end()) return it->second;
   std::string have;
@@ -435,6 +443,21 @@ LOOM_INLINE TokenFileMeta read_token_meta(const std::filesystem::path& meta_json
       const json::Fields s(it.value(), where + ": sft." + it.key());
       meta.sft[it.key()] = {meta.folder / s.string("ids"), meta.folder / s.string("offsets"),
                             meta.folder / s.string("mask")};
+    }
+  }
+  if (f.has("preference")) {
+    const auto& pref = f.object("preference");
+    for (auto it = pref.begin(); it != pref.end(); ++it) {
+      if (!it.value().is_object()) continue;  // the splits are the objects; "format" and "margin" describe them
+      const std::string at = where + ": preference." + it.key();
+      const json::Fields s(it.value(), at);
+      const auto side = [&](const char* name) {
+        const json::Fields x(s.object(name), at + "." + name);
+        return SftFiles{meta.folder / x.string("ids"), meta.folder / x.string("offsets"), meta.folder / x.string("mask")};
+      };
+      PreferenceFiles files{side("chosen"), side("rejected"), std::nullopt};
+      if (const auto margin = s.optional_string("margin")) files.margin = meta.folder / *margin;
+      meta.preference[it.key()] = std::move(files);
     }
   }
   return meta;
