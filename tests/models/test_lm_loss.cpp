@@ -39,6 +39,15 @@ inline torch::Tensor shifted(const torch::Tensor& labels) {
   return torch::constant_pad_nd(labels, {0, 1}, -100).narrow(-1, 1, labels.size(-1));
 }
 
+// A Llama of vocabulary 100, width 32, `layers` layers, seeded.
+inline loom::models::LlamaForCausalLM tiny_llama(int64_t layers) {
+  loom::models::LlamaConfig config;
+  config.vocab_size = 100, config.hidden_size = 32, config.intermediate_size = 64, config.num_hidden_layers = layers;
+  config.num_attention_heads = 4, config.num_key_value_heads = 2, config.max_position_embeddings = 64;
+  torch::manual_seed(0);
+  return loom::models::LlamaForCausalLM(config);
+}
+
 struct Case {
   torch::Tensor hidden, weight, labels;
 };
@@ -72,6 +81,11 @@ Result run(const Case& c, F&& loss_of, double scale = 1.0) {
 
 inline torch::Tensor full(const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& labels, bool fast) {
   return loom::models::causal_lm_loss(loom::models::lm_head_logits(h, w, fast), labels, fast);
+}
+
+inline torch::Tensor full_loss_of(const Case& c, bool fast) {
+  torch::NoGradGuard no_grad;
+  return full(c.hidden, c.weight, c.labels, fast);
 }
 
 TEST_CASE("the causal LM loss at the scored positions only equals the full loss and its gradients") {
@@ -142,6 +156,36 @@ TEST_CASE("linear_cross_entropy (chunked) equals the full loss and gradients; fr
   CHECK(relative(loss, reference.loss) <= 1e-6);
 }
 
+TEST_CASE("token_log_probs: each label's log-probability as the full log-softmax gives it, the head at scored rows") {
+  for (bool fast : {false, true}) {
+    CAPTURE(fast);
+    const Case c = make_case(3, 20, 24, 203, 13);
+    torch::NoGradGuard no_grad;
+    const auto got = loom::models::token_log_probs(c.hidden, c.weight, c.labels, fast);
+    const auto logits = loom::models::lm_head_logits(c.hidden, c.weight, fast);
+    const auto target = shifted(c.labels);
+    const auto scored = target.ne(-100);
+    const auto full = torch::log_softmax(logits.to(torch::kFloat), -1)
+                          .gather(-1, target.clamp_min(0).unsqueeze(-1))
+                          .squeeze(-1)
+                          .masked_fill(scored.logical_not(), 0);
+    REQUIRE(got.sizes() == c.labels.sizes());
+    CHECK(torch::equal(got, full));  // the same rows, bit for bit
+    CHECK(got.masked_select(scored.logical_not()).eq(0).all().item<bool>());
+    // The loss is minus their mean over the scored positions.
+    CHECK(relative(-got.sum() / scored.sum(), full_loss_of(c, fast)) <= 1e-6);
+  }
+  // A model's: the same through its body (DPO sums each completion's).
+  auto model = tiny_llama(1);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(2);
+  const auto ids = torch::randint(0, 100, {2, 16}, gen);
+  const loom::data::CausalLMBatch batch{ids, prompt_masked(ids, gen)};
+  torch::NoGradGuard no_grad;
+  const auto per_token = model->token_log_probs(batch);
+  const auto scored = shifted(batch.labels).ne(-100);
+  CHECK(relative(-per_token.sum() / scored.sum(), model->forward(batch).loss) <= 1e-6);
+}
+
 TEST_CASE("the chunked loss under bfloat16 autocast computes as the unchunked one does") {
   const Case c = make_case(2, 64, 32, 500, 3);
   at::autocast::set_autocast_enabled(at::kCPU, true);
@@ -159,11 +203,7 @@ TEST_CASE("the chunked loss under bfloat16 autocast computes as the unchunked on
 }
 
 TEST_CASE("a causal LM asked for its loss alone returns no logits; the rule that chunks it") {
-  loom::models::LlamaConfig config;
-  config.vocab_size = 100, config.hidden_size = 32, config.intermediate_size = 64, config.num_hidden_layers = 2;
-  config.num_attention_heads = 4, config.num_key_value_heads = 2, config.max_position_embeddings = 64;
-  torch::manual_seed(0);
-  loom::models::LlamaForCausalLM model(config);
+  auto model = tiny_llama(2);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
   const auto ids = torch::randint(0, 100, {2, 24}, gen);
   const loom::data::CausalLMBatch batch{ids, prompt_masked(ids, gen)};

@@ -66,6 +66,14 @@ LOOM_INLINE torch::Tensor scored_causal_lm_loss(const torch::Tensor& hidden, con
                                                 const torch::Tensor& labels, bool fast,
                                                 std::optional<bool> chunked = std::nullopt);
 
+/// The log-probability a causal LM gives each label (position t: log p(labels[t + 1]), as the
+/// loss scores it; 0 where that label is -100, and at each row's last position), float32
+/// [batch, seq], for hidden [batch, seq, h] and labels [batch, seq]: the head at the scored
+/// positions only, as scored_causal_lm_loss (TRL's fused LM head's log_probs, which DPO sums
+/// over each completion). One host sync.
+LOOM_INLINE torch::Tensor token_log_probs(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                          const torch::Tensor& labels, bool fast);
+
 /// A causal LM's output from its last hidden states: the logits of lm_head_logits(hidden,
 /// weight, fast), shown with vocab_size = weight.size(0) columns, and, when `labels` is
 /// defined, causal_lm_loss over all of them. Every causal LM's forward(batch) and logits().

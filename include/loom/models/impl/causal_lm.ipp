@@ -131,22 +131,56 @@ LOOM_INLINE torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, cons
                                                    chunk_rows, grads);
 }
 
+namespace detail {
+
+// The positions a causal LM's loss scores: the shifted labels [positions], whether each is
+// scored, and their indices (the one host sync).
+struct ScoredPositions {
+  torch::Tensor shifted, scored, index;
+};
+
+inline ScoredPositions scored_positions(const torch::Tensor& labels, const torch::Device& device) {
+  ScoredPositions s;
+  s.shifted = shifted_labels(labels).view({-1}).to(device);
+  s.scored = s.shifted.ne(data::ignore_index);
+  s.index = s.scored.nonzero().squeeze(1);
+  return s;
+}
+
+// The log-probability of each scored position's target, placed at its position among all of
+// them (0 elsewhere), float32 [positions]: the head and the log-softmax at the scored rows only
+// (a row of a product or a log-softmax does not depend on the others).
+inline torch::Tensor placed_log_probs(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                      const ScoredPositions& s, bool fast) {
+  const auto rows = hidden.reshape({-1, hidden.size(-1)}).index_select(0, s.index);
+  const auto targets = s.shifted.index_select(0, s.index);
+  const auto picked = float_log_probs(lm_head_logits(rows, weight, fast), fast).gather(1, targets.unsqueeze(1));
+  return torch::zeros({s.shifted.size(0)}, picked.options()).index_copy(0, s.index, picked.squeeze(1));
+}
+
+}  // namespace detail
+
 LOOM_INLINE torch::Tensor scored_causal_lm_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
                                                 const torch::Tensor& labels, bool fast, std::optional<bool> chunked) {
-  const auto shifted = detail::shifted_labels(labels).view({-1}).to(hidden.device());
-  const auto scored = shifted.ne(data::ignore_index);
-  const auto index = scored.nonzero().squeeze(1);  // the host sync
-  const auto rows = hidden.reshape({-1, hidden.size(-1)}).index_select(0, index);
-  const auto targets = shifted.index_select(0, index);
-  if (chunked.value_or(chunked_lm_loss_by_default(index.size(0), weight.size(0))))
-    return linear_cross_entropy(rows, weight, targets, fast);
-  // Each scored row's log-probability of its target, placed at its position among all of
-  // them, is reduced by nll_loss as causal_lm_loss reduces the whole [positions, vocab]: the
-  // same rows (a row of a product or a log-softmax does not depend on the others), summed in
-  // the same order (nll_loss's cascade runs over every position, the unscored skipped).
-  const auto picked = detail::float_log_probs(lm_head_logits(rows, weight, fast), fast).gather(1, targets.unsqueeze(1));
-  const auto placed = torch::zeros({shifted.size(0), 1}, picked.options()).index_copy(0, index, picked);
-  return at::nll_loss_nd(placed, shifted.masked_fill(scored, 0), {}, at::Reduction::Mean, data::ignore_index);
+  const auto s = detail::scored_positions(labels, hidden.device());
+  if (chunked.value_or(chunked_lm_loss_by_default(s.index.size(0), weight.size(0)))) {
+    const auto rows = hidden.reshape({-1, hidden.size(-1)}).index_select(0, s.index);
+    return linear_cross_entropy(rows, weight, s.shifted.index_select(0, s.index), fast);
+  }
+  // Each scored row's log-probability at its position, reduced by nll_loss as causal_lm_loss
+  // reduces the whole [positions, vocab]: the same rows, summed in the same order (nll_loss's
+  // cascade runs over every position, the unscored skipped).
+  return at::nll_loss_nd(detail::placed_log_probs(hidden, weight, s, fast).unsqueeze(1), s.shifted.masked_fill(s.scored, 0),
+                         {}, at::Reduction::Mean, data::ignore_index);
+}
+
+LOOM_INLINE torch::Tensor token_log_probs(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                          const torch::Tensor& labels, bool fast) {
+  check(labels.defined() && labels.sizes() == hidden.sizes().slice(0, hidden.dim() - 1),
+        "token_log_probs: labels of shape {} for hidden states of shape {}",
+        labels.defined() ? c10::str(labels.sizes()) : std::string("undefined"), c10::str(hidden.sizes()));
+  return detail::placed_log_probs(hidden, weight, detail::scored_positions(labels, hidden.device()), fast)
+      .view(labels.sizes());
 }
 
 LOOM_INLINE torch::Tensor lm_head_logits(const torch::Tensor& hidden, const torch::Tensor& weight, bool fast) {

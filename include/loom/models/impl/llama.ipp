@@ -668,6 +668,12 @@ LOOM_INLINE CausalLMOutput LlamaForCausalLMImpl::forward(const data::CausalLMBat
   return causal_lm_output(hidden, weight, batch.labels, fast_kernels(kernels_, hidden));
 }
 
+LOOM_INLINE torch::Tensor LlamaForCausalLMImpl::token_log_probs(const data::CausalLMBatch& batch) {
+  const auto hidden = model(batch.input_ids, batch.position_ids, fast_kernels(kernels_, batch.input_ids));
+  const torch::Tensor& weight = lm_head ? lm_head->weight : model->embed_tokens->weight;
+  return models::token_log_probs(hidden, weight, batch.labels, fast_kernels(kernels_, hidden));
+}
+
 LOOM_INLINE torch::Tensor LlamaForCausalLMImpl::next_token_logits(const DecodeStep& step) {
   const auto hidden = model->forward_step(step);
   const auto last = hidden.narrow(1, hidden.size(1) - 1, 1);
