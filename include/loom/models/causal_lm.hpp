@@ -122,6 +122,11 @@ struct DecodeStep {
   KVCache* cache = nullptr;        ///< nullptr: no cache (the whole sequence each step)
 };
 
+/// The attention mask of a whole padded batch, as transformers' sdpa path makes it: undefined
+/// when `attention_mask` is (or nothing is padded), else step_attention_mask over the batch's
+/// positions: causal and off the padding. A shape other than input_ids' is a loom::Error.
+LOOM_INLINE torch::Tensor padding_attention_mask(const torch::Tensor& attention_mask, const torch::Tensor& input_ids);
+
 /// The attention mask of a step as transformers' create_causal_mask makes it for sdpa:
 /// undefined where no padding and sdpa's is_causal (or a query of one) suffice, else bool
 /// [batch, 1, query, key]: causal (key position <= query position, the query offset by the

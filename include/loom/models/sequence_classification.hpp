@@ -64,6 +64,11 @@ LOOM_INLINE void validate_labels(int64_t num_labels, const std::optional<std::st
 LOOM_INLINE torch::Tensor last_token_positions(const torch::Tensor& input_ids, std::optional<int64_t> pad_token_id,
                                                std::string_view model_class);
 
+/// Row b's hidden state at positions[b]: [batch, h] of hidden [batch, seq, h]. transformers
+/// applies a decoder classifier's score at every position and then takes these; a row of a
+/// product does not depend on the others, so loom's apply it to these rows only.
+LOOM_INLINE torch::Tensor states_at(const torch::Tensor& hidden, const torch::Tensor& positions);
+
 /// HF's loss of `logits` [batch, num_labels] for `labels` under `problem_type` (see the file
 /// comment); `model_class` names the model in the error of labels that do not fit.
 LOOM_INLINE torch::Tensor sequence_classification_loss(const std::optional<std::string>& problem_type,

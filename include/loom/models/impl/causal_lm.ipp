@@ -35,6 +35,22 @@ inline torch::Tensor float_log_probs(const torch::Tensor& logits, bool fused_upc
   return torch::log_softmax(logits.to(torch::kFloat), 1);
 }
 
+// The LM head's product over the vocabulary padded to a multiple of 64 (lm_head_logits' fast
+// form): `w` (the weight, already in the product's format) with zero rows appended, and a bias
+// of -inf on the extra columns, which addmm adds in cuBLAS's epilogue. Undefined tensors when
+// `vocab` rows need no padding.
+struct PaddedHead {
+  torch::Tensor weight, bias;
+};
+
+inline PaddedHead padded_head(const torch::Tensor& w) {
+  const int64_t vocab = w.size(0), padded = (vocab + 63) / 64 * 64;
+  if (padded == vocab) return {};
+  PaddedHead head{torch::constant_pad_nd(w, {0, 0, 0, padded - vocab}), torch::zeros({padded}, w.options())};
+  head.bias.narrow(0, vocab, padded - vocab).fill_(-std::numeric_limits<double>::infinity());
+  return head;
+}
+
 // linear_cross_entropy's autograd function: the forward computes the loss chunk by chunk and,
 // when `grads`, each chunk's gradients at once (softmax minus the target's one-hot, over the
 // scored count); backward scales them by the loss's gradient.
@@ -48,14 +64,12 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
     const auto compute =
         at::autocast::is_autocast_enabled(device) ? at::autocast::get_autocast_dtype(device) : weight.scalar_type();
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-    const int64_t padded = fast ? (vocab + 63) / 64 * 64 : vocab;
     auto w = weight.to(compute);
     torch::Tensor bias;  // -inf on the padded columns (lm_head_logits' padding)
-    if (padded != vocab) {
-      w = torch::constant_pad_nd(w, {0, 0, 0, padded - vocab});
-      bias = torch::zeros({padded}, w.options());
-      bias.narrow(0, vocab, padded - vocab).fill_(-std::numeric_limits<double>::infinity());
+    if (fast) {
+      if (auto head = padded_head(w); head.weight.defined()) w = head.weight, bias = head.bias;
     }
+    const int64_t padded = w.size(0);
     const int64_t rows = chunk_rows > 0 ? chunk_rows : chunked_lm_loss_rows(n, width, padded);
     const bool grad_hidden = grads && hidden.requires_grad(), grad_weight = grads && weight.requires_grad();
     const auto float_options = hidden.options().dtype(torch::kFloat);
@@ -147,14 +161,19 @@ inline ScoredPositions scored_positions(const torch::Tensor& labels, const torch
   return s;
 }
 
+// The hidden states of the scored positions, [scored, h].
+inline torch::Tensor scored_rows(const torch::Tensor& hidden, const ScoredPositions& s) {
+  return hidden.reshape({-1, hidden.size(-1)}).index_select(0, s.index);
+}
+
 // The log-probability of each scored position's target, placed at its position among all of
 // them (0 elsewhere), float32 [positions]: the head and the log-softmax at the scored rows only
 // (a row of a product or a log-softmax does not depend on the others).
 inline torch::Tensor placed_log_probs(const torch::Tensor& hidden, const torch::Tensor& weight,
                                       const ScoredPositions& s, bool fast) {
-  const auto rows = hidden.reshape({-1, hidden.size(-1)}).index_select(0, s.index);
   const auto targets = s.shifted.index_select(0, s.index);
-  const auto picked = float_log_probs(lm_head_logits(rows, weight, fast), fast).gather(1, targets.unsqueeze(1));
+  const auto picked =
+      float_log_probs(lm_head_logits(scored_rows(hidden, s), weight, fast), fast).gather(1, targets.unsqueeze(1));
   return torch::zeros({s.shifted.size(0)}, picked.options()).index_copy(0, s.index, picked.squeeze(1));
 }
 
@@ -163,10 +182,8 @@ inline torch::Tensor placed_log_probs(const torch::Tensor& hidden, const torch::
 LOOM_INLINE torch::Tensor scored_causal_lm_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
                                                 const torch::Tensor& labels, bool fast, std::optional<bool> chunked) {
   const auto s = detail::scored_positions(labels, hidden.device());
-  if (chunked.value_or(chunked_lm_loss_by_default(s.index.size(0), weight.size(0)))) {
-    const auto rows = hidden.reshape({-1, hidden.size(-1)}).index_select(0, s.index);
-    return linear_cross_entropy(rows, weight, s.shifted.index_select(0, s.index), fast);
-  }
+  if (chunked.value_or(chunked_lm_loss_by_default(s.index.size(0), weight.size(0))))
+    return linear_cross_entropy(detail::scored_rows(hidden, s), weight, s.shifted.index_select(0, s.index), fast);
   // Each scored row's log-probability at its position, reduced by nll_loss as causal_lm_loss
   // reduces the whole [positions, vocab]: the same rows, summed in the same order (nll_loss's
   // cascade runs over every position, the unscored skipped).
@@ -184,19 +201,16 @@ LOOM_INLINE torch::Tensor token_log_probs(const torch::Tensor& hidden, const tor
 }
 
 LOOM_INLINE torch::Tensor lm_head_logits(const torch::Tensor& hidden, const torch::Tensor& weight, bool fast) {
-  const int64_t vocab = weight.size(0), padded = (vocab + 63) / 64 * 64;
-  if (padded == vocab || !fast) return torch::nn::functional::linear(hidden, weight);
-  // Zero rows appended to the weight (cast first, as autocast would, so the copy is the
-  // narrow one) and a bias of -inf on the extra columns, added by addmm in cuBLAS's epilogue
-  // (linear on a 3-d input would add it in a separate pass over the logits).
+  const int64_t vocab = weight.size(0);
+  if ((vocab % 64) == 0 || !fast) return torch::nn::functional::linear(hidden, weight);
+  // The weight cast first, as autocast would, so the padded copy is the narrow one; addmm adds
+  // the bias in cuBLAS's epilogue (linear on a 3-d input would add it in a separate pass).
   const auto device = hidden.device().type();
-  auto w = at::autocast::is_autocast_enabled(device) ? weight.to(at::autocast::get_autocast_dtype(device)) : weight;
-  w = torch::constant_pad_nd(w, {0, 0, 0, padded - vocab});
-  auto bias = torch::zeros({padded}, w.options());
-  bias.narrow(0, vocab, padded - vocab).fill_(-std::numeric_limits<double>::infinity());
+  const auto head = detail::padded_head(
+      at::autocast::is_autocast_enabled(device) ? weight.to(at::autocast::get_autocast_dtype(device)) : weight);
   auto sizes = hidden.sizes().vec();
-  sizes.back() = padded;
-  return torch::addmm(bias, hidden.reshape({-1, hidden.size(-1)}), w.t()).view(sizes);
+  sizes.back() = head.weight.size(0);
+  return torch::addmm(head.bias, hidden.reshape({-1, hidden.size(-1)}), head.weight.t()).view(sizes);
 }
 
 LOOM_INLINE CausalLMOutput causal_lm_output(const torch::Tensor& hidden, const torch::Tensor& weight,
@@ -216,6 +230,16 @@ LOOM_INLINE std::pair<torch::Tensor, torch::Tensor> LayerCache::update(const tor
   keys = keys.defined() ? torch::cat({keys, k}, -2) : torch::cat({k}, -2);
   values = values.defined() ? torch::cat({values, v}, -2) : torch::cat({v}, -2);
   return {keys, values};
+}
+
+LOOM_INLINE torch::Tensor padding_attention_mask(const torch::Tensor& attention_mask, const torch::Tensor& input_ids) {
+  if (!attention_mask.defined()) return {};
+  check(attention_mask.sizes() == input_ids.sizes(), "attention_mask of shape {} does not match input_ids of shape {}",
+        c10::str(attention_mask.sizes()), c10::str(input_ids.sizes()));
+  // As transformers' sdpa path: no mask when nothing is padded (one value read back).
+  const auto keep = attention_mask.to(input_ids.device());
+  if (keep.to(torch::kBool).all().item<bool>()) return {};
+  return step_attention_mask(keep, input_ids.size(1), input_ids.size(1), input_ids.device());
 }
 
 LOOM_INLINE torch::Tensor step_attention_mask(const torch::Tensor& attention_mask, int64_t query, int64_t keys,

@@ -156,13 +156,7 @@ LOOM_INLINE torch::Tensor GPT2ModelImpl::forward(const torch::Tensor& input_ids,
   check(input_ids.dim() == 2, "GPT-2 takes input_ids of shape [batch, seq], got {}", c10::str(input_ids.sizes()));
   const int64_t seq = input_ids.size(1);
   check(seq <= wpe->weight.size(0), "GPT-2 got a sequence of {} tokens; n_positions is {}", seq, wpe->weight.size(0));
-  torch::Tensor mask;  // as transformers' sdpa path: none when nothing is padded
-  if (attention_mask.defined()) {
-    check(attention_mask.sizes() == input_ids.sizes(), "attention_mask of shape {} does not match input_ids of shape {}",
-          c10::str(attention_mask.sizes()), c10::str(input_ids.sizes()));
-    const auto keep = attention_mask.to(input_ids.device());
-    if (!keep.to(torch::kBool).all().item<bool>()) mask = step_attention_mask(keep, seq, seq, input_ids.device());
-  }
+  const auto mask = padding_attention_mask(attention_mask, input_ids);
   const auto positions = torch::arange(seq, input_ids.options().dtype(torch::kLong)).unsqueeze(0);
   const auto tokens = embedding_noise(wte(input_ids), is_training());
   auto x = drop(tokens + wpe(positions));
@@ -301,11 +295,7 @@ LOOM_INLINE void GPT2ForSequenceClassificationImpl::set_kernels(Kernels kernels)
 LOOM_INLINE torch::Tensor GPT2ForSequenceClassificationImpl::logits(const torch::Tensor& input_ids,
                                                                     const torch::Tensor& attention_mask) {
   const auto hidden = transformer->forward(input_ids, attention_mask);
-  const auto rows = torch::arange(input_ids.size(0), input_ids.options().dtype(torch::kLong));
-  // transformers applies score at every position, then takes each row's; a row of a product
-  // does not depend on the others, so the head runs at the taken positions only.
-  const auto at = last_token_positions(input_ids, config_.pad_token_id, architecture).to(torch::kLong);
-  return score(hidden.index({rows, at}));
+  return score(states_at(hidden, last_token_positions(input_ids, config_.pad_token_id, architecture)));
 }
 
 LOOM_INLINE SequenceClassifierOutput GPT2ForSequenceClassificationImpl::forward(const data::SequenceBatch& batch) {

@@ -585,15 +585,9 @@ LOOM_INLINE torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids
         c10::str(input_ids.sizes()));
   torch::Tensor mask, cu_seqlens;
   if (attention_mask.defined()) {
-    check(attention_mask.sizes() == input_ids.sizes(), "attention_mask of shape {} does not match input_ids of shape {}",
-          c10::str(attention_mask.sizes()), c10::str(input_ids.sizes()));
     check(!position_ids.defined(), "the Llama architecture takes an attention_mask (padding) or position_ids (packed "
                                    "documents), not both");
-    // As transformers' sdpa path: no mask when nothing is padded (one value read back, as
-    // BERT's), else causal and off the padding, [batch, 1, seq, seq].
-    const auto keep = attention_mask.to(input_ids.device());
-    if (!keep.to(torch::kBool).all().item<bool>())
-      mask = step_attention_mask(keep, input_ids.size(1), input_ids.size(1), input_ids.device());
+    mask = padding_attention_mask(attention_mask, input_ids);
   }
   if (position_ids.defined()) {
     check(position_ids.sizes() == input_ids.sizes(), "position_ids of shape {} do not match input_ids of shape {}",
@@ -731,10 +725,7 @@ LOOM_INLINE torch::Tensor LlamaForSequenceClassificationImpl::pooled_positions(c
 LOOM_INLINE torch::Tensor LlamaForSequenceClassificationImpl::logits(const torch::Tensor& input_ids,
                                                                      const torch::Tensor& attention_mask) {
   const auto hidden = model->forward(input_ids, torch::Tensor(), false, attention_mask);
-  const auto rows = torch::arange(input_ids.size(0), input_ids.options().dtype(torch::kLong));
-  // transformers applies score at every position and then takes each row's; a row of a product
-  // does not depend on the others, so the head runs at the taken positions only.
-  return score(hidden.index({rows, pooled_positions(input_ids).to(torch::kLong)}));
+  return score(states_at(hidden, pooled_positions(input_ids)));
 }
 
 LOOM_INLINE SequenceClassifierOutput LlamaForSequenceClassificationImpl::forward(const data::SequenceBatch& batch) {

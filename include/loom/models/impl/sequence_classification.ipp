@@ -39,6 +39,11 @@ LOOM_INLINE torch::Tensor last_token_positions(const torch::Tensor& input_ids, s
   return (torch::arange(seq, input_ids.options().dtype(torch::kInt)) * not_pad).argmax(-1);
 }
 
+LOOM_INLINE torch::Tensor states_at(const torch::Tensor& hidden, const torch::Tensor& positions) {
+  const auto rows = torch::arange(hidden.size(0), positions.options().dtype(torch::kLong));
+  return hidden.index({rows, positions.to(torch::kLong)});
+}
+
 LOOM_INLINE torch::Tensor sequence_classification_loss(const std::optional<std::string>& problem_type,
                                                        int64_t num_labels, const torch::Tensor& logits,
                                                        const torch::Tensor& labels, std::string_view model_class) {
