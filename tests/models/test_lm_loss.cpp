@@ -156,24 +156,37 @@ TEST_CASE("linear_cross_entropy (chunked) equals the full loss and gradients; fr
   CHECK(relative(loss, reference.loss) <= 1e-6);
 }
 
-TEST_CASE("token_log_probs: each label's log-probability as the full log-softmax gives it, the head at scored rows") {
+TEST_CASE("token_scores: each label's log-probability, entropy, mean logit and top-1 as the full logits give them") {
   for (bool fast : {false, true}) {
     CAPTURE(fast);
     const Case c = make_case(3, 20, 24, 203, 13);
     torch::NoGradGuard no_grad;
-    const auto got = loom::models::token_log_probs(c.hidden, c.weight, c.labels, fast);
+    const auto got = loom::models::token_scores(c.hidden, c.weight, c.labels, fast, /*statistics=*/true, false);
     const auto logits = loom::models::lm_head_logits(c.hidden, c.weight, fast);
     const auto target = shifted(c.labels);
     const auto scored = target.ne(-100);
-    const auto full = torch::log_softmax(logits.to(torch::kFloat), -1)
-                          .gather(-1, target.clamp_min(0).unsqueeze(-1))
-                          .squeeze(-1)
-                          .masked_fill(scored.logical_not(), 0);
-    REQUIRE(got.sizes() == c.labels.sizes());
-    CHECK(torch::equal(got, full));  // the same rows, bit for bit
-    CHECK(got.masked_select(scored.logical_not()).eq(0).all().item<bool>());
+    const auto log_softmax = torch::log_softmax(logits.to(torch::kFloat), -1);
+    const auto full = log_softmax.gather(-1, target.clamp_min(0).unsqueeze(-1)).squeeze(-1).masked_fill(
+        scored.logical_not(), 0);
+    REQUIRE(got.log_probs.sizes() == c.labels.sizes());
+    CHECK(torch::equal(got.log_probs, full));  // the same rows, bit for bit
+    CHECK(got.log_probs.masked_select(scored.logical_not()).eq(0).all().item<bool>());
     // The loss is minus their mean over the scored positions.
-    CHECK(relative(-got.sum() / scored.sum(), full_loss_of(c, fast)) <= 1e-6);
+    CHECK(relative(-got.log_probs.sum() / scored.sum(), full_loss_of(c, fast)) <= 1e-6);
+    // The statistics over the vocabulary's columns (not the padding's), at the scored positions.
+    const auto shown = logits.narrow(-1, 0, 203).to(torch::kFloat);
+    const auto p = torch::softmax(shown, -1);
+    const auto entropy = (-(p * torch::log_softmax(shown, -1)).sum(-1)).masked_fill(scored.logical_not(), 0);
+    CHECK(relative(got.entropy, entropy) <= 1e-6);
+    CHECK(relative(got.mean_logits, shown.mean(-1).masked_fill(scored.logical_not(), 0)) <= 1e-6);
+    CHECK(torch::equal(got.is_top1, shown.argmax(-1).eq(target).logical_and(scored)));
+    CHECK(got.is_top1.any().item<bool>());  // the case has some: the comparison is not vacuous
+    // Chunked: the same values within float32 rounding.
+    const auto chunked = loom::models::token_scores(c.hidden, c.weight, c.labels, fast, true, true);
+    CHECK(relative(chunked.log_probs, got.log_probs) <= 1e-6);
+    CHECK(relative(chunked.entropy, got.entropy) <= 1e-5);
+    CHECK(relative(chunked.mean_logits, got.mean_logits) <= 1e-6);
+    CHECK(torch::equal(chunked.is_top1, got.is_top1));
   }
   // A model's: the same through its body (DPO sums each completion's).
   auto model = tiny_llama(1);
@@ -181,9 +194,30 @@ TEST_CASE("token_log_probs: each label's log-probability as the full log-softmax
   const auto ids = torch::randint(0, 100, {2, 16}, gen);
   const loom::data::CausalLMBatch batch{ids, prompt_masked(ids, gen)};
   torch::NoGradGuard no_grad;
-  const auto per_token = model->token_log_probs(batch);
+  const auto per_token = model->token_scores(batch).log_probs;
   const auto scored = shifted(batch.labels).ne(-100);
   CHECK(relative(-per_token.sum() / scored.sum(), model->forward(batch).loss) <= 1e-6);
+}
+
+TEST_CASE("token_scores chunked: the gradients of weighted log-probabilities equal autograd's through the full logits") {
+  // Sizes over one chunk (rows > 64 and an eighth of them), so backward recomputes several.
+  const Case c = make_case(4, 150, 32, 301, 21);
+  // Per-token weights as DPO's loss gives them (a different factor per position).
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const auto weights = torch::randn({4, 150}, gen);
+  for (bool fast : {false, true}) {
+    CAPTURE(fast);
+    const auto loss_with = [&](bool chunked) {
+      return [&, chunked](auto& h, auto& w, auto& l) {
+        return (loom::models::token_scores(h, w, l, fast, false, chunked).log_probs * weights).sum();
+      };
+    };
+    const auto reference = run(c, loss_with(false));
+    const auto chunked = run(c, loss_with(true));
+    CHECK(relative(chunked.loss, reference.loss) <= 1e-5);
+    CHECK(relative(chunked.d_hidden, reference.d_hidden) <= 1e-5);
+    CHECK(relative(chunked.d_weight, reference.d_weight) <= 1e-5);
+  }
 }
 
 TEST_CASE("the chunked loss under bfloat16 autocast computes as the unchunked one does") {

@@ -29,6 +29,10 @@ struct PreferenceBatch {
   torch::Tensor rejected_attention_mask;  ///< int64 [batch, seq']
   torch::Tensor rejected_labels;          ///< int64 [batch, seq'] (or undefined)
   torch::Tensor margin;                   ///< float [batch], or undefined (TRL's optional margin column)
+  /// float [batch]: the reference model's log-probability of each chosen completion, when
+  /// computed once before training (DPOTrainer's precompute_ref_log_probs); else undefined.
+  torch::Tensor ref_chosen_logps;
+  torch::Tensor ref_rejected_logps;  ///< float [batch]: the same for the rejected completions
 };
 
 /// The pairs of a preference split as PreferenceBatch rows. SftOptions as for SftDataset:

@@ -22,12 +22,13 @@
 #include <loom/config/field_help.hpp>
 #include <loom/config/reflect.hpp>
 #include <loom/data/preference.hpp>
+#include <loom/methods/logged_metrics.hpp>
+#include <loom/methods/pairs.hpp>
 #include <loom/trainer/trainer.hpp>
 
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -52,17 +53,6 @@ struct RewardArguments {
 /// prepare.py --preference's files into them.
 using PreferenceBatch = data::PreferenceBatch;
 
-namespace detail {
-/// `a` [rows, n] and `b` [rows, m] one above the other, the shorter padded on the right with
-/// `value` to the longer's width.
-inline torch::Tensor stack_padded(const torch::Tensor& a, const torch::Tensor& b, int64_t value) {
-  const int64_t width = std::max(a.size(1), b.size(1));
-  const auto pad = [&](const torch::Tensor& t) {
-    return t.size(1) == width ? t : torch::constant_pad_nd(t, {0, width - t.size(1)}, static_cast<double>(value));
-  };
-  return torch::cat({pad(a), pad(b)});
-}
-}  // namespace detail
 
 /// TRL's RewardTrainer: loom's Trainer with the pairwise loss and TRL's metrics (see the file
 /// comment). Model: a module holder whose forward takes a data::SequenceBatch and returns
@@ -82,24 +72,9 @@ class RewardTrainer : public Trainer<RewardTrainer<Model, Policies...>, Model, P
     const auto pad = model->config().pad_token_id;
     check(pad.has_value(), "RewardTrainer: the model's config has no pad_token_id; a batch of pairs is padded with "
                            "it (set pad_token_id in config.json)");
-    const int64_t pairs = batch.chosen_input_ids.size(0);
-    const auto mask_of = [](const torch::Tensor& m, const torch::Tensor& ids) {
-      return m.defined() ? m : torch::ones_like(ids);
-    };
-    data::SequenceBatch joined{
-        detail::stack_padded(batch.chosen_input_ids, batch.rejected_input_ids, *pad),
-        detail::stack_padded(mask_of(batch.chosen_attention_mask, batch.chosen_input_ids),
-                             mask_of(batch.rejected_attention_mask, batch.rejected_input_ids), 0),
-        torch::Tensor()};
-    // The columns after the last token of every row dropped, as DataCollatorForPreference pads
-    // to the batch's longest row (the same rewards; the products then have TRL's shapes).
-    if (const auto used = joined.attention_mask.ne(0).any(0).nonzero(); used.numel() > 0) {
-      const int64_t width = used.max().template item<int64_t>() + 1;
-      if (width < joined.input_ids.size(1)) {
-        joined.input_ids = joined.input_ids.narrow(1, 0, width);
-        joined.attention_mask = joined.attention_mask.narrow(1, 0, width);
-      }
-    }
+    const auto pairs_joined = join_pairs(batch, *pad, /*labels=*/false, "RewardTrainer");
+    const int64_t pairs = pairs_joined.pairs;
+    const data::SequenceBatch joined{pairs_joined.input_ids, pairs_joined.attention_mask, torch::Tensor()};
     auto out = model->forward(joined);
     check(out.logits.dim() == 2 && out.logits.size(1) == 1,
           "RewardTrainer: the model must give one reward per row (num_labels 1), got logits of shape {}",
@@ -119,15 +94,7 @@ class RewardTrainer : public Trainer<RewardTrainer<Model, Policies...>, Model, P
   /// when the model is evaluating), then the Trainer's log.
   void log(const Metrics& logs) {
     const bool training = this->model()->is_training();
-    auto& recorded = metrics_[training ? 0 : 1];
-    Metrics entry = logs;
-    for (const auto& [name, values] : recorded) {
-      double sum = 0;
-      for (double v : values) sum += v;
-      entry.set((training ? "" : "eval_") + name, values.empty() ? 0.0 : sum / static_cast<double>(values.size()));
-    }
-    recorded.clear();
-    Base::log(entry);
+    Base::log(metrics_.merged(logs, training));
   }
 
   /// The reward arguments.
@@ -139,24 +106,23 @@ class RewardTrainer : public Trainer<RewardTrainer<Model, Policies...>, Model, P
   void record(bool training, const torch::Tensor& rewards, const torch::Tensor& chosen, const torch::Tensor& rejected,
               const torch::Tensor& attention_mask) {
     auto& acc = this->accelerator();
-    auto& m = metrics_[training ? 0 : 1];
     const int64_t world = acc.world().size;
     if (training) total_tokens_ += acc.reduce_sum(attention_mask.sum().to(torch::kLong)).template item<int64_t>();
-    m["num_tokens"] = {static_cast<double>(total_tokens_)};
+    metrics_.set(training, "num_tokens", static_cast<double>(total_tokens_));
     const auto all = world > 1 ? acc.gather_for_metrics(rewards.to(torch::kFloat)) : rewards.to(torch::kFloat);
-    m["min_reward"].push_back(all.min().template item<double>());
-    m["mean_reward"].push_back(all.mean().template item<double>());
-    m["max_reward"].push_back(all.max().template item<double>());
+    metrics_.append(training, "min_reward", all.min().template item<double>());
+    metrics_.append(training, "mean_reward", all.mean().template item<double>());
+    metrics_.append(training, "max_reward", all.max().template item<double>());
     const auto across = [&](const torch::Tensor& local) {
       return (world > 1 ? acc.reduce_sum(local) / static_cast<double>(world) : local).template item<double>();
     };
-    m["accuracy"].push_back(across(chosen.gt(rejected).to(torch::kFloat).mean()));
-    m["margin"].push_back(across((chosen - rejected).to(torch::kFloat).mean()));
+    metrics_.append(training, "accuracy", across(chosen.gt(rejected).to(torch::kFloat).mean()));
+    metrics_.append(training, "margin", across((chosen - rejected).to(torch::kFloat).mean()));
   }
 
   RewardArguments reward_;
   int64_t total_tokens_ = 0;
-  std::map<std::string, std::vector<double>> metrics_[2];  // [0] training, [1] evaluation
+  detail::LoggedMetrics metrics_;
 };
 
 }  // namespace loom::methods

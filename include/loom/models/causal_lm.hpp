@@ -66,13 +66,26 @@ LOOM_INLINE torch::Tensor scored_causal_lm_loss(const torch::Tensor& hidden, con
                                                 const torch::Tensor& labels, bool fast,
                                                 std::optional<bool> chunked = std::nullopt);
 
-/// The log-probability a causal LM gives each label (position t: log p(labels[t + 1]), as the
-/// loss scores it; 0 where that label is -100, and at each row's last position), float32
-/// [batch, seq], for hidden [batch, seq, h] and labels [batch, seq]: the head at the scored
-/// positions only, as scored_causal_lm_loss (TRL's fused LM head's log_probs, which DPO sums
-/// over each completion). One host sync.
-LOOM_INLINE torch::Tensor token_log_probs(const torch::Tensor& hidden, const torch::Tensor& weight,
-                                          const torch::Tensor& labels, bool fast);
+/// What a causal LM gives each of its labels (TRL's fused LM head outputs), float32
+/// [batch, seq]: position t scores labels[t + 1] (as the loss does); 0 where that label is -100,
+/// and at each row's last position.
+struct TokenScores {
+  torch::Tensor log_probs;    ///< log p(label): differentiable (what DPO sums over each completion)
+  torch::Tensor entropy;      ///< the entropy of the next-token distribution (no gradient; with statistics)
+  torch::Tensor mean_logits;  ///< the logits' mean over the vocabulary (no gradient; with statistics)
+  torch::Tensor is_top1;      ///< bool: the label is the first most likely token (with statistics)
+};
+
+/// TokenScores of hidden [batch, seq, h] by the head `weight` [vocab, h] and `labels`
+/// [batch, seq], the head at the scored positions only (as scored_causal_lm_loss); with
+/// `statistics`, the entropy, mean logit and top-1 fields too (else undefined). `chunked`
+/// (nullopt: chunked_lm_loss_by_default): the scored rows go through the head in chunks and
+/// backward recomputes each chunk's logits, so the [scored, vocab] float32 logits are never
+/// held (TRL's chunked log-probabilities); unchunked, log_probs are log_softmax's bit for bit,
+/// chunked within float32 rounding. One host sync.
+LOOM_INLINE TokenScores token_scores(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                     const torch::Tensor& labels, bool fast, bool statistics = false,
+                                     std::optional<bool> chunked = std::nullopt);
 
 /// A causal LM's output from its last hidden states: the logits of lm_head_logits(hidden,
 /// weight, fast), shown with vocab_size = weight.size(0) columns, and, when `labels` is

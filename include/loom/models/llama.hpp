@@ -326,10 +326,11 @@ class LlamaForCausalLMImpl : public PreTrainedModel<LlamaForCausalLMImpl, LlamaC
   }
   /// Logits [batch, seq, vocab_size] of int64 token ids [batch, seq].
   LOOM_INLINE torch::Tensor logits(const torch::Tensor& input_ids);
-  /// The log-probability of each of batch.labels (causal_lm.hpp's token_log_probs: position t
-  /// scores labels[t + 1], 0 where -100), float32 [batch, seq], the head at the scored
-  /// positions only: what DPO sums over each completion.
-  LOOM_INLINE torch::Tensor token_log_probs(const data::CausalLMBatch& batch);
+  /// What the model gives each of batch.labels (causal_lm.hpp's token_scores: position t scores
+  /// labels[t + 1]; with `statistics`, the entropy, mean logit and top-1 too), the head at the
+  /// scored positions only: what DPO sums over each completion. `chunked` as token_scores.
+  LOOM_INLINE TokenScores token_scores(const data::CausalLMBatch& batch, bool statistics = false,
+                                       std::optional<bool> chunked = std::nullopt);
   /// Generation's forward (models/generation.hpp): the logits of the step's last position,
   /// float32 [batch, vocab_size] (transformers' logits_to_keep=1).
   LOOM_INLINE torch::Tensor next_token_logits(const DecodeStep& step);

@@ -157,6 +157,29 @@ class HiddenAdapters {
   std::vector<Held> held_;
 };
 
+namespace detail {
+/// Whether this thread's forwards run without their adapters (DisabledAdapters).
+[[nodiscard]] inline bool& adapters_disabled() {
+  thread_local bool disabled = false;
+  return disabled;
+}
+}  // namespace detail
+
+/// While it lives, the LoRA adapters are off in this thread's forwards (PEFT's
+/// disable_adapter()): each adapted layer computes with its base weight alone. The module tree,
+/// the parameters and the adapters stay as they are, so a sharding engine sees the same model;
+/// DPO's reference model is the base this way, without a second copy. Scopes nest.
+class DisabledAdapters {
+ public:
+  DisabledAdapters() : before_(std::exchange(detail::adapters_disabled(), true)) {}
+  ~DisabledAdapters() { detail::adapters_disabled() = before_; }
+  DisabledAdapters(const DisabledAdapters&) = delete;
+  DisabledAdapters& operator=(const DisabledAdapters&) = delete;
+
+ private:
+  bool before_;
+};
+
 /// adapter_config.json's fields as a LoraConfig (PEFT's keys; those loom does not implement
 /// must hold their defaults); errors name `where`.
 LOOM_INLINE LoraConfig lora_config_from_json(const nlohmann::json& j, std::string_view where);

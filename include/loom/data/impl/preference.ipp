@@ -40,7 +40,7 @@ LOOM_INLINE PreferenceBatch PreferenceDataset::get_batch(std::span<const int64_t
     return torch::arange(ids.size(1), torch::kLong).unsqueeze(0).lt(lengths).to(torch::kLong);
   };
   PreferenceBatch b{chosen.input_ids, mask(chosen_, chosen.input_ids), chosen.labels,
-                    rejected.input_ids, mask(rejected_, rejected.input_ids), rejected.labels, torch::Tensor()};
+                    rejected.input_ids, mask(rejected_, rejected.input_ids), rejected.labels, {}, {}, {}};
   if (margin_) {
     b.margin = torch::empty({static_cast<int64_t>(indices.size())}, torch::kFloat);
     auto* out = b.margin.data_ptr<float>();

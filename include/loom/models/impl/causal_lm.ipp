@@ -191,13 +191,127 @@ LOOM_INLINE torch::Tensor scored_causal_lm_loss(const torch::Tensor& hidden, con
                          {}, at::Reduction::Mean, data::ignore_index);
 }
 
-LOOM_INLINE torch::Tensor token_log_probs(const torch::Tensor& hidden, const torch::Tensor& weight,
-                                          const torch::Tensor& labels, bool fast) {
+namespace detail {
+
+// token_scores' chunked form: the log-probability of each row's target (every row scored), and
+// with `statistics` the entropy, mean logit and top-1 of each row, the head applied chunk by
+// chunk; backward recomputes each chunk's logits (softmax minus the target's one-hot, by the
+// incoming gradient). Outputs: log_probs, then (with statistics) entropy, mean_logits and
+// is_top1 as floats (the last three without gradient).
+struct TokenLogProbFunction : torch::autograd::Function<TokenLogProbFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, torch::Tensor hidden,
+                                                torch::Tensor weight, torch::Tensor targets, bool fast,
+                                                bool statistics) {
+    const int64_t n = hidden.size(0), width = hidden.size(1), vocab = weight.size(0);
+    const auto device = hidden.device().type();
+    const auto compute =
+        at::autocast::is_autocast_enabled(device) ? at::autocast::get_autocast_dtype(device) : weight.scalar_type();
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    auto w = weight.to(compute);
+    torch::Tensor bias;
+    if (fast) {
+      if (auto head = padded_head(w); head.weight.defined()) w = head.weight, bias = head.bias;
+    }
+    const int64_t rows = chunked_lm_loss_rows(n, width, w.size(0));
+    const auto float_options = hidden.options().dtype(torch::kFloat);
+    auto log_probs = torch::empty({n}, float_options), log_z = torch::empty({n}, float_options);
+    torch::Tensor entropy, mean_logits, is_top1;
+    if (statistics) {
+      entropy = torch::empty({n}, float_options), mean_logits = torch::empty({n}, float_options);
+      is_top1 = torch::empty({n}, float_options);
+    }
+    for (int64_t start = 0; start < n; start += rows) {
+      const int64_t c = std::min(rows, n - start);
+      const auto h = hidden.narrow(0, start, c).to(compute);
+      const auto logits = bias.defined() ? torch::addmm(bias, h, w.t()) : torch::mm(h, w.t());
+      const auto z = logits.narrow(1, 0, vocab).to(torch::kFloat);
+      const auto t = targets.narrow(0, start, c).unsqueeze(1);
+      const auto lse = torch::logsumexp(z, 1, /*keepdim=*/true);
+      log_z.narrow(0, start, c).copy_(lse.squeeze(1));
+      log_probs.narrow(0, start, c).copy_((z.gather(1, t) - lse).squeeze(1));
+      if (!statistics) continue;
+      entropy.narrow(0, start, c).copy_(lse.squeeze(1) - (z - lse).exp().mul_(z).sum(1));
+      mean_logits.narrow(0, start, c).copy_(z.mean(1));
+      is_top1.narrow(0, start, c).copy_(z.argmax(1).eq(t.squeeze(1)));
+    }
+    ctx->save_for_backward({hidden, weight, targets, log_z});
+    ctx->saved_data["fast"] = fast;
+    ctx->saved_data["compute"] = static_cast<int64_t>(compute);
+    if (!statistics) return {log_probs};
+    ctx->mark_non_differentiable({entropy, mean_logits, is_top1});
+    return {log_probs, entropy, mean_logits, is_top1};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &hidden = saved[0], &weight = saved[1], &targets = saved[2], &log_z = saved[3];
+    const auto compute = static_cast<torch::ScalarType>(ctx->saved_data["compute"].toInt());
+    torch::Tensor d_hidden, d_weight;
+    const auto& g = grad_outputs[0];
+    if (!g.defined()) return {d_hidden, d_weight, {}, {}, {}};
+    const int64_t n = hidden.size(0), width = hidden.size(1), vocab = weight.size(0);
+    const bool grad_hidden = ctx->needs_input_grad(0), grad_weight = ctx->needs_input_grad(1);
+    const auto w = weight.to(compute);
+    const auto float_options = hidden.options().dtype(torch::kFloat);
+    if (grad_hidden) d_hidden = torch::empty({n, width}, float_options);
+    if (grad_weight) d_weight = torch::zeros({vocab, width}, float_options);
+    const int64_t rows = chunked_lm_loss_rows(n, width, vocab);
+    for (int64_t start = 0; start < n; start += rows) {
+      const int64_t c = std::min(rows, n - start);
+      const auto h = hidden.narrow(0, start, c).to(compute);
+      const auto z = torch::mm(h, w.t()).to(torch::kFloat);
+      const auto gc = g.narrow(0, start, c).to(torch::kFloat).unsqueeze(1);
+      // d log p(target) / dz = one-hot(target) - softmax(z), by the incoming gradient.
+      auto dz = z.sub_(log_z.narrow(0, start, c).unsqueeze(1)).exp_().mul_(gc).neg_();
+      dz.scatter_add_(1, targets.narrow(0, start, c).unsqueeze(1), gc);
+      const auto dzc = dz.to(compute);
+      if (grad_hidden) d_hidden.narrow(0, start, c).copy_(torch::mm(dzc, w));
+      if (grad_weight) d_weight.add_(torch::mm(dzc.t(), h).to(torch::kFloat));
+    }
+    if (grad_hidden) d_hidden = d_hidden.to(hidden.scalar_type());
+    if (grad_weight) d_weight = d_weight.to(weight.scalar_type());
+    return {d_hidden, d_weight, {}, {}, {}};
+  }
+};
+
+}  // namespace detail
+
+LOOM_INLINE TokenScores token_scores(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                     const torch::Tensor& labels, bool fast, bool statistics,
+                                     std::optional<bool> chunked) {
   check(labels.defined() && labels.sizes() == hidden.sizes().slice(0, hidden.dim() - 1),
-        "token_log_probs: labels of shape {} for hidden states of shape {}",
+        "token_scores: labels of shape {} for hidden states of shape {}",
         labels.defined() ? c10::str(labels.sizes()) : std::string("undefined"), c10::str(hidden.sizes()));
-  return detail::placed_log_probs(hidden, weight, detail::scored_positions(labels, hidden.device()), fast)
-      .view(labels.sizes());
+  const auto s = detail::scored_positions(labels, hidden.device());
+  const int64_t vocab = weight.size(0);
+  const auto targets = s.shifted.index_select(0, s.index);
+  const auto place = [&](const torch::Tensor& rows) {
+    return torch::zeros({s.shifted.size(0)}, rows.options()).index_copy(0, s.index, rows).view(labels.sizes());
+  };
+  TokenScores out;
+  if (chunked.value_or(chunked_lm_loss_by_default(s.index.size(0), vocab))) {
+    auto parts =
+        detail::TokenLogProbFunction::apply(detail::scored_rows(hidden, s), weight, targets, fast, statistics);
+    out.log_probs = place(parts[0]);
+    if (statistics) {
+      out.entropy = place(parts[1]), out.mean_logits = place(parts[2]);
+      out.is_top1 = place(parts[3]).to(torch::kBool);
+    }
+    return out;
+  }
+  const auto logits = lm_head_logits(detail::scored_rows(hidden, s), weight, fast);
+  const auto log_probs = detail::float_log_probs(logits, fast);
+  out.log_probs = place(log_probs.gather(1, targets.unsqueeze(1)).squeeze(1));
+  if (statistics) {
+    torch::NoGradGuard no_grad;
+    const auto shown = log_probs.narrow(1, 0, vocab);  // without lm_head_logits' padded columns
+    const auto z = logits.narrow(1, 0, vocab).to(torch::kFloat);
+    out.entropy = place(-(shown.exp() * shown).sum(1));
+    out.mean_logits = place(z.mean(1));
+    out.is_top1 = place(z.argmax(1).eq(targets).to(torch::kFloat)).to(torch::kBool);
+  }
+  return out;
 }
 
 LOOM_INLINE torch::Tensor lm_head_logits(const torch::Tensor& hidden, const torch::Tensor& weight, bool fast) {

@@ -236,11 +236,12 @@ LOOM_INLINE CausalLMOutput GPT2LMHeadModelImpl::forward(const data::CausalLMBatc
   return causal_lm_output(hidden, weight, batch.labels, fast_kernels(kernels_, hidden));
 }
 
-LOOM_INLINE torch::Tensor GPT2LMHeadModelImpl::token_log_probs(const data::CausalLMBatch& batch) {
+LOOM_INLINE TokenScores GPT2LMHeadModelImpl::token_scores(const data::CausalLMBatch& batch, bool statistics,
+                                                      std::optional<bool> chunked) {
   check(!batch.position_ids.defined(), "GPT-2 takes no position_ids (packed sequences); pad the batch instead");
   const auto hidden = transformer(batch.input_ids);
   const torch::Tensor& weight = lm_head ? lm_head->weight : transformer->wte->weight;
-  return models::token_log_probs(hidden, weight, batch.labels, fast_kernels(kernels_, hidden));
+  return models::token_scores(hidden, weight, batch.labels, fast_kernels(kernels_, hidden), statistics, chunked);
 }
 
 LOOM_INLINE torch::Tensor GPT2LMHeadModelImpl::next_token_logits(const DecodeStep& step) {

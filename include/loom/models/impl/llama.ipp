@@ -662,10 +662,11 @@ LOOM_INLINE CausalLMOutput LlamaForCausalLMImpl::forward(const data::CausalLMBat
   return causal_lm_output(hidden, weight, batch.labels, fast_kernels(kernels_, hidden));
 }
 
-LOOM_INLINE torch::Tensor LlamaForCausalLMImpl::token_log_probs(const data::CausalLMBatch& batch) {
+LOOM_INLINE TokenScores LlamaForCausalLMImpl::token_scores(const data::CausalLMBatch& batch, bool statistics,
+                                                       std::optional<bool> chunked) {
   const auto hidden = model(batch.input_ids, batch.position_ids, fast_kernels(kernels_, batch.input_ids));
   const torch::Tensor& weight = lm_head ? lm_head->weight : model->embed_tokens->weight;
-  return models::token_log_probs(hidden, weight, batch.labels, fast_kernels(kernels_, hidden));
+  return models::token_scores(hidden, weight, batch.labels, fast_kernels(kernels_, hidden), statistics, chunked);
 }
 
 LOOM_INLINE torch::Tensor LlamaForCausalLMImpl::next_token_logits(const DecodeStep& step) {

@@ -170,7 +170,7 @@ LOOM_INLINE torch::Tensor AdaptableLinearImpl::forward(const torch::Tensor& x) {
   } else {
     result = torch::nn::functional::linear(x, weight, bias);
   }
-  if (lora_A.is_empty()) return result;
+  if (lora_A.is_empty() || detail::adapters_disabled()) return result;
   // PEFT's lora.Linear.forward: the input in the adapter's dtype, then result + B(A(drop(x))) * s.
   const auto dtype = result.scalar_type();
   auto in = x.to(lora_A->weight.scalar_type());
