@@ -6,6 +6,8 @@
 #   make kjv-data  the KJV token files (kjv_text + kjv.py) in data/kjv, for make gpt2 / make bert
 #   make llama-sft-data  KJV instruction data with loss masks (kjv.py + prepare.py --sft) in data/kjv_sft
 #   make llama-sft  LoRA fine-tuning of a Llama-architecture model on data/kjv_sft (examples/llama_sft)
+#   make dpo-data   KJV preference pairs with completion masks (kjv.py + prepare.py --preference) in data/kjv_dpo
+#   make dpo        DPO (or --task reward) of a Llama-architecture model on data/kjv_dpo (examples/llama_dpo)
 #   make gpt2, make bert  train examples/gpt2, fine-tune examples/bert_classify on data/kjv (ARGS=...)
 #   make fuzz   libFuzzer harnesses (tests/fuzz/) built with clang into build-fuzz/, each run FUZZ_SECONDS
 #   make sanitize  the unit tests built with ASan+UBSan into build-sanitize/, then ctest -L unit
@@ -34,7 +36,7 @@ LOOM_CC ?= clang-19
 # ccache's other settings travel with the build (build/loom-ccache, cmake/loomBuildHelpers.cmake).
 export CCACHE_MAXSIZE := 5G
 
-.PHONY: help deps build bench-build demo test bench clean fuzz sanitize kjv-data llama-sft-data llama-sft gpt2 bert
+.PHONY: help deps build bench-build demo test bench clean fuzz sanitize kjv-data llama-sft-data llama-sft dpo-data dpo gpt2 bert
 
 help:
 	@echo "make demo   - train the default example (Fashion-MNIST) after any missing set-up"
@@ -45,6 +47,8 @@ help:
 	@echo "make kjv-data - tokenize the King James Bible into data/kjv (BPE token files, a few seconds)"
 	@echo "make llama-sft-data - KJV instruction pairs as SFT token files with loss masks in data/kjv_sft (seconds)"
 	@echo "make llama-sft - LoRA fine-tuning of a Llama-architecture model on data/kjv_sft (examples/llama_sft; ARGS=...)"
+	@echo "make dpo-data - KJV preference pairs as token files with completion masks in data/kjv_dpo (seconds)"
+	@echo "make dpo - DPO of a Llama-architecture model on data/kjv_dpo (examples/llama_dpo; ARGS='--task reward' for a reward model)"
 	@echo "make gpt2   - train GPT-2 on data/kjv (examples/gpt2; ARGS=\"--flag value ...\")"
 	@echo "make bert   - fine-tune BERT to classify KJV verses by book group (examples/bert_classify)"
 	@echo "make fuzz   - build the libFuzzer harnesses (clang) and run each for FUZZ_SECONDS (default 60)"
@@ -126,6 +130,18 @@ $(KJV_SFT)/meta.json: $(TEXT_TOOLS) $(BUILD)/build.ninja
 
 llama-sft-data: $(KJV_SFT)/meta.json
 
+# data/kjv_dpo: KJV preference pairs ("Genesis 1:1" -> that verse, chosen, or one half the text
+# away, rejected) written by kjv.py as preferences.jsonl from 4000 verses, then tokenized by
+# prepare.py --preference with their completion masks (a BPE of 8192 tokens).
+KJV_DPO := data/kjv_dpo
+
+$(KJV_DPO)/meta.json: $(TEXT_TOOLS) $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS) --target kjv_text
+	$(PY) examples/text_data/kjv.py --kjv_text $(BUILD)/examples/kjv_text --preferences $(KJV_DPO)/preferences.jsonl --limit 4000
+	$(PY) examples/text_data/prepare.py --preference $(KJV_DPO)/preferences.jsonl --out $(KJV_DPO)
+
+dpo-data: $(KJV_DPO)/meta.json
+
 gpt2: kjv-data
 	cmake --build $(BUILD) -j $(JOBS) --target gpt2
 	$(BUILD)/examples/gpt2 --data_dir $(KJV_DATA) $(ARGS)
@@ -137,6 +153,10 @@ bert: kjv-data
 llama-sft: llama-sft-data
 	cmake --build $(BUILD) -j $(JOBS) --target llama_sft
 	$(BUILD)/examples/llama_sft --data_dir $(KJV_SFT) $(ARGS)
+
+dpo: dpo-data
+	cmake --build $(BUILD) -j $(JOBS) --target llama_dpo
+	$(BUILD)/examples/llama_dpo --data_dir $(KJV_DPO) $(ARGS)
 
 # --- fuzzing (tests/fuzz/README.md) ------------------------------------------------------
 # One clang binary with four libFuzzer harnesses, picked by LOOM_FUZZ_TARGET. Each target

@@ -31,6 +31,11 @@ book's full name), and every fourth verse that has a next verse in its book also
 {"prompt": "<the verse>\\n", "completion": "<the next verse>"}; one file, in the order of the
 text.
 
+--preferences FILE: preference pairs in JSON Lines, for prepare.py --preference (DPO and reward
+models, examples/llama_dpo). Every verse gives {"prompt": "Genesis 1:1\\n", "chosen": "<that
+verse>", "rejected": "<another verse>"}: the rejected verse is the one half the text away, so it
+reads like scripture but answers another reference. One file, in the order of the text.
+
 The same input and options give the same bytes (the BPE trainer is deterministic, the
 shuffle seeded). --limit N keeps N verses (N instructions with --instructions) spread evenly
 over the text (every book group stays present), for quick runs and tests.
@@ -39,6 +44,7 @@ over the text (every book group stays present), for quick runs and tests.
   .venv/bin/python examples/text_data/kjv.py --input kjv.txt --out data/kjv
   .venv/bin/python examples/text_data/kjv.py --kjv_text build/examples/kjv_text --out data/kjv
   .venv/bin/python examples/text_data/kjv.py --kjv_text build/examples/kjv_text --instructions sft.jsonl
+  .venv/bin/python examples/text_data/kjv.py --kjv_text build/examples/kjv_text --preferences dpo.jsonl
 """
 
 import argparse
@@ -180,6 +186,13 @@ def instruction_pairs(verses):
     return pairs
 
 
+def preference_pairs(verses):
+    """Reference -> its verse (chosen) or the verse half the text away (rejected)."""
+    half = max(1, len(verses) // 2)
+    return [{"prompt": f"{BOOKS[v.book][1]} {v.chapter}:{v.verse}\n", "chosen": v.text,
+             "rejected": verses[(i + half) % len(verses)].text} for i, v in enumerate(verses)]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
@@ -189,6 +202,7 @@ def main():
     dst = p.add_mutually_exclusive_group(required=True)
     dst.add_argument("--out", type=Path, help="the token folder (created)")
     dst.add_argument("--instructions", type=Path, help="write prompt-completion pairs to this JSONL file instead")
+    dst.add_argument("--preferences", type=Path, help="write prompt-chosen-rejected pairs to this JSONL file instead")
     p.add_argument("--vocab_size", type=int, default=8192, help="BPE vocabulary, special tokens included")
     p.add_argument("--min_frequency", type=int, default=2, help="a merge must occur this often")
     p.add_argument("--limit", type=int, default=None, help="keep N verses (instructions) spread evenly over the text")
@@ -214,6 +228,12 @@ def main():
     verses = read_verses(text, source)
     if a.out is not None:
         token_folder(a, spread(verses, a.limit))
+        return
+    if a.preferences is not None:
+        pairs = preference_pairs(spread(verses, a.limit))
+        a.preferences.parent.mkdir(parents=True, exist_ok=True)
+        a.preferences.write_text("".join(json.dumps(pair) + "\n" for pair in pairs))
+        print(f"kjv.py: {len(pairs)} preference pairs -> {a.preferences}")
         return
     pairs = spread(instruction_pairs(verses), a.limit)
     a.instructions.parent.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,13 @@
       transformers' BertForSequenceClassification on DIR, the sentence encoded as prepare.py
       encodes an example ([CLS] text [SEP]), gives the labels and probabilities that
       bert_classify's --predict printed into FILE
+  hf_examples_check.py kjv_dpo_data --kjv_text EXE --out DIR
+      the llama_dpo fixture: KJV preference pairs (400 verses) as preference token files
+  hf_examples_check.py same_logs --keys K... [--rtol R] -- DIR...
+      the runs' trainer_state.json logged the same values of the keys at every training step
+  hf_examples_check.py reward_model --model DIR --data DIR --results FILE --batch N --max_length N
+      transformers opens DIR as a sequence classifier with one label and, batch by batch over
+      the held-out pairs, gets the eval_accuracy and eval_margin loom reported in FILE
 
 Each prints one "... ok" line or exits non-zero with the reason.
 """
@@ -283,6 +290,87 @@ def resumed(opts):
           f"eval_loss {r_all['eval_loss']:.6f}")
 
 
+def kjv_dpo_data(opts):
+    root = os.path.join(HERE, "..", "..", "examples", "text_data")
+    os.makedirs(opts.out, exist_ok=True)
+    pairs = os.path.join(opts.out, "preferences.jsonl")
+    for cmd in ([os.path.join(root, "kjv.py"), "--kjv_text", opts.kjv_text, "--preferences", pairs, "--limit", "400"],
+                [os.path.join(root, "prepare.py"), "--preference", pairs, "--out", opts.out, "--vocab_size", "512",
+                 "--val_fraction", "0.1"]):
+        done = subprocess.run([PYTHON] + cmd, capture_output=True, text=True)
+        print(done.stdout + done.stderr, end="")
+        if done.returncode != 0:
+            fail(f"{os.path.basename(cmd[0])} exited with {done.returncode}")
+    meta = read_json(os.path.join(opts.out, "meta.json"))
+    if meta["vocab_size"] != 512 or sorted(meta.get("preference", {})) != ["format", "margin", "train", "val"]:
+        fail(f"unexpected meta.json: vocab_size {meta['vocab_size']}, preference {sorted(meta.get('preference', {}))}")
+    print("kjv dpo data ok")
+
+
+def same_logs(opts):
+    """The runs logged the same values of opts.keys at every training step (within opts.rtol)."""
+    first = None
+    for d in opts.dirs:
+        logs = [e for e in read_json(os.path.join(d, "trainer_state.json"))["log_history"] if "loss" in e]
+        table = {e["step"]: {k: e[k] for k in opts.keys} for e in logs}
+        if not table:
+            fail(f"{d}: no training log")
+        if first is None:
+            first = (d, table)
+            continue
+        if sorted(table) != sorted(first[1]):
+            fail(f"{d} logged steps {sorted(table)}, {first[0]} {sorted(first[1])}")
+        for step, values in table.items():
+            for k, v in values.items():
+                w = first[1][step][k]
+                if not (abs(v - w) <= opts.rtol * max(1.0, abs(w))):
+                    fail(f"step {step}: {d} logged {k} {v!r}, {first[0]} {w!r}")
+    print(f"same logs ok: {len(opts.dirs)} runs, {len(first[1])} steps, " + ", ".join(opts.keys))
+
+
+def pref_split(data, split):
+    """The (chosen, rejected) token rows of a prepare.py --preference split, prompt and completion."""
+    import numpy as np
+
+    meta = read_json(os.path.join(data, "meta.json"))
+    dtype = np.uint16 if meta["dtype"] == "uint16" else np.uint32
+    sides = []
+    for side in ("chosen", "rejected"):
+        files = meta["preference"][split][side]
+        ids = np.fromfile(os.path.join(data, files["ids"]), dtype=dtype).astype(np.int64)
+        offsets = np.fromfile(os.path.join(data, files["offsets"]), dtype="<u8").astype(np.int64)
+        sides.append([ids[a:b] for a, b in zip(offsets[:-1], offsets[1:])])
+    return list(zip(*sides))
+
+
+def reward_model_check(opts):
+    """transformers opens the reward model (one label) and scores the held-out pairs as loom reported."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    torch.set_num_threads(1)
+    config = AutoConfig.from_pretrained(opts.model)
+    if config.num_labels != 1 or config.architectures != ["LlamaForSequenceClassification"]:
+        fail(f"{opts.model}: num_labels {config.num_labels}, architectures {config.architectures}")
+    model = AutoModelForSequenceClassification.from_pretrained(opts.model, dtype=torch.float32).eval()
+    reported = read_json(opts.results)
+    pairs = pref_split(opts.data, "val")
+    accuracies, margins = [], []
+    with torch.no_grad():
+        for start in range(0, len(pairs), opts.batch):  # TRL's metrics: the mean of the batches' means
+            chunk = pairs[start:start + opts.batch]
+            score = lambda row: float(model(input_ids=torch.tensor(row[: opts.max_length])[None]).logits[0, 0])
+            chosen = torch.tensor([score(c) for c, _ in chunk])
+            rejected = torch.tensor([score(r) for _, r in chunk])
+            accuracies.append(float((chosen > rejected).float().mean()))
+            margins.append(float((chosen - rejected).mean()))
+    accuracy, margin = sum(accuracies) / len(accuracies), sum(margins) / len(margins)
+    if abs(accuracy - reported["eval_accuracy"]) > 1e-6 or abs(margin - reported["eval_margin"]) > 1e-4 * max(1, abs(margin)):
+        fail(f"transformers: accuracy {accuracy!r}, margin {margin!r}; loom: eval_accuracy "
+             f"{reported['eval_accuracy']!r}, eval_margin {reported['eval_margin']!r}")
+    print(f"reward model ok: {len(pairs)} held-out pairs, accuracy {accuracy:.4f}, margin {margin:.6f} as loom reports")
+
+
 def same(opts):
     from safetensors import safe_open
 
@@ -405,6 +493,19 @@ def main():
     y.add_argument("--sentence", required=True)
     y.add_argument("--max_seq_length", type=int, required=True)
     y.add_argument("--log", required=True)
+    d = sub.add_parser("kjv_dpo_data")
+    d.add_argument("--kjv_text", required=True)
+    d.add_argument("--out", required=True)
+    sl = sub.add_parser("same_logs")
+    sl.add_argument("--keys", nargs="+", required=True)
+    sl.add_argument("--rtol", type=float, default=1e-5)
+    sl.add_argument("dirs", nargs="+")
+    rm = sub.add_parser("reward_model")
+    rm.add_argument("--model", required=True)
+    rm.add_argument("--data", required=True)
+    rm.add_argument("--results", required=True)
+    rm.add_argument("--batch", type=int, required=True)
+    rm.add_argument("--max_length", type=int, required=True)
     b = sub.add_parser("set_label")
     b.add_argument("--data", required=True)
     b.add_argument("--out", required=True)
@@ -414,7 +515,8 @@ def main():
     opts = p.parse_args()
     {"set_label": set_label, "kjv_data": kjv_data, "resumed": resumed, "same": same, "transformers": transformers_check,
      "kjv_sft_data": kjv_sft_data, "peft": peft_check, "generate": generate_check,
-     "complete": complete_check, "classify": classify_check}[opts.command](opts)
+     "complete": complete_check, "classify": classify_check, "kjv_dpo_data": kjv_dpo_data, "same_logs": same_logs,
+     "reward_model": reward_model_check}[opts.command](opts)
 
 
 if __name__ == "__main__":

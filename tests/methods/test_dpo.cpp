@@ -100,7 +100,7 @@ TEST_CASE("DPOTrainer: TRL's loss and metrics at every step, for each loss, dive
     auto [args, dpo] = loom::try_parse_args<loom::TrainingArguments, loom::methods::DPOArguments>(argv).values;
     auto model = LM::from_pretrained(*dir / "init");
     if (c["lora"].get<bool>()) loom::peft::load_adapter(*model, trl / name / "init_adapter");
-    loom::methods::DPOTrainer<LM> trainer(dpo, args, model, pairs(*dir));
+    loom::methods::DPOTrainer<LM> trainer(dpo, args, model, pairs(*dir), pairs(*dir));
     trainer.train();
     const auto& got = trainer.state().log_history;
     REQUIRE(expected.size() == got.size());  // 6 steps and the run's summary
@@ -122,6 +122,20 @@ TEST_CASE("DPOTrainer: TRL's loss and metrics at every step, for each loss, dive
     }
     CHECK(compared == 6 * 14);
     MESSAGE(name << ": largest difference from TRL (relative above 1, absolute below): " << worst);
+    if (c.value("evaluate", false)) {
+      // TRL's evaluation of the trained policy: eval_loss and the metrics with eval_.
+      const auto want = loom::json::read_file(trl / name / "eval.json");
+      const auto have = trainer.evaluate();
+      int seen = 0;
+      for (const auto& [key, value] : want.items()) {
+        if (key.ends_with("_runtime") || key.ends_with("_per_second") || key == "epoch") continue;
+        CAPTURE(key);
+        REQUIRE(have.get(key).has_value());
+        CHECK(std::abs(*have.get(key) - value.get<double>()) <= tolerance * std::max(1.0, std::abs(value.get<double>())));
+        ++seen;
+      }
+      CHECK(seen == 12);  // eval_loss and eleven metrics (num_tokens among them)
+    }
     // The policy starts as the reference: the sigmoid loss is ln 2 exactly.
     if (!c["dpo"].contains("loss_type")) CHECK(got[0]["loss"].get<double>() == doctest::Approx(std::log(2.0)).epsilon(1e-7));
     ++cases;

@@ -8,8 +8,9 @@
       ids, -100 on the prompt and the padding); DIR/cases.json: the runs compared (CASES).
   python trl_dpo.py train DIR OUT
       for each case, trl.DPOTrainer (TRL 1.16) on DIR's pairs as pre-tokenized prompt_ids /
-      chosen_ids / rejected_ids; its log_history to OUT/<case>/log_history.json, and with LoRA
-      the adapter it started from to OUT/<case>/init_adapter. One process for all of them.
+      chosen_ids / rejected_ids; its log_history to OUT/<case>/log_history.json, an evaluation
+      after training to OUT/<case>/eval.json where the case asks, and with LoRA the adapter it
+      started from to OUT/<case>/init_adapter. One process for all of them.
 """
 import json
 import os
@@ -31,9 +32,10 @@ FLAGS = ["--per_device_train_batch_size", "4", "--learning_rate", "5e-3", "--lr_
 
 # Each case: DPOConfig's fields (lists as TRL takes them), whether the policy is a LoRA adapter
 # on the base (the reference then the base with the adapter off), and the relative tolerance
-# of the comparison where it is not the issue's 1e-6.
+# of the comparison where it is not the issue's 1e-6; with "evaluate", the trained model is
+# evaluated on the same pairs after training (TRL's eval_ metrics).
 CASES = {
-    "sigmoid": {"dpo": {}, "lora": False},
+    "sigmoid": {"dpo": {}, "lora": False, "evaluate": True},
     "ipo_hinge_robust": {"dpo": {"beta": 0.2, "loss_type": ["ipo", "hinge", "robust"], "loss_weights": [1.0, 0.5, 0.25],
                                  "label_smoothing": 0.1}, "lora": False},
     "pairwise": {"dpo": {"beta": 0.3, "label_smoothing": 0.05,
@@ -126,13 +128,16 @@ def train(folder, out):
         model = AutoModelForCausalLM.from_pretrained(os.path.join(folder, "init"), dtype=torch.float32)
         peft_config = LoraConfig(**LORA) if case["lora"] else None
         trainer = DPOTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer(),
-                             peft_config=peft_config)
+                             peft_config=peft_config, eval_dataset=data if case.get("evaluate") else None)
         os.makedirs(where, exist_ok=True)
         if case["lora"]:
             trainer.model.save_pretrained(os.path.join(where, "init_adapter"))
         trainer.train()
         with open(os.path.join(where, "log_history.json"), "w") as f:
             json.dump(trainer.state.log_history, f)
+        if case.get("evaluate"):
+            with open(os.path.join(where, "eval.json"), "w") as f:
+                json.dump(trainer.evaluate(), f)
     print("trained dpo")
 
 

@@ -21,7 +21,8 @@
 // all ranks: rewards/chosen, rewards/rejected (beta x the log-ratios), rewards/accuracies,
 // rewards/margins, logps/chosen, logps/rejected, logits/chosen, logits/rejected (the mean logit
 // over the vocabulary, per completion token), entropy (per completion token), mean_token_accuracy
-// (the chosen completions' tokens the policy ranks first) and num_tokens (trained on so far).
+// (the chosen completions' tokens the policy ranks first) and num_tokens (trained on so far),
+// each step's reduced over the ranks when logged.
 //
 // Rows must be right-padded (data::PreferenceDataset's are): the causal attention then never
 // sees a padding token from a real one, so no attention mask is needed.
@@ -107,10 +108,13 @@ inline torch::Tensor completion_logps(const torch::Tensor& per_position, const t
   return (per_position * shared_mask).sum(1) + *ld_alpha * (per_position * tail_mask).sum(1);
 }
 
-/// Dropout off in every torch::nn::Dropout of `module` (TRL's disable_dropout_in_model).
+/// Dropout off in every torch::nn::Dropout of `module` and on the input of every LoRA adapter
+/// (TRL's disable_dropout_in_model, which zeroes each nn.Dropout, PEFT's lora_dropout among them).
 inline void disable_dropout(torch::nn::Module& module) {
-  for (auto& m : module.modules(/*include_self=*/true))
+  for (auto& m : module.modules(/*include_self=*/true)) {
     if (auto* d = dynamic_cast<torch::nn::DropoutImpl*>(m.get())) d->options.p(0.0);
+    if (auto* layer = dynamic_cast<peft::AdaptableLinearImpl*>(m.get())) layer->set_lora_dropout(0.0);
+  }
 }
 
 /// The reference side of DPOTrainer, built before the Trainer (a base class listed first): the
@@ -305,14 +309,33 @@ class DPOTrainer : private detail::DPOReference<Model>,
   }
 
   /// TRL's log: the metrics recorded since the last log, averaged, beside `logs` (with eval_
-  /// when the model is evaluating), then the Trainer's log.
-  void log(const Metrics& logs) { Base::log(metrics_.merged(logs, this->model()->is_training())); }
+  /// when the model is evaluating), then the Trainer's log. Each step's sums are reduced over
+  /// the ranks here, in one collective (logged_metrics.hpp says why not in compute_loss).
+  void log(const Metrics& logs) {
+    const bool training = this->model()->is_training();
+    const auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+    for (const auto& s : sums_.reduce(this->accelerator(), training, std::vector(15, detail::Combine::sum))) {
+      metrics_.append(training, "entropy", ratio(s[0], s[1]));
+      if (training) total_tokens_ += static_cast<int64_t>(s[2]);
+      metrics_.set(training, "num_tokens", static_cast<double>(total_tokens_));
+      metrics_.append(training, "logits/chosen", ratio(s[3], s[4]));
+      metrics_.append(training, "logits/rejected", ratio(s[5], s[6]));
+      metrics_.append(training, "mean_token_accuracy", ratio(s[7], s[4]));
+      metrics_.append(training, "rewards/chosen", ratio(s[8], s[14]));
+      metrics_.append(training, "rewards/rejected", ratio(s[9], s[14]));
+      metrics_.append(training, "rewards/accuracies", ratio(s[10], s[14]));
+      metrics_.append(training, "rewards/margins", ratio(s[11], s[14]));
+      metrics_.append(training, "logps/chosen", ratio(s[12], s[14]));
+      metrics_.append(training, "logps/rejected", ratio(s[13], s[14]));
+    }
+    Base::log(metrics_.merged(logs, training));
+  }
 
   /// The DPO arguments.
   [[nodiscard]] const DPOArguments& dpo_args() const { return this->dpo_; }
 
  private:
-  // TRL's _metrics[mode] of one batch, summed over the ranks in one collective.
+  // This rank's sums behind TRL's _metrics[mode] for one batch (one host read); log() reduces them.
   void record(bool training, const JoinedPairs& pairs, const loom::models::TokenScores& scores, const torch::Tensor& scored,
               const detail::DPOTerms& t, const torch::Tensor& chosen_rewards, const torch::Tensor& rejected_rewards) {
     torch::NoGradGuard no_grad;
@@ -320,44 +343,30 @@ class DPOTrainer : private detail::DPOReference<Model>,
     const auto f = [](const torch::Tensor& x) { return x.to(torch::kDouble).sum(); };
     const auto mask = scored.to(torch::kDouble);
     const auto chosen_mask = mask.narrow(0, 0, n), rejected_mask = mask.narrow(0, n, n);
-    std::vector<torch::Tensor> sums{
-        f(scores.entropy.to(torch::kDouble) * mask),
-        f(mask),
-        f(pairs.attention_mask),
-        f(scores.mean_logits.narrow(0, 0, n).to(torch::kDouble) * chosen_mask),
-        f(chosen_mask),
-        f(scores.mean_logits.narrow(0, n, n).to(torch::kDouble) * rejected_mask),
-        f(rejected_mask),
-        f(scores.is_top1.narrow(0, 0, n).to(torch::kDouble) * chosen_mask),
-        f(chosen_rewards),
-        f(rejected_rewards),
-        f(chosen_rewards.gt(rejected_rewards)),
-        f(chosen_rewards - rejected_rewards),
-        f(t.chosen_logps.detach()),
-        f(t.rejected_logps.detach()),
-        torch::tensor(static_cast<double>(n), torch::TensorOptions().dtype(torch::kDouble).device(scored.device())),
-    };
-    auto& acc = this->accelerator();
-    auto total = torch::stack(sums);
-    if (acc.world().size > 1) total = acc.reduce_sum(total);
-    const auto v = total.cpu();
-    const auto* s = v.template data_ptr<double>();
-    const auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
-    metrics_.append(training, "entropy", ratio(s[0], s[1]));
-    if (training) total_tokens_ += static_cast<int64_t>(s[2]);
-    metrics_.set(training, "num_tokens", static_cast<double>(total_tokens_));
-    metrics_.append(training, "logits/chosen", ratio(s[3], s[4]));
-    metrics_.append(training, "logits/rejected", ratio(s[5], s[6]));
-    metrics_.append(training, "mean_token_accuracy", ratio(s[7], s[4]));
-    metrics_.append(training, "rewards/chosen", ratio(s[8], s[14]));
-    metrics_.append(training, "rewards/rejected", ratio(s[9], s[14]));
-    metrics_.append(training, "rewards/accuracies", ratio(s[10], s[14]));
-    metrics_.append(training, "rewards/margins", ratio(s[11], s[14]));
-    metrics_.append(training, "logps/chosen", ratio(s[12], s[14]));
-    metrics_.append(training, "logps/rejected", ratio(s[13], s[14]));
+    const auto sums = torch::stack({
+                                       f(scores.entropy.to(torch::kDouble) * mask),
+                                       f(mask),
+                                       f(pairs.attention_mask),
+                                       f(scores.mean_logits.narrow(0, 0, n).to(torch::kDouble) * chosen_mask),
+                                       f(chosen_mask),
+                                       f(scores.mean_logits.narrow(0, n, n).to(torch::kDouble) * rejected_mask),
+                                       f(rejected_mask),
+                                       f(scores.is_top1.narrow(0, 0, n).to(torch::kDouble) * chosen_mask),
+                                       f(chosen_rewards),
+                                       f(rejected_rewards),
+                                       f(chosen_rewards.gt(rejected_rewards)),
+                                       f(chosen_rewards - rejected_rewards),
+                                       f(t.chosen_logps.detach()),
+                                       f(t.rejected_logps.detach()),
+                                   })
+                          .cpu();
+    std::vector<double> values(sums.template data_ptr<double>(), sums.template data_ptr<double>() + sums.numel());
+    values.push_back(static_cast<double>(n));
+    sums_.add(training, std::move(values));
   }
 
   int64_t total_tokens_ = 0;
+  detail::RankSums sums_;
   detail::LoggedMetrics metrics_;
 };
 

@@ -94,6 +94,18 @@ class RewardTrainer : public Trainer<RewardTrainer<Model, Policies...>, Model, P
   /// when the model is evaluating), then the Trainer's log.
   void log(const Metrics& logs) {
     const bool training = this->model()->is_training();
+    using detail::Combine;
+    const std::vector<Combine> combine{Combine::sum, Combine::sum, Combine::sum, Combine::min,
+                                       Combine::max, Combine::sum, Combine::sum, Combine::sum};
+    for (const auto& s : sums_.reduce(this->accelerator(), training, combine)) {
+      if (training) total_tokens_ += static_cast<int64_t>(s[0]);
+      metrics_.set(training, "num_tokens", static_cast<double>(total_tokens_));
+      metrics_.append(training, "min_reward", s[3]);
+      metrics_.append(training, "mean_reward", s[1] / s[2]);
+      metrics_.append(training, "max_reward", s[4]);
+      metrics_.append(training, "accuracy", s[5] / s[7]);
+      metrics_.append(training, "margin", s[6] / s[7]);
+    }
     Base::log(metrics_.merged(logs, training));
   }
 
@@ -102,26 +114,24 @@ class RewardTrainer : public Trainer<RewardTrainer<Model, Policies...>, Model, P
 
  private:
   // TRL's _metrics[mode]: min/mean/max of every reward of the batch on all ranks, the mean of
-  // the ranks' accuracies and margins, and the tokens trained on so far.
+  // the ranks' accuracies and margins, and the tokens trained on so far (reduced in log()).
   void record(bool training, const torch::Tensor& rewards, const torch::Tensor& chosen, const torch::Tensor& rejected,
               const torch::Tensor& attention_mask) {
-    auto& acc = this->accelerator();
-    const int64_t world = acc.world().size;
-    if (training) total_tokens_ += acc.reduce_sum(attention_mask.sum().to(torch::kLong)).template item<int64_t>();
-    metrics_.set(training, "num_tokens", static_cast<double>(total_tokens_));
-    const auto all = world > 1 ? acc.gather_for_metrics(rewards.to(torch::kFloat)) : rewards.to(torch::kFloat);
-    metrics_.append(training, "min_reward", all.min().template item<double>());
-    metrics_.append(training, "mean_reward", all.mean().template item<double>());
-    metrics_.append(training, "max_reward", all.max().template item<double>());
-    const auto across = [&](const torch::Tensor& local) {
-      return (world > 1 ? acc.reduce_sum(local) / static_cast<double>(world) : local).template item<double>();
-    };
-    metrics_.append(training, "accuracy", across(chosen.gt(rejected).to(torch::kFloat).mean()));
-    metrics_.append(training, "margin", across((chosen - rejected).to(torch::kFloat).mean()));
+    // This rank's: tokens, the rewards' sum, count, min and max, its accuracy and margin (TRL
+    // averages the ranks' means), one rank; log() combines them over the ranks.
+    const auto r = rewards.to(torch::kDouble);
+    const auto v = torch::stack({attention_mask.sum().to(torch::kDouble), r.sum(),
+                                 torch::tensor(static_cast<double>(r.numel()), r.options()), r.min(), r.max(),
+                                 chosen.gt(rejected).to(torch::kFloat).mean().to(torch::kDouble),
+                                 (chosen - rejected).to(torch::kFloat).mean().to(torch::kDouble),
+                                 torch::ones({}, r.options())})
+                       .cpu();
+    sums_.add(training, std::vector<double>(v.template data_ptr<double>(), v.template data_ptr<double>() + v.numel()));
   }
 
   RewardArguments reward_;
   int64_t total_tokens_ = 0;
+  detail::RankSums sums_;
   detail::LoggedMetrics metrics_;
 };
 

@@ -115,11 +115,12 @@ class GPT2AttentionImpl : public torch::nn::Module {
   /// A decoding step (generation): this step's mask, keys and values appended to the cache.
   LOOM_INLINE torch::Tensor forward_step(const torch::Tensor& x, const AttentionStep& step);
   Conv1D c_attn{nullptr}, c_proj{nullptr};
+  torch::nn::Dropout attn_dropout{nullptr};   ///< on the attention weights (HF's; sdpa reads its p)
   torch::nn::Dropout resid_dropout{nullptr};
 
  private:
   int64_t n_embd_, n_head_;
-  double attn_pdrop_, scaling_;
+  double scaling_;
 };
 TORCH_MODULE(GPT2Attention);
 

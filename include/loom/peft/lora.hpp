@@ -89,6 +89,10 @@ class AdaptableLinearImpl : public torch::nn::Module {
   [[nodiscard]] bool fan_in_fan_out() const { return fan_in_fan_out_; }
   /// The config of the adapter this layer carries (null without one).
   [[nodiscard]] const std::shared_ptr<const LoraConfig>& lora_config() const { return config_; }
+  /// The dropout on the adapter's input in training (the config's lora_dropout until set):
+  /// TRL's disable_dropout sets it to 0, as it zeroes PEFT's lora_dropout modules.
+  [[nodiscard]] double lora_dropout() const { return dropout_; }
+  void set_lora_dropout(double p) { dropout_ = p; }
 
   torch::Tensor weight, bias;
   torch::nn::Linear lora_A{nullptr}, lora_B{nullptr};  ///< the adapter (no bias), when added

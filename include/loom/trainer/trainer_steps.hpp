@@ -433,7 +433,23 @@ Metrics Trainer<Derived, Model, Policies...>::evaluate_impl(const data::AnyDatas
   Metrics metrics = evaluation_loop<Batch>(loader, prefix).metrics;
   acc_->end_evaluation();
   memory.stop(metrics);
-  call_hook<hook::log>(self(), std::as_const(metrics));
+  {
+    // As in HF, the evaluation's log sees the model in evaluation mode (HF's model.train()
+    // waits for the next training_step): a log hook tells the two logs apart by it, as TRL's do.
+    auto& module = detail::module_of(model_);
+    const bool was_training = module.is_training();
+    module.eval();
+    const auto& history = acc_->state().log_history;
+    const std::size_t logged = history.size();
+    call_hook<hook::log>(self(), std::as_const(metrics));
+    if (was_training) module.train();
+    // What a log hook added to the entry comes back from evaluate(), as in HF, whose log()
+    // overrides (TRL's) add their metrics to the very dict evaluate() returns.
+    if (history.size() > logged)
+      for (const auto& [key, value] : history.back().items())
+        if (value.is_number() && key != "step" && key != "epoch" && !metrics.contains(key))
+          metrics.set(key, value.template get<double>());
+  }
   metrics.set("epoch", acc_->state().epoch);  // HF's log() adds it to the caller's metrics
   fire<event::on_evaluate>(metrics);
   return metrics;

@@ -60,8 +60,9 @@ LOOM_INLINE Conv1DImpl::Conv1DImpl(int64_t in_features, int64_t out_features)
 // ---- attention, MLP, block ---------------------------------------------------------------
 
 LOOM_INLINE GPT2AttentionImpl::GPT2AttentionImpl(const GPT2Config& c, int64_t layer_idx)
-    : n_embd_(c.n_embd), n_head_(c.n_head), attn_pdrop_(c.attn_pdrop) {
+    : n_embd_(c.n_embd), n_head_(c.n_head) {
   c_attn = register_module("c_attn", Conv1D(c.n_embd, 3 * c.n_embd));
+  attn_dropout = register_module("attn_dropout", torch::nn::Dropout(c.attn_pdrop));
   c_proj = register_module("c_proj", Conv1D(c.n_embd, c.n_embd));
   resid_dropout = register_module("resid_dropout", torch::nn::Dropout(c.resid_pdrop));
   scaling_ = c.scale_attn_weights ? std::pow(static_cast<double>(c.n_embd / c.n_head), -0.5) : 1.0;
@@ -77,9 +78,9 @@ LOOM_INLINE torch::Tensor GPT2AttentionImpl::forward(const torch::Tensor& x, con
   const auto k = heads(qkv[1]);
   const auto v = heads(qkv[2]);
   const auto q = heads(qkv[0]);
-  auto y = mask.defined() ? at::scaled_dot_product_attention(q, k, v, mask, is_training() ? attn_pdrop_ : 0.0,
-                                                             /*is_causal=*/false, scaling_)
-                          : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, is_training() ? attn_pdrop_ : 0.0,
+  const double dropout = is_training() ? attn_dropout->options.p() : 0.0;  // HF: self.attn_dropout.p in training
+  auto y = mask.defined() ? at::scaled_dot_product_attention(q, k, v, mask, dropout, /*is_causal=*/false, scaling_)
+                          : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout,
                                                              /*is_causal=*/seq > 1, scaling_);
   y = y.transpose(1, 2).contiguous().reshape({batch, seq, n_embd_});
   return resid_dropout(c_proj(y));
