@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../common/counting_allocator.hpp"
+#include "../common/step_clock.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -47,31 +48,19 @@ struct BenchArguments {
   int64_t threads = 1;               ///< torch intra-op threads
 };
 
-using Clock = std::chrono::steady_clock;
-
-double cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
-}
-
 /// The step clock and the memory marks, from on_train_begin to on_train_end.
 struct Probe {
   bench::CountingAllocator* counting = nullptr;
-  Clock::time_point start;
-  double cpu_start = 0;
-  std::vector<double> ends, cpu_ends;
+  bench::StepClock clock;  ///< one lap per optimizer step
   int64_t live_at_begin = 0, peak_tensor_bytes = 0, peak_rss = 0;
 
   void on_train_begin(const loom::TrainingArguments&, loom::TrainerState&, loom::TrainerControl&) {
     counting->reset_peak();
     live_at_begin = counting->live();
-    start = Clock::now();
-    cpu_start = cpu_seconds();
+    clock.start();
   }
   void on_step_end(const loom::TrainingArguments&, loom::TrainerState&, loom::TrainerControl&) {
-    ends.push_back(std::chrono::duration<double>(Clock::now() - start).count());
-    cpu_ends.push_back(cpu_seconds() - cpu_start);
+    clock.lap();
   }
   void on_train_end(const loom::TrainingArguments&, loom::TrainerState&, loom::TrainerControl&) {
     peak_tensor_bytes = counting->peak();
@@ -134,8 +123,8 @@ int main(int argc, char** argv) {
     loom::check(static_cast<bool>(out), "cannot write --result_file {}", bench.result_file);
     out << nlohmann::json{{"side", "loom"},
                           {"reference", bench.reference},
-                          {"step_end", probe.ends},
-                          {"step_cpu_end", probe.cpu_ends},
+                          {"step_end", probe.clock.ends},
+                          {"step_cpu_end", probe.clock.cpu_ends},
                           {"train_loss", result.training_loss},
                           {"live_at_begin", probe.live_at_begin},
                           {"peak_tensor_bytes", probe.peak_tensor_bytes},

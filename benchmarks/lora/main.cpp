@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../common/counting_allocator.hpp"
+#include "../common/step_clock.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -53,21 +54,10 @@ struct BenchArguments {
   bool loss_trainable_head = false;   ///< --loss_tokens: the head's weight trains too (full fine-tuning; LoRA freezes it)
 };
 
-using Clock = std::chrono::steady_clock;
-
-/// CPU time of this process, all threads (Python's time.process_time()).
-double cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
-}
-
 /// The step clock and the memory high-water marks, from on_train_begin to on_train_end.
 struct Probe {
   bench::CountingAllocator* counting = nullptr;
-  Clock::time_point start;
-  double cpu_start = 0;
-  std::vector<double> ends, cpu_ends;  ///< one per optimizer step
+  bench::StepClock clock;  ///< one lap per optimizer step
   int64_t live_at_begin = 0, peak_tensor_bytes = 0, rss_at_begin = 0, peak_rss_delta = 0;
 
   void on_train_begin(const loom::TrainingArguments&, loom::TrainerState&, loom::TrainerControl&) {
@@ -75,12 +65,10 @@ struct Probe {
     rss_at_begin = loom::cpu_rss_bytes();
     counting->reset_peak();
     live_at_begin = counting->live();
-    start = Clock::now();
-    cpu_start = cpu_seconds();
+    clock.start();
   }
   void on_step_end(const loom::TrainingArguments&, loom::TrainerState&, loom::TrainerControl&) {
-    ends.push_back(std::chrono::duration<double>(Clock::now() - start).count());
-    cpu_ends.push_back(cpu_seconds() - cpu_start);
+    clock.lap();
   }
   void on_train_end(const loom::TrainingArguments&, loom::TrainerState&, loom::TrainerControl&) {
     peak_tensor_bytes = counting->peak();
@@ -131,10 +119,10 @@ nlohmann::json measure_loss(const BenchArguments& bench, bench::CountingAllocato
       weight.mutable_grad() = torch::Tensor();
       const int64_t before = counting.live();
       counting.reset_peak();
-      const auto start = Clock::now();
+      const auto start = std::chrono::steady_clock::now();
       const auto loss = is_chunked ? chunked() : unchunked();
       loss.backward();
-      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       out[name + "_peak_bytes"].push_back(counting.peak() - before);
       out[name + "_seconds"].push_back(seconds);
       out[name + "_loss"] = loss.item<double>();
@@ -187,8 +175,8 @@ int main(int argc, char** argv) {
     loom::check(static_cast<bool>(out), "cannot write --result_file {}", bench.result_file);
     out << nlohmann::json{{"side", "loom"},
                           {"lora", adapter.has_value()},
-                          {"step_end", probe.ends},
-                          {"step_cpu_end", probe.cpu_ends},
+                          {"step_end", probe.clock.ends},
+                          {"step_cpu_end", probe.clock.cpu_ends},
                           {"train_loss", result.training_loss},
                           {"trainable_params", trainable},
                           {"total_params", total},

@@ -36,6 +36,7 @@
 #include <loom/peft/lora_arguments.hpp>
 
 #include "../common/hf_example.hpp"
+#include "../common/llama_example.hpp"
 #include "../common/saved_base.hpp"
 
 #include <fmt/format.h>
@@ -46,27 +47,17 @@
 #include <string>
 #include <string_view>
 
-/// Flags of this example, beside every TrainingArguments, LoraArguments, DPOArguments and
-/// RewardArguments flag.
+/// Flags of this example, beside every TrainingArguments, LoraArguments, RandomBaseArguments,
+/// DPOArguments and RewardArguments flag.
 struct ExampleArguments {
   std::string data_dir = "data/kjv_dpo";  ///< folder with meta.json and the pref_* files (make dpo-data)
   std::string task = "dpo";               ///< dpo, or reward (a reward model)
   int64_t max_length = 256;               ///< each side keeps at most this many tokens
-  int64_t hidden_size = 256;              ///< random init: model width
-  int64_t intermediate_size = 688;        ///< random init: the MLP's width
-  int64_t num_hidden_layers = 4;          ///< random init: decoder layers
-  int64_t num_attention_heads = 8;        ///< random init: query heads
-  int64_t num_key_value_heads = 4;        ///< random init: key/value heads (grouped-query attention)
 
   static constexpr loom::FieldHelp field_help[] = {
       {"data_dir", "folder with meta.json and the pref_* token files (make dpo-data writes data/kjv_dpo)"},
       {"task", "dpo (the causal LM, against a frozen reference), or reward (a reward model, one label)"},
       {"max_length", "each side of a pair keeps at most this many tokens (prompt and completion)"},
-      {"hidden_size", "model width (random init, without --model_name_or_path)"},
-      {"intermediate_size", "the MLP's width (random init)"},
-      {"num_hidden_layers", "decoder layers (random init)"},
-      {"num_attention_heads", "query heads (random init)"},
-      {"num_key_value_heads", "key/value heads, dividing the query heads (random init)"},
   };
   static constexpr std::string_view help_heading = "example";
 };
@@ -119,9 +110,9 @@ int main(int argc, char** argv) {
     defaults.prediction_loss_only = true;  // the metrics are the methods' own, logged beside the loss
     loom::peft::LoraArguments lora_defaults;
     lora_defaults.use_peft = true;  // PEFT's default targets for the model type: q_proj, v_proj
-    auto [example, lora_args, dpo, reward, args] =
-        loom::parse_args(argc, argv, ExampleArguments{}, lora_defaults, loom::methods::DPOArguments{},
-                         loom::methods::RewardArguments{}, defaults);
+    auto [example, shape, lora_args, dpo, reward, args] =
+        loom::parse_args(argc, argv, ExampleArguments{}, llama_example::RandomBaseArguments{}, lora_defaults,
+                         loom::methods::DPOArguments{}, loom::methods::RewardArguments{}, defaults);
     loom::check(example.task == "dpo" || example.task == "reward", "--task must be dpo or reward, got '{}'",
                 example.task);
     const bool reward_task = example.task == "reward";
@@ -145,22 +136,7 @@ int main(int argc, char** argv) {
                 "--data_dir {}: no preference pairs in meta.json; make them with `make dpo-data` or "
                 "examples/text_data/prepare.py --preference FILE.jsonl --out {}",
                 example.data_dir, example.data_dir);
-    loom::models::LlamaConfig config;
-    if (args.model_name_or_path) {
-      config = loom::models::read_hf_config<loom::models::LlamaConfig>(*args.model_name_or_path);
-      loom::check(config.vocab_size >= meta.vocab_size,
-                  "--model_name_or_path {} has vocab_size {}, but the token files of {} use {} ids",
-                  *args.model_name_or_path, config.vocab_size, example.data_dir, meta.vocab_size);
-    } else {
-      config.vocab_size = meta.vocab_size;
-      config.hidden_size = example.hidden_size;
-      config.intermediate_size = example.intermediate_size;
-      config.num_hidden_layers = example.num_hidden_layers;
-      config.num_attention_heads = example.num_attention_heads;
-      config.num_key_value_heads = example.num_key_value_heads;
-      config.max_position_embeddings = example.max_length;
-      if (meta.eos_token_id) config.bos_token_id = config.eos_token_id = *meta.eos_token_id;
-    }
+    auto config = llama_example::base_config(args, shape, meta, example.data_dir, example.max_length);
     if (!config.pad_token_id) config.pad_token_id = meta.pad_token_id;
 
     loom::data::SftOptions data_options;

@@ -44,6 +44,7 @@
 
 #include "../common/generate_text.hpp"
 #include "../common/hf_example.hpp"
+#include "../common/llama_example.hpp"
 #include "../common/saved_base.hpp"
 
 #include <fmt/format.h>
@@ -55,26 +56,16 @@
 #include <optional>
 #include <string>
 
-/// Flags of this example, beside every TrainingArguments and LoraArguments flag.
+/// Flags of this example, beside every TrainingArguments, LoraArguments and RandomBaseArguments flag.
 struct ExampleArguments {
   std::string data_dir = "data/kjv_sft";  ///< folder with meta.json and the sft_* files (make llama-sft-data)
   int64_t packing = 256;                  ///< tokens per packed window; 0: one example per row, padded
   int64_t max_length = 256;               ///< padded rows keep at most this many tokens
-  int64_t hidden_size = 256;              ///< random init: model width
-  int64_t intermediate_size = 688;        ///< random init: the MLP's width
-  int64_t num_hidden_layers = 4;          ///< random init: decoder layers
-  int64_t num_attention_heads = 8;        ///< random init: query heads
-  int64_t num_key_value_heads = 4;        ///< random init: key/value heads (grouped-query attention)
 
   static constexpr loom::FieldHelp field_help[] = {
       {"data_dir", "folder with meta.json and the sft_* token files (make llama-sft-data writes data/kjv_sft)"},
       {"packing", "tokens per packed window (examples never split; attention stays within each); 0: padded rows"},
       {"max_length", "without packing: an example keeps at most this many tokens"},
-      {"hidden_size", "model width (random init, without --model_name_or_path)"},
-      {"intermediate_size", "the MLP's width (random init)"},
-      {"num_hidden_layers", "decoder layers (random init)"},
-      {"num_attention_heads", "query heads (random init)"},
-      {"num_key_value_heads", "key/value heads, dividing the query heads (random init)"},
   };
   static constexpr std::string_view help_heading = "example";
 };
@@ -119,8 +110,9 @@ int main(int argc, char** argv) {
     defaults.prediction_loss_only = true;  // evaluation keeps the loss, not [batch, seq, vocab] logits
     loom::peft::LoraArguments lora_defaults;
     lora_defaults.use_peft = true;  // PEFT's default targets for the model type: q_proj, v_proj
-    auto [example, gen, lora_args, args] =
-        loom::parse_args(argc, argv, ExampleArguments{}, hf_example::GenerateArguments{}, lora_defaults, defaults);
+    auto [example, shape, gen, lora_args, args] =
+        loom::parse_args(argc, argv, ExampleArguments{}, llama_example::RandomBaseArguments{},
+                         hf_example::GenerateArguments{}, lora_defaults, defaults);
     loom::check(example.packing >= 0, "--packing must be 0 (padded rows) or a window size, got {}", example.packing);
     loom::check(example.max_length > 1, "--max_length must be at least 2, got {}", example.max_length);
     // The window sizes the random base's position table: named here, not as its config field.
@@ -136,23 +128,8 @@ int main(int argc, char** argv) {
 
     // The base's configuration before any data: a folder's config.json, else the flags.
     const auto meta = hf_example::read_token_folder(example.data_dir);
-    loom::models::LlamaConfig config;
-    if (args.model_name_or_path) {
-      config = loom::models::read_hf_config<loom::models::LlamaConfig>(*args.model_name_or_path);
-      loom::check(config.vocab_size >= meta.vocab_size,
-                  "--model_name_or_path {} has vocab_size {}, but the token files of {} use {} ids",
-                  *args.model_name_or_path, config.vocab_size, example.data_dir, meta.vocab_size);
-    } else {
-      config.vocab_size = meta.vocab_size;
-      config.hidden_size = example.hidden_size;
-      config.intermediate_size = example.intermediate_size;
-      config.num_hidden_layers = example.num_hidden_layers;
-      config.num_attention_heads = example.num_attention_heads;
-      config.num_key_value_heads = example.num_key_value_heads;
-      config.max_position_embeddings = std::max(example.packing, example.max_length);
-      if (meta.eos_token_id) config.bos_token_id = config.eos_token_id = *meta.eos_token_id;
-      config.pad_token_id = meta.pad_token_id;
-    }
+    const auto config = llama_example::base_config(args, shape, meta, example.data_dir,
+                                                   std::max(example.packing, example.max_length));
 
     loom::data::SftOptions data_options;
     data_options.dtype = meta.dtype;
