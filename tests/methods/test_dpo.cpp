@@ -160,6 +160,7 @@ TEST_CASE("DPOTrainer refuses bad arguments at start-up, each naming its flag") 
   CHECK(refused({"--beta", "0"}).starts_with("loom: --beta must be positive"));
   CHECK(refused({"--loss_type", "robust", "--label_smoothing", "0.5"}).starts_with("loom: --label_smoothing 0.5 with --loss_type robust"));
   CHECK(refused({"--loss_type", "exo_pair"}).starts_with("loom: --loss_type exo_pair needs --label_smoothing"));
+  CHECK(refused({"--label_smoothing", "0.1"}).starts_with("loom: --label_smoothing 0.1 changes none of the loss types sigmoid"));
   CHECK(refused({"--f_divergence_type", "kl"}).starts_with("loom: --f_divergence_type 'kl' is not one of"));
   CHECK(refused({"--f_divergence_type", "forward_kl", "--loss_type", "bco_pair"})
             .starts_with("loom: --f_divergence_type forward_kl applies to the losses"));

@@ -126,6 +126,10 @@ inline DPOLossSpec validate_dpo_arguments(const DPOArguments& a) {
   check(!uses("robust") || a.label_smoothing < 0.5,
         "--label_smoothing {} with --loss_type robust: robust DPO's flip probability must be below 0.5 (the loss "
         "divides by 1 - 2 x label_smoothing)", a.label_smoothing);
+  check(a.label_smoothing == 0 || uses("robust") || uses("exo_pair") || uses("aot") || uses("aot_unpaired"),
+        "--label_smoothing {} changes none of the loss types {}: it is robust DPO's flip probability (--loss_type "
+        "robust), EXO's epsilon (exo_pair) and aot's smoothing; TRL 1.16's sigmoid loss has no label smoothing "
+        "(cDPO's smoothed sigmoid is --loss_type robust's numerator)", a.label_smoothing, a.loss_type);
   check(!uses("exo_pair") || a.label_smoothing > 0,
         "--loss_type exo_pair needs --label_smoothing above 0 (EXO's epsilon; its paper suggests 1e-3)");
   const auto& f = a.f_divergence_type;
