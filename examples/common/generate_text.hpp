@@ -2,7 +2,9 @@
 // with the data folder's tokenizer.json (loom::data::Tokenizer), continued by
 // loom::models::generate (greedy by default; --do_sample with --temperature / --top_k /
 // --top_p), and the new tokens are decoded and printed, as transformers' pipeline("text-generation")
-// prints a completion.
+// prints a completion. --predict_file PROMPTS.jsonl does the same for every line of a file, in
+// batches of --per_device_eval_batch_size (left-padded, with the key/value cache), into
+// <output_dir>/predictions.jsonl.
 #pragma once
 
 #include <loom/config/field_help.hpp>
@@ -16,17 +18,24 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <loom/config/json.hpp>
+
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace hf_example {
 
 /// Generation flags of the causal-LM examples (HF's GenerationConfig names).
 struct GenerateArguments {
   std::string prompt;          ///< text to continue once training and evaluation are done ("": none)
+  std::string predict_file;    ///< JSON Lines of {"prompt": ...}: each continued, into <output_dir>/predictions.jsonl ("": none)
   int64_t max_new_tokens = 48; ///< tokens to generate after the prompt
   bool do_sample = false;      ///< sample (true) or take the most likely token (greedy)
   double temperature = 1.0;    ///< sampling: the logits divided by it
@@ -36,6 +45,10 @@ struct GenerateArguments {
   static constexpr loom::FieldHelp field_help[] = {
       {"prompt", "text to continue after training and evaluation, printed with its completion; given alone "
                  "(no --do_train / --do_eval), the run only generates"},
+      {"predict_file",
+       "JSON Lines of {\"prompt\": ...}: every prompt continued, in batches of --per_device_eval_batch_size "
+       "(left-padded, with the key/value cache), into <output_dir>/predictions.jsonl (prompt, completion, token "
+       "counts); given alone, the run only generates"},
       {"max_new_tokens", "tokens to generate after --prompt (the completion stops earlier at the end-of-text id)"},
       {"do_sample", "sample the completion (seeded by --seed) instead of taking the most likely token"},
       {"temperature", "sampling: the logits are divided by it"},
@@ -44,8 +57,8 @@ struct GenerateArguments {
   };
   static constexpr std::string_view help_heading = "generation";
 
-  /// True when the run was given a prompt.
-  [[nodiscard]] bool wanted() const { return !prompt.empty(); }
+  /// True when the run was given a prompt or a file of them.
+  [[nodiscard]] bool wanted() const { return !prompt.empty() || !predict_file.empty(); }
 
   /// The GenerationConfig these flags describe; bad values are refused by generate's own checks.
   [[nodiscard]] loom::models::GenerationConfig config(uint64_t seed) const {
@@ -60,21 +73,13 @@ struct GenerateArguments {
   }
 };
 
-/// Up-front checks, before any data or model is read; true when the run only generates (a
-/// prompt without --do_train / --do_eval / --do_predict), to be handed to apply_script_rules.
-inline bool generate_only(const GenerateArguments& g, const loom::TrainingArguments& args) {
-  loom::check(g.max_new_tokens > 0, "--max_new_tokens must be positive, got {}", g.max_new_tokens);
-  // The sampling flags as generate() will check them, now rather than after training.
-  if (g.wanted()) loom::models::check_generation_config(g.config(static_cast<uint64_t>(args.seed)));
-  return runs_alone(g.wanted(), args);
-}
-
 /// Refuses --prompt under a policy whose forward is collective (FullShard: every rank holds a
 /// shard, and one process generating alone would wait for the others), before training starts.
 inline void check_generation_policy(const GenerateArguments& g, const loom::TrainingArguments& args) {
   if (loom::sharding_chosen(args).shards_parameters)
-    loom::check(!g.wanted(), "--prompt is not supported under --sharding full_shard (the parameters are sharded "
-                             "across the ranks): generate from the saved model in one process, without --do_train");
+    loom::check(!g.wanted(), "--prompt and --predict_file are not supported under --sharding full_shard (the "
+                             "parameters are sharded across the ranks): generate from the saved model in one process, "
+                             "without --do_train");
 }
 
 /// The completion of `text` by `model` (a loom::models causal LM) as text: `text` encoded with
@@ -94,13 +99,135 @@ std::string complete(Model& model, const loom::data::Tokenizer& tokenizer, const
   return tokenizer.decode(generated);
 }
 
-/// Prints `prompt` and its completion, labelled with `program`.
+/// The prompts of a --predict_file (JSON Lines, each an object with a string "prompt"), each
+/// through `prepare` (the program's rule, such as a newline at the end); a loom::Error names
+/// FILE:LINE of a line that is not one, or whose prompt is empty.
+inline std::vector<std::string> read_prompts(const std::string& file,
+                                             const std::function<std::string(std::string)>& prepare) {
+  loom::check(loom::path_exists(file, loom::PathKind::file, "--predict_file"), "--predict_file {}: no such file",
+              file);
+  std::ifstream in(file, std::ios::binary);
+  loom::check(static_cast<bool>(in), "--predict_file {}: cannot be read", file);
+  std::vector<std::string> prompts;
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines, as JSON Lines readers skip
+    nlohmann::json j;
+    try {
+      j = loom::json::parse(line, fmt::format("{}:{}", file, number));
+    } catch (const loom::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      loom::fail("{}:{}: not a JSON object ({})", file, number, e.what());
+    }
+    loom::check(j.is_object() && j.contains("prompt") && j["prompt"].is_string(),
+                "{}:{}: each line must be an object with a string \"prompt\"", file, number);
+    auto prompt = j["prompt"].get<std::string>();
+    loom::check(!prompt.empty(), "{}:{}: the prompt is empty", file, number);
+    prompts.push_back(prepare(std::move(prompt)));
+  }
+  loom::check(!prompts.empty(), "--predict_file {} holds no prompt", file);
+  return prompts;
+}
+
+/// Up-front checks, before any data or model is read; true when the run only generates (a
+/// prompt without --do_train / --do_eval / --do_predict), to be handed to apply_script_rules.
+inline bool generate_only(const GenerateArguments& g, const loom::TrainingArguments& args) {
+  loom::check(g.max_new_tokens > 0, "--max_new_tokens must be positive, got {}", g.max_new_tokens);
+  // The sampling flags as generate() will check them, now rather than after training.
+  if (g.wanted()) loom::models::check_generation_config(g.config(static_cast<uint64_t>(args.seed)));
+  // The prompts file as it will be read, now rather than after training.
+  if (!g.predict_file.empty()) (void)read_prompts(g.predict_file, [](std::string p) { return p; });
+  return runs_alone(g.wanted(), args);
+}
+
+/// Every prompt continued by `model`, `batch` at a time (left-padded with the tokenizer's pad
+/// id, else the config's eos; the key/value cache), into `out` as JSON Lines: the prompt, its
+/// completion (decoded without special tokens), the prompt's tokens and the completion's (up
+/// to and with its end-of-text id). Written beside and renamed into place when complete.
+/// Returns the completions.
 template <class Model>
-void print_completion(Model& model, const std::filesystem::path& tokenizer_file, const std::string& prompt,
-                      const GenerateArguments& g, uint64_t seed, std::string_view program) {
+std::vector<std::string> predict_prompts(Model& model, const loom::data::Tokenizer& tokenizer,
+                                         const std::vector<std::string>& prompts,
+                                         const loom::models::GenerationConfig& config, int64_t batch,
+                                         const std::filesystem::path& out) {
+  loom::check(batch > 0, "--per_device_eval_batch_size must be positive, got {}", batch);
+  const auto device = model->parameters().front().device();
+  // The ids that end a row, as generate reads them: the call's, else the model config's.
+  const auto stops = config.eos_token_id.value_or(loom::models::detail::token_ids(model->config().eos_token_id));
+  const int64_t pad = tokenizer.pad_token_id().value_or(stops.empty() ? 0 : stops.front());
+  std::vector<std::string> completions;
+  std::filesystem::create_directories(out.parent_path());
+  const auto partial = out.parent_path() / (out.filename().string() + ".partial");
+  {
+    std::ofstream file(partial, std::ios::binary | std::ios::trunc);
+    loom::check(static_cast<bool>(file), "cannot write {}", partial.string());
+    for (std::size_t start = 0; start < prompts.size(); start += static_cast<std::size_t>(batch)) {
+      const std::size_t end = std::min(prompts.size(), start + static_cast<std::size_t>(batch));
+      std::vector<std::vector<int64_t>> ids;
+      int64_t width = 0;
+      for (std::size_t i = start; i < end; ++i) {
+        ids.push_back(tokenizer.encode(prompts[i]));
+        loom::check(!ids.back().empty(), "--predict_file: prompt {} ({:?}) encodes to no tokens", i + 1, prompts[i]);
+        width = std::max<int64_t>(width, static_cast<int64_t>(ids.back().size()));
+      }
+      const auto rows = static_cast<int64_t>(ids.size());
+      auto input_ids = torch::full({rows, width}, pad, torch::kLong);
+      auto mask = torch::zeros({rows, width}, torch::kLong);
+      for (int64_t r = 0; r < rows; ++r) {  // left padding: each prompt ends at the last column
+        const auto& row = ids[static_cast<std::size_t>(r)];
+        const auto n = static_cast<int64_t>(row.size());
+        input_ids[r].narrow(0, width - n, n).copy_(torch::tensor(row, torch::kLong));
+        mask[r].narrow(0, width - n, n).fill_(1);
+      }
+      const auto generated =
+          loom::models::generate(model, input_ids.to(device), mask.to(device), config).slice(1, width).to(torch::kCPU);
+      for (int64_t r = 0; r < rows; ++r) {
+        const auto row = generated[r].contiguous();
+        std::vector<int64_t> tokens(row.template data_ptr<int64_t>(), row.template data_ptr<int64_t>() + row.numel());
+        // The completion ends at its first end-of-text id (generate pads the rows that ended).
+        const auto stop = std::find_if(tokens.begin(), tokens.end(), [&](int64_t t) {
+          return std::find(stops.begin(), stops.end(), t) != stops.end();
+        });
+        if (stop != tokens.end()) tokens.erase(stop + 1, tokens.end());
+        auto text = tokenizer.decode(tokens);
+        const auto i = start + static_cast<std::size_t>(r);
+        file << nlohmann::json{{"prompt", prompts[i]},
+                               {"completion", text},
+                               {"prompt_tokens", ids[static_cast<std::size_t>(r)].size()},
+                               {"completion_tokens", tokens.size()}}
+                    .dump()
+             << "\n";
+        completions.push_back(std::move(text));
+      }
+    }
+    file.flush();
+    loom::check(static_cast<bool>(file), "writing {} failed", partial.string());
+  }
+  std::filesystem::rename(partial, out);
+  return completions;
+}
+
+/// What the generation flags ask for once training and evaluation are done, on the main
+/// process: --prompt's completion printed, and --predict_file's completions written to
+/// <output_dir>/predictions.jsonl. `prepare` is the program's rule for a prompt.
+template <class Model>
+void generate_outputs(Model& model, const std::filesystem::path& tokenizer_file, const GenerateArguments& g,
+                      const loom::TrainingArguments& args, std::string_view program,
+                      const std::function<std::string(std::string)>& prepare) {
   const auto tokenizer = loom::data::Tokenizer::from_file(tokenizer_file);
-  const auto completion = complete(model, tokenizer, prompt, g.config(seed));
-  fmt::print("{}: prompt {:?}\n{}: completion {:?}\n", program, prompt, program, completion);
+  const auto config = g.config(static_cast<uint64_t>(args.seed));
+  if (!g.prompt.empty()) {
+    const auto prompt = prepare(g.prompt);
+    fmt::print("{}: prompt {:?}\n{}: completion {:?}\n", program, prompt, program,
+               complete(model, tokenizer, prompt, config));
+  }
+  if (!g.predict_file.empty()) {
+    const auto prompts = read_prompts(g.predict_file, prepare);
+    const auto out = std::filesystem::path(args.output_dir) / "predictions.jsonl";
+    (void)predict_prompts(model, tokenizer, prompts, config, args.per_device_eval_batch_size, out);
+    fmt::print("{}: {} completions of {} -> {}\n", program, prompts.size(), g.predict_file, out.string());
+  }
 }
 
 }  // namespace hf_example

@@ -167,7 +167,7 @@ int main(int argc, char** argv) {
       }
     }
     if (gen.wanted() && main_process)
-      hf_example::print_completion(model, meta.tokenizer_file, gen.prompt, gen, args.seed, "gpt2");
+      hf_example::generate_outputs(model, meta.tokenizer_file, gen, args, "gpt2", [](std::string p) { return p; });
     if (main_process && !generate_only) fmt::print("outputs in {}\n", args.output_dir);
     return 0;
   });

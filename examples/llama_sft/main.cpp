@@ -196,11 +196,11 @@ int main(int argc, char** argv) {
         trainer.save_metrics("eval", metrics);
       }
     }
-    if (gen.wanted() && main_process) {
-      auto prompt = gen.prompt;
-      if (!std::isspace(static_cast<unsigned char>(prompt.back()))) prompt += '\n';
-      hf_example::print_completion(model, meta.tokenizer_file, prompt, gen, args.seed, "llama_sft");
-    }
+    if (gen.wanted() && main_process)  // a newline ends each prompt, as kjv.py's instruction prompts end
+      hf_example::generate_outputs(model, meta.tokenizer_file, gen, args, "llama_sft", [](std::string p) {
+        if (!std::isspace(static_cast<unsigned char>(p.back()))) p += '\n';
+        return p;
+      });
     if (main_process && !generate_only) fmt::print("outputs in {}\n", args.output_dir);
     return 0;
   });

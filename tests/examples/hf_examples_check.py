@@ -23,6 +23,9 @@
   hf_examples_check.py complete --model DIR --prompt TEXT --max_new_tokens N --log FILE
       transformers' greedy generate on DIR (its tokenizer encoding TEXT) gives the completion that
       an example's --prompt printed into FILE ("<program>: completion \"...\"")
+  hf_examples_check.py predictions --model DIR --prompts FILE --predictions FILE --max_new_tokens N
+      each line of an example's --predict_file output is transformers' greedy completion of its
+      prompt, generated alone, with the same token counts
   hf_examples_check.py classify --model DIR --data DIR --sentence TEXT --max_seq_length N --log FILE
       transformers' BertForSequenceClassification on DIR, the sentence encoded as prepare.py
       encodes an example ([CLS] text [SEP]), gives the labels and probabilities that
@@ -221,6 +224,42 @@ def complete_check(opts):
     if got != expected:
         fail(f"the example printed the completion {got!r}, transformers generates {expected!r}")
     print(f"complete ok: {len(out)} tokens generated after {ids.shape[1]} prompt tokens, the same text as transformers")
+
+
+def predictions_check(opts):
+    """Each line of a --predict_file run's predictions.jsonl is transformers' greedy completion of its prompt,
+    generated alone (the example generated them in left-padded batches)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)
+    tokenizer = AutoTokenizer.from_pretrained(opts.model)
+    model = AutoModelForCausalLM.from_pretrained(opts.model, dtype=torch.float32).eval()
+    with open(opts.prompts, encoding="utf-8") as f:
+        given = [json.loads(line)["prompt"] for line in f if line.strip()]
+    with open(opts.predictions, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    if len(rows) != len(given):
+        fail(f"{opts.predictions}: {len(rows)} lines for {len(given)} prompts")
+    for prompt, row in zip(given, rows):
+        if row["prompt"].rstrip() != prompt.rstrip():
+            fail(f"line for {prompt!r} holds the prompt {row['prompt']!r}")
+        ids = torch.tensor([tokenizer(row["prompt"])["input_ids"]])
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=opts.max_new_tokens)[0, ids.shape[1]:]
+        eos = model.generation_config.eos_token_id
+        eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        kept = out.tolist()
+        for i, t in enumerate(kept):
+            if t in eos:
+                kept = kept[: i + 1]
+                break
+        expected = tokenizer.decode(kept, skip_special_tokens=True)
+        if row["completion"] != expected or row["prompt_tokens"] != ids.shape[1] or row["completion_tokens"] != len(kept):
+            fail(f"{prompt!r}: the example wrote {row!r}; transformers generates {expected!r} "
+                 f"({ids.shape[1]} prompt tokens, {len(kept)} generated)")
+    print(f"predictions ok: {len(rows)} prompts, each completion transformers' greedy one generated alone")
 
 
 def classify_check(opts):
@@ -487,6 +526,11 @@ def main():
     c.add_argument("--prompt", required=True)
     c.add_argument("--max_new_tokens", type=int, required=True)
     c.add_argument("--log", required=True)
+    pr = sub.add_parser("predictions")
+    pr.add_argument("--model", required=True)
+    pr.add_argument("--prompts", required=True)
+    pr.add_argument("--predictions", required=True)
+    pr.add_argument("--max_new_tokens", type=int, required=True)
     y = sub.add_parser("classify")
     y.add_argument("--model", required=True)
     y.add_argument("--data", required=True)
@@ -515,7 +559,7 @@ def main():
     opts = p.parse_args()
     {"set_label": set_label, "kjv_data": kjv_data, "resumed": resumed, "same": same, "transformers": transformers_check,
      "kjv_sft_data": kjv_sft_data, "peft": peft_check, "generate": generate_check,
-     "complete": complete_check, "classify": classify_check, "kjv_dpo_data": kjv_dpo_data, "same_logs": same_logs,
+     "complete": complete_check, "predictions": predictions_check, "classify": classify_check, "kjv_dpo_data": kjv_dpo_data, "same_logs": same_logs,
      "reward_model": reward_model_check}[opts.command](opts)
 
 

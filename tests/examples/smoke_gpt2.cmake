@@ -40,7 +40,7 @@ expect_loom_error("--data_dir [^ ]*: no meta.json there; prepare the KJV token f
 expect_loom_error("--n_embd must be a positive multiple of --n_head 4, got 30" --data_dir "${DATA}" --n_embd 30)
 expect_loom_error("--block_size 64 exceeds --model_name_or_path [^ ]*'s n_positions 32"
                   --data_dir "${DATA}" --model_name_or_path "${base}/straight" --block_size 64)
-expect_loom_error("--prompt is not supported under --sharding full_shard .*" ${flags}
+expect_loom_error("--prompt and --predict_file are not supported under --sharding full_shard .*" ${flags}
                   --do_train --sharding full_shard --prompt "And God said")
 expect_loom_error("--max_new_tokens must be positive, got 0" --data_dir "${DATA}" --prompt "x" --max_new_tokens 0)
 message("gpt2 smoke ok")

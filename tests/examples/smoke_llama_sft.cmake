@@ -57,6 +57,22 @@ run_example(llama_sft --data_dir "${DATA}" --model_name_or_path "${base}/straigh
 save_output("${base}/prompt.log")
 hf_check(complete --model "${base}/straight/merged" --prompt "Genesis 1:3" --max_new_tokens 12 --log "${base}/prompt.log")
 
+# --predict_file: every prompt of a JSON Lines file (a blank line among them), in left-padded
+# batches of 3, into predictions.jsonl; each line is transformers' greedy completion of its
+# prompt generated alone. A malformed line is refused by FILE:LINE before anything runs.
+file(WRITE "${base}/prompts.jsonl" "{\"prompt\": \"Genesis 1:3\"}\n{\"prompt\": \"Exodus 20:13\"}\n\n"
+     "{\"prompt\": \"John 3:16\"}\n{\"prompt\": \"In the beginning God created the heaven and the earth.\"}\n"
+     "{\"prompt\": \"Psalms 23:1\"}\n")
+set(OUT "${base}/predict")
+run_example(llama_sft --data_dir "${DATA}" --model_name_or_path "${base}/straight/merged" --use_peft false
+            --predict_file "${base}/prompts.jsonl" --max_new_tokens 12 --per_device_eval_batch_size 3)
+hf_check(predictions --model "${base}/straight/merged" --prompts "${base}/prompts.jsonl"
+         --predictions "${OUT}/predictions.jsonl" --max_new_tokens 12)
+file(WRITE "${base}/bad_prompts.jsonl" "{\"prompt\": \"Genesis 1:3\"}\n{\"text\": \"no prompt\"}\n")
+set(OUT "${base}")
+expect_loom_error(".*bad_prompts.jsonl:2: each line must be an object with a string \"prompt\"" --data_dir "${DATA}"
+                  --do_train --predict_file "${base}/bad_prompts.jsonl")
+
 # Nothing lost: a start that is refused, or that would not resume the checkpoints there,
 # leaves the output folder as it was (the random base its adapters were trained on included),
 # and a resume continues on the base the checkpoint's adapter names or stops.
