@@ -99,6 +99,33 @@ std::string complete(Model& model, const loom::data::Tokenizer& tokenizer, const
   return tokenizer.decode(generated);
 }
 
+/// Python's str.strip() on UTF-8 text: the characters str.isspace() takes (ASCII's six, the
+/// separators U+001C-U+001F, and Unicode's spaces) removed from both ends, as HF evaluate's
+/// exact_match sees a stripped text.
+inline std::string python_strip(std::string_view t) {
+  // The length of the space character at the start of `s` (0: none).
+  const auto space_at = [](std::string_view s) -> std::size_t {
+    if (s.empty()) return 0;
+    const auto b = [&](std::size_t i) { return i < s.size() ? static_cast<unsigned char>(s[i]) : 0u; };
+    const unsigned c = b(0);
+    if (c == ' ' || (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x1F)) return 1;
+    if (c == 0xC2 && (b(1) == 0x85 || b(1) == 0xA0)) return 2;                                      // U+0085, U+00A0
+    if (c == 0xE1 && b(1) == 0x9A && b(2) == 0x80) return 3;                                         // U+1680
+    if (c == 0xE2 && b(1) == 0x80 && (b(2) <= 0x8A || b(2) == 0xA8 || b(2) == 0xA9 || b(2) == 0xAF)) return 3;
+    if (c == 0xE2 && b(1) == 0x81 && b(2) == 0x9F) return 3;                                         // U+205F
+    if (c == 0xE3 && b(1) == 0x80 && b(2) == 0x80) return 3;                                         // U+3000
+    return 0;
+  };
+  while (const auto n = space_at(t)) t.remove_prefix(n);
+  while (!t.empty()) {
+    std::size_t start = t.size() - 1;  // the last character's first byte
+    while (start > 0 && (static_cast<unsigned char>(t[start]) & 0xC0) == 0x80) --start;
+    if (space_at(t.substr(start)) != t.size() - start) break;
+    t.remove_suffix(t.size() - start);
+  }
+  return std::string(t);
+}
+
 /// The prompts of a --predict_file (JSON Lines, each an object with a string "prompt"), each
 /// through `prepare` (the program's rule, such as a newline at the end); a loom::Error names
 /// FILE:LINE of a line that is not one, or whose prompt is empty.

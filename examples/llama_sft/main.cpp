@@ -19,7 +19,8 @@
 //   build/examples/llama_sft --use_peft false                 # full fine-tuning instead
 //   build/examples/llama_sft --packing 0                      # one example per row, padded per batch
 //   build/examples/llama_sft --do_eval --model_name_or_path output/llama_sft/merged --use_peft false \
-//       --predict_with_generate                               # eval_exact_match of generated completions
+//       --predict_with_generate                               # eval_exact_match (text) of generated completions,
+//                                                             # each in <output_dir>/eval_generations.jsonl
 //   build/examples/llama_sft --do_train --prompt "Genesis 1:1"   # train, then print the prompt's completion
 //   build/examples/llama_sft --model_name_or_path output/llama_sft/merged --use_peft false \
 //       --prompt "Exodus 20:13"                               # generation only (no --do_train / --do_eval)
@@ -49,12 +50,17 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 /// Flags of this example, beside every TrainingArguments, LoraArguments and RandomBaseArguments flag.
 struct ExampleArguments {
@@ -79,11 +85,47 @@ struct SFTTrainer
     : loom::Trainer<SFTTrainer, LlamaForCausalLM, loom::sharding::FromArgs, loom::precision::FromArgs> {
   using Trainer::Trainer;
 
-  /// With --predict_with_generate: the share of held-out completions generated exactly (greedy,
-  /// from each prompt, through the completion's end of text).
+  /// The data folder's tokenizer, which decodes the generated completions, and the ids that end
+  /// one (with --predict_with_generate).
+  std::shared_ptr<const loom::data::Tokenizer> tokenizer;
+  std::vector<int64_t> stop_ids;
+  /// The last evaluation's completions and references as text (with --predict_with_generate).
+  std::vector<std::pair<std::string, std::string>> generations;
+
+  /// With --predict_with_generate, of the held-out completions generated greedily from each
+  /// prompt: exact_match, the share whose decoded text equals the reference's (both stripped,
+  /// HF evaluate's exact_match: a model may spell the same text with other tokens), and
+  /// token_exact_match, the share generated token for token through the end of text.
   loom::Metrics compute_metrics(const loom::EvalPrediction& p) {
     if (!this->args().predict_with_generate) return {};
-    return {{"exact_match", loom::metrics::sequence_exact_match(p.predictions, p.label_ids)}};
+    loom::Metrics m;
+    if (tokenizer) {
+      const auto predictions = p.predictions.to(torch::kCPU).contiguous();
+      const auto references = p.label_ids.to(torch::kCPU).contiguous();
+      std::vector<std::string> texts, wanted;
+      generations.clear();
+      for (int64_t r = 0; r < predictions.size(0); ++r) {
+        const auto* row = predictions[r].template data_ptr<int64_t>();
+        // The batches' widths differ: the evaluation pads their concatenation with -100.
+        std::vector<int64_t> ids;
+        for (int64_t k = 0; k < predictions.size(1); ++k)
+          if (row[k] != loom::data::ignore_index) ids.push_back(row[k]);
+        const auto stop = std::find_if(ids.begin(), ids.end(), [&](int64_t t) {
+          return std::find(stop_ids.begin(), stop_ids.end(), t) != stop_ids.end();
+        });
+        if (stop != ids.end()) ids.erase(stop + 1, ids.end());
+        const auto* ref = references[r].template data_ptr<int64_t>();
+        std::vector<int64_t> reference;
+        for (int64_t k = 0; k < references.size(1); ++k)
+          if (ref[k] != loom::data::ignore_index) reference.push_back(ref[k]);
+        texts.push_back(hf_example::python_strip(tokenizer->decode(ids)));
+        wanted.push_back(hf_example::python_strip(tokenizer->decode(reference)));
+        generations.emplace_back(texts.back(), wanted.back());
+      }
+      m.set("exact_match", loom::metrics::exact_match(texts, wanted));
+    }
+    m.set("token_exact_match", loom::metrics::sequence_exact_match(p.predictions, p.label_ids));
+    return m;
   }
 };
 
@@ -182,6 +224,10 @@ int main(int argc, char** argv) {
       hf_example::check_generation_policy(gen, args);
       SFTTrainer trainer(args, model, train_set, eval_set);
       trainer.set_tokenizer_files(hf_example::tokenizer_files(meta));
+      if (args.predict_with_generate) {
+        trainer.tokenizer = std::make_shared<const loom::data::Tokenizer>(loom::data::Tokenizer::from_file(meta.tokenizer_file));
+        trainer.stop_ids = loom::models::detail::token_ids(model->config().eos_token_id);
+      }
       if (staged) staged->commit();  // <output_dir>/base, before the first checkpoint names it
       if (args.do_train) {
         auto result = trainer.train();
@@ -194,6 +240,17 @@ int main(int argc, char** argv) {
         if (auto loss = metrics.get("eval_loss")) metrics.set("eval_perplexity", std::exp(*loss));
         trainer.log_metrics("eval", metrics);
         trainer.save_metrics("eval", metrics);
+        if (main_process && !trainer.generations.empty()) {
+          // Each held-out row's generated completion beside its reference (HF's predict()
+          // returns the predictions; its scripts write them beside the metrics).
+          const auto file = std::filesystem::path(args.output_dir) / "eval_generations.jsonl";
+          std::ofstream out(file, std::ios::binary | std::ios::trunc);
+          for (const auto& [completion, reference] : trainer.generations)
+            out << nlohmann::json{{"completion", completion}, {"reference", reference},
+                                  {"exact_match", completion == reference}}.dump() << "\n";
+          loom::check(static_cast<bool>(out), "writing {} failed", file.string());
+          fmt::print("llama_sft: {} generated completions -> {}\n", trainer.generations.size(), file.string());
+        }
       }
     }
     if (gen.wanted() && main_process)  // a newline ends each prompt, as kjv.py's instruction prompts end

@@ -151,10 +151,18 @@ def generate_check(opts):
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
+    from transformers import AutoTokenizer
     model = AutoModelForCausalLM.from_pretrained(opts.model, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(opts.model)
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     ids, offsets, mask = sft_val(opts.data)
     reported = read_json(opts.results)
-    right = rows = tokens = same = 0
+    right = rows = tokens = same = text_right = 0
+    written = []
+    if opts.generations:
+        with open(opts.generations, encoding="utf-8") as f:
+            written = [json.loads(line) for line in f]
     with torch.no_grad():
         for b, e in zip(offsets[:-1], offsets[1:]):
             m = mask[b:e].copy()
@@ -169,12 +177,30 @@ def generate_check(opts):
             same += int((out[:n] == reference[:n]).sum())
             tokens += len(reference)
             right += int(n == len(reference) and bool((out[:n] == reference).all()))
+            # HF evaluate's exact_match on the texts: the completion through its end of text and
+            # the reference, decoded without special tokens, stripped.
+            kept = out.tolist()
+            for i, t in enumerate(kept):
+                if t in eos:
+                    kept = kept[: i + 1]
+                    break
+            text = tokenizer.decode(kept, skip_special_tokens=True).strip()
+            wanted = tokenizer.decode(reference.tolist(), skip_special_tokens=True).strip()
+            text_right += int(text == wanted)
+            if written and (written[rows]["completion"] != text or written[rows]["reference"] != wanted):
+                fail(f"row {rows}: loom wrote {written[rows]!r}; transformers: {text!r}, reference {wanted!r}")
             rows += 1
-    exact = right / rows
-    if abs(exact - reported["eval_exact_match"]) > 0.5 / rows:
-        fail(f"transformers' greedy exact match {exact!r}, loom's eval_exact_match {reported['eval_exact_match']!r}")
-    print(f"generate ok: {rows} held-out prompts, exact match {exact:.4f} (loom {reported['eval_exact_match']:.4f}), "
-          f"{same} of {tokens} reference tokens generated in place")
+    exact, text_exact = right / rows, text_right / rows
+    if abs(exact - reported["eval_token_exact_match"]) > 0.5 / rows:
+        fail(f"transformers' greedy token exact match {exact!r}, loom's eval_token_exact_match "
+             f"{reported['eval_token_exact_match']!r}")
+    if abs(text_exact - reported["eval_exact_match"]) > 0.5 / rows:
+        fail(f"transformers' greedy text exact match {text_exact!r}, loom's eval_exact_match {reported['eval_exact_match']!r}")
+    if written and len(written) != rows:
+        fail(f"{opts.generations}: {len(written)} rows for {rows} held-out prompts")
+    print(f"generate ok: {rows} held-out prompts, exact match {text_exact:.4f} on the texts (loom "
+          f"{reported['eval_exact_match']:.4f}), {exact:.4f} token for token (loom {reported['eval_token_exact_match']:.4f}), "
+          f"{same} of {tokens} reference tokens generated in place" + (", each row as written" if written else ""))
 
 
 def printed(log, label):
@@ -521,6 +547,7 @@ def main():
     g.add_argument("--model", required=True)
     g.add_argument("--data", required=True)
     g.add_argument("--results", required=True)
+    g.add_argument("--generations", default=None)
     c = sub.add_parser("complete")
     c.add_argument("--model", required=True)
     c.add_argument("--prompt", required=True)

@@ -5,8 +5,9 @@
 # resumed from checkpoint-3 logs the same losses after step 3. PEFT opens the adapter onto the
 # base with the merged folder's logits, and gets, in fp32, the held-out completion loss that
 # loom reports from the base and the adapter (--lora_adapter, one unpacked example a batch).
-# --predict_with_generate on the merged folder reports the exact match that transformers'
-# greedy generate gives on the same prompts, and --prompt prints the completion transformers gives.
+# --predict_with_generate on the merged folder reports the exact match (of the decoded texts, and
+# token for token) that transformers' greedy generate gives on the same prompts, and writes
+# each row's completion and reference, and --prompt prints the completion transformers gives.
 include("${CMAKE_CURRENT_LIST_DIR}/example_outputs.cmake")
 set(base "${OUT}")
 set(flags --data_dir "${DATA}" --max_steps 6 --warmup_steps 1 --logging_steps 1 --eval_steps 3 --save_steps 3
@@ -47,7 +48,8 @@ hf_check(peft --output "${base}/straight" --data "${DATA}" --results "${OUT}/eva
 set(OUT "${base}/generate")
 run_example(llama_sft --data_dir "${DATA}" --model_name_or_path "${base}/straight/merged" --use_peft false --do_eval
             --bf16 false --predict_with_generate --per_device_eval_batch_size 1)
-hf_check(generate --model "${base}/straight/merged" --data "${DATA}" --results "${OUT}/eval_results.json")
+hf_check(generate --model "${base}/straight/merged" --data "${DATA}" --results "${OUT}/eval_results.json"
+         --generations "${OUT}/eval_generations.jsonl")
 
 # --prompt alone only generates: the merged folder's greedy completion of a KJV prompt (a
 # newline appended, as kjv.py's prompts end), as transformers' generate.
