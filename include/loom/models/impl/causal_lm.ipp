@@ -166,6 +166,12 @@ inline torch::Tensor scored_rows(const torch::Tensor& hidden, const ScoredPositi
   return hidden.reshape({-1, hidden.size(-1)}).index_select(0, s.index);
 }
 
+// One value a scored row [scored] placed at its position among all of them (0 elsewhere),
+// [positions] (differentiable).
+inline torch::Tensor placed(const torch::Tensor& rows, const ScoredPositions& s) {
+  return torch::zeros({s.shifted.size(0)}, rows.options()).index_copy(0, s.index, rows);
+}
+
 // The log-probability of each scored position's target, placed at its position among all of
 // them (0 elsewhere), float32 [positions]: the head and the log-softmax at the scored rows only
 // (a row of a product or a log-softmax does not depend on the others).
@@ -174,7 +180,7 @@ inline torch::Tensor placed_log_probs(const torch::Tensor& hidden, const torch::
   const auto targets = s.shifted.index_select(0, s.index);
   const auto picked =
       float_log_probs(lm_head_logits(scored_rows(hidden, s), weight, fast), fast).gather(1, targets.unsqueeze(1));
-  return torch::zeros({s.shifted.size(0)}, picked.options()).index_copy(0, s.index, picked.squeeze(1));
+  return placed(picked.squeeze(1), s);
 }
 
 }  // namespace detail
@@ -286,9 +292,7 @@ LOOM_INLINE TokenScores token_scores(const torch::Tensor& hidden, const torch::T
   const auto s = detail::scored_positions(labels, hidden.device());
   const int64_t vocab = weight.size(0);
   const auto targets = s.shifted.index_select(0, s.index);
-  const auto place = [&](const torch::Tensor& rows) {
-    return torch::zeros({s.shifted.size(0)}, rows.options()).index_copy(0, s.index, rows).view(labels.sizes());
-  };
+  const auto place = [&](const torch::Tensor& rows) { return detail::placed(rows, s).view(labels.sizes()); };
   TokenScores out;
   if (chunked.value_or(chunked_lm_loss_by_default(s.index.size(0), vocab))) {
     auto parts =
