@@ -120,13 +120,7 @@ int main(int argc, char** argv) {
                 "--max_length must be in [2, {}], got {}", loom::models::ConfigLimits::positions, example.max_length);
     // A reward model trains whole by default (the score head is new); --use_peft true asks
     // for LoRA with the head trained beside it (PEFT's SEQ_CLS).
-    const auto flag_given = [&](std::string_view name) {
-      for (int i = 1; i < argc; ++i)
-        if (std::string_view(argv[i]) == name || std::string_view(argv[i]).starts_with(std::string(name) + "="))
-          return true;
-      return false;
-    };
-    if (reward_task && !flag_given("--use_peft")) lora_args.use_peft = false;
+    if (reward_task && !lora_args.given.contains("use_peft")) lora_args.use_peft = false;
     if (reward_task && lora_args.use_peft) lora_args.lora_task_type = "SEQ_CLS";
     hf_example::apply_script_rules(args, "llama_dpo");
     const bool main_process = hf_example::is_main_process();

@@ -15,6 +15,7 @@
 // family, c_attn for GPT-2, query and value for BERT).
 
 #include <loom/config/field_help.hpp>
+#include <loom/config/given_flags.hpp>
 #include <loom/config/inline.hpp>
 #include <loom/peft/lora.hpp>
 
@@ -42,6 +43,7 @@ struct LoraArguments {
   std::optional<std::string> lora_config;            ///< an adapter_config.json giving the whole config
   std::optional<std::string> lora_adapter;           ///< a PEFT adapter folder to go on training
   bool lora_save_merged = false;                     ///< also write the merged model to <output_dir>/merged
+  GivenFlags given;                                  ///< the settings given (parse_args records them), not a flag
 
   static constexpr loom::FieldHelp field_help[] = {
       {"use_peft", "train a LoRA adapter; the base model stays frozen (TRL's flag)"},
