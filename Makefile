@@ -76,7 +76,7 @@ $(DEPS)/venv.stamp: requirements.txt
 	@echo "== setting up $(VENV) (torch wheel: several GB on first run)"
 	@[ -x $(PY) ] || python3 -m venv $(VENV)
 	@$(PY) -m pip install -q --upgrade pip
-	@$(PY) -m pip install -q --no-cache-dir -r requirements.txt
+	@DS_BUILD_OPS=0 $(PY) -m pip install -q --no-cache-dir -r requirements.txt
 	@touch $@
 
 # CMAKE_ARGS: more -D settings for the first configure (.ci/run sets LOOM_BENCHMARKS_CHECK_BUILD).

@@ -82,6 +82,24 @@ inline void check_generation_policy(const GenerateArguments& g, const loom::Trai
                              "without --do_train");
 }
 
+/// A tokenizer that will encode prompts for a model of `model_vocab` ids: refused when it gives
+/// ids past the model's vocabulary (the first forward would fail on an index otherwise).
+inline void check_tokenizer_fits(const loom::data::Tokenizer& tokenizer, const std::filesystem::path& file,
+                                 int64_t model_vocab) {
+  loom::check(tokenizer.vocab_size() <= model_vocab,
+              "{}: this tokenizer gives ids up to {}, past the model's vocabulary of {} ids (config.json's "
+              "vocab_size): the tokenizer and the model do not belong together",
+              file.string(), tokenizer.vocab_size() - 1, model_vocab);
+}
+
+/// At start-up, before any training: the tokenizer that --prompt, --predict_file or
+/// --predict_with_generate will use, read and checked against the model.
+inline void check_generation_tokenizer(const GenerateArguments& g, const loom::TrainingArguments& args,
+                                       const std::filesystem::path& file, int64_t model_vocab) {
+  if (!g.wanted() && !args.predict_with_generate) return;
+  check_tokenizer_fits(loom::data::Tokenizer::from_file(file), file, model_vocab);
+}
+
 /// The completion of `text` by `model` (a loom::models causal LM) as text: `text` encoded with
 /// `tokenizer` (its post-processor's special tokens included, as the training data was
 /// prepared), the generated ids after the prompt decoded without special tokens.
@@ -243,6 +261,7 @@ void generate_outputs(Model& model, const std::filesystem::path& tokenizer_file,
                       const loom::TrainingArguments& args, std::string_view program,
                       const std::function<std::string(std::string)>& prepare) {
   const auto tokenizer = loom::data::Tokenizer::from_file(tokenizer_file);
+  check_tokenizer_fits(tokenizer, tokenizer_file, model->config().vocab_size);
   const auto config = g.config(static_cast<uint64_t>(args.seed));
   if (!g.prompt.empty()) {
     const auto prompt = prepare(g.prompt);

@@ -149,6 +149,7 @@ int main(int argc, char** argv) {
     // As HF's run_clm: train, save the model, report, evaluate (perplexity), report.
     if (!generate_only) {
       hf_example::check_generation_policy(gen, args);
+      hf_example::check_generation_tokenizer(gen, args, meta.tokenizer_file, model->config().vocab_size);
       GPT2Trainer trainer(args, model, train_set, eval_set);
       trainer.set_tokenizer_files(hf_example::tokenizer_files(meta));  // saved beside the weights
       if (args.do_train) {

@@ -95,7 +95,8 @@ struct SFTTrainer
   /// With --predict_with_generate, of the held-out completions generated greedily from each
   /// prompt: exact_match, the share whose decoded text equals the reference's (both stripped,
   /// HF evaluate's exact_match: a model may spell the same text with other tokens), and
-  /// token_exact_match, the share generated token for token through the end of text.
+  /// token_exact_match, the share generated token for token through the end of text; rougeL
+  /// and bleu of the same texts.
   loom::Metrics compute_metrics(const loom::EvalPrediction& p) {
     if (!this->args().predict_with_generate) return {};
     loom::Metrics m;
@@ -123,6 +124,10 @@ struct SFTTrainer
         generations.emplace_back(texts.back(), wanted.back());
       }
       m.set("exact_match", loom::metrics::exact_match(texts, wanted));
+      // As HF evaluate's "rouge" (rouge-score, no stemmer; each pair's F averaged, 0-1) and
+      // "sacrebleu" (corpus BLEU, 0-100) report them.
+      m.set("rougeL", loom::metrics::rouge_l(texts, wanted));
+      m.set("bleu", loom::metrics::corpus_bleu(texts, {wanted}).score);
     }
     m.set("token_exact_match", loom::metrics::sequence_exact_match(p.predictions, p.label_ids));
     return m;
@@ -222,6 +227,7 @@ int main(int argc, char** argv) {
     // As HF's run_clm / TRL's sft script: train, save, report, evaluate, report.
     if (!generate_only) {
       hf_example::check_generation_policy(gen, args);
+      hf_example::check_generation_tokenizer(gen, args, meta.tokenizer_file, model->config().vocab_size);
       SFTTrainer trainer(args, model, train_set, eval_set);
       trainer.set_tokenizer_files(hf_example::tokenizer_files(meta));
       if (args.predict_with_generate) {

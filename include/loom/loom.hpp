@@ -36,6 +36,7 @@
 #include <loom/metrics/memory.hpp>
 #include <loom/metrics/regression.hpp>
 #include <loom/metrics/speed.hpp>
+#include <loom/metrics/text.hpp>
 #include <loom/peft/lora_arguments.hpp>
 #include <loom/policy/bundle.hpp>
 #include <loom/policy/tags.hpp>

@@ -23,6 +23,20 @@ TEST_CASE("json::parse refuses a key given twice, naming the key and the object"
         "loom: f.json: key 'k' appears twice in the top-level object");
   const auto bad = error_of([] { (void)loom::json::parse(R"({"a": )", "f.json"); });
   CHECK(bad.rfind("loom: f.json is not valid JSON: [json.exception.parse_error", 0) == 0);
+  // Nesting: 1000 levels read, one more refused before the parse holds more (a nesting of
+  // millions once cost gigabytes: each open object keeps its path).
+  const auto nested = [](int depth, std::string_view open, std::string_view close) {
+    std::string text;
+    for (int i = 0; i < depth; ++i) text += open;
+    text += "1";
+    for (int i = 0; i < depth; ++i) text += close;
+    return text;
+  };
+  CHECK(loom::json::parse(nested(1000, "[", "]"), "f.json").is_array());
+  CHECK(error_of([&] { (void)loom::json::parse(nested(1001, "[", "]"), "f.json"); }) ==
+        "loom: f.json: JSON nested more than 1000 levels deep (arrays and objects); no file loom reads nests like this");
+  CHECK(error_of([&] { (void)loom::json::parse(nested(5'000'000, "{\"k\": ", "}"), "f.json"); }) ==
+        "loom: f.json: JSON nested more than 1000 levels deep (arrays and objects); no file loom reads nests like this");
   // The ordered variant keeps the text's order.
   const auto o = loom::json::parse_ordered(R"({"z": 1, "a": 2})", "f.json");
   CHECK(o.begin().key() == "z");

@@ -288,6 +288,27 @@ TEST_CASE("Tokenizer: a tokenizer.json loom does not read is refused with one lo
   j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Contiguous";
   CHECK(refusal(j) == "loom: tok.json: pre_tokenizer.pretokenizers[0].behavior 'Contiguous' is not supported (loom "
                       "reads Isolated, Removed, MergedWithPrevious, MergedWithNext)");
+  // Fields of the wrong JSON type and ids no vocabulary has, each by its name (not a generic
+  // JSON or allocation error).
+  j = bpe_json();
+  j["pre_tokenizer"]["add_prefix_space"] = "no";
+  CHECK(refusal(j) == "loom: tok.json: 'add_prefix_space' must be true or false, got \"no\"");
+  j = bpe_json();
+  j["model"]["unk_token"] = 5;
+  CHECK(refusal(j) == "loom: tok.json: model.unk_token must be a token (a string), got 5");
+  j = bpe_json();
+  j["model"]["vocab"]["a"] = int64_t{1} << 31;
+  CHECK(refusal(j) == "loom: tok.json: model.vocab['a'] must be an id in [0, 16777216), got 2147483648");
+  j = bpe_json();
+  j["model"]["vocab"]["a"] = "0";
+  CHECK(refusal(j) == "loom: tok.json: model.vocab['a'] must be an id in [0, 16777216), got \"0\"");
+  j = wordpiece_json();
+  j["added_tokens"] = {{{"id", (int64_t{1} << 31) + 1}, {"content", "[BIG]"}}};
+  CHECK(refusal(j) == "loom: tok.json: added_tokens[0] must be an object with an id in [0, 16777216) and a string "
+                      "content");
+  j = wordpiece_json();
+  j["model"]["continuing_subword_prefix"] = 2;
+  CHECK(refusal(j) == "loom: tok.json: model.continuing_subword_prefix must be a string, got 2");
   CHECK(error_of([] { (void)Tokenizer::from_file("/nonexistent/tokenizer.json"); }) ==
         "loom: cannot read /nonexistent/tokenizer.json (a tokenizer.json, or a folder holding one)");
 }

@@ -159,6 +159,7 @@ def generate_check(opts):
     ids, offsets, mask = sft_val(opts.data)
     reported = read_json(opts.results)
     right = rows = tokens = same = text_right = 0
+    texts, references = [], []
     written = []
     if opts.generations:
         with open(opts.generations, encoding="utf-8") as f:
@@ -187,6 +188,8 @@ def generate_check(opts):
             text = tokenizer.decode(kept, skip_special_tokens=True).strip()
             wanted = tokenizer.decode(reference.tolist(), skip_special_tokens=True).strip()
             text_right += int(text == wanted)
+            texts.append(text)
+            references.append(wanted)
             if written and (written[rows]["completion"] != text or written[rows]["reference"] != wanted):
                 fail(f"row {rows}: loom wrote {written[rows]!r}; transformers: {text!r}, reference {wanted!r}")
             rows += 1
@@ -198,9 +201,21 @@ def generate_check(opts):
         fail(f"transformers' greedy text exact match {text_exact!r}, loom's eval_exact_match {reported['eval_exact_match']!r}")
     if written and len(written) != rows:
         fail(f"{opts.generations}: {len(written)} rows for {rows} held-out prompts")
+    # ROUGE-L (rouge-score, evaluate's defaults, each pair's F averaged) and sacrebleu's corpus
+    # BLEU of the same texts.
+    import sacrebleu
+    from rouge_score import rouge_scorer
+    scorer = rouge_scorer.RougeScorer(["rougeL"])
+    rouge_l = sum(scorer.score(r, t)["rougeL"].fmeasure for t, r in zip(texts, references)) / rows
+    bleu = sacrebleu.corpus_bleu(texts, [references]).score
+    for name, value in (("eval_rougeL", rouge_l), ("eval_bleu", bleu)):
+        if abs(value - reported[name]) > 1e-9 * max(1.0, abs(value)):
+            fail(f"rouge-score / sacrebleu give {name[5:]} {value!r} on transformers' completions, loom's {name} "
+                 f"{reported[name]!r}")
     print(f"generate ok: {rows} held-out prompts, exact match {text_exact:.4f} on the texts (loom "
           f"{reported['eval_exact_match']:.4f}), {exact:.4f} token for token (loom {reported['eval_token_exact_match']:.4f}), "
-          f"{same} of {tokens} reference tokens generated in place" + (", each row as written" if written else ""))
+          f"{same} of {tokens} reference tokens generated in place" + (", each row as written" if written else "") +
+          f"; rougeL {rouge_l:.6f}, BLEU {bleu:.4f} as loom's")
 
 
 def printed(log, label):

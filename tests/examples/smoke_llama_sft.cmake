@@ -101,4 +101,13 @@ expect_loom_error("--packing 1000000000 is longer than 1048576 tokens, the longe
                   --data_dir "${DATA}" --packing 1000000000)
 expect_loom_error("--lora_config and --lora_adapter both give the LoRA config.*" --data_dir "${DATA}"
                   --lora_config x.json --lora_adapter y)
+# A tokenizer.json whose ids run past the model's vocabulary, where --prompt will encode with it:
+# refused at start-up, before the training, not by an index error in the first forward after it.
+file(COPY "${DATA}/" DESTINATION "${base}/wide_tokenizer")
+file(READ "${DATA}/tokenizer.json" tokenizer)
+string(JSON tokenizer SET "${tokenizer}" model vocab zzzq 100000)
+file(WRITE "${base}/wide_tokenizer/tokenizer.json" "${tokenizer}")
+expect_loom_error(".*/wide_tokenizer/tokenizer.json: this tokenizer gives ids up to 100000, past the model's vocabulary of 512 ids.*"
+                  --data_dir "${base}/wide_tokenizer" --do_train --prompt "Genesis 1:1" --hidden_size 32
+                  --intermediate_size 64 --num_hidden_layers 2 --num_attention_heads 4 --num_key_value_heads 2)
 message("llama_sft smoke ok")

@@ -161,6 +161,29 @@ TEST_CASE("FP16 on CUDA: the scale doubles after 2000 clean steps") {
   CHECK(t.precision().scale().item<double>() == doctest::Approx(131072.0));
 }
 
+TEST_CASE("FP16 on CUDA under DeepSpeed's loss scale rule: the scales of the CPU rule, step for step") {
+  // DeepSpeed's DynamicLossScaler in tensor ops on the device (no host read per step), against
+  // the same rule on the CPU (tests/precision compares that one with DeepSpeed's class).
+  loom::precision::ScalerOptions o;
+  o.deepspeed = true, o.init_scale = 1024, o.growth_interval = 3, o.hysteresis = 2, o.min_scale = 4;
+  loom::precision::PrecisionImpl<loom::precision::FP16> cpu(torch::kCPU, o), cuda(torch::kCUDA, o);
+  auto p_cpu = torch::zeros({5}).requires_grad_(true);
+  auto p_cuda = torch::zeros({5}, torch::kCUDA).requires_grad_(true);
+  const std::vector<int> overflows{0, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 1, 0};
+  for (std::size_t k = 0; k < overflows.size(); ++k) {
+    CAPTURE(k);
+    const float g = overflows[k] != 0 ? std::numeric_limits<float>::infinity() : 1.0f;
+    p_cpu.mutable_grad() = torch::full({5}, g);
+    p_cuda.mutable_grad() = torch::full({5}, g, torch::kCUDA);
+    cpu.unscale({p_cpu});
+    cuda.unscale({p_cuda});
+    cpu.update();
+    cuda.update();
+    CHECK(cuda.scale().item<double>() == cpu.scale().item<double>());
+  }
+  CHECK(cuda.state_dict() == cpu.state_dict());
+}
+
 TEST_CASE("memory metrics on CUDA: train_mem_gpu_* and eval_mem_gpu_* beside the CPU ones") {
   auto args = gpu_args("memory", 4);
   args.skip_memory_metrics = false;

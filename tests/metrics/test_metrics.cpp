@@ -7,6 +7,7 @@
 #include <loom/core/error.hpp>
 #include <loom/metrics/classification.hpp>
 #include <loom/metrics/regression.hpp>
+#include <loom/metrics/text.hpp>
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -20,6 +21,7 @@
 #include <fcntl.h>
 #include <filesystem>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -279,4 +281,123 @@ TEST_CASE("metrics: bad input gives loom: errors") {
          }), "finite");
   const std::vector<std::string> a{"x"}, b{"x", "y"};
   expect(error_of([&] { (void)loom::metrics::exact_match(a, b); }), "1 predictions and 2 references");
+  expect(error_of([&] { (void)loom::metrics::rouge_l(a, b); }), "rouge_l got 1 predictions and 2 references");
+  expect(error_of([&] { (void)loom::metrics::corpus_bleu(a, {b}); }),
+         "corpus_bleu's reference stream 0 holds 2 references for 1 hypotheses");
+  expect(error_of([&] { (void)loom::metrics::rouge_tokens("caf\xC3"); }), "rouge's text is not valid UTF-8 (byte 4 of 4)");
+  expect(error_of([&] { (void)loom::metrics::bleu_tokenize_13a("\xED\xA0\x80 surrogate"); }),
+         "BLEU's text is not valid UTF-8 (byte 1 of 13)");
+  expect(error_of([&] { (void)loom::metrics::rouge_n("a", "a", 0); }), "rouge_n takes n >= 1, got 0");
+}
+
+TEST_CASE("ROUGE and BLEU equal rouge-score's and sacrebleu's on adversarial text and a random corpus") {
+  const char* py = loom_test::python("the ROUGE and BLEU check");
+  if (py == nullptr) return;
+  // Hand-written hard cases: Unicode spacing Python splits on, emoji, CJK, combining marks,
+  // the two characters whose lowercase is ASCII, 13a's HTML entities and <skipped>, numbers
+  // with points, commas and dashes, empty and punctuation-only texts.
+  std::vector<std::string> predictions{
+      "The cat sat on the mat.",
+      "the the the the",
+      "",
+      "!!! ... ,,,",
+      "\u0130stanbul \u212Aelvin caf\u00E9 na\u00EFve",
+      "3.14, 1,000 and 5-4 = 1; a.b,c 7.-8 x-9",
+      "Tom &amp;quot;Jerry&quot; &lt;b&gt; <skipped> hy-\nphen\nnext",
+      "\u4F60\u597D\u4E16\u754C hello \u3000world\u00A0ok\u2003em\u0085nel\u001Cfs",
+      "e\u0301te\u0301 \U0001F468\u200D\U0001F469\u200D\U0001F467 family \U0001F600!",
+      "trailing spaces   \t\n",
+      "In the beginning God created the heaven and the earth.",
+      "word",
+  };
+  std::vector<std::string> references{
+      "The cat is on the mat",
+      "the cat",
+      "something",
+      "",
+      "istanbul kelvin cafe naive",
+      "3.14 , 1,000 and 5 - 4 = 1 ; a . b , c",
+      "Tom \"Jerry\" <b> hyphen next",
+      "\u4F60\u597D hello world ok em nel fs",
+      "ete family !",
+      "trailing spaces",
+      "In the beginning God created the heaven, and the earth.",
+      "word",
+  };
+  // A seeded corpus of sentences drawn from words, numbers and punctuation.
+  const std::vector<std::string> pieces{"And", "the", "earth", "was", "without", "form", ",", ".", "void", ";", "God",
+                                        "said", "Let", "there", "be", "light", ":", "3.5", "10,000", "2-3", "(", ")",
+                                        "'s", "\"", "don't", "e.g.", "\u00E9t\u00E9", "\u4E2D\u6587", "!", "?", "-"};
+  std::mt19937 rng(7);
+  const auto sentence = [&] {
+    std::string out;
+    const int words = static_cast<int>(rng() % 14);
+    for (int w = 0; w < words; ++w) out += (rng() % 3 == 0 ? "" : " ") + pieces[rng() % pieces.size()];
+    return out;
+  };
+  for (int i = 0; i < 60; ++i) {
+    predictions.push_back(sentence());
+    references.push_back(rng() % 4 == 0 ? predictions.back() : sentence());
+  }
+  std::vector<std::string> second;  // a second reference stream
+  for (std::size_t i = 0; i < predictions.size(); ++i) second.push_back(i % 5 == 0 ? predictions[i] : sentence());
+
+  const fs::path dir = loom_test::fresh_dir("metrics/text");
+  loom_test::write_bytes(dir / "cases.json",
+                         nlohmann::json{{"predictions", predictions}, {"references", {references, second}}}.dump());
+  const std::string printed = loom_test::run_capture(
+      std::string(py) + " " + (loom_test::source_dir() / "tests/metrics/text_peer.py").string() + " " +
+      (dir / "cases.json").string() + " " + (dir / "out.json").string() + " 2>&1");
+  INFO(printed);
+  REQUIRE(fs::exists(dir / "out.json"));
+  const auto want = nlohmann::json::parse(loom_test::read_bytes(dir / "out.json"));
+
+  std::vector<std::string> texts = predictions;
+  texts.insert(texts.end(), references.begin(), references.end());
+  texts.insert(texts.end(), second.begin(), second.end());
+  for (std::size_t i = 0; i < texts.size(); ++i) {
+    CAPTURE(texts[i]);
+    CHECK(loom::metrics::rouge_tokens(texts[i]) == want["rouge_tokens"][i].get<std::vector<std::string>>());
+    CHECK(loom::metrics::bleu_tokenize_13a([&] {
+            std::string t = texts[i];  // the peer tokenizes t.rstrip(), as corpus_bleu does
+            while (!t.empty() && (t.back() == ' ' || t.back() == '\t' || t.back() == '\n')) t.pop_back();
+            return t;
+          }()) == want["bleu_tokens"][i].get<std::string>());
+  }
+  double mean_l = 0, mean_1 = 0;
+  for (std::size_t i = 0; i < predictions.size(); ++i) {
+    CAPTURE(predictions[i]);
+    CAPTURE(references[i]);
+    const auto& w = want["rouge"][i];
+    for (const auto& [name, got] : {std::pair{"rouge1", loom::metrics::rouge_n(references[i], predictions[i], 1)},
+                                    std::pair{"rouge2", loom::metrics::rouge_n(references[i], predictions[i], 2)},
+                                    std::pair{"rougeL", loom::metrics::rouge_l(references[i], predictions[i])}}) {
+      CAPTURE(name);
+      CHECK(same(got.precision, w[name][0]));
+      CHECK(same(got.recall, w[name][1]));
+      CHECK(same(got.fmeasure, w[name][2]));
+    }
+    mean_l += w["rougeL"][2].get<double>();
+    mean_1 += w["rouge1"][2].get<double>();
+  }
+  const auto n = static_cast<double>(predictions.size());
+  CHECK(same(loom::metrics::rouge_l(predictions, references), mean_l / n));
+  CHECK(same(loom::metrics::rouge_n(predictions, references, 1), mean_1 / n));
+  using Streams = std::vector<std::vector<std::string>>;
+  for (const auto& [key, streams] : {std::pair{"bleu_one", Streams{references}},
+                                     std::pair{"bleu_all", Streams{references, second}}}) {
+    CAPTURE(key);
+    const auto got = loom::metrics::corpus_bleu(predictions, streams);
+    const auto& w = want[key];
+    CHECK(same(got.score, w["score"]));
+    CHECK(same(got.brevity_penalty, w["bp"]));
+    CHECK(got.hypothesis_length == w["sys_len"].get<int64_t>());
+    CHECK(got.reference_length == w["ref_len"].get<int64_t>());
+    for (std::size_t k = 0; k < 4; ++k) {
+      CHECK(same(got.precisions[k], w["precisions"][k]));
+      CHECK(got.correct[k] == w["counts"][k].get<int64_t>());
+      CHECK(got.total[k] == w["totals"][k].get<int64_t>());
+    }
+    CHECK(got.score > 5);  // the corpus shares words: a score that could not be 0 by accident
+  }
 }

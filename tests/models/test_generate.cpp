@@ -183,6 +183,11 @@ TEST_CASE("generate: refusals, and generation past the position table") {
   CHECK(error({.max_new_tokens = 0}) == "loom: generate: max_new_tokens must be positive, got 0");
   CHECK(error({.max_new_tokens = 4, .do_sample = true, .temperature = 0.0}) ==
         "loom: generate: temperature must be positive when do_sample is true, got 0");
+  // A temperature so small that the scaled logits overflow: named, not multinomial's error.
+  CHECK(error({.max_new_tokens = 4, .do_sample = true, .temperature = 1e-45}) ==
+        "loom: generate: temperature 1e-45 overflows float32: the logits divided by it are infinite, so the sampling "
+        "probabilities are undefined (transformers stops here too); use a larger temperature, or do_sample false for "
+        "the argmax it tends to");
   CHECK(error({.max_new_tokens = 4, .do_sample = true, .top_p = 1.5}) ==
         "loom: generate: top_p must be in [0, 1], got 1.5");
   CHECK(error({.max_new_tokens = 4, .do_sample = true, .top_k = -1}) ==

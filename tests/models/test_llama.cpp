@@ -611,7 +611,31 @@ TEST_CASE("LoRA's bad input: a target that matches nothing, r <= 0, an adapter f
   lora.target_modules = {"embed_tokens"};
   CHECK(loom_test::error_of([&] { loom::peft::apply_lora(*model, lora); }).find("LoRA target model.embed_tokens is a") !=
         std::string::npos);
+  // A regex in Python's dialect (PEFT's re.fullmatch), and one whose nested repetitions would
+  // backtrack for hours: refused after a bounded number of steps.
+  lora.target_modules = {};
+  lora.target_regex = R"(model\.layers\.\d+\.self_attn\.(?:q|v)_proj)";
+  {
+    LlamaForCausalLM fresh(tiny());
+    CHECK(loom::peft::apply_lora(*fresh, lora) == 2 * tiny().num_hidden_layers);
+  }
+  lora.target_regex = "(.*.*)*\\d";
+  CHECK(loom_test::error_of([&] { loom::peft::apply_lora(*model, lora); }) ==
+        "loom: LoraConfig: target_modules regex \"(.*.*)*\\d\" gave up on module name 'model.layers.0.self_attn.q_proj' "
+        "after 1000000 backtracking steps (nested repetitions such as (.*)* try every split of the name); write it "
+        "without nested quantifiers");
+  lora.target_regex = "(q_proj";
+  CHECK(loom_test::error_of([&] { loom::peft::apply_lora(*model, lora); }) ==
+        "loom: LoraConfig: target_modules regex \"(q_proj\" is not a valid regular expression (at offset 7: missing "
+        "closing parenthesis)");
+  lora.target_regex.reset();
+  // A rank whose adapter cannot fit the host: refused before anything is allocated.
   lora.target_modules = {"q_proj"};
+  lora.r = int64_t{1} << 40;
+  const auto huge = loom_test::error_of([&] { loom::peft::apply_lora(*model, lora); });
+  CHECK(huge.starts_with("loom: LoRA rank r 1099511627776 gives the adapter "));
+  CHECK(huge.find("GB of host memory each of this machine's") != std::string::npos);
+  CHECK(loom::peft::adapter_config(*model) == std::nullopt);
   lora.r = 0;
   CHECK(loom_test::error_of([&] { loom::peft::apply_lora(*model, lora); }).find("LoRA's r must be a positive integer, got 0") !=
         std::string::npos);

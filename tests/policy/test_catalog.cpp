@@ -73,7 +73,7 @@ TEST_CASE("each sharding, precision and optimizer name is written once under inc
 TEST_CASE("validation, --help and the selector read the catalogs") {
   CHECK(loom::joined_names<loom::ShardingCatalog>("|") == "no|ddp|zero1|zero2|full_shard");
   CHECK(loom::joined_names<loom::OptimizerCatalog>("|") == "adamw_torch_fused|adamw_torch|adafactor|sgd|adagrad|rmsprop|lion");
-  CHECK(loom::catalog_names<loom::ScheduleCatalog>.size() == 11);
+  CHECK(loom::catalog_names<loom::ScheduleCatalog>.size() == 14);
   CHECK(std::vector<std::string_view>(loom::detail::kShardings.begin(), loom::detail::kShardings.end()) ==
         std::vector<std::string_view>{"no", "ddp", "zero1", "zero2", "full_shard", "auto"});
   // --help's text for --sharding and --optim is made from the catalogs.

@@ -4,11 +4,13 @@
 #include <loom/loom.hpp>
 
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include "../trainer_support.hpp"
 
 #include <filesystem>
 #include <limits>
+#include <random>
 #include <vector>
 
 // A namespace of its own: the Trainer test files build as a few unity units (tests/CMakeLists.txt).
@@ -197,6 +199,77 @@ TEST_CASE("FP16: the scale doubles after 2000 clean steps (PyTorch's growth inte
   CHECK(t.skipped_steps() == 0);
   // 2000 clean steps grow the scale once: 2^16 -> 2^17; the 2001st does not grow it again.
   CHECK(t.precision().scale().item<double>() == doctest::Approx(131072.0));
+}
+
+TEST_CASE("FP16 under --loss_scale_rule deepspeed: the scale DeepSpeed's DynamicLossScaler gives, step for step") {
+  const char* py = loom_test::python("DeepSpeed loss scaler cross-check");
+  if (py == nullptr) return;
+  struct Case {
+    double init;
+    int64_t window, hysteresis;
+    bool consecutive;
+    double min_scale;
+    std::vector<bool> overflows;
+  };
+  std::mt19937 rng(5);
+  const auto random_flags = [&](int n, int one_in) {
+    std::vector<bool> v;
+    for (int i = 0; i < n; ++i) v.push_back(rng() % static_cast<unsigned>(one_in) == 0);
+    return v;
+  };
+  std::vector<Case> cases{
+      {65536, 3, 2, false, 1, random_flags(60, 4)},
+      {65536, 3, 2, true, 1, random_flags(60, 3)},
+      {1024, 2, 1, false, 1, random_flags(50, 3)},
+      {256, 4, 3, false, 32, random_flags(80, 2)},
+      {4, 1000, 1, false, 1, {true, true, false, true}},  // reaches the minimum, and overflows there
+      {8, 5, 2, true, 2, random_flags(40, 2)},
+  };
+  auto list = nlohmann::json::array();
+  for (const auto& c : cases)
+    list.push_back({{"kind", "loss_scale"}, {"init_scale", c.init}, {"scale_window", c.window},
+                    {"min_scale", c.min_scale}, {"delayed_shift", c.hysteresis},
+                    {"consecutive_hysteresis", c.consecutive}, {"overflows", c.overflows}});
+  const auto dir = loom_test::fresh_dir("precision/deepspeed_scaler");
+  loom_test::write_bytes(dir / "cases.json", list.dump());
+  const std::string printed = loom_test::run_capture(
+      std::string(py) + " " + (loom_test::source_dir() / "tests/schedule/deepspeed_peer.py").string() + " " +
+      (dir / "cases.json").string() + " " + (dir / "out.json").string() + " 2>&1");
+  INFO(printed);
+  REQUIRE(std::filesystem::exists(dir / "out.json"));
+  const auto want = nlohmann::json::parse(loom_test::read_bytes(dir / "out.json"));
+  bool floor_reached = false;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const auto& c = cases[i];
+    CAPTURE(i);
+    loom::precision::ScalerOptions o;
+    o.deepspeed = true, o.init_scale = c.init, o.growth_interval = c.window, o.hysteresis = c.hysteresis;
+    o.consecutive_hysteresis = c.consecutive, o.min_scale = c.min_scale;
+    loom::precision::PrecisionImpl<loom::precision::FP16> fp16(torch::kCPU, o);
+    auto p = torch::zeros({3}).requires_grad_(true);
+    const auto& scales = want[i]["scales"];
+    const auto raised = want[i]["raised_at"];
+    for (std::size_t k = 0; k < c.overflows.size(); ++k) {
+      CAPTURE(k);
+      CHECK(fp16.scale().item<double>() == scales[k].get<double>());
+      p.mutable_grad() = torch::full({3}, c.overflows[k] ? std::numeric_limits<float>::infinity() : 1.0f);
+      fp16.unscale({p});
+      fp16.update();
+      const bool stops = !raised.is_null() && raised.get<std::size_t>() == k;
+      const auto error = loom_test::error_of([&] { fp16.check_scale_floor(1, static_cast<int64_t>(k)); });
+      CHECK((error.find("loss scale is at its minimum") != std::string::npos) == stops);
+      if (stops) {
+        floor_reached = true;
+        break;
+      }
+      if (k + 1 == c.overflows.size()) CHECK(fp16.scale().item<double>() == scales[k + 1].get<double>());
+    }
+    // The state round-trips.
+    loom::precision::PrecisionImpl<loom::precision::FP16> again(torch::kCPU, o);
+    again.load_state_dict(fp16.state_dict());
+    CHECK(again.state_dict() == fp16.state_dict());
+  }
+  CHECK(floor_reached);  // one case reaches DeepSpeed's "already at minimum"
 }
 
 TEST_CASE("sharding::FromArgs and precision::FromArgs: one Trainer type, the flags choose as the run starts") {

@@ -4,11 +4,13 @@
 #include <loom/schedule/from_args.hpp>
 
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include "../support.hpp"
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <numbers>
 #include <string>
@@ -117,6 +119,63 @@ TEST_CASE("every lr_scheduler_type equals transformers.get_scheduler step by ste
       s.step();
     }
   }
+}
+
+TEST_CASE("DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR equal DeepSpeed's classes bit for bit") {
+  const char* py = loom_test::python("DeepSpeed schedule cross-check");
+  if (py == nullptr) return;
+  struct Case {
+    std::string name, type;
+    int64_t warmup, total;
+    std::string kwargs;  // also the DeepSpeed params
+  };
+  const std::vector<Case> cases{
+      {"warmup_lr", "WarmupLR", 10, 30, "{}"},
+      {"warmup_lr", "WarmupLR", 7, 30, R"({"warmup_type": "linear", "warmup_min_lr": 1e-5})"},
+      {"warmup_lr", "WarmupLR", 0, 12, R"({"warmup_type": "linear"})"},
+      {"warmup_decay_lr", "WarmupDecayLR", 10, 40, "{}"},
+      {"warmup_decay_lr", "WarmupDecayLR", 5, 40, R"({"warmup_type": "linear", "warmup_min_lr": 2e-5})"},
+      {"warmup_decay_lr", "WarmupDecayLR", 1, 3, "{}"},
+      {"warmup_cosine_lr", "WarmupCosineLR", 8, 40, "{}"},
+      {"warmup_cosine_lr", "WarmupCosineLR", 6, 40,
+       R"({"warmup_type": "linear", "warmup_min_ratio": 0.1, "cos_min_ratio": 0.05})"},
+      {"warmup_cosine_lr", "WarmupCosineLR", 0, 20, R"({"cos_min_ratio": 0.0})"},
+  };
+  const double lr = 3e-4;
+  auto list = nlohmann::json::array();
+  for (const auto& c : cases)
+    list.push_back({{"kind", "schedule"}, {"type", c.type}, {"lr", lr}, {"warmup", c.warmup}, {"total", c.total},
+                    {"params", nlohmann::json::parse(c.kwargs)}, {"steps", c.total + 3}});
+  const auto dir = loom_test::fresh_dir("schedule/deepspeed");
+  loom_test::write_bytes(dir / "cases.json", list.dump());
+  const std::string printed = run_capture(std::string(py) + " " +
+                                          (loom_test::source_dir() / "tests/schedule/deepspeed_peer.py").string() + " " +
+                                          (dir / "cases.json").string() + " " + (dir / "out.json").string() + " 2>&1");
+  INFO(printed);
+  REQUIRE(std::filesystem::exists(dir / "out.json"));
+  const auto want = nlohmann::json::parse(loom_test::read_bytes(dir / "out.json"));
+  REQUIRE(want.size() == cases.size());
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const auto& c = cases[i];
+    INFO(c.type << " warmup " << c.warmup << " " << c.kwargs);
+    LRScheduler<FromArgs> s(params(c.warmup, c.total, lr, nlohmann::json::parse(c.kwargs)), c.name);
+    for (std::size_t step = 0; step < want[i].size(); ++step) {
+      INFO("step " << step);
+      CHECK(s.current_lr() == want[i][step].get<double>());  // the same arithmetic: equal, not close
+      s.step();
+    }
+  }
+  // The run's own figures, where a config gives them, must be the run's (HF's rule).
+  CHECK(loom_test::error_of([&] {
+          LRScheduler<FromArgs>(params(5, 40, lr, nlohmann::json::parse(R"({"total_num_steps": 30})")), "warmup_decay_lr");
+        }) == "loom: warmup_decay_lr: total_num_steps 30 disagrees with the run's 40 optimizer steps; HF's DeepSpeed "
+              "integration requires them equal: set it to \"auto\"");
+  CHECK(loom_test::error_of([&] {
+          LRScheduler<FromArgs>(params(0, 40, lr, nlohmann::json::parse(R"({"warmup_num_steps": 0})")), "warmup_lr");
+        }).starts_with("loom: warmup_lr: warmup_num_steps 0 disagrees with the run's warmup of 1 steps"));
+  CHECK(loom_test::error_of([&] {
+          LRScheduler<FromArgs>(params(0, 40, lr, nlohmann::json::parse(R"({"warmup_type": "cosine"})")), "warmup_lr");
+        }) == "loom: lr_scheduler_kwargs: warmup_type of warmup_lr must be one of log, linear, got 'cosine'");
 }
 
 TEST_CASE("reduce_lr_on_plateau equals torch's ReduceLROnPlateau under HF's get_scheduler") {

@@ -180,6 +180,18 @@ struct Precision {
   static constexpr std::string_view help_heading = "precision and devices";
 };
 
+/// TrainingArguments: fp16's loss scale (a --deepspeed config's fp16 section sets these).
+struct LossScale {
+  std::string loss_scale_rule = "torch";              ///< torch | deepspeed: how --fp16's dynamic loss scale moves: torch.amp's GradScaler (HF's: x2 after loss_scale_window clean steps in a row, x0.5 at each overflow) or DeepSpeed's DynamicLossScaler (x2 each time loss_scale_window clean steps have passed since the last overflow, x0.5 only after loss_scale_hysteresis overflows); a --deepspeed config's fp16 section chooses deepspeed; loom's, not HF's
+  double initial_loss_scale = 65536.0;                ///< --fp16: the first loss scale (DeepSpeed's 2^initial_scale_power)
+  std::optional<int64_t> loss_scale_window;           ///< --fp16: clean steps before the scale doubles (default: 2000 under torch, 1000 under deepspeed)
+  std::optional<int64_t> loss_scale_hysteresis;       ///< --fp16 under deepspeed: overflows the scale absorbs before it halves (DeepSpeed's hysteresis; default 2)
+  bool consecutive_hysteresis = false;                ///< --fp16 under deepspeed: a clean step refills the hysteresis (DeepSpeed's consecutive_hysteresis)
+  double min_loss_scale = 1.0;                        ///< --fp16: the smallest loss scale; an overflow there stops the run with a loom: error (DeepSpeed's min_loss_scale)
+
+  static constexpr std::string_view help_heading = "fp16 loss scale";
+};
+
 /// TrainingArguments: distributed.
 struct Distributed {
   std::string sharding = "auto";              ///< auto | no | ddp | zero1 | zero2 | full_shard (auto: ddp when started as several processes, else no)
@@ -221,7 +233,8 @@ struct TrainingArguments : Grouped<training_groups::Output, training_groups::Run
                                    training_groups::Optimizer, training_groups::Schedule, training_groups::Logging,
                                    training_groups::Evaluation, training_groups::Saving, training_groups::Weights,
                                    training_groups::Reproducibility, training_groups::Precision,
-                                   training_groups::Distributed, training_groups::Record> {
+                                   training_groups::LossScale, training_groups::Distributed,
+                                   training_groups::Record> {
   static constexpr std::string_view help_heading = "TrainingArguments";  ///< --help's heading (the groups' own are sub-headings)
 };
 
@@ -320,6 +333,12 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"skip_memory_metrics", "skip memory reports"},
     {"skip_memory_check", "start even when the memory plan (printed at start-up: parameters, gradients, optimizer state, gathered units, activations per rank) exceeds the device's memory; loom's, not HF's"},
     {"include_tokens_per_second", "add train_tokens_per_second (items counted by num_items)"},
+    {"loss_scale_rule", "torch | deepspeed: how --fp16's dynamic loss scale moves: torch.amp's GradScaler (HF's: x2 after loss_scale_window clean steps in a row, x0.5 at each overflow) or DeepSpeed's DynamicLossScaler (x2 each time loss_scale_window clean steps have passed since the last overflow, x0.5 only after loss_scale_hysteresis overflows); a --deepspeed config's fp16 section chooses deepspeed; loom's, not HF's"},
+    {"initial_loss_scale", "--fp16: the first loss scale (DeepSpeed's 2^initial_scale_power)"},
+    {"loss_scale_window", "--fp16: clean steps before the scale doubles (default: 2000 under torch, 1000 under deepspeed)"},
+    {"loss_scale_hysteresis", "--fp16 under deepspeed: overflows the scale absorbs before it halves (DeepSpeed's hysteresis; default 2)"},
+    {"consecutive_hysteresis", "--fp16 under deepspeed: a clean step refills the hysteresis (DeepSpeed's consecutive_hysteresis)"},
+    {"min_loss_scale", "--fp16: the smallest loss scale; an overflow there stops the run with a loom: error (DeepSpeed's min_loss_scale)"},
     {"sharding", names_text<ShardingCatalog, "auto | ", " | ", " (auto: ddp when started as several processes, else no)">},
     {"sharding_param_dtype", names_text<ShardingDtypeCatalog, "", " | ", ": the format full_shard gathers parameters in and computes with (FSDP2's MixedPrecisionPolicy param_dtype; bf16 needs --bf16); master shards and optimizer state stay fp32">},
     {"sharding_reduce_dtype", names_text<ShardingDtypeCatalog, "", " | ", ": the format ddp, zero1, zero2 and full_shard reduce gradients in (FSDP2's reduce_dtype; default: --sharding_param_dtype's, as FSDP2); the result is accumulated in fp32">},

@@ -40,6 +40,8 @@ inline constexpr std::array<std::string_view, 3> kTokenCounts = {"no", "all", "n
 inline constexpr std::array<std::string_view, 2> kMetricsInputs = {"inputs", "loss"};
 inline constexpr std::array<std::string_view, 4> kReportTo = {"none", "all", "tensorboard", "jsonl"};
 inline constexpr std::array<std::string_view, 6> kLogLevels = {"debug", "info", "warning", "error", "critical", "passive"};
+/// --loss_scale_rule's values: torch.amp's GradScaler, DeepSpeed's DynamicLossScaler.
+inline constexpr std::array<std::string_view, 2> kLossScaleRules = {"torch", "deepspeed"};
 inline constexpr auto kLrSchedulerTypes = catalog_names<ScheduleCatalog>;
 
 /// The bool field of `args` called `name` (a precision policy's flag); null when there is none.

@@ -227,13 +227,34 @@ struct WarmupStableDecay {
   using loom_family = family::Schedule;
   static constexpr std::string_view name = "warmup_stable_decay";
 };
+/// DeepSpeed's WarmupLR: log or linear warmup from warmup_min_lr to the peak, then constant.
+struct WarmupLR {
+  using loom_family = family::Schedule;
+  static constexpr std::string_view name = "warmup_lr";
+  /// The `scheduler.type` of a DeepSpeed config that names it.
+  static constexpr std::string_view deepspeed_type = "WarmupLR";
+};
+/// DeepSpeed's WarmupDecayLR: WarmupLR's warmup, then linear decay to 0.
+struct WarmupDecayLR {
+  using loom_family = family::Schedule;
+  static constexpr std::string_view name = "warmup_decay_lr";
+  static constexpr std::string_view deepspeed_type = "WarmupDecayLR";
+};
+/// DeepSpeed's WarmupCosineLR: warmup from a ratio of the peak, then cosine decay to cos_min_ratio.
+struct WarmupCosineLR {
+  using loom_family = family::Schedule;
+  static constexpr std::string_view name = "warmup_cosine_lr";
+  static constexpr std::string_view deepspeed_type = "WarmupCosineLR";
+};
 }  // namespace schedule
 
-/// Every schedule selectable by --lr_scheduler_type, in HF's SchedulerType order.
+/// Every schedule selectable by --lr_scheduler_type, in HF's SchedulerType order, then
+/// DeepSpeed's (a --deepspeed config's scheduler section picks them by deepspeed_type).
 using ScheduleCatalog =
     std::tuple<schedule::Linear, schedule::Cosine, schedule::CosineWithRestarts, schedule::Polynomial,
                schedule::Constant, schedule::ConstantWithWarmup, schedule::InverseSqrt, schedule::ReduceLROnPlateau,
-               schedule::CosineWithMinLR, schedule::CosineWarmupWithMinLR, schedule::WarmupStableDecay>;
+               schedule::CosineWithMinLR, schedule::CosineWarmupWithMinLR, schedule::WarmupStableDecay,
+               schedule::WarmupLR, schedule::WarmupDecayLR, schedule::WarmupCosineLR>;
 
 // ---- optimizer ---------------------------------------------------------------------------
 

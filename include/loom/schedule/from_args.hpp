@@ -8,6 +8,7 @@
 #include <loom/schedule/cosine_warmup_with_min_lr.hpp>
 #include <loom/schedule/cosine_with_min_lr.hpp>
 #include <loom/schedule/cosine_with_restarts.hpp>
+#include <loom/schedule/deepspeed.hpp>
 #include <loom/schedule/inverse_sqrt.hpp>
 #include <loom/schedule/linear.hpp>
 #include <loom/schedule/polynomial.hpp>
@@ -36,7 +37,7 @@ class LRScheduler<FromArgs> : public LRSchedulerBase {
   /// A scheduler for lr_scheduler_type `name`; unknown names and bad kwargs are loom::Errors.
   LRScheduler(ScheduleParams params, std::string_view name);
   /// Learning rate for optimizer step `step` (plateau: the current rate).
-  [[nodiscard]] double lr_at(int64_t step) const { return plateau_ ? plateau_->lr : factor_(step) * base_lr(); }
+  [[nodiscard]] double lr_at(int64_t step) const { return plateau_ ? plateau_->lr : rate_(step); }
   /// Learning rate for the next optimizer step.
   [[nodiscard]] double current_lr() const { return lr_at(step_count()); }
   /// Feeds an evaluation metric (only reduce_lr_on_plateau uses it).
@@ -54,7 +55,7 @@ class LRScheduler<FromArgs> : public LRSchedulerBase {
   template <class Tag>
   void pick(Tag, std::string_view name, bool& found, std::string& known);
 
-  std::function<double(int64_t)> factor_;
+  std::function<double(int64_t)> rate_;
   std::optional<PlateauState> plateau_;
 };
 

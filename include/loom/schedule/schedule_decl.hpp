@@ -5,6 +5,9 @@
 //   static Config configure(const ScheduleParams&);         validates them ("loom:" errors)
 //   static double factor(int64_t step, const ScheduleParams&, const Config&);
 // LRScheduler<Tag> is HF's LambdaLR: the rate of optimizer step k is base_lr * factor(k).
+// A schedule that computes the rate itself (DeepSpeed's: min + (max - min) x gamma) has
+//   static double lr(int64_t step, const ScheduleParams&, const Config&);
+// instead of factor, and the rate of step k is lr(k) (ScheduleGivesRate).
 
 #include <loom/config/inline.hpp>
 #include <loom/config/meta.hpp>
@@ -119,7 +122,22 @@ class LRSchedulerBase {
   int64_t step_ = 0;
 };
 
-/// HF's LambdaLR with a compile-time formula: lr(step) = base_lr * ScheduleImpl<Tag>::factor(step).
+/// A schedule whose ScheduleImpl gives the rate itself (lr), not a factor of base_lr.
+template <class Tag>
+concept ScheduleGivesRate = requires(int64_t step, const ScheduleParams& p,
+                                     const typename ScheduleImpl<Tag>::Config& c) {
+  { ScheduleImpl<Tag>::lr(step, p, c) } -> std::convertible_to<double>;
+};
+
+/// The rate of optimizer step `step` under schedule `Tag`: lr(step), or base_lr * factor(step).
+template <class Tag>
+double schedule_rate(int64_t step, const ScheduleParams& p, const typename ScheduleImpl<Tag>::Config& c) {
+  if constexpr (ScheduleGivesRate<Tag>) return ScheduleImpl<Tag>::lr(step, p, c);
+  else return p.base_lr * ScheduleImpl<Tag>::factor(step, p, c);
+}
+
+/// HF's LambdaLR with a compile-time formula: lr(step) = base_lr * ScheduleImpl<Tag>::factor(step)
+/// (or the schedule's own rate, ScheduleGivesRate).
 template <class Tag>
 class LRScheduler : public LRSchedulerBase {
  public:
@@ -127,9 +145,7 @@ class LRScheduler : public LRSchedulerBase {
   explicit LRScheduler(ScheduleParams params)
       : LRSchedulerBase(std::move(params)), config_(ScheduleImpl<Tag>::configure(this->params())) {}
   /// Learning rate for optimizer step `step`.
-  [[nodiscard]] double lr_at(int64_t step) const {
-    return base_lr() * ScheduleImpl<Tag>::factor(step, params(), config_);
-  }
+  [[nodiscard]] double lr_at(int64_t step) const { return schedule_rate<Tag>(step, params(), config_); }
   /// Learning rate for the next optimizer step.
   [[nodiscard]] double current_lr() const { return lr_at(step_count()); }
   /// Schedules driven by steps ignore evaluation metrics.

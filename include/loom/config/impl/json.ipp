@@ -16,6 +16,8 @@
 namespace loom::json {
 
 namespace detail {
+inline constexpr int kMaxDepth = 1000;
+
 template <class Json>
 Json parse_strict(std::string_view text, std::string_view where) {
   // The parser reports each object's keys as it reads them; a set per open object finds a
@@ -27,8 +29,14 @@ Json parse_strict(std::string_view text, std::string_view where) {
   };
   std::vector<Open> open;
   std::string duplicate, in_object;
-  typename Json::parser_callback_t watch = [&](int, typename Json::parse_event_t event, Json& parsed) {
+  typename Json::parser_callback_t watch = [&](int depth, typename Json::parse_event_t event, Json& parsed) {
     using E = typename Json::parse_event_t;
+    // Memory grows with the nesting (each open object's path is kept): a limit far above any
+    // file loom reads (tokenizer.json, configs and states nest under 10 deep) and above Python
+    // json's own (its recursion limit, about 1000).
+    if (depth > kMaxDepth)
+      throw Error("loom: " + std::string(where) + ": JSON nested more than " + std::to_string(kMaxDepth) +
+                  " levels deep (arrays and objects); no file loom reads nests like this");
     if (event == E::object_start) {
       std::string name;
       if (!open.empty()) name = (open.back().name.empty() ? "" : open.back().name + ".") + open.back().last_key;

@@ -124,18 +124,19 @@ LOOM_INLINE void read_zero_optimization(ConfigReading& r, const nlohmann::json& 
       r.choose(flag, key, true, name + ".device \"cpu\"");
       continue;
     }
-    // What loom always does: overlap the gradient collectives with backward, in contiguous
-    // buckets, ZeRO-2's reduce-scatter, every rank's partition gathered, full weights at save.
+    // How DeepSpeed moves the same numbers, which loom does one way whatever they say: the
+    // gradient collectives overlap backward, in contiguous buckets, ZeRO-2 reduce-scatters,
+    // every rank's partition is all-gathered, and a save writes the full weights.
     if (key == "overlap_comm" || key == "contiguous_gradients" || key == "reduce_scatter" ||
         key == "allgather_partitions" || key == "stage3_gather_16bit_weights_on_model_save") {
-      if (is_auto(value) || value == true) continue;
-      r.refuse(name + " " + value.dump(), "loom always does it; remove the key or set it to true");
+      if (is_auto(value) || value.is_boolean()) continue;
+      r.refuse(name + " " + value.dump(), "it must be true or false");
     }
     if (key == "reduce_bucket_size") {  // elements of fp32 gradients per bucket (stages 0-2)
       if (is_auto(value)) continue;
-      if (!value.is_number() || value.get<double>() < 1 || stage == 3)
-        r.refuse(name + " " + value.dump(), "loom takes a positive bucket size under stages 0-2 (FullShard reduces "
-                                            "per unit)");
+      if (!value.is_number() || value.get<double>() < 1)
+        r.refuse(name + " " + value.dump(), "it must be a positive number of elements");
+      if (stage == 3) continue;  // FullShard reduce-scatters each unit's gradients as one bucket
       const auto mb = std::max<int64_t>(1, std::llround(value.get<double>() * 4.0 / (1024.0 * 1024.0)));
       if (r.args().given.contains("ddp_bucket_cap_mb") && r.args().ddp_bucket_cap_mb != mb)
         throw Error(fmt::format("loom: --ddp_bucket_cap_mb {} disagrees with {}: {} is {} MB of fp32 gradients",
@@ -143,13 +144,14 @@ LOOM_INLINE void read_zero_optimization(ConfigReading& r, const nlohmann::json& 
       r.args().ddp_bucket_cap_mb = mb;
       continue;
     }
-    // Sizes DeepSpeed tunes and HF fills from the model ("auto"): loom sizes these itself.
+    // Sizes that tune how DeepSpeed chunks what loom does per bucket or per FullShard unit
+    // (docs/distributed.md says what loom does for each): any positive size, or "auto", is
+    // accepted and changes nothing in loom.
     if (key == "allgather_bucket_size" || key == "stage3_prefetch_bucket_size" ||
         key == "stage3_param_persistence_threshold" || key == "stage3_max_live_parameters" ||
         key == "stage3_max_reuse_distance" || key == "sub_group_size") {
-      if (is_auto(value)) continue;
-      r.refuse(name + " " + value.dump(), "loom gathers and reduces per bucket or FullShard unit and sizes these "
-                                          "itself; set it to \"auto\" or remove it");
+      if (is_auto(value) || (value.is_number() && value.get<double>() >= 0)) continue;
+      r.refuse(name + " " + value.dump(), "it must be a number of elements, or \"auto\"");
     }
     r.refuse(name, "it is not one of the ZeRO settings loom reads (docs/distributed.md lists them)");
   }
@@ -158,6 +160,13 @@ LOOM_INLINE void read_zero_optimization(ConfigReading& r, const nlohmann::json& 
 LOOM_INLINE void read_half_precision(ConfigReading& r, const nlohmann::json& section, std::string_view which) {
   if (!section.is_object()) r.refuse(std::string(which), "it must be a JSON object");
   auto& args = r.args();
+  // An fp16 section makes the loss scale DeepSpeed's, its defaults first (window 1000,
+  // hysteresis 2; 2^16 and 1 are loom's too), then the section's keys.
+  if (which == precision::FP16::name) {
+    r.choose(args.loss_scale_rule, "loss_scale_rule", std::string(kLossScaleRules[1]), "its fp16 section");
+    if (!args.given.contains("loss_scale_window")) args.loss_scale_window = 1000;
+    if (!args.given.contains("loss_scale_hysteresis")) args.loss_scale_hysteresis = 2;
+  }
   for (const auto& [key, value] : section.items()) {
     const std::string name = fmt::format("{}.{}", which, key);
     if (key == "enabled") {
@@ -165,18 +174,49 @@ LOOM_INLINE void read_half_precision(ConfigReading& r, const nlohmann::json& sec
       continue;
     }
     if (which == precision::FP16::name) {
-      // loom's dynamic loss scale is torch.amp's GradScaler: 2^16 at first, x2 after 2000
-      // clean steps, x0.5 at every overflow, a loom::Error below 1.
-      if (key == "loss_scale" && value.is_number() && value.get<double>() == 0) continue;
-      if (key == "initial_scale_power" && value.is_number() && value.get<double>() == 16) continue;
-      if (key == "min_loss_scale" && value.is_number() && value.get<double>() == 1) continue;
-      if (key == "hysteresis" && value.is_number() && value.get<double>() == 1) continue;
-      if (key == "loss_scale_window" && value.is_number() && value.get<double>() == 2000) continue;
-      if (key == "loss_scale" || key == "initial_scale_power" || key == "min_loss_scale" || key == "hysteresis" ||
-          key == "loss_scale_window")
-        r.refuse(name + " " + value.dump(), "loom's dynamic loss scale is torch.amp's (loss_scale 0, "
-                                            "initial_scale_power 16, loss_scale_window 2000, hysteresis 1, "
-                                            "min_loss_scale 1); give those values or remove the key");
+      // DeepSpeed's DynamicLossScaler (--loss_scale_rule deepspeed, chosen below): its keys,
+      // with DeepSpeed's defaults where the section leaves one out.
+      const auto number = [&](double min) {
+        if (!value.is_number() || !(value.get<double>() >= min))
+          r.refuse(name + " " + value.dump(), fmt::format("it must be a number of at least {}", min));
+        return value.get<double>();
+      };
+      if (key == "loss_scale") {
+        if (number(0) != 0)
+          r.refuse(name + " " + value.dump(), "a static loss scale (loss_scale > 0) is a DeepSpeed feature loom "
+                                              "lacks: loom's fp16 loss scale is dynamic; set it to 0");
+        continue;
+      }
+      if (key == "initial_scale_power") {
+        const double power = number(0);
+        if (power != std::floor(power) || power > 64) r.refuse(name + " " + value.dump(), "it must be a whole number up to 64");
+        r.choose(args.initial_loss_scale, "initial_loss_scale", std::ldexp(1.0, static_cast<int>(power)), name);
+        continue;
+      }
+      if (key == "loss_scale_window" || key == "hysteresis") {
+        const double n = number(1);
+        if (n != std::floor(n)) r.refuse(name + " " + value.dump(), "it must be a whole number");
+        auto& field = key == "hysteresis" ? args.loss_scale_hysteresis : args.loss_scale_window;
+        const std::string_view flag = key == "hysteresis" ? "loss_scale_hysteresis" : "loss_scale_window";
+        if (args.given.contains(flag) && field != static_cast<int64_t>(n))
+          throw Error(fmt::format("loom: --{} {} disagrees with {}: {} means --{} {}", flag, field.value_or(0),
+                                  r.where(), name, flag, static_cast<int64_t>(n)));
+        field = static_cast<int64_t>(n);
+        continue;
+      }
+      if (key == "min_loss_scale") {
+        r.choose(args.min_loss_scale, "min_loss_scale", number(0), name);
+        continue;
+      }
+      if (key == "auto_cast") {  // DeepSpeed casts the inputs to fp16; loom's autocast casts per op either way
+        if (!value.is_boolean()) r.refuse(name + " " + value.dump(), "it must be true or false");
+        continue;
+      }
+      if (key == "consecutive_hysteresis") {
+        if (!value.is_boolean()) r.refuse(name + " " + value.dump(), "it must be true or false");
+        r.choose(args.consecutive_hysteresis, "consecutive_hysteresis", value.get<bool>(), name);
+        continue;
+      }
     }
     r.refuse(name, "not a precision setting loom reads");
   }
@@ -211,6 +251,56 @@ LOOM_INLINE void read_optimizer(ConfigReading& r, const nlohmann::json& section)
       }
     }
   }
+}
+
+// The scheduler section: DeepSpeed's WarmupLR, WarmupDecayLR or WarmupCosineLR (the catalog
+// members with a deepspeed_type) with its params as lr_scheduler_kwargs, "auto" filled as HF
+// fills it (warmup_min_lr 0; warmup_max_lr the learning rate; warmup_num_steps and
+// total_num_steps the run's, which the schedule checks once they are known).
+LOOM_INLINE void read_scheduler(ConfigReading& r, const nlohmann::json& section) {
+  if (!section.is_object()) r.refuse("scheduler", "it must be a JSON object");
+  auto& args = r.args();
+  const auto type = section.contains("type") && section.at("type").is_string() ? section.at("type").get<std::string>()
+                                                                               : std::string();
+  std::string_view chosen;
+  std::string known;
+  for_each_member<ScheduleCatalog>([&]<class Tag>() {
+    if constexpr (requires { Tag::deepspeed_type; }) {
+      known += (known.empty() ? "" : ", ") + std::string(Tag::deepspeed_type);
+      if (Tag::deepspeed_type == type) chosen = Tag::name;
+    }
+  });
+  if (chosen.empty())
+    r.refuse("scheduler.type " + nlohmann::json(type).dump(),
+             fmt::format("loom runs DeepSpeed's {}; its OneCycle and LRRangeTest are schedules loom lacks", known));
+  r.choose(args.lr_scheduler_type, "lr_scheduler_type", std::string(chosen), "scheduler.type \"" + type + "\"");
+  auto kwargs = nlohmann::json::object();
+  for (const auto& [key, value] : section.items()) {
+    if (key == "type") continue;
+    if (key != "params" || !value.is_object()) r.refuse("scheduler." + key, "loom reads scheduler.type and .params");
+    for (const auto& [p, v] : value.items()) {
+      const std::string name = "scheduler.params." + p;
+      if (p == "warmup_max_lr") {
+        r.match(v, name, "learning_rate", args.learning_rate);
+      } else if (p == "last_batch_iteration") {
+        if (!(v.is_number_integer() && v.get<int64_t>() == -1))
+          r.refuse(name + " " + v.dump(), "the schedule starts at -1 and resumes from --resume_from_checkpoint's "
+                                          "scheduler state");
+      } else if (is_auto(v)) {
+        // warmup_min_lr: 0 (HF's fill_only); warmup_num_steps, total_num_steps: the run's,
+        // the schedule's defaults. HF fills no other key.
+        if (p != "warmup_min_lr" && p != "warmup_num_steps" && p != "total_num_steps")
+          r.refuse(name + " \"auto\"", "HF's Trainer fills no value for it; give one");
+      } else {
+        kwargs[p] = v;  // the schedule checks each key and value when training starts
+      }
+    }
+  }
+  if (args.given.contains("lr_scheduler_kwargs") && args.lr_scheduler_kwargs != kwargs.dump() &&
+      !kwargs.empty())
+    throw Error(fmt::format("loom: --lr_scheduler_kwargs {} disagrees with {}: its scheduler.params give {}",
+                            args.lr_scheduler_kwargs, r.where(), kwargs.dump()));
+  if (!args.given.contains("lr_scheduler_kwargs")) args.lr_scheduler_kwargs = kwargs.dump();
 }
 
 LOOM_INLINE void apply_deepspeed(TrainingArguments& args) {
@@ -252,8 +342,7 @@ LOOM_INLINE void apply_deepspeed(TrainingArguments& args) {
       // train differently (loom logs every --logging_steps).
       continue;
     } else if (key == "scheduler") {
-      r.refuse("scheduler", "loom's schedule is --lr_scheduler_type with --warmup_steps / --warmup_ratio; remove "
-                            "the section");
+      read_scheduler(r, value);
     } else {
       r.refuse(key, "not a DeepSpeed setting loom reads (docs/distributed.md lists them)");
     }

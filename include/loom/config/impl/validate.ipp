@@ -295,6 +295,24 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
     throw Error("loom: " + flag(set[0]) + " and " + flag(set[1]) + " cannot both be set; pick one");
   if (args.bf16_full_eval && args.fp16_full_eval)
     throw Error("loom: --bf16_full_eval and --fp16_full_eval cannot both be set; pick one");
+  check_choice("loss_scale_rule", args.loss_scale_rule, kLossScaleRules);
+  if (!(args.initial_loss_scale > 0 && std::isfinite(args.initial_loss_scale)))
+    throw Error("loom: --initial_loss_scale must be a positive number, got " + num(args.initial_loss_scale));
+  if (args.loss_scale_window && *args.loss_scale_window < 1)
+    throw Error("loom: --loss_scale_window must be at least 1, got " + std::to_string(*args.loss_scale_window));
+  if (args.loss_scale_hysteresis && *args.loss_scale_hysteresis < 1)
+    throw Error("loom: --loss_scale_hysteresis must be at least 1, got " + std::to_string(*args.loss_scale_hysteresis));
+  if (!(args.min_loss_scale > 0 && args.min_loss_scale <= args.initial_loss_scale))
+    throw Error("loom: --min_loss_scale must be positive and at most --initial_loss_scale (" +
+                num(args.initial_loss_scale) + "), got " + num(args.min_loss_scale));
+  if (args.loss_scale_rule != kLossScaleRules[1])
+    for (const char* name : {"loss_scale_hysteresis", "consecutive_hysteresis"})
+      if (args.given.contains(name))
+        throw Error("loom: " + flag(name) + " belongs to DeepSpeed's loss scale rule; add --loss_scale_rule deepspeed");
+  if (!args.fp16)
+    for (const char* name : {"loss_scale_rule", "initial_loss_scale", "loss_scale_window", "loss_scale_hysteresis",
+                             "consecutive_hysteresis", "min_loss_scale"})
+      if (args.given.contains(name)) throw Error("loom: " + flag(name) + " sets --fp16's loss scale; add --fp16");
 
   // --- batches -------------------------------------------------------------------------
   check_positive("per_device_train_batch_size", static_cast<double>(args.per_device_train_batch_size));

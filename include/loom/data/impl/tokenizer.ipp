@@ -307,9 +307,18 @@ inline std::string type_of(const nlohmann::json& j, std::string_view where, std:
     fail("{}: {} must be an object with a string \"type\"", where, field);
   return j["type"].get<std::string>();
 }
+/// A field of the wrong JSON type, named by its key; read_tokenizer puts the file before it.
+struct WrongType : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 inline bool flag(const nlohmann::json& j, const char* key, bool fallback) {
-  return j.contains(key) && j[key].is_boolean() ? j[key].get<bool>() : fallback;
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_boolean()) throw WrongType(fmt::format("'{}' must be true or false, got {}", key, j[key].dump()));
+  return j[key].get<bool>();
 }
+/// The largest id loom reads, one past: 2^24, some 64 times the largest vocabulary in use (the
+/// token table is indexed by id, so a stray 2^31 would ask for gigabytes).
+inline constexpr int64_t kIdLimit = int64_t{1} << 24;
 
 // --- normalizers -------------------------------------------------------------------------
 
@@ -811,8 +820,8 @@ LOOM_INLINE void TokenizerImpl::read_model(const nlohmann::json& m) {
   check(m.contains("vocab") && m["vocab"].is_object(), "{}: model.vocab must be an object (token -> id)", where);
   int32_t size = 0;
   for (const auto& [token, id] : m["vocab"].items()) {
-    check(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < INT32_MAX,
-          "{}: model.vocab['{}'] must be an id >= 0", where, token);
+    check(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < tok::kIdLimit,
+          "{}: model.vocab['{}'] must be an id in [0, {}), got {}", where, token, tok::kIdLimit, id.dump());
     ids[token] = id.get<int32_t>();
     size = std::max(size, id.get<int32_t>() + 1);
   }
@@ -820,6 +829,7 @@ LOOM_INLINE void TokenizerImpl::read_model(const nlohmann::json& m) {
   for (const auto& [token, id] : ids) tokens[static_cast<std::size_t>(id)] = token;
   const auto unk_of = [&](const char* key) -> std::optional<int32_t> {
     if (!m.contains(key) || m[key].is_null()) return std::nullopt;
+    check(m[key].is_string(), "{}: model.{} must be a token (a string), got {}", where, key, m[key].dump());
     return id_of(m[key].get<std::string>(), std::string("model.") + key);
   };
   if (type == "BPE") {
@@ -873,8 +883,11 @@ LOOM_INLINE void TokenizerImpl::read_model(const nlohmann::json& m) {
     const std::optional<int32_t> unk = unk_of("unk_token");
     check(unk.has_value(), "{}: model.unk_token must name a token (WordPiece)", where);
     w.unk = *unk;
-    if (m.contains("continuing_subword_prefix") && m["continuing_subword_prefix"].is_string())
+    if (m.contains("continuing_subword_prefix") && !m["continuing_subword_prefix"].is_null()) {
+      check(m["continuing_subword_prefix"].is_string(), "{}: model.continuing_subword_prefix must be a string, got {}",
+            where, m["continuing_subword_prefix"].dump());
       w.prefix = m["continuing_subword_prefix"].get<std::string>();
+    }
     if (m.contains("max_input_chars_per_word") && m["max_input_chars_per_word"].is_number_unsigned())
       w.max_chars = m["max_input_chars_per_word"].get<std::size_t>();
     for (const auto& [token, id] : ids) w.vocab[token] = id;
@@ -889,8 +902,8 @@ LOOM_INLINE void TokenizerImpl::read_added(const nlohmann::json& added) {
     const auto& a = added[i];
     const std::string field = "added_tokens[" + std::to_string(i) + "]";
     check(a.is_object() && a.contains("id") && a["id"].is_number_integer() && a["id"].get<int64_t>() >= 0 &&
-              a.contains("content") && a["content"].is_string(),
-          "{}: {} must be an object with an id >= 0 and a string content", where, field);
+              a["id"].get<int64_t>() < tok::kIdLimit && a.contains("content") && a["content"].is_string(),
+          "{}: {} must be an object with an id in [0, {}) and a string content", where, field, tok::kIdLimit);
     const auto id = a["id"].get<int32_t>();
     tok::AddedToken t{a["content"].get<std::string>(), id, flag(a, "single_word", false), flag(a, "lstrip", false),
                       flag(a, "rstrip", false)};
@@ -921,8 +934,9 @@ LOOM_INLINE void TokenizerImpl::read_post_processor(const nlohmann::json& p, con
                                                     std::vector<int32_t>& pre, std::vector<int32_t>& post) {
   const std::string type = tok::type_of(p, where, field);
   const auto pair_id = [&](const char* key) {
-    check(p.contains(key) && p[key].is_array() && p[key].size() == 2 && p[key][1].is_number_integer(),
-          "{}: {}.{} must be [token, id]", where, field, key);
+    check(p.contains(key) && p[key].is_array() && p[key].size() == 2 && p[key][1].is_number_integer() &&
+              p[key][1].get<int64_t>() >= 0 && p[key][1].get<int64_t>() < tok::kIdLimit,
+          "{}: {}.{} must be [token, id] with an id in [0, {})", where, field, key, tok::kIdLimit);
     return p[key][1].get<int32_t>();
   };
   if (type == "ByteLevel") return;  // offsets only
@@ -942,11 +956,18 @@ LOOM_INLINE void TokenizerImpl::read_post_processor(const nlohmann::json& p, con
       }
       check(piece.contains("SpecialToken") && piece["SpecialToken"].contains("id"), "{}: {}.single holds an item that "
             "is neither Sequence nor SpecialToken", where, field);
+      check(piece["SpecialToken"]["id"].is_string(), "{}: {}.single's SpecialToken id must be a token name (a "
+            "string), got {}", where, field, piece["SpecialToken"]["id"].dump());
       const std::string name = piece["SpecialToken"]["id"].get<std::string>();
       const auto& specials = p.contains("special_tokens") ? p["special_tokens"] : nlohmann::json::object();
       check(specials.contains(name) && specials[name].contains("ids") && specials[name]["ids"].is_array(),
             "{}: {}.special_tokens has no entry '{}'", where, field, name);
-      for (const auto& id : specials[name]["ids"]) (seen ? after : before).push_back(id.get<int32_t>());
+      for (const auto& id : specials[name]["ids"]) {
+        check(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < tok::kIdLimit,
+              "{}: {}.special_tokens['{}'].ids must be ids in [0, {}), got {}", where, field, name, tok::kIdLimit,
+              id.dump());
+        (seen ? after : before).push_back(id.get<int32_t>());
+      }
     }
     check(seen, "{}: {}.single must hold the sequence $A", where, field);
     pre.insert(pre.begin(), before.begin(), before.end());
@@ -981,8 +1002,20 @@ namespace loom::data {
 
 namespace detail {
 /// The tokenizer.json text `json_text` read (from_json, from_file).
+LOOM_INLINE std::shared_ptr<TokenizerImpl> read_tokenizer_fields(const nlohmann::json& j, std::string_view where);
+
 LOOM_INLINE std::shared_ptr<TokenizerImpl> read_tokenizer(std::string_view json_text, std::string_view where) {
   const nlohmann::json j = json::parse(json_text, where);
+  try {
+    return read_tokenizer_fields(j, where);
+  } catch (const tok::WrongType& e) {
+    fail("{}: {}", where, e.what());
+  } catch (const nlohmann::json::type_error& e) {  // a field read without its own check
+    fail("{}: a field has the wrong JSON type ({})", where, e.what());
+  }
+}
+
+LOOM_INLINE std::shared_ptr<TokenizerImpl> read_tokenizer_fields(const nlohmann::json& j, std::string_view where) {
   check(j.is_object(), "{} is not a JSON object", where);
   auto impl = std::make_shared<TokenizerImpl>();
   impl->where = std::string(where);
@@ -1006,7 +1039,9 @@ LOOM_INLINE std::shared_ptr<TokenizerImpl> read_tokenizer(std::string_view json_
   for (std::size_t id = 0; id < impl->tokens.size(); ++id)
     impl->bytes[id] = alphabet.bytes_of(impl->tokens[id]).value_or(impl->tokens[id]);
   if (j.contains("padding") && j["padding"].is_object() && j["padding"].contains("pad_id")) {
-    check(j["padding"]["pad_id"].is_number_integer(), "{}: padding.pad_id must be an integer", where);
+    check(j["padding"]["pad_id"].is_number_integer() && j["padding"]["pad_id"].get<int64_t>() >= 0 &&
+              j["padding"]["pad_id"].get<int64_t>() < tok::kIdLimit,
+          "{}: padding.pad_id must be an id in [0, {})", where, tok::kIdLimit);
     impl->pad_id = j["padding"]["pad_id"].get<int64_t>();
   }
   return impl;

@@ -155,6 +155,18 @@ LOOM_INLINE torch::Tensor generate(const GenerationModel& model, const torch::Te
     torch::Tensor next;
     if (c.do_sample) {
       const auto probs = warp_scores(logits, c).softmax(-1);
+      // One check a step (beside the end-of-text one): multinomial would stop with a generic
+      // error on the CPU and a device-side assert on CUDA.
+      if (!torch::isfinite(probs).all().item<bool>()) {
+        check(torch::isfinite(logits).all().item<bool>(),
+              "generate: the model's next-token logits hold NaN or infinity at generated token {}; sampling has no "
+              "probabilities to draw from (greedy decoding would pick an arbitrary token)",
+              step + 1);
+        fail("generate: temperature {} overflows float32: the logits divided by it are infinite, so the sampling "
+             "probabilities are undefined (transformers stops here too); use a larger temperature, or do_sample "
+             "false for the argmax it tends to",
+             c.temperature);
+      }
       next = generator ? torch::multinomial(probs.cpu(), 1, false, *generator).to(device)
                        : torch::multinomial(probs, 1);
       next = next.squeeze(1);

@@ -6,17 +6,23 @@
 #include <loom/config/json_io.hpp>
 #include <loom/config/paths.hpp>
 #include <loom/core/error.hpp>
+#include <loom/core/host_memory.hpp>
 #include <loom/peft/lora.hpp>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
+
+#ifndef PCRE2_CODE_UNIT_WIDTH
+#define PCRE2_CODE_UNIT_WIDTH 8
+#endif
+#include <pcre2.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <filesystem>
 #include <map>
-#include <regex>
+#include <memory>
 #include <set>
 #include <string>
 #include <type_traits>
@@ -50,8 +56,74 @@ inline bool name_matches(const std::string& name, const std::string& pattern) {
   return name == pattern || (name.size() > pattern.size() && name.ends_with("." + pattern));
 }
 
+// PEFT's re.fullmatch(target_modules, name), in PCRE2 (Python's re dialect, where std::regex
+// reads ECMAScript) with a bounded match: a catastrophic pattern such as (.*)*(.*)*x ends in an
+// error naming it instead of backtracking for hours.
+class TargetPattern {
+ public:
+  TargetPattern(const std::string& pattern, std::string_view where) : pattern_(pattern), where_(where) {
+    int error = 0;
+    PCRE2_SIZE offset = 0;
+    code_.reset(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                              PCRE2_UTF | PCRE2_ANCHORED | PCRE2_ENDANCHORED, &error, &offset, nullptr));
+    if (!code_) {
+      std::array<PCRE2_UCHAR, 256> message{};
+      pcre2_get_error_message(error, message.data(), message.size());
+      fail("{}: target_modules regex \"{}\" is not a valid regular expression (at offset {}: {})", where, pattern,
+           offset, reinterpret_cast<const char*>(message.data()));
+    }
+    context_.reset(pcre2_match_context_create(nullptr));
+    pcre2_set_match_limit(context_.get(), kMatchLimit);
+    data_.reset(pcre2_match_data_create_from_pattern(code_.get(), nullptr));
+  }
+  [[nodiscard]] bool full_match(const std::string& name) const {
+    const int rc = pcre2_match(code_.get(), reinterpret_cast<PCRE2_SPTR>(name.data()), name.size(), 0, 0, data_.get(),
+                               context_.get());
+    if (rc >= 0) return true;
+    if (rc == PCRE2_ERROR_NOMATCH) return false;
+    if (rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT || rc == PCRE2_ERROR_HEAPLIMIT)
+      fail("{}: target_modules regex \"{}\" gave up on module name '{}' after {} backtracking steps (nested "
+           "repetitions such as (.*)* try every split of the name); write it without nested quantifiers",
+           where_, pattern_, name, kMatchLimit);
+    fail("{}: target_modules regex \"{}\" failed on module name '{}' (PCRE2 error {})", where_, pattern_, name, rc);
+  }
+
+ private:
+  static constexpr uint32_t kMatchLimit = 1'000'000;
+  struct Free {
+    void operator()(pcre2_code* p) const { pcre2_code_free(p); }
+    void operator()(pcre2_match_context* p) const { pcre2_match_context_free(p); }
+    void operator()(pcre2_match_data* p) const { pcre2_match_data_free(p); }
+  };
+  std::string pattern_, where_;
+  std::unique_ptr<pcre2_code, Free> code_;
+  std::unique_ptr<pcre2_match_context, Free> context_;
+  std::unique_ptr<pcre2_match_data, Free> data_;
+};
+
+// The adapter's A and B over `layers` at rank r, refused before anything is allocated when
+// they cannot fit this machine's host memory (a CPU run; a device's own allocator answers for
+// it), as models' configs are (models/pretrained.hpp).
+inline void check_adapter_memory(const std::vector<std::pair<std::string, AdaptableLinearImpl*>>& layers, int64_t r) {
+  double parameters = 0, bytes = 0;
+  bool on_host = false;
+  for (const auto& [name, layer] : layers) {
+    const auto& w = layer->weight;
+    const double elements = static_cast<double>(r) * static_cast<double>(w.size(0) + w.size(1));
+    const bool half = w.scalar_type() == torch::kBFloat16 || w.scalar_type() == torch::kHalf;  // kept in float32
+    parameters += elements;
+    bytes += elements * static_cast<double>(half ? 4 : w.element_size());
+    on_host = on_host || w.device().is_cpu();
+  }
+  const double host = host_memory_bytes(), have = host / std::max(local_processes(), 1);
+  check(!on_host || host <= 0 || bytes <= have,
+        "LoRA rank r {} gives the adapter {:.0f} parameters over {} layers, {:.1f} GB, more than the {:.1f} GB of host "
+        "memory each of this machine's {} process(es) has (MemTotal, or the cgroup's memory.max); lower r",
+        r, parameters, layers.size(), bytes / 1e9, have / 1e9, std::max(local_processes(), 1));
+}
+
 inline bool targeted(const LoraConfig& c, const std::string& name) {
-  if (c.target_regex) return std::regex_match(name, std::regex(*c.target_regex));
+  if (c.target_regex) return TargetPattern(*c.target_regex, "LoraConfig").full_match(name);
   for (const auto& t : c.target_modules)
     if (t == all_linear || name_matches(name, t)) return true;
   return false;
@@ -142,13 +214,7 @@ LOOM_INLINE void validate(const LoraConfig& c, std::string_view where) {
   check(!c.target_modules.empty() || c.target_regex.has_value(),
         "{}: LoRA needs target_modules (module names, \"all-linear\", or a regex)", where);
   for (const auto& m : c.modules_to_save) check(!m.empty(), "{}: modules_to_save holds an empty name", where);
-  if (c.target_regex) {
-    try {
-      (void)std::regex(*c.target_regex);
-    } catch (const std::regex_error& e) {
-      fail("{}: target_modules regex \"{}\" is not a valid regular expression: {}", where, *c.target_regex, e.what());
-    }
-  }
+  if (c.target_regex) (void)detail::TargetPattern(*c.target_regex, where);
 }
 
 LOOM_INLINE AdaptableLinearImpl::AdaptableLinearImpl(int64_t in_features, int64_t out_features, bool with_bias,
@@ -282,7 +348,13 @@ LOOM_INLINE int apply_lora(torch::nn::Module& model, const LoraConfig& config) {
     recorded->target_modules.clear();  // as PEFT writes "all-linear": the layers it chose
     for (const auto& [name, layer] : chosen) recorded->target_modules.push_back(name);
   }
-  for (const auto& [name, layer] : chosen) layer->add_adapter(recorded);
+  detail::check_adapter_memory(chosen, config.r);
+  try {
+    for (const auto& [name, layer] : chosen) layer->add_adapter(recorded);
+  } catch (const c10::Error& e) {
+    fail("LoRA rank r {}: allocating the adapter's {} layers failed ({}); lower r", config.r, chosen.size(),
+         e.what_without_backtrace());
+  }
   std::set<const c10::TensorImpl*> trainable;
   for (const auto& [name, t] : to_save) trainable.insert(t.unsafeGetTensorImpl());
   for (auto& p : model.named_parameters())

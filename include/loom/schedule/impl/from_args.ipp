@@ -28,7 +28,7 @@ void LRScheduler<FromArgs>::pick(Tag, std::string_view name, bool& found, std::s
     plateau_ = PlateauState::configure(params());
   } else {
     auto config = ScheduleImpl<Tag>::configure(params());
-    factor_ = [p = params(), config](int64_t step) { return ScheduleImpl<Tag>::factor(step, p, config); };
+    rate_ = [p = params(), config](int64_t step) { return schedule_rate<Tag>(step, p, config); };
   }
 }
 
