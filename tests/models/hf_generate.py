@@ -8,6 +8,7 @@
         llama   LlamaForCausalLM with grouped-query attention (4 heads, 2 key/value heads)
         qwen3   Qwen3ForCausalLM (q/k RMSNorm per head, perturbed from 1), head_dim 16
         mistral MistralForCausalLM with sliding_window 5: the prompt and the new tokens pass it
+        phi3    Phi3ForCausalLM (qkv_proj, gate_up_proj fused) with sliding_window 6
       then runs transformers' greedy generate (do_sample=False, the default DynamicCache) on
       fixed prompts and writes DIR/expected.safetensors:
         PREFIX_single_ids / _out       one prompt of 7 tokens, 12 new tokens
@@ -37,7 +38,7 @@ PAD = 0
 
 def models():
     from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                              MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                              MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
     torch.manual_seed(0)
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=97, n_positions=64, n_embd=32, n_layer=2, n_head=4,
                                       initializer_range=0.2, bos_token_id=None, eos_token_id=None,
@@ -61,7 +62,13 @@ def models():
                                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                                sliding_window=5, max_position_embeddings=64, initializer_range=0.2,
                                                bos_token_id=None, eos_token_id=None, attn_implementation="sdpa"))
-    return {"gpt2": gpt2, "llama": llama, "qwen3": qwen3, "mistral": mistral}
+    torch.manual_seed(4)
+    phi3 = Phi3ForCausalLM(Phi3Config(vocab_size=101, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, sliding_window=6,
+                                      max_position_embeddings=64, original_max_position_embeddings=64,
+                                      initializer_range=0.2, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                                      attn_implementation="sdpa"))
+    return {"gpt2": gpt2, "llama": llama, "qwen3": qwen3, "mistral": mistral, "phi3": phi3}
 
 
 def prompts(vocab):

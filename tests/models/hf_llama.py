@@ -19,6 +19,8 @@
         llama_longrope rope_type longrope, original_max_position_embeddings 16 < 24: the long factors
         qwen3_yarn     yarn with factor null (max_position_embeddings / original), beta_fast, mscale,
                        mscale_all_dim and truncate false
+        phi3           Phi3ForCausalLM (qkv_proj and gate_up_proj fused), sliding_window 8
+        phi3_longrope  Phi3ForCausalLM with longrope, original_max_position_embeddings 16 < 24
         llama_sharded  llama again, in shards with an index
         llama_bf16     llama saved in bfloat16
       and DIR/expected.safetensors: the inputs (labels with ignored tokens) and transformers'
@@ -64,13 +66,14 @@ CLASSES = {"llama": "LlamaForCausalLM", "llama_tied": "LlamaForCausalLM", "qwen2
            "qwen3_yarn": "Qwen3ForCausalLM", "llama_dynamic": "LlamaForCausalLM", "llama_longrope": "LlamaForCausalLM",
            "mistral": "MistralForCausalLM", "llama_sharded": "LlamaForCausalLM", "llama_bf16": "LlamaForCausalLM",
            "merged": "LlamaForCausalLM", "llama_seqcls": "LlamaForSequenceClassification",
-           "qwen2_reward": "Qwen2ForSequenceClassification", "gpt2_seqcls": "GPT2ForSequenceClassification"}
+           "qwen2_reward": "Qwen2ForSequenceClassification", "gpt2_seqcls": "GPT2ForSequenceClassification",
+           "phi3": "Phi3ForCausalLM", "phi3_longrope": "Phi3ForCausalLM"}
 # Sequence classifiers (issue 39 point 1): their folders, and the labels each is checked with.
 SEQCLS = {"llama_seqcls": "cls_labels", "qwen2_reward": "reward_labels", "gpt2_seqcls": "multi_labels"}
 
 
 def configs():
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
     llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
     return {
@@ -97,6 +100,15 @@ def configs():
                                                    "mscale": 0.8, "mscale_all_dim": 0.6, "truncate": False}),
         "qwen2_window": Qwen2Config(**BASE, num_key_value_heads=2, use_sliding_window=True, sliding_window=8,
                                     max_window_layers=1),
+        # Phi-3: q, k, v fused as qkv_proj and gate, up as gate_up_proj; a sliding window that binds.
+        "phi3": Phi3Config(**BASE, num_key_value_heads=2, sliding_window=8, pad_token_id=None,
+                           original_max_position_embeddings=128),
+        # Phi-3's longrope: short factors up to original_max_position_embeddings, long beyond.
+        "phi3_longrope": Phi3Config(**{**BASE, "max_position_embeddings": 64}, pad_token_id=None,
+                                    original_max_position_embeddings=16, rope_parameters={
+                                        "rope_type": "longrope", "rope_theta": 10000.0,
+                                        "short_factor": [1.0, 1.1, 1.3, 1.7, 2.2, 3.0],
+                                        "long_factor": [1.0, 1.5, 2.5, 4.0, 6.5, 9.0]}),
     }
 
 

@@ -74,11 +74,12 @@ void check_against_transformers(const std::string& name) {
   CHECK(ended.eq(0).sum().template item<int64_t>() > mask.eq(0).sum().template item<int64_t>());
 }
 
-TEST_CASE("generate: greedy tokens equal transformers' generate, GPT-2, Llama (GQA), Qwen3, Mistral past its window") {
+TEST_CASE("generate: greedy tokens equal transformers' generate, GPT-2, Llama (GQA), Qwen3, Mistral and Phi-3 past their windows") {
   check_against_transformers<loom::models::GPT2LMHeadModel>("gpt2");
   check_against_transformers<loom::models::LlamaForCausalLM>("llama");
   check_against_transformers<loom::models::LlamaForCausalLM>("qwen3");
   check_against_transformers<loom::models::LlamaForCausalLM>("mistral");  // sliding_window 5 < 7 + 12 tokens
+  check_against_transformers<loom::models::LlamaForCausalLM>("phi3");     // fused projections, sliding_window 6
 }
 
 TEST_CASE("generate: the sampling warpers equal transformers' (temperature, then top-k, then top-p)") {

@@ -77,7 +77,8 @@ inline std::string peft_check(const fs::path& base, const fs::path& adapter, con
 
 const std::vector<std::string> kFolders{"llama",         "llama_tied",   "qwen2",        "qwen3",      "mistral",
                                         "mistral_window", "qwen2_window", "llama_linear", "llama_yarn", "qwen3_yarn",
-                                        "llama_dynamic",  "llama_longrope", "llama_sharded", "llama_bf16"};
+                                        "llama_dynamic",  "llama_longrope", "llama_sharded", "llama_bf16",
+                                        "phi3",           "phi3_longrope"};
 
 
 TEST_CASE("the Llama family counts its parameters from the config, for every variant of its layers") {
@@ -93,6 +94,8 @@ TEST_CASE("the Llama family counts its parameters from the config, for every var
   auto q3 = tiny("qwen3");  // q_norm and k_norm in each layer
   q3.head_dim = 16, q3.attention_bias = true;
   CHECK(counted(q3) == LlamaForCausalLM(q3)->num_parameters());
+  auto p3 = tiny("phi3");  // qkv_proj and gate_up_proj: the same counts, fused
+  CHECK(counted(p3) == LlamaForCausalLM(p3)->num_parameters());
 }
 
 TEST_CASE("the Llama architecture's families are one table: names, keys and layers follow it") {
@@ -103,8 +106,13 @@ TEST_CASE("the Llama architecture's families are one table: names, keys and laye
     CHECK(model->architecture_name() == family.causal_lm);
     CHECK(model->model->units[0]->block_class() == family.decoder_layer);  // --fsdp_transformer_layer_cls_to_wrap
     const auto& attention = model->model->units[0]->inner()->self_attn;
+    const auto& mlp = model->model->units[0]->inner()->mlp;
     CHECK(attention->q_norm.is_empty() == !family.qk_norm);
-    CHECK(attention->q_proj->bias.defined() == family.qkv_bias);
+    CHECK(attention->qkv_proj.is_empty() == !family.fused_projections);  // Phi-3's fused projections
+    CHECK(attention->q_proj.is_empty() == family.fused_projections);
+    CHECK(mlp->gate_up_proj.is_empty() == !family.fused_projections);
+    const auto& q = family.fused_projections ? attention->qkv_proj : attention->q_proj;
+    CHECK(q->bias.defined() == family.qkv_bias);
     CHECK(c.written("head_dim") == ((family.keys & loom::models::LlamaFamily::head_dim_key) != 0));
   }
   // Qwen3's config defaults head_dim to 128, not hidden_size / num_attention_heads, as transformers.
@@ -115,6 +123,7 @@ TEST_CASE("the Llama architecture's families are one table: names, keys and laye
   loom::models::complete_config(l);
   CHECK(l.head_dim == 12);
   CHECK(loom::peft::default_target_modules("qwen3") == std::vector<std::string>{"q_proj", "v_proj"});
+  CHECK(loom::peft::default_target_modules("phi3").empty());  // PEFT's mapping has no phi3 entry either
 }
 
 TEST_CASE("Llama, Qwen2, Qwen3 and Mistral folders made by transformers give its logits and loss in loom") {
@@ -335,7 +344,10 @@ TEST_CASE("Llama configs loom cannot compute are refused with a loom: line namin
   CHECK(error(c).find("'rope_parameters.factor' must be at least 1") != std::string::npos);
   c = tiny();
   c.rope_parameters = {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.5}};
-  CHECK(error(c).find("'rope_parameters.partial_rotary_factor' is not supported") != std::string::npos);
+  CHECK(error(c).find("'rope_parameters.partial_rotary_factor' is 0.5; loom's rotary embedding turns the whole head "
+                      "(1.0)") != std::string::npos);
+  c.rope_parameters["partial_rotary_factor"] = 1.0;  // transformers writes 1.0 into Phi-3's (and newer) configs
+  CHECK(error(c) == "<no loom::Error>");
   c = tiny("qwen2");
   c.use_sliding_window = true;
   CHECK(error(c).find("field 'use_sliding_window' is true") != std::string::npos);
@@ -346,7 +358,7 @@ TEST_CASE("Llama configs loom cannot compute are refused with a loom: line namin
   c.num_key_value_heads = 3;
   CHECK(error(c).find("must be a multiple of num_key_value_heads (3)") != std::string::npos);
   c = tiny("gemma");
-  CHECK(error(c).find("field 'model_type' is \"gemma\"; loom's Llama architecture reads llama, qwen2, qwen3, mistral") !=
+  CHECK(error(c).find("field 'model_type' is \"gemma\"; loom's Llama architecture reads llama, qwen2, qwen3, mistral, phi3") !=
         std::string::npos);
   c = tiny("qwen3");
   c.use_sliding_window = true;

@@ -21,7 +21,7 @@
 // enable_gqa and is_causal, the SwiGLU MLP down(act(gate(x)) * up(x)), and the causal LM loss
 // of causal_lm.hpp.
 //
-// Supported: model_type llama, qwen2, qwen3, mistral; rope_parameters (or the older rope_theta /
+// Supported: model_type llama, qwen2, qwen3, mistral, phi3 (q, k, v and gate, up fused); rope_parameters (or the older rope_theta /
 // rope_scaling keys) of rope_type "default", "linear", "dynamic" (NTK, recomputed past
 // max_position_embeddings as transformers' rotary embedding does, state included), "yarn" (its
 // attention factor, mscale, beta and truncate keys), "longrope" (short / long factors) or
@@ -56,6 +56,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 namespace loom::models {
@@ -70,6 +71,7 @@ struct LlamaFamily {
     head_dim_key = 1u << 2,        ///< head_dim
     window_keys = 1u << 3,         ///< use_sliding_window, max_window_layers, layer_types (Qwen's)
     sliding_window_key = 1u << 4,  ///< sliding_window
+    phi3_keys = 1u << 5,           ///< resid_pdrop, embd_pdrop, original_max_position_embeddings (Phi-3's)
   };
   std::string_view model_type;     ///< config.json's model_type
   std::string_view causal_lm;      ///< transformers' causal LM class (config.json's architectures)
@@ -80,10 +82,11 @@ struct LlamaFamily {
   bool qk_norm = false;            ///< an RMSNorm over each head of q and k, before the rotary embedding (Qwen3)
   bool window_attends = false;     ///< sliding_window bounds the attention (Mistral); Qwen's needs use_sliding_window
   int64_t default_head_dim = 0;    ///< head_dim when config.json has none (0: hidden_size / num_attention_heads)
+  bool fused_projections = false;  ///< q, k, v as one qkv_proj and gate, up as one gate_up_proj (Phi-3)
 };
 
 /// The families LlamaForCausalLM reads, facts from transformers' config and modeling files.
-inline constexpr std::array<LlamaFamily, 4> kLlamaFamilies{{
+inline constexpr std::array<LlamaFamily, 5> kLlamaFamilies{{
     {.model_type = "llama", .causal_lm = "LlamaForCausalLM",
      .sequence_classification = "LlamaForSequenceClassification", .decoder_layer = "LlamaDecoderLayer",
      .keys = LlamaFamily::attention_bias_key | LlamaFamily::mlp_bias_key | LlamaFamily::head_dim_key},
@@ -98,13 +101,17 @@ inline constexpr std::array<LlamaFamily, 4> kLlamaFamilies{{
     {.model_type = "mistral", .causal_lm = "MistralForCausalLM",
      .sequence_classification = "MistralForSequenceClassification", .decoder_layer = "MistralDecoderLayer",
      .keys = LlamaFamily::head_dim_key | LlamaFamily::sliding_window_key, .window_attends = true},
+    {.model_type = "phi3", .causal_lm = "Phi3ForCausalLM",
+     .sequence_classification = "Phi3ForSequenceClassification", .decoder_layer = "Phi3DecoderLayer",
+     .keys = LlamaFamily::sliding_window_key | LlamaFamily::phi3_keys, .window_attends = true,
+     .fused_projections = true},
 }};
 
 /// transformers' LlamaConfig, with the fields Qwen2Config, Qwen3Config and MistralConfig add:
 /// HF's field names and Llama's defaults (config.json reads into it; model_type says which
 /// family, a row of kLlamaFamilies).
 struct LlamaConfig {
-  std::string model_type = "llama";                  ///< llama, qwen2, qwen3 or mistral
+  std::string model_type = "llama";                  ///< llama, qwen2, qwen3, mistral or phi3
   int64_t vocab_size = 32000;                        ///< tokens in the vocabulary
   int64_t hidden_size = 4096;                        ///< hidden size
   int64_t intermediate_size = 11008;                 ///< MLP width
@@ -127,6 +134,9 @@ struct LlamaConfig {
   nlohmann::json rope_scaling;                       ///< older files' key (read into rope_parameters)
   bool attention_bias = false;                       ///< bias on q, k, v and o (Llama)
   double attention_dropout = 0.0;                    ///< dropout on the attention weights (training)
+  double resid_pdrop = 0.0;                          ///< (Phi-3) dropout on the attention's and the MLP's outputs before each residual sum (training)
+  double embd_pdrop = 0.0;                           ///< (Phi-3: in its config, unused by transformers' model; kept for the round trip)
+  std::optional<int64_t> original_max_position_embeddings;  ///< (Phi-3) the pretrained length longrope scales from (also read from rope_parameters)
   bool mlp_bias = false;                             ///< bias on gate, up and down (Llama)
   std::optional<bool> use_sliding_window;            ///< (Qwen: the sliding_attention layers have a window)
   std::optional<int64_t> sliding_window;             ///< keys a query sees (Mistral: every layer; Qwen: with use_sliding_window)
@@ -214,9 +224,12 @@ class LlamaAttentionImpl : public torch::nn::Module {
   LOOM_INLINE torch::Tensor forward_step(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                                          const AttentionStep& step);
   peft::AdaptableLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  peft::AdaptableLinear qkv_proj{nullptr};  ///< Phi-3's q, k and v in one (then q_proj, k_proj, v_proj are null)
   LlamaRMSNorm q_norm{nullptr}, k_norm{nullptr};  ///< Qwen3's, over each head's width (null in other families)
 
  private:
+  /// The projections of x: q, k and v [batch, seq, width], from the three or the fused one.
+  LOOM_INLINE std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> project(const torch::Tensor& x);
   /// [batch, seq, width] -> [batch, heads, seq, head_dim], through `norm` when the family has one.
   LOOM_INLINE torch::Tensor split_heads(const torch::Tensor& t, LlamaRMSNorm norm) const;
   int64_t heads_, kv_heads_, head_dim_;
@@ -231,9 +244,11 @@ class LlamaMLPImpl : public torch::nn::Module {
   LOOM_INLINE explicit LlamaMLPImpl(const LlamaConfig& config);
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
   peft::AdaptableLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  peft::AdaptableLinear gate_up_proj{nullptr};  ///< Phi-3's gate and up in one (then gate_proj, up_proj are null)
 
  private:
   ActivationFn activation_;
+  int64_t intermediate_;
 };
 TORCH_MODULE(LlamaMLP);
 
@@ -255,6 +270,7 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
 
  private:
   std::string_view decoder_layer_;
+  double resid_dropout_ = 0.0;  // Phi-3's resid_pdrop on each sublayer's output (training)
 };
 TORCH_MODULE(LlamaDecoderLayer);
 

@@ -28,7 +28,7 @@ namespace detail {
 inline const std::set<std::string, std::less<>> rope_keys = {
     "rope_type", "type", "rope_theta", "factor", "low_freq_factor", "high_freq_factor",
     "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
-    "truncate", "short_factor", "long_factor"};
+    "truncate", "short_factor", "long_factor", "partial_rotary_factor"};
 // The rope types loom computes (transformers' ROPE_INIT_FUNCTIONS of the same names).
 inline constexpr std::array<std::string_view, 6> rope_types = {"default", "linear", "dynamic",
                                                                "yarn",    "longrope", "llama3"};
@@ -53,7 +53,7 @@ inline std::string rope_type(const nlohmann::json& rope) {
   return "default";
 }
 
-// "llama, qwen2, qwen3, mistral": the families' model types, for messages.
+// "llama, qwen2, qwen3, mistral, phi3": the families' model types, for messages.
 inline std::string model_types_text() {
   std::string out;
   for (const auto& f : kLlamaFamilies) out += (out.empty() ? "" : ", ") + std::string(f.model_type);
@@ -79,6 +79,8 @@ LOOM_INLINE bool LlamaConfig::written(std::string_view key) const {
   if (key == "attention_bias") return has(LlamaFamily::attention_bias_key);
   if (key == "mlp_bias" || key == "pretraining_tp") return has(LlamaFamily::mlp_bias_key);
   if (key == "head_dim") return has(LlamaFamily::head_dim_key);
+  if (key == "resid_pdrop" || key == "embd_pdrop" || key == "original_max_position_embeddings")
+    return has(LlamaFamily::phi3_keys);
   // A classifier's labels (complete_labels filled them), as transformers writes them: not a
   // causal LM's, and num_labels never (id2label says it).
   if (key == "num_labels") return false;
@@ -95,6 +97,22 @@ LOOM_INLINE void complete_config(LlamaConfig& c) {
     if (!rope.contains("rope_type")) rope["rope_type"] = "default";
     rope["rope_theta"] = c.rope_theta.value_or(10000.0);
     c.rope_parameters = rope;
+  }
+  if (const auto* family = find_llama_family(c.model_type); family && family->fused_projections) {
+    // Phi3Config: the older "su" and "yarn" are its longrope, whose original length may sit at
+    // the config's top level.
+    auto& rope = c.rope_parameters;
+    if (rope.is_object()) {
+      const std::string type = detail::rope_type(rope);
+      if (type == "su" || type == "yarn") {
+        rope["rope_type"] = "longrope";
+        rope.erase("type");
+      }
+      if (detail::rope_type(rope) == "longrope" && !rope.contains("original_max_position_embeddings") &&
+          c.original_max_position_embeddings)
+        rope["original_max_position_embeddings"] = *c.original_max_position_embeddings;
+    }
+    if (!c.original_max_position_embeddings) c.original_max_position_embeddings = 4096;  // Phi3Config's default
   }
   if (!c.num_key_value_heads) c.num_key_value_heads = c.num_attention_heads;
   // A family whose HF config defaults head_dim (Qwen3's 128) takes that default; the others
@@ -136,6 +154,15 @@ LOOM_INLINE void validate(const LlamaConfig& c, std::string_view where) {
   check(c.rms_norm_eps > 0.0, "{}: field 'rms_norm_eps' must be positive, got {}", where, c.rms_norm_eps);
   check(c.attention_dropout >= 0.0 && c.attention_dropout < 1.0,
         "{}: field 'attention_dropout' must be in [0, 1), got {}", where, c.attention_dropout);
+  check(c.resid_pdrop >= 0.0 && c.resid_pdrop < 1.0, "{}: field 'resid_pdrop' must be in [0, 1), got {}", where,
+        c.resid_pdrop);
+  check(c.embd_pdrop >= 0.0 && c.embd_pdrop < 1.0, "{}: field 'embd_pdrop' must be in [0, 1), got {}", where,
+        c.embd_pdrop);
+  if (c.original_max_position_embeddings) positive(*c.original_max_position_embeddings, "original_max_position_embeddings");
+  check(!c.rope_parameters.is_object() || !c.rope_parameters.contains("partial_rotary_factor") ||
+            c.rope_parameters["partial_rotary_factor"] == 1.0,
+        "{}: field 'rope_parameters.partial_rotary_factor' is {}; loom's rotary embedding turns the whole head "
+        "(1.0)", where, c.rope_parameters.is_object() ? c.rope_parameters.value("partial_rotary_factor", nlohmann::json()).dump() : "");
   check(!c.pretraining_tp || *c.pretraining_tp == 1,
         "{}: field 'pretraining_tp' is {}; loom computes the plain product (only 1 is supported)", where,
         c.pretraining_tp.value_or(1));
@@ -238,8 +265,10 @@ LOOM_INLINE std::vector<ConfigShape> config_shapes(const LlamaConfig& c) {
   const int64_t kv = llama_kv_heads(c), head_dim = llama_head_dim(c);
   const auto h = ", hidden_size " + std::to_string(c.hidden_size);
   const auto last = "model.layers." + std::to_string(c.num_hidden_layers - 1);
+  const bool fused = llama_family(c).fused_projections;  // Phi-3: k is a slice of qkv_proj
   return {{"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, "vocab_size " + std::to_string(c.vocab_size) + h},
-          {last + ".self_attn.k_proj.weight", {kv * head_dim, c.hidden_size},
+          {last + (fused ? ".self_attn.qkv_proj.weight" : ".self_attn.k_proj.weight"),
+           {(fused ? c.num_attention_heads * head_dim + 2 * kv * head_dim : kv * head_dim), c.hidden_size},
            "num_hidden_layers " + std::to_string(c.num_hidden_layers) + ", num_key_value_heads " + std::to_string(kv) +
                ", head_dim " + std::to_string(head_dim) + h},
           {last + ".mlp.down_proj.weight", {c.hidden_size, c.intermediate_size},
@@ -280,14 +309,27 @@ LOOM_INLINE LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, int64_t
       window_(llama_layer_window(c, layer)) {
   const bool qkv_bias = llama_qkv_bias(c);
   const auto linear = [&](int64_t in, int64_t out, bool bias) { return peft::AdaptableLinear(in, out, bias); };
-  q_proj = register_module("q_proj", linear(c.hidden_size, heads_ * head_dim_, qkv_bias));
-  k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
-  v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
-  o_proj = register_module("o_proj", linear(heads_ * head_dim_, c.hidden_size, c.attention_bias));
+  if (llama_family(c).fused_projections) {  // Phi3Attention registers o_proj, then qkv_proj
+    o_proj = register_module("o_proj", linear(heads_ * head_dim_, c.hidden_size, c.attention_bias));
+    qkv_proj = register_module("qkv_proj", linear(c.hidden_size, (heads_ + 2 * kv_heads_) * head_dim_, qkv_bias));
+  } else {
+    q_proj = register_module("q_proj", linear(c.hidden_size, heads_ * head_dim_, qkv_bias));
+    k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
+    v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
+    o_proj = register_module("o_proj", linear(heads_ * head_dim_, c.hidden_size, c.attention_bias));
+  }
   if (llama_family(c).qk_norm) {  // registered after o_proj, as Qwen3Attention's
     q_norm = register_module("q_norm", LlamaRMSNorm(head_dim_, c.rms_norm_eps));
     k_norm = register_module("k_norm", LlamaRMSNorm(head_dim_, c.rms_norm_eps));
   }
+}
+
+LOOM_INLINE std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> LlamaAttentionImpl::project(const torch::Tensor& x) {
+  if (qkv_proj.is_empty()) return {q_proj(x), k_proj(x), v_proj(x)};
+  // Phi3Attention: q, then k, then v along the last dimension of the one projection.
+  const auto qkv = qkv_proj(x);
+  const int64_t q_width = heads_ * head_dim_, kv_width = kv_heads_ * head_dim_;
+  return {qkv.narrow(-1, 0, q_width), qkv.narrow(-1, q_width, kv_width), qkv.narrow(-1, q_width + kv_width, kv_width)};
 }
 
 LOOM_INLINE torch::Tensor LlamaAttentionImpl::split_heads(const torch::Tensor& t, LlamaRMSNorm norm) const {
@@ -331,9 +373,10 @@ LOOM_INLINE torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, co
     const auto sliding = detail::sliding_window_mask(seq, seq, *window_, x.device());
     attention_mask = mask.defined() ? mask.logical_and(sliding) : sliding.view({1, 1, seq, seq});
   }
-  auto q = split_heads(q_proj(x), q_norm);
-  auto k = split_heads(k_proj(x), k_norm);
-  const auto v = split_heads(v_proj(x), nullptr);
+  const auto [q_flat, k_flat, v_flat] = project(x);
+  auto q = split_heads(q_flat, q_norm);
+  auto k = split_heads(k_flat, k_norm);
+  const auto v = split_heads(v_flat, nullptr);
   // apply_rotary_pos_emb: cos/sin [batch, seq, head_dim] broadcast over the heads.
   const auto c = cos.unsqueeze(1), s = sin.unsqueeze(1);
   q = (q * c) + (detail::rotate_half(q) * s);
@@ -366,9 +409,10 @@ LOOM_INLINE torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, co
 LOOM_INLINE torch::Tensor LlamaAttentionImpl::forward_step(const torch::Tensor& x, const torch::Tensor& cos,
                                                            const torch::Tensor& sin, const AttentionStep& step) {
   const int64_t batch = x.size(0), seq = x.size(1);
-  auto q = split_heads(q_proj(x), q_norm);
-  auto k = split_heads(k_proj(x), k_norm);
-  auto v = split_heads(v_proj(x), nullptr);
+  const auto [q_flat, k_flat, v_flat] = project(x);
+  auto q = split_heads(q_flat, q_norm);
+  auto k = split_heads(k_flat, k_norm);
+  auto v = split_heads(v_flat, nullptr);
   const auto c = cos.unsqueeze(1), s = sin.unsqueeze(1);
   q = (q * c) + (detail::rotate_half(q) * s);
   k = (k * c) + (detail::rotate_half(k) * s);
@@ -405,20 +449,29 @@ LOOM_INLINE torch::Tensor LlamaAttentionImpl::forward_step(const torch::Tensor& 
   return o_proj(y);
 }
 
-LOOM_INLINE LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) : activation_(activation_fn(c.hidden_act)) {
+LOOM_INLINE LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c)
+    : activation_(activation_fn(c.hidden_act)), intermediate_(c.intermediate_size) {
   const auto linear = [&](int64_t in, int64_t out) { return peft::AdaptableLinear(in, out, c.mlp_bias); };
-  gate_proj = register_module("gate_proj", linear(c.hidden_size, c.intermediate_size));
-  up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size));
+  if (llama_family(c).fused_projections) {  // Phi3MLP: gate_up_proj, then down_proj
+    gate_up_proj = register_module("gate_up_proj", linear(c.hidden_size, 2 * c.intermediate_size));
+  } else {
+    gate_proj = register_module("gate_proj", linear(c.hidden_size, c.intermediate_size));
+    up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size));
+  }
   down_proj = register_module("down_proj", linear(c.intermediate_size, c.hidden_size));
 }
 
 LOOM_INLINE torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
+  if (!gate_up_proj.is_empty()) {  // Phi3MLP: the first half is the gate, the second the up projection
+    const auto both = gate_up_proj(x);
+    return down_proj(both.narrow(-1, intermediate_, intermediate_) * activation_(both.narrow(-1, 0, intermediate_)));
+  }
   const auto gated = activation_(gate_proj(x));
   return down_proj(gated * up_proj(x));
 }
 
 LOOM_INLINE LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer)
-    : decoder_layer_(llama_family(c).decoder_layer) {
+    : decoder_layer_(llama_family(c).decoder_layer), resid_dropout_(c.resid_pdrop) {
   self_attn = register_module("self_attn", LlamaAttention(c, layer));
   mlp = register_module("mlp", LlamaMLP(c));
   input_layernorm = register_module("input_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
@@ -428,8 +481,12 @@ LOOM_INLINE LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, i
 LOOM_INLINE torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                                          const torch::Tensor& sin, const torch::Tensor& mask,
                                                          const torch::Tensor& cu_seqlens) {
-  auto h = x + self_attn(input_layernorm(x), cos, sin, mask, cu_seqlens);
-  return h + mlp(post_attention_layernorm(h));
+  // Phi3DecoderLayer's resid_attn_dropout and resid_mlp_dropout (0 elsewhere: no op).
+  const auto drop = [&](const torch::Tensor& t) {
+    return resid_dropout_ > 0 && is_training() ? torch::dropout(t, resid_dropout_, /*train=*/true) : t;
+  };
+  auto h = x + drop(self_attn(input_layernorm(x), cos, sin, mask, cu_seqlens));
+  return h + drop(mlp(post_attention_layernorm(h)));
 }
 
 LOOM_INLINE torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
