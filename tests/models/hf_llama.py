@@ -21,6 +21,7 @@
                        mscale_all_dim and truncate false
         phi3           Phi3ForCausalLM (qkv_proj and gate_up_proj fused), sliding_window 8
         phi3_longrope  Phi3ForCausalLM with longrope, original_max_position_embeddings 16 < 24
+        phi3_partial   phi3_longrope with partial_rotary_factor 0.5 (Phi-4-mini's layout)
         llama_sharded  llama again, in shards with an index
         llama_bf16     llama saved in bfloat16
       and DIR/expected.safetensors: the inputs (labels with ignored tokens) and transformers'
@@ -67,7 +68,7 @@ CLASSES = {"llama": "LlamaForCausalLM", "llama_tied": "LlamaForCausalLM", "qwen2
            "mistral": "MistralForCausalLM", "llama_sharded": "LlamaForCausalLM", "llama_bf16": "LlamaForCausalLM",
            "merged": "LlamaForCausalLM", "llama_seqcls": "LlamaForSequenceClassification",
            "qwen2_reward": "Qwen2ForSequenceClassification", "gpt2_seqcls": "GPT2ForSequenceClassification",
-           "phi3": "Phi3ForCausalLM", "phi3_longrope": "Phi3ForCausalLM"}
+           "phi3": "Phi3ForCausalLM", "phi3_longrope": "Phi3ForCausalLM", "phi3_partial": "Phi3ForCausalLM"}
 # Sequence classifiers (issue 39 point 1): their folders, and the labels each is checked with.
 SEQCLS = {"llama_seqcls": "cls_labels", "qwen2_reward": "reward_labels", "gpt2_seqcls": "multi_labels"}
 
@@ -109,6 +110,12 @@ def configs():
                                         "rope_type": "longrope", "rope_theta": 10000.0,
                                         "short_factor": [1.0, 1.1, 1.3, 1.7, 2.2, 3.0],
                                         "long_factor": [1.0, 1.5, 2.5, 4.0, 6.5, 9.0]}),
+        # Phi-4-mini's layout: the rotary embedding turns half of each head (6 of 12 channels),
+        # longrope past original_max_position_embeddings 16.
+        "phi3_partial": Phi3Config(**{**BASE, "max_position_embeddings": 64}, num_key_value_heads=2,
+                                   pad_token_id=None, original_max_position_embeddings=16, rope_parameters={
+                                       "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                                       "short_factor": [1.0, 1.2, 1.5], "long_factor": [1.0, 2.0, 4.0]}),
     }
 
 

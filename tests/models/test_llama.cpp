@@ -78,7 +78,7 @@ inline std::string peft_check(const fs::path& base, const fs::path& adapter, con
 const std::vector<std::string> kFolders{"llama",         "llama_tied",   "qwen2",        "qwen3",      "mistral",
                                         "mistral_window", "qwen2_window", "llama_linear", "llama_yarn", "qwen3_yarn",
                                         "llama_dynamic",  "llama_longrope", "llama_sharded", "llama_bf16",
-                                        "phi3",           "phi3_longrope"};
+                                        "phi3",           "phi3_longrope", "phi3_partial"};
 
 
 TEST_CASE("the Llama family counts its parameters from the config, for every variant of its layers") {
@@ -344,8 +344,8 @@ TEST_CASE("Llama configs loom cannot compute are refused with a loom: line namin
   CHECK(error(c).find("'rope_parameters.factor' must be at least 1") != std::string::npos);
   c = tiny();
   c.rope_parameters = {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.5}};
-  CHECK(error(c).find("'rope_parameters.partial_rotary_factor' is 0.5; loom's rotary embedding turns the whole head "
-                      "(1.0)") != std::string::npos);
+  CHECK(error(c).find("'rope_parameters.partial_rotary_factor' is 0.5; loom's llama rotary embedding turns the whole "
+                      "head (1.0)") != std::string::npos);
   c.rope_parameters["partial_rotary_factor"] = 1.0;  // transformers writes 1.0 into Phi-3's (and newer) configs
   CHECK(error(c) == "<no loom::Error>");
   c = tiny("qwen2");

@@ -83,6 +83,7 @@ struct LlamaFamily {
   bool window_attends = false;     ///< sliding_window bounds the attention (Mistral); Qwen's needs use_sliding_window
   int64_t default_head_dim = 0;    ///< head_dim when config.json has none (0: hidden_size / num_attention_heads)
   bool fused_projections = false;  ///< q, k, v as one qkv_proj and gate, up as one gate_up_proj (Phi-3)
+  bool partial_rotary = false;     ///< rope_parameters.partial_rotary_factor turns only part of each head (Phi-3)
 };
 
 /// The families LlamaForCausalLM reads, facts from transformers' config and modeling files.
@@ -104,7 +105,7 @@ inline constexpr std::array<LlamaFamily, 5> kLlamaFamilies{{
     {.model_type = "phi3", .causal_lm = "Phi3ForCausalLM",
      .sequence_classification = "Phi3ForSequenceClassification", .decoder_layer = "Phi3DecoderLayer",
      .keys = LlamaFamily::sliding_window_key | LlamaFamily::phi3_keys, .window_attends = true,
-     .fused_projections = true},
+     .fused_projections = true, .partial_rotary = true},
 }};
 
 /// transformers' LlamaConfig, with the fields Qwen2Config, Qwen3Config and MistralConfig add:

@@ -159,10 +159,19 @@ LOOM_INLINE void validate(const LlamaConfig& c, std::string_view where) {
   check(c.embd_pdrop >= 0.0 && c.embd_pdrop < 1.0, "{}: field 'embd_pdrop' must be in [0, 1), got {}", where,
         c.embd_pdrop);
   if (c.original_max_position_embeddings) positive(*c.original_max_position_embeddings, "original_max_position_embeddings");
-  check(!c.rope_parameters.is_object() || !c.rope_parameters.contains("partial_rotary_factor") ||
-            c.rope_parameters["partial_rotary_factor"] == 1.0,
-        "{}: field 'rope_parameters.partial_rotary_factor' is {}; loom's rotary embedding turns the whole head "
-        "(1.0)", where, c.rope_parameters.is_object() ? c.rope_parameters.value("partial_rotary_factor", nlohmann::json()).dump() : "");
+  if (c.rope_parameters.is_object() && c.rope_parameters.contains("partial_rotary_factor")) {
+    const auto& factor = c.rope_parameters["partial_rotary_factor"];
+    // Only Phi-3's attention turns part of each head (transformers' other families' would not).
+    check(factor == 1.0 || llama_family(c).partial_rotary,
+          "{}: field 'rope_parameters.partial_rotary_factor' is {}; loom's {} rotary embedding turns the whole head "
+          "(1.0)", where, factor.dump(), c.model_type);
+    check(factor.is_number() && factor.get<double>() > 0 && factor.get<double>() <= 1,
+          "{}: field 'rope_parameters.partial_rotary_factor' must be in (0, 1], got {}", where, factor.dump());
+    const auto rotary = static_cast<int64_t>(static_cast<double>(llama_head_dim(c)) * factor.get<double>());
+    check(rotary >= 2 && rotary % 2 == 0,
+          "{}: field 'rope_parameters.partial_rotary_factor' {} turns {} channels of each head; the rotary embedding "
+          "needs an even number, at least 2", where, factor.dump(), rotary);
+  }
   check(!c.pretraining_tp || *c.pretraining_tp == 1,
         "{}: field 'pretraining_tp' is {}; loom computes the plain product (only 1 is supported)", where,
         c.pretraining_tp.value_or(1));
@@ -213,12 +222,16 @@ LOOM_INLINE void validate(const LlamaConfig& c, std::string_view where) {
   if (type == "longrope") {
     const double original = detail::rope_number(rope, "original_max_position_embeddings", where);
     check(original > 1, "{}: field 'rope_parameters.original_max_position_embeddings' must be above 1", where);
-    const int64_t half = llama_head_dim(c) / 2;
+    const double partial = rope.contains("partial_rotary_factor") && rope["partial_rotary_factor"].is_number()
+                               ? rope["partial_rotary_factor"].get<double>()
+                               : 1.0;
+    const int64_t half = static_cast<int64_t>(static_cast<double>(llama_head_dim(c)) * partial) / 2;
     for (const char* key : {"short_factor", "long_factor"}) {
       const auto it = rope.find(key);
       check(it != rope.end() && it->is_array() && std::cmp_equal(it->size(), half) &&
                 std::all_of(it->begin(), it->end(), [](const auto& v) { return v.is_number() && v.template get<double>() > 0; }),
-            "{}: field 'rope_parameters.{}' must be a list of {} positive numbers (head_dim / 2) for rope_type longrope",
+            "{}: field 'rope_parameters.{}' must be a list of {} positive numbers (the rotary width / 2) for rope_type "
+            "longrope",
             where, key, half);
     }
     if (const auto factor = detail::rope_optional(rope, "factor", where))
@@ -351,6 +364,16 @@ inline torch::Tensor rotate_half(const torch::Tensor& x) {
 }  // namespace detail
 
 namespace detail {
+// apply_rotary_pos_emb on [batch, heads, seq, head_dim] with cos/sin broadcast over the heads:
+// the whole head, or (a partial rotary factor, Phi-3's) its first cos.size(-1) channels, the
+// rest passed through.
+inline torch::Tensor apply_rope(const torch::Tensor& t, const torch::Tensor& c, const torch::Tensor& s) {
+  const int64_t rotary = c.size(-1);
+  if (rotary == t.size(-1)) return (t * c) + (rotate_half(t) * s);
+  const auto turned = t.narrow(-1, 0, rotary);
+  return torch::cat({(turned * c) + (rotate_half(turned) * s), t.narrow(-1, rotary, t.size(-1) - rotary)}, -1);
+}
+
 // The half-precision dtype the flash kernel runs in for `q`: its own, or autocast's on CUDA;
 // none when neither is half precision.
 inline std::optional<torch::ScalarType> flash_dtype(const torch::Tensor& q) {
@@ -379,8 +402,8 @@ LOOM_INLINE torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, co
   const auto v = split_heads(v_flat, nullptr);
   // apply_rotary_pos_emb: cos/sin [batch, seq, head_dim] broadcast over the heads.
   const auto c = cos.unsqueeze(1), s = sin.unsqueeze(1);
-  q = (q * c) + (detail::rotate_half(q) * s);
-  k = (k * c) + (detail::rotate_half(k) * s);
+  q = detail::apply_rope(q, c, s);
+  k = detail::apply_rope(k, c, s);
   // Packed documents on CUDA in half precision: the variable-length flash kernel over the
   // flattened tokens ([tokens, heads, head_dim]), causal within each document (a window that
   // binds takes the mask below instead).
@@ -414,8 +437,8 @@ LOOM_INLINE torch::Tensor LlamaAttentionImpl::forward_step(const torch::Tensor& 
   auto k = split_heads(k_flat, k_norm);
   auto v = split_heads(v_flat, nullptr);
   const auto c = cos.unsqueeze(1), s = sin.unsqueeze(1);
-  q = (q * c) + (detail::rotate_half(q) * s);
-  k = (k * c) + (detail::rotate_half(k) * s);
+  q = detail::apply_rope(q, c, s);
+  k = detail::apply_rope(k, c, s);
   if (step.cache != nullptr) std::tie(k, v) = step.cache->update(k, v);
   const int64_t keys = k.size(2);
   // Past the window: the step's mask (causal, or with left padding) narrowed to it.
@@ -506,7 +529,9 @@ LOOM_INLINE LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) {
   }
   norm = register_module("norm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
   // The rope's inverse frequencies (transformers' rope init functions), in float32.
-  const int64_t dim = c.head_dim.value_or(c.hidden_size / c.num_attention_heads);
+  // The rotary width: the head's, or its first partial_rotary_factor share (Phi-3's; int() as transformers).
+  const int64_t dim = static_cast<int64_t>(static_cast<double>(c.head_dim.value_or(c.hidden_size / c.num_attention_heads)) *
+                                           c.rope_parameters.value("partial_rotary_factor", 1.0));
   const auto& rope = c.rope_parameters;
   const double theta = rope.value("rope_theta", 10000.0);
   auto inv_freq = 1.0 / torch::pow(theta, torch::arange(0, dim, 2, torch::kLong).to(torch::kFloat) / dim);
