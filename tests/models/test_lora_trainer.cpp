@@ -245,6 +245,7 @@ TEST_CASE("save_model and every checkpoint-N of a full fine-tune hold config.jso
     CHECK(config["model_type"] == "llama");
     CHECK(config["architectures"] == nlohmann::json::array({"LlamaForCausalLM"}));
     CHECK(config["hidden_size"] == 48);
+    CHECK(config["use_cache"] == false);  // HF's Trainer writes args.use_cache (false by default) into the model's config
   }
   // transformers opens checkpoint-3 as the model it is (logits of the trained weights).
   auto reread = LlamaForCausalLM::from_pretrained(out / "checkpoint-3");

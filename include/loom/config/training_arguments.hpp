@@ -76,7 +76,7 @@ struct Optimizer {
   std::optional<std::string> gradient_checkpointing_kwargs;  ///< HF's JSON object for it: only use_reentrant (true or false: loom recomputes the same way)
   std::optional<bool> activation_checkpointing;  ///< HF 5's name for --gradient_checkpointing, which it sets when given (HF's rule)
   std::optional<std::string> activation_checkpointing_kwargs;  ///< HF 5's name for --gradient_checkpointing_kwargs, which it sets when given
-  bool use_cache = false;  ///< HF's: the model's use_cache during training; loom's training forward keeps no key/value cache either way (generation always uses one)
+  bool use_cache = false;  ///< HF's: the model's use_cache, which the config.json of save_model and the checkpoints records (as HF's Trainer sets it); loom's training forward keeps no key/value cache either way (generation always uses one)
   std::optional<int64_t> torch_empty_cache_steps;  ///< on CUDA, return the caching allocator's free memory to the driver every N steps (HF's; slower, less fragmentation)
   std::optional<double> neftune_noise_alpha;  ///< NEFTune: uniform noise of this scale on the input embeddings while training (a model with neftune())
 
@@ -275,7 +275,7 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"gradient_checkpointing_kwargs", "HF's JSON object for it: only use_reentrant (true or false: loom recomputes the same way)"},
     {"activation_checkpointing", "HF 5's name for --gradient_checkpointing, which it sets when given (HF's rule)"},
     {"activation_checkpointing_kwargs", "HF 5's name for --gradient_checkpointing_kwargs, which it sets when given"},
-    {"use_cache", "HF's: the model's use_cache during training; loom's training forward keeps no key/value cache either way (generation always uses one)"},
+    {"use_cache", "HF's: the model's use_cache, which the config.json of save_model and the checkpoints records (as HF's Trainer sets it); loom's training forward keeps no key/value cache either way (generation always uses one)"},
     {"torch_empty_cache_steps", "on CUDA, return the caching allocator's free memory to the driver every N steps (HF's; slower, less fragmentation)"},
     {"neftune_noise_alpha", "NEFTune: uniform noise of this scale on the input embeddings while training (a model with neftune())"},
     {"num_train_epochs", "epochs, when max_steps <= 0"},

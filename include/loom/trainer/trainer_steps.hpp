@@ -205,7 +205,10 @@ template <class Derived, class Model, class... Policies>
 nlohmann::json Trainer<Derived, Model, Policies...>::model_config_json() const {
   // A loom model's config.json as HF writes it; else a reflectable `config` member, as is.
   if constexpr (requires { model_->hf_config(); }) {
-    return model_->hf_config();
+    auto config = model_->hf_config();
+    // HF's Trainer sets model.config.use_cache = args.use_cache, so its folders say so.
+    if (config.is_object() && config.contains("use_cache")) config["use_cache"] = args_.use_cache;
+    return config;
   } else if constexpr (requires { model_->config; }) {
     using Config = std::decay_t<decltype(model_->config)>;
     if constexpr (std::is_aggregate_v<Config>) return loom::to_json(model_->config);
