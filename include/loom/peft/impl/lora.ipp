@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <type_traits>
@@ -122,8 +123,9 @@ inline void check_adapter_memory(const std::vector<std::pair<std::string, Adapta
         r, parameters, layers.size(), bytes / 1e9, have / 1e9, std::max(local_processes(), 1));
 }
 
-inline bool targeted(const LoraConfig& c, const std::string& name) {
-  if (c.target_regex) return TargetPattern(*c.target_regex, "LoraConfig").full_match(name);
+// Whether `name` is a target of `c`; `pattern` is c.target_regex compiled (once, by the caller).
+inline bool targeted(const LoraConfig& c, const TargetPattern* pattern, const std::string& name) {
+  if (pattern != nullptr) return pattern->full_match(name);
   for (const auto& t : c.target_modules)
     if (t == all_linear || name_matches(name, t)) return true;
   return false;
@@ -305,8 +307,11 @@ LOOM_INLINE int apply_lora(torch::nn::Module& model, const LoraConfig& config) {
                                     detail::all_linear) != config.target_modules.end();
   std::vector<std::pair<std::string, AdaptableLinearImpl*>> chosen;
   std::vector<std::string> passed_over;
+  std::optional<detail::TargetPattern> compiled;
+  if (config.target_regex) compiled.emplace(*config.target_regex, "LoraConfig");
+  const detail::TargetPattern* pattern = compiled ? &*compiled : nullptr;
   for (const auto& [name, layer] : layers) {
-    if (!detail::targeted(config, name)) continue;
+    if (!detail::targeted(config, pattern, name)) continue;
     // An init-capture: clang 14 (the fuzz build's) cannot capture a structured binding directly.
     const auto saved = std::find_if(recorded->modules_to_save.begin(), recorded->modules_to_save.end(),
                                     [&layer_name = name](const std::string& m) { return detail::inside_module(layer_name, m); });
@@ -327,7 +332,7 @@ LOOM_INLINE int apply_lora(torch::nn::Module& model, const LoraConfig& config) {
     // A target naming a module that exists but cannot carry an adapter says so.
     std::string other;
     for (const auto& item : model.named_modules("", false))
-      if (item.value()->as<AdaptableLinear>() == nullptr && detail::targeted(config, item.key())) {
+      if (item.value()->as<AdaptableLinear>() == nullptr && detail::targeted(config, pattern, item.key())) {
         other = item.key();
         break;
       }
