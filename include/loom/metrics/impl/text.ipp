@@ -225,7 +225,9 @@ LOOM_INLINE double rouge_n(std::span<const std::string> predictions, std::span<c
   return sum / static_cast<double>(predictions.size());
 }
 
-LOOM_INLINE std::string bleu_tokenize_13a(std::string_view text) {
+namespace detail {
+// Tokenizer13a's tokens of `text` (bleu_tokenize_13a joins them; corpus_bleu counts them).
+inline std::vector<std::string> bleu_tokens_13a(std::string_view text) {
   // Tokenizer13a: the mteval-v13a clean-up, then TokenizerRegexp's rules on ' ' + line + ' '.
   for (std::size_t i = 0; i < text.size();) (void)detail::next_code_point(text, i, "BLEU's text");  // errors name the input's bytes
   std::string line(text);
@@ -253,8 +255,13 @@ LOOM_INLINE std::string bleu_tokenize_13a(std::string_view text) {
                              [](std::string& o, char a, char b) { o.append(" ").append(1, a).append(" ").append(1, b); });
   spaced = detail::sub_pairs(spaced, detail::ascii_digit, [](char c) { return c == '-'; },
                              [](std::string& o, char a, char b) { o.append(1, a).append(" ").append(1, b).append(" "); });
+  return detail::python_split(spaced, "BLEU's text");
+}
+}  // namespace detail
+
+LOOM_INLINE std::string bleu_tokenize_13a(std::string_view text) {
   std::string out;
-  for (const auto& token : detail::python_split(spaced, "BLEU's text")) out.append(out.empty() ? "" : " ").append(token);
+  for (const auto& token : detail::bleu_tokens_13a(text)) out.append(out.empty() ? "" : " ").append(token);
   return out;
 }
 
@@ -268,7 +275,7 @@ LOOM_INLINE BleuScore corpus_bleu(std::span<const std::string> hypotheses,
           hypotheses.size());
   BleuScore s;
   const auto tokens = [](std::string_view text) {
-    return detail::python_split(bleu_tokenize_13a(detail::python_rstrip(text, "BLEU's text")), "BLEU's text");
+    return detail::bleu_tokens_13a(detail::python_rstrip(text, "BLEU's text"));
   };
   for (std::size_t i = 0; i < hypotheses.size(); ++i) {
     detail::NgramCounts reference_grams;
