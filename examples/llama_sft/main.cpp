@@ -17,6 +17,7 @@
 //   build/examples/llama_sft                                  # random 4-layer base, LoRA r=16, bf16
 //   build/examples/llama_sft --model_name_or_path my-llama    # a Llama, Qwen2 or Mistral folder as the base
 //   build/examples/llama_sft --use_peft false                 # full fine-tuning instead
+//   build/examples/llama_sft --load_in_4bit --use_bnb_nested_quant   # QLoRA: an NF4 base under the adapter
 //   build/examples/llama_sft --packing 0                      # one example per row, padded per batch
 //   build/examples/llama_sft --do_eval --model_name_or_path output/llama_sft/merged --use_peft false \
 //       --predict_with_generate                               # eval_exact_match (text) of generated completions,
@@ -216,12 +217,18 @@ int main(int argc, char** argv) {
                  eval_set.examples(), train_set.completion_tokens(), example.data_dir);
       int64_t trainable = 0, total = 0;
       for (const auto& p : model->parameters()) (p.requires_grad() ? trainable : total) += p.numel();
-      total += trainable;
+      const auto four_bit = loom::peft::quantized_base(*model);  // --load_in_4bit: values held in 4 bits
+      total += trainable + four_bit.values;
       const auto& c = model->config();
-      fmt::print("llama_sft: {} ({}) with {} layers, width {}: {:.2f} M parameters, {} trainable ({:.2f}%){}\n",
+      fmt::print("llama_sft: {} ({}) with {} layers, width {}: {:.2f} M parameters, {} trainable ({:.2f}%){}{}\n",
                  model->architecture_name(), origin, c.num_hidden_layers, c.hidden_size,
                  static_cast<double>(total) / 1e6, trainable, 100.0 * static_cast<double>(trainable) / static_cast<double>(total),
-                 adapter ? fmt::format(", LoRA r={} alpha={}", adapter->r, adapter->lora_alpha) : std::string(", full fine-tuning"));
+                 adapter ? fmt::format(", LoRA r={} alpha={}", adapter->r, adapter->lora_alpha) : std::string(", full fine-tuning"),
+                 four_bit.layers == 0 ? std::string()
+                                      : fmt::format(", a {} base of {} layers in {:.2f} MB ({:.3f} bytes a value)",
+                                                    lora_args.bnb_4bit_quant_type, four_bit.layers,
+                                                    static_cast<double>(four_bit.bytes) / 1e6,
+                                                    static_cast<double>(four_bit.bytes) / static_cast<double>(four_bit.values)));
     }
 
     // As HF's run_clm / TRL's sft script: train, save, report, evaluate, report.

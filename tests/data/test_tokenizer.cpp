@@ -1,6 +1,7 @@
 // data/tokenizer.hpp against the `tokenizers` package: tests/data/tokenizer_peer.py trains
 // byte-level BPEs (prepare.py's; GPT-2's and Llama 3's patterns as Split regexes; Splits of each
-// behavior) and WordPiece BERT tokenizers (BertNormalizer, normalizer sequences) on the KJV text (build/examples/kjv_text), encodes the 31102 verses, the
+// behavior), SentencePiece-style BPEs on characters (Llama 2's layout with byte fallback, a
+// Metaspace one with fused unknowns) and WordPiece BERT tokenizers (BertNormalizer, normalizer sequences) on the KJV text (build/examples/kjv_text), encodes the 31102 verses, the
 // first 4000 verses as documents of 200 and a set of hard strings (Unicode, emoji, numbers,
 // whitespace runs, contractions, added tokens), and decodes them; loom's ids and text must be
 // the same. Padded batches are checked against transformers' tokenizer(texts, padding=...,
@@ -32,7 +33,8 @@ using loom::data::TruncationSide;
 using loom_test::error_of;
 
 const std::vector<std::string> kNames = {"bpe",        "gpt2_split",    "llama3",        "bert_uncased",
-                                         "bert_cased", "wordpiece_seq", "bpe_behaviors", "wordpiece_ws"};
+                                         "bert_cased", "wordpiece_seq", "bpe_behaviors", "wordpiece_ws",
+                                         "llama2_sp",  "metaspace_sp",  "t5_unigram",    "xlmr_unigram"};
 
 /// Runs `cmd` and REQUIREs exit status 0.
 void run_ok(const std::string& cmd) {
@@ -236,21 +238,59 @@ TEST_CASE("Tokenizer: a tokenizer.json loom does not read is refused with one lo
   CHECK(refusal(bpe_json()) == "<no loom::Error>");
   auto j = wordpiece_json();
   j["normalizer"] = {{"type", "Precompiled"}};
-  CHECK(refusal(j) == "loom: tok.json: normalizer 'Precompiled' is not supported (loom reads BertNormalizer, "
-                      "Lowercase, NFC, NFD, NFKC, NFKD, StripAccents and Sequence of these)");
+  CHECK(refusal(j) == "<no loom::Error>");  // Precompiled without a charsmap: the text as it is
+  j["normalizer"] = {{"type", "Precompiled"}, {"precompiled_charsmap", "not base64!"}};
+  CHECK(refusal(j) == "loom: tok.json: normalizer.precompiled_charsmap is not base64 of a SentencePiece charsmap");
+  j["normalizer"] = {{"type", "Precompiled"}, {"precompiled_charsmap", "/////w=="}};
+  CHECK(refusal(j).starts_with("loom: tok.json: normalizer.precompiled_charsmap holds a trie of 4294967295 bytes"));
+  j["normalizer"] = {{"type", "NFKC_Casefold"}};
+  CHECK(refusal(j) == "loom: tok.json: normalizer 'NFKC_Casefold' is not supported (loom reads BertNormalizer, "
+                      "Lowercase, NFC, NFD, NFKC, NFKD, StripAccents, Prepend, Replace, Precompiled and Sequence of these)");
+  j = wordpiece_json();
+  using Array = nlohmann::json::array_t;
+  j["model"] = {{"type", "Unigram"}, {"unk_id", 7}, {"vocab", Array{Array{"a", -1.0}, Array{"b", -2.0}}}};
+  CHECK(refusal(j) == "loom: tok.json: model.unk_id must be an index of model.vocab (0..1), got 7");
+  j["model"] = {{"type", "Unigram"}, {"vocab", Array{nlohmann::json(Array{"a", "high"})}}};
+  CHECK(refusal(j) == "loom: tok.json: model.vocab[0] must be [piece, score], got [\"a\",\"high\"]");
+  j["model"] = {{"type", "Unigram"}, {"unk_id", nullptr}, {"vocab", Array{nlohmann::json(Array{"a", -1.0})}}};
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"] = nullptr;
+  j["post_processor"] = nullptr;
+  j["added_tokens"] = nlohmann::json::array();
+  const auto no_unk = Tokenizer::from_json(j.dump(), "tok.json");
+  CHECK(no_unk.encode("aa") == std::vector<int64_t>{0, 0});
+  CHECK(error_of([&] { (void)no_unk.encode("ab"); }) ==
+        "loom: tok.json: the text holds 'b', which no piece of the Unigram model starts with, and the model has no unk_id");
   j = wordpiece_json();
   j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}, {{"type", "Replace"}}}}};
-  CHECK(refusal(j).starts_with("loom: tok.json: normalizer.normalizers[1] 'Replace' is not supported"));
+  CHECK(refusal(j) == "loom: tok.json: normalizer.normalizers[1].pattern must be {\"Regex\": ...} or {\"String\": ...}");
+  j["normalizer"]["normalizers"][1] = {{"type", "Replace"}, {"pattern", {{"String", " "}}}};
+  CHECK(refusal(j) == "loom: tok.json: normalizer.normalizers[1].content must be a string");
   j = wordpiece_json();
   j["pre_tokenizer"] = {{"type", "Metaspace"}};
-  CHECK(refusal(j) == "loom: tok.json: pre_tokenizer 'Metaspace' is not supported (loom reads ByteLevel, Split, "
-                      "BertPreTokenizer, Whitespace, WhitespaceSplit and Sequence of these)");
+  CHECK(refusal(j) == "loom: tok.json: pre_tokenizer.replacement must be a string");
+  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "ab"}};
+  CHECK(refusal(j) == "loom: tok.json: pre_tokenizer.replacement must be one character, got 'ab'");
+  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "_"}, {"prepend_scheme", "sometimes"}};
+  CHECK(refusal(j) == "loom: tok.json: pre_tokenizer.prepend_scheme 'sometimes' is not supported (loom reads always, "
+                      "first and never)");
+  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "_"}, {"prepend_scheme", "first"}, {"add_prefix_space", false}};
+  CHECK(refusal(j) == "loom: tok.json: pre_tokenizer.add_prefix_space false does not match prepend_scheme (tokenizers "
+                      "refuses it too)");
   j = wordpiece_json();
-  j["model"]["type"] = "Unigram";
-  CHECK(refusal(j) == "loom: tok.json: model 'Unigram' is not supported (loom reads BPE (byte-level) and WordPiece)");
+  j["pre_tokenizer"] = {{"type", "CharDelimiterSplit"}};
+  CHECK(refusal(j) == "loom: tok.json: pre_tokenizer 'CharDelimiterSplit' is not supported (loom reads ByteLevel, "
+                      "Split, BertPreTokenizer, Whitespace, WhitespaceSplit, Metaspace and Sequence of these)");
   j = wordpiece_json();
-  j["decoder"] = {{"type", "Metaspace"}};
-  CHECK(refusal(j) == "loom: tok.json: decoder 'Metaspace' is not supported (loom reads ByteLevel, WordPiece and none)");
+  j["model"]["type"] = "WordLevel";
+  CHECK(refusal(j) == "loom: tok.json: model 'WordLevel' is not supported (loom reads BPE (byte-level or on "
+                      "characters), Unigram and WordPiece)");
+  j = wordpiece_json();
+  j["decoder"] = {{"type", "CTC"}};
+  CHECK(refusal(j) == "loom: tok.json: decoder 'CTC' is not supported (loom reads ByteLevel, WordPiece, Replace, "
+                      "ByteFallback, Fuse, Strip, Metaspace, Sequence of these and none)");
+  j["decoder"] = {{"type", "Sequence"}, {"decoders", {{{"type", "Fuse"}}, {{"type", "Strip"}, {"content", " "}, {"start", -1}, {"stop", 0}}}}};
+  CHECK(refusal(j) == "loom: tok.json: decoder.decoders[1].start must be a count (a whole number >= 0)");
   j = wordpiece_json();
   j["post_processor"] = {{"type", "Unknown"}};
   CHECK(refusal(j).starts_with("loom: tok.json: post_processor 'Unknown' is not supported"));
@@ -262,15 +302,15 @@ TEST_CASE("Tokenizer: a tokenizer.json loom does not read is refused with one lo
   CHECK(refusal(j) == "loom: tok.json: model.dropout is not supported (BPE dropout; loom encodes deterministically)");
   j = bpe_json();
   j["model"]["byte_fallback"] = true;
-  CHECK(refusal(j) == "loom: tok.json: model.byte_fallback true is not supported (loom reads byte-level BPE)");
+  CHECK(refusal(j) == "loom: tok.json: model.byte_fallback true is not supported with a ByteLevel pre_tokenizer "
+                      "(every byte has its token there)");
   j = bpe_json();
   j["model"]["continuing_subword_prefix"] = "##";
-  CHECK(refusal(j) == "loom: tok.json: model.continuing_subword_prefix is not supported (loom reads byte-level BPE, "
-                      "which has none)");
+  CHECK(refusal(j) == "loom: tok.json: model.continuing_subword_prefix is not supported with a ByteLevel pre_tokenizer "
+                      "(byte-level BPE has none)");
   j = bpe_json();
-  j["pre_tokenizer"] = {{"type", "Whitespace"}};
-  CHECK(refusal(j) == "loom: tok.json: model BPE without a ByteLevel pre_tokenizer is not supported (loom reads "
-                      "byte-level BPE: GPT-2, Llama 3)");
+  j["pre_tokenizer"] = {{"type", "Whitespace"}};  // a BPE on characters: read
+  CHECK(refusal(j) == "<no loom::Error>");
   j = bpe_json();
   j["model"]["merges"] = {"a c"};
   CHECK(refusal(j) == "loom: tok.json: model.merges[0] names the token 'c', which is not in the vocabulary");

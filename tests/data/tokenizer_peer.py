@@ -28,6 +28,20 @@ The tokenizers (each refers to the same trained vocabularies):
                 a String Removed) before ByteLevel's regex; RobertaProcessing
   wordpiece_ws  bert_uncased's model behind Sequence[NFC, Lowercase], WhitespaceSplit, BertProcessing,
                 the WordPiece decoder without cleanup
+  llama2_sp     SentencePiece's BPE as transformers converts Llama 2's tokenizer: a BPE on characters
+                with byte_fallback (<0x00>..<0xFF> in the vocabulary) and fuse_unk, normalizer
+                Sequence[Prepend("▁"), Replace(" ", "▁")], no pre-tokenizer (a text is one piece),
+                <s> prepended, decoder Sequence[Replace("▁", " "), ByteFallback, Fuse, Strip(" ", 1, 0)];
+                trained on characters cut to the 120 most frequent, so the rest fall back to bytes
+  metaspace_sp  the same vocabulary without byte tokens behind a Metaspace pre-tokenizer
+                (prepend_scheme first, split), unknown characters as one fused <unk>, the Metaspace
+                decoder (Mistral's and newer conversions' layout)
+  t5_unigram    a Unigram model trained by SentencePiece itself (nmt_nfkc, with its byte pieces), laid
+                out as transformers lays out T5's: the Precompiled normalizer (SentencePiece's
+                charsmap), Sequence[WhitespaceSplit, Metaspace], "$A </s>", the Metaspace decoder
+  xlmr_unigram  the same model with byte_fallback, as XLM-R's layout but Sequence[Precompiled,
+                Replace(" {2,}", " ")] and Metaspace(prepend_scheme first, no split) alone,
+                "<s> $A </s>", decoder Sequence[ByteFallback, Metaspace]
 """
 
 import json
@@ -73,6 +87,8 @@ HARD = [
     "math ∑∫√∞≈≠ ≤ ≥ ± × ÷ € £ ¥ ₹ © ® ™ § ¶",
     "\u00ad soft\u00adhyphen and \u0085 next-line",
     "🙂" * 12,
+    "<s> literal specials </s><s>and <unk> between, <0x41> spelled out, and ▁ the metaspace ▁▁ itself",
+    " leading space, then two  and three   spaces; a trailing one ",
 ]
 
 SPECIALS = ["<|endoftext|>", "[PAD]", "[CLS]", "[SEP]", "[MASK]"]
@@ -170,6 +186,76 @@ def make(kjv_txt, out):
     seq.normalizer = normalizers.Sequence([normalizers.NFKD(), normalizers.StripAccents(), normalizers.Lowercase()])
     seq.pre_tokenizer = pre_tokenizers.Whitespace()
     seq.save(str(out / "wordpiece_seq.json"))
+
+    # SentencePiece-style BPEs: pieces learned on "▁"-joined words, then laid out as transformers'
+    # converters write Llama 2's (legacy) and newer (Metaspace) tokenizer.json files.
+    sp = Tokenizer(models.BPE(unk_token="<unk>"))
+    sp.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    sp.train_from_iterator(lines, trainer=trainers.BpeTrainer(vocab_size=1500, limit_alphabet=120, show_progress=False))
+    learned = json.loads(sp.to_str())["model"]
+    pieces = sorted(learned["vocab"].items(), key=lambda kv: kv[1])
+    sp_merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in learned["merges"]]
+    specials = ["<unk>", "<s>", "</s>"]
+
+    def sp_vocab(with_bytes):
+        names = specials + ([f"<0x{b:02X}>" for b in range(256)] if with_bytes else [])
+        names += [t for t, _ in pieces if t not in names]
+        return {t: i for i, t in enumerate(names)}
+
+    def with_bos(tok, bos_id):
+        tok.add_special_tokens(specials)
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                           special_tokens=[("<s>", bos_id)])
+        return tok
+
+    llama2 = Tokenizer(models.BPE(sp_vocab(True), sp_merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    llama2.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    llama2.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                        decoders.Strip(" ", 1, 0)])
+    with_bos(llama2, 1).save(str(out / "llama2_sp.json"))
+
+    unigram(lines, out)
+
+    meta = Tokenizer(models.BPE(sp_vocab(False), sp_merges, unk_token="<unk>", fuse_unk=True))
+    meta.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
+    meta.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    with_bos(meta, 1).save(str(out / "metaspace_sp.json"))
+
+
+def unigram(lines, out):
+    """t5_unigram and xlmr_unigram: a Unigram model SentencePiece trains on the verses."""
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    corpus = out / "unigram_corpus.txt"
+    corpus.write_text("\n".join(lines[:20000]) + "\n", encoding="utf-8")
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(out / "unigram"), vocab_size=2000,
+                                   model_type="unigram", character_coverage=0.9995, byte_fallback=True,
+                                   normalization_rule_name="nmt_nfkc", minloglevel=2, num_threads=1)
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString((out / "unigram.model").read_bytes())
+    vocab = [(p.piece, p.score) for p in proto.pieces]
+    unk = next(i for i, p in enumerate(proto.pieces) if p.type == 2)  # UNKNOWN
+    charsmap = proto.normalizer_spec.precompiled_charsmap
+    ids = {piece: i for i, (piece, _) in enumerate(vocab)}
+
+    t5 = Tokenizer(models.Unigram(vocab, unk_id=unk, byte_fallback=False))
+    t5.normalizer = normalizers.Precompiled(charsmap)
+    t5.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")])
+    t5.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    t5.add_special_tokens(["<unk>", "<s>", "</s>"])
+    t5.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", ids["</s>"])])
+    t5.save(str(out / "t5_unigram.json"))
+
+    xlmr = Tokenizer(models.Unigram(vocab, unk_id=unk, byte_fallback=True))
+    xlmr.normalizer = normalizers.Sequence([normalizers.Precompiled(charsmap), normalizers.Replace(Regex(" {2,}"), " ")])
+    xlmr.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    xlmr.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace(replacement="▁", prepend_scheme="first")])
+    xlmr.add_special_tokens(["<unk>", "<s>", "</s>"])
+    xlmr.post_processor = processors.TemplateProcessing(single="<s> $A </s>",
+                                                        special_tokens=[("<s>", ids["<s>"]), ("</s>", ids["</s>"])])
+    xlmr.save(str(out / "xlmr_unigram.json"))
 
 
 def encode(out, *names):

@@ -34,6 +34,18 @@ if(NOT out MATCHES "windows of 128 tokens" OR NOT out MATCHES "LoRA r=4")
   message(FATAL_ERROR "the banner does not show packing and the adapter")
 endif()
 
+# QLoRA: the same run on a 4-bit NF4 base with double quantization (TRL's flags); the banner
+# names the 4-bit base, and the adapter and merged folders are written as for LoRA (the merged
+# one a float model: the dequantized base plus the update).
+set(OUT "${base}/qlora")
+run_example(llama_sft ${flags} --load_in_4bit --use_bnb_nested_quant)
+check_global_step("${OUT}" 6)
+check_files("${OUT}" adapter_config.json adapter_model.safetensors checkpoint-3/adapter_model.safetensors
+            merged/config.json merged/model.safetensors)
+if(NOT out MATCHES "a nf4 base of 14 layers in [0-9.]+ MB \\(0\\.5[0-9]* bytes a value\\)")
+  message(FATAL_ERROR "the QLoRA banner does not show the 4-bit base:\n${out}")
+endif()
+
 set(OUT "${base}/resumed")
 run_example(llama_sft ${flags} --resume_from_checkpoint "${base}/straight/checkpoint-3")
 hf_check(resumed --straight "${base}/straight" --resumed "${base}/resumed" --from_step 3)
@@ -96,6 +108,8 @@ expect_loom_error("--fsdp_transformer_layer_cls_to_wrap / --fsdp_min_num_params 
                   ${flags} --fsdp_min_num_params 5)
 expect_loom_error("--generation_num_beams 4: beam search is not implemented; generation is greedy \\(1 beam\\)"
                   --data_dir "${DATA}" --predict_with_generate --generation_num_beams 4)
+expect_loom_error("--load_in_4bit: a 4-bit base is frozen, so training it needs an adapter \\(QLoRA\\).*"
+                  --data_dir "${DATA}" --use_peft false --load_in_4bit)
 expect_loom_error("--packing must be 0 \\(padded rows\\) or a window size, got -1" --data_dir "${DATA}" --packing -1)
 expect_loom_error("--packing 1000000000 is longer than 1048576 tokens, the longest sequence loom builds a model for"
                   --data_dir "${DATA}" --packing 1000000000)

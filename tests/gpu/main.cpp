@@ -410,6 +410,51 @@ TEST_CASE("Llama on CUDA: packed documents through the variable-length flash ker
   }
 }
 
+TEST_CASE("QLoRA on CUDA: a 4-bit Llama base moved to the GPU computes and trains its adapter as on the CPU") {
+  // quantize_base_4bit on the host, the model moved (the 4-bit state moves with its layers), the
+  // device's dequantization in tensor ops: the CPU's values, the CPU's gradients within float32
+  // rounding, in float32 and with a bfloat16 compute dtype.
+  loom::models::LlamaConfig c;
+  c.vocab_size = 512, c.hidden_size = 128, c.intermediate_size = 256, c.num_hidden_layers = 2;
+  c.num_attention_heads = 4, c.num_key_value_heads = 2, c.max_position_embeddings = 128;
+  for (const auto compute : {torch::kFloat, torch::kBFloat16}) {
+    CAPTURE(compute);
+    std::vector<loom::models::LlamaForCausalLM> models;
+    for (int i = 0; i < 2; ++i) {
+      torch::manual_seed(0);
+      loom::models::LlamaForCausalLM m(c);
+      REQUIRE(loom::peft::quantize_base_4bit(*m, {.quant_type = loom::peft::Bnb4Type::nf4, .use_double_quant = true,
+                                                  .compute_dtype = compute}) == 14);
+      loom::peft::LoraConfig lora;
+      lora.r = 8, lora.target_modules = {"q_proj", "v_proj", "down_proj"};
+      torch::manual_seed(1);
+      loom::peft::apply_lora(*m, lora);
+      {
+        torch::NoGradGuard no_grad;  // B nonzero, so the adapter's path counts
+        for (auto& p : m->named_parameters())
+          if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0, 0.02);
+      }
+      models.push_back(m);
+    }
+    models[1]->to(torch::kCUDA);
+    const auto ids = torch::randint(512, {2, 64});
+    const loom::data::CausalLMBatch cpu{ids, ids.clone()}, gpu{ids.cuda(), ids.cuda()};
+    auto loss_cpu = models[0]->forward(cpu).loss;
+    auto loss_gpu = models[1]->forward(gpu).loss;
+    loss_cpu.backward();
+    loss_gpu.backward();
+    CHECK(loss_gpu.item<double>() == doctest::Approx(loss_cpu.item<double>()).epsilon(compute == torch::kFloat ? 1e-5 : 2e-2));
+    const auto a = models[0]->named_parameters(), b = models[1]->named_parameters();
+    for (const auto& p : a) {
+      if (!p.value().requires_grad()) continue;
+      CAPTURE(p.key());
+      const auto ga = p.value().grad(), gb = b[p.key()].grad().cpu();
+      const double scale = ga.abs().max().item<double>() + 1e-12;
+      CHECK((ga - gb).abs().max().item<double>() / scale < (compute == torch::kFloat ? 1e-4 : 5e-2));
+    }
+  }
+}
+
 TEST_CASE("the LM loss at the scored positions, and chunked, on CUDA: the full loss's in float32, bf16 and fp16") {
   // Issue 41 points 1 and 2 on the device: the fast (padded) head, autocast's formats, the
   // float16 log-softmax reading half, and the chunked loss's float16 gradients (scaled after

@@ -12,15 +12,21 @@
 //
 // What it runs (anything else in the file is refused with one `loom:` line naming the field):
 //   normalizer     BertNormalizer (clean_text, handle_chinese_chars, strip_accents, lowercase),
-//                  Lowercase, NFC, NFD, NFKC, NFKD, StripAccents, Sequence of these
+//                  Lowercase, NFC, NFD, NFKC, NFKD, StripAccents, Prepend, Replace (a string or a
+//                  regex), Precompiled (SentencePiece's charsmap: T5, XLM-R), Sequence of these
 //   pre_tokenizer  ByteLevel (GPT-2's regex or none), Split (a regex or a string; Isolated,
 //                  Removed, MergedWithPrevious, MergedWithNext), BertPreTokenizer, Whitespace,
-//                  WhitespaceSplit, Sequence of these; regexes through PCRE2 (Unicode properties)
-//   model          byte-level BPE (merges by rank, ignore_merges as Llama 3 sets it) and
-//                  WordPiece (greedy longest match, its continuing_subword_prefix)
+//                  WhitespaceSplit, Metaspace (prepend_scheme always / first / never, split),
+//                  Sequence of these; regexes through PCRE2 (Unicode properties)
+//   model          BPE, byte-level (merges by rank, ignore_merges as Llama 3 sets it) or on
+//                  characters as SentencePiece's (Llama 2, Mistral, Gemma: byte_fallback to
+//                  <0xXX> tokens, fuse_unk, continuing_subword_prefix, end_of_word_suffix);
+//                  Unigram (the best-scoring segmentation, byte_fallback); WordPiece (greedy
+//                  longest match, its continuing_subword_prefix)
 //   post_processor TemplateProcessing (single sequences), BertProcessing, RobertaProcessing,
 //                  ByteLevel, Sequence of these
-//   decoder        ByteLevel, WordPiece (prefix, cleanup), none
+//   decoder        ByteLevel, WordPiece (prefix, cleanup), Replace, ByteFallback, Fuse, Strip,
+//                  Metaspace, Sequence of these, none
 //   added_tokens   split out before the model (leftmost longest match; lstrip, rstrip,
 //                  single_word, normalized as the file says)
 // The file's own "truncation" and "padding" are not applied (transformers' rule: each call's

@@ -29,6 +29,7 @@
 // description: adapter_config(model) reads it back, and save_adapter needs nothing else.
 
 #include <loom/config/inline.hpp>
+#include <loom/peft/bnb4.hpp>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -74,14 +75,36 @@ class HiddenAdapters;
 /// fan_in_fan_out the weight stored [in, out], HF's Conv1D) that can carry a LoRA adapter:
 /// lora_A [r, in] and lora_B [out, r], registered beside weight and bias. Built with zero
 /// weights: the model holding it draws them (init_weights).
+///
+/// Its base weight can be made 4-bit (quantize_4bit: bitsandbytes' Linear4bit, QLoRA's base):
+/// the 4-bit state ([out, in], whatever the layout) replaces the weight's values, the `weight`
+/// parameter stays registered but empty (0 values, frozen), and the forward computes as
+/// Linear4bit does, in the compute dtype.
 class AdaptableLinearImpl : public torch::nn::Module {
  public:
   LOOM_INLINE AdaptableLinearImpl(int64_t in_features, int64_t out_features, bool bias, bool fan_in_fan_out = false);
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
+  [[nodiscard]] int64_t in_features() const { return in_features_; }
+  [[nodiscard]] int64_t out_features() const { return out_features_; }
+  /// Replaces the base weight by bitsandbytes' 4-bit form of it (quant type, double
+  /// quantization of the absmaxes, the dtype the forward computes in). The layer must carry
+  /// no adapter yet (QLoRA quantizes the base first, as transformers' from_pretrained does).
+  LOOM_INLINE void quantize_4bit(Bnb4Type type, bool nested, torch::ScalarType compute_dtype);
+  [[nodiscard]] bool quantized() const { return quantized_.has_value(); }
+  /// The 4-bit state (quantized() only).
+  [[nodiscard]] LOOM_INLINE const Bnb4Weight& quantized_weight() const;
+  [[nodiscard]] torch::ScalarType compute_dtype() const { return compute_dtype_; }
+  /// The base weight's values in `dtype`, [out, in] (dequantized when 4-bit).
+  [[nodiscard]] LOOM_INLINE torch::Tensor base_weight(torch::ScalarType dtype) const;
+  // Moving the layer moves its 4-bit state too (the state is not a registered tensor).
+  using torch::nn::Module::to;
+  LOOM_INLINE void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  LOOM_INLINE void to(torch::Device device, bool non_blocking = false) override;
   /// Adds the adapter `config` describes (A drawn from torch's default generator, B zero); the
   /// layer keeps `config` (adapter_config reads it).
   LOOM_INLINE void add_adapter(std::shared_ptr<const LoraConfig> config);
-  /// W += B A * scaling, then the adapter is removed.
+  /// W += B A * scaling, then the adapter is removed. A 4-bit base is dequantized, summed and
+  /// quantized again with its options, as PEFT merges into bitsandbytes' Linear4bit.
   LOOM_INLINE void merge_adapter();
   /// B A * scaling in the weight's layout ([out, in], or [in, out] with fan_in_fan_out).
   [[nodiscard]] LOOM_INLINE torch::Tensor delta_weight() const;
@@ -100,6 +123,9 @@ class AdaptableLinearImpl : public torch::nn::Module {
  private:
   friend class HiddenAdapters;  // hides an adapter and puts it back
   bool fan_in_fan_out_ = false;
+  int64_t in_features_ = 0, out_features_ = 0;
+  std::optional<Bnb4Weight> quantized_;
+  torch::ScalarType compute_dtype_ = torch::kFloat;
   double scaling_ = 1.0, dropout_ = 0.0;
   std::shared_ptr<const LoraConfig> config_;
 };
@@ -112,6 +138,29 @@ TORCH_MODULE(AdaptableLinear);
 /// A target or module to save that matches no module, a module that cannot carry an adapter,
 /// and a model that already carries one are loom::Errors.
 LOOM_INLINE int apply_lora(torch::nn::Module& model, const LoraConfig& config);
+
+/// bitsandbytes' 4-bit options of a base (transformers' BitsAndBytesConfig with load_in_4bit).
+struct Bnb4Config {
+  Bnb4Type quant_type = Bnb4Type::nf4;             ///< bnb_4bit_quant_type
+  bool use_double_quant = false;                   ///< bnb_4bit_use_double_quant (TRL: use_bnb_nested_quant)
+  torch::ScalarType compute_dtype = torch::kFloat;  ///< bnb_4bit_compute_dtype
+};
+
+/// Makes the base of `model` 4-bit as transformers' from_pretrained does with
+/// BitsAndBytesConfig(load_in_4bit=True): every AdaptableLinear except the module of the
+/// model's last parameter (the output layer, which transformers keeps in full precision) and
+/// those in `skip`; returns how many layers it quantized. Call it before the adapter goes on
+/// (a model carrying one is a loom::Error).
+LOOM_INLINE int quantize_base_4bit(torch::nn::Module& model, const Bnb4Config& config,
+                                   const std::vector<std::string>& skip = {});
+
+/// The 4-bit layers of `model`: how many, the values their weights hold, and their bytes.
+struct QuantizedBase {
+  int layers = 0;
+  int64_t values = 0;
+  int64_t bytes = 0;
+};
+[[nodiscard]] LOOM_INLINE QuantizedBase quantized_base(const torch::nn::Module& model);
 
 /// The config of the adapter `model` carries (what apply_lora or load_adapter put on it);
 /// none when it carries none.
@@ -141,7 +190,8 @@ LOOM_INLINE void merge_and_unload(torch::nn::Module& model);
 
 /// While it lives, every adapter of `model` is out of the module tree, so the model's
 /// parameters are a plain model's: with `merge`, each base weight holds W + B A * scaling (what
-/// merge_and_unload gives: saving the merged model without giving up the adapted one);
+/// merge_and_unload gives: saving the merged model without giving up the adapted one; a 4-bit
+/// base's weight holds its dequantized values plus the update, in float32, a plain float model);
 /// without, the base as it is (reading base weights into an adapted model). Its destructor
 /// puts the exact base weights and the same adapter modules back.
 class HiddenAdapters {
@@ -154,7 +204,7 @@ class HiddenAdapters {
  private:
   struct Held {
     AdaptableLinearImpl* layer;
-    torch::Tensor base;  // the weight before merging (undefined without merge)
+    torch::Tensor base;  // the weight before merging (undefined without merge; empty for a 4-bit base)
     torch::nn::Linear a, b;
     std::shared_ptr<const LoraConfig> config;
   };

@@ -108,6 +108,9 @@ LOOM_INLINE void Checkpointer::load_pretrained(const std::string& name_or_path) 
   const auto file = std::filesystem::path(name_or_path) / checkpoint::kModelFile;
   check(path_exists(name_or_path, PathKind::folder, "--model_name_or_path") && path_exists(file, PathKind::file),
         "--model_name_or_path {}: {} does not exist", name_or_path, file.string());
+  check(peft::quantized_base(*model_).layers == 0,
+        "--model_name_or_path {}: the model's base is 4-bit already, and a float folder cannot be read into it; read "
+        "the folder before making the base 4-bit (from_pretrained, then --load_in_4bit)", name_or_path);
   // The base model's weights; an adapter already on the model stays as it is.
   engine_->with_full_params([&] {
     const peft::HiddenAdapters base(*model_, /*merge=*/false);

@@ -6,6 +6,7 @@
 #include <loom/distributed/full_shard_unit.hpp>
 #include <loom/optim/catalog.hpp>
 #include <loom/optim/optimizer.hpp>
+#include <loom/peft/lora.hpp>
 #include <loom/policy/catalog.hpp>
 #include <loom/accelerate/memory_plan.hpp>
 
@@ -164,6 +165,18 @@ LOOM_INLINE MemoryPlanInputs memory_plan_inputs(const torch::nn::Module& module,
       q.state_whole = detail::state_bytes_of(rule, options, p.sizes());
       q.state_piece = detail::state_bytes_of(rule, options, {detail::ceil_div(q.numel, in.world)});
     }
+    in.params.push_back(q);
+  }
+  // A 4-bit base's layers (QLoRA): their bytes, frozen, in the unit of their (empty) weight.
+  for (const auto& item : module.named_modules("", /*include_self=*/false)) {
+    const auto* layer = item.value()->as<peft::AdaptableLinear>();
+    if (layer == nullptr || !layer->quantized()) continue;
+    MemoryPlanInputs::Param q;
+    q.numel = layer->quantized_weight().bytes();
+    q.element_size = 1;
+    q.trainable = false;
+    const auto u = unit_of.find(layer->weight.unsafeGetTensorImpl());
+    q.unit = u == unit_of.end() ? 0 : u->second;
     in.params.push_back(q);
   }
   return in;

@@ -26,7 +26,11 @@
 #include <deque>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <mutex>
+#include <optional>
+#include <queue>
+#include <tuple>
 #include <unordered_map>
 
 namespace loom::data::detail {
@@ -322,9 +326,163 @@ inline constexpr int64_t kIdLimit = int64_t{1} << 24;
 
 // --- normalizers -------------------------------------------------------------------------
 
+/// A Split / Replace pattern: {"String": ...} (literal) or {"Regex": ...}.
+inline std::shared_ptr<const Regex> read_pattern(const nlohmann::json& j, std::string_view where, const std::string& field) {
+  check(j.contains("pattern") && j["pattern"].is_object() &&
+            ((j["pattern"].contains("Regex") && j["pattern"]["Regex"].is_string()) ||
+             (j["pattern"].contains("String") && j["pattern"]["String"].is_string())),
+        "{}: {}.pattern must be {{\"Regex\": ...}} or {{\"String\": ...}}", where, field);
+  const bool literal = j["pattern"].contains("String");
+  return std::make_shared<const Regex>(j["pattern"][literal ? "String" : "Regex"].get<std::string>(), literal, where);
+}
+
+/// A string field of `j` that must be there.
+inline std::string required_string(const nlohmann::json& j, const char* key, std::string_view where, const std::string& field) {
+  check(j.contains(key) && j[key].is_string(), "{}: {}.{} must be a string", where, field, key);
+  return j[key].get<std::string>();
+}
+
+/// Every match of `pattern` in `s` replaced by `content` (tokenizers' Replace).
+inline std::string replace_all(std::string_view s, const Regex& pattern, std::string_view content) {
+  std::vector<std::pair<std::size_t, std::size_t>> spans;
+  pattern.find_all(s, spans);
+  if (spans.empty()) return std::string(s);
+  std::string out;
+  out.reserve(s.size());
+  std::size_t last = 0;
+  for (const auto& [start, end] : spans) {
+    out.append(s.substr(last, start - last));
+    out.append(content);
+    last = end;
+  }
+  out.append(s.substr(last));
+  return out;
+}
+
+/// Standard base64 (with or without '=' padding) to bytes; none when it is not base64.
+inline std::optional<std::string> base64_decode(std::string_view text) {
+  const auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  while (!text.empty() && text.back() == '=') text.remove_suffix(1);
+  std::string out;
+  out.reserve(text.size() * 3 / 4);
+  uint32_t bits = 0;
+  int count = 0;
+  for (const char c : text) {
+    const int v = value(c);
+    if (v < 0) return std::nullopt;
+    bits = (bits << 6) | static_cast<uint32_t>(v);
+    count += 6;
+    if (count >= 8) {
+      count -= 8;
+      out.push_back(static_cast<char>((bits >> count) & 0xFF));
+    }
+  }
+  return out;
+}
+
+/// SentencePiece's normalization rules as tokenizers' Precompiled normalizer reads them from
+/// precompiled_charsmap: [u32 trie size in bytes][a Darts double-array trie of u32 units][the
+/// replacement strings, each ending in NUL]. A chunk of text is replaced by the string of the
+/// shortest rule that is a prefix of it (tokenizers' spm_precompiled takes the first match).
+struct Charsmap {
+  std::vector<uint32_t> units;
+  std::string replacements;
+
+  static Charsmap read(std::string_view base64, std::string_view where, const std::string& field) {
+    const auto blob = base64_decode(base64);
+    check(blob.has_value() && blob->size() >= 4, "{}: {}.precompiled_charsmap is not base64 of a SentencePiece charsmap",
+          where, field);
+    uint32_t trie_bytes = 0;
+    for (int i = 3; i >= 0; --i) trie_bytes = (trie_bytes << 8) | static_cast<unsigned char>((*blob)[static_cast<std::size_t>(i)]);
+    check(trie_bytes % 4 == 0 && trie_bytes <= blob->size() - 4, "{}: {}.precompiled_charsmap holds a trie of {} bytes "
+          "in {} (not a SentencePiece charsmap)", where, field, trie_bytes, blob->size());
+    Charsmap m;
+    m.units.resize(trie_bytes / 4);
+    for (std::size_t u = 0; u < m.units.size(); ++u) {
+      uint32_t v = 0;
+      for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>((*blob)[4 + u * 4 + static_cast<std::size_t>(i)]);
+      m.units[u] = v;
+    }
+    m.replacements = blob->substr(4 + trie_bytes);
+    return m;
+  }
+
+  /// The replacement of the shortest rule that prefixes `chunk`, if any.
+  [[nodiscard]] std::optional<std::string_view> transform(std::string_view chunk) const {
+    if (units.empty()) return std::nullopt;
+    const auto offset = [](uint32_t unit) -> std::size_t { return (unit >> 10) << ((unit & (1U << 9)) >> 6); };
+    std::size_t node = offset(units[0]);
+    for (const char ch : chunk) {
+      const auto c = static_cast<unsigned char>(ch);
+      if (c == 0) return std::nullopt;
+      node ^= c;
+      if (node >= units.size()) return std::nullopt;
+      const uint32_t unit = units[node];
+      if ((unit & ((1U << 31) | 0xFFU)) != c) return std::nullopt;  // the unit's label
+      node ^= offset(unit);
+      if (node >= units.size()) return std::nullopt;
+      if (((unit >> 8) & 1U) != 0) {  // a rule ends here: its value is where its replacement starts
+        const std::size_t start = units[node] & ((1U << 31) - 1);
+        if (start > replacements.size()) return std::nullopt;
+        const std::size_t end = replacements.find('\0', start);
+        return std::string_view(replacements).substr(start, (end == std::string::npos ? replacements.size() : end) - start);
+      }
+    }
+    return std::nullopt;
+  }
+
+  /// tokenizers' Precompiled::normalize: each extended grapheme cluster shorter than 6 bytes
+  /// replaced whole when a rule prefixes it, else each character by its own rule or kept.
+  [[nodiscard]] std::string apply(std::string_view s) const {
+    std::string out;
+    out.reserve(s.size());
+    const auto one_by_one = [&](std::string_view grapheme) {
+      for (std::size_t i = 0; i < grapheme.size();) {
+        const std::size_t start = i;
+        next_cp(grapheme, i);
+        const std::string_view c = grapheme.substr(start, i - start);
+        const auto r = transform(c);
+        out.append(r ? *r : c);
+      }
+    };
+    std::size_t begin = 0;
+    utf8proc_int32_t state = 0;
+    char32_t previous = 0;
+    for (std::size_t i = 0; i < s.size();) {
+      const std::size_t at = i;
+      const char32_t c = next_cp(s, i);
+      if (at > 0 && utf8proc_grapheme_break_stateful(static_cast<utf8proc_int32_t>(previous), static_cast<utf8proc_int32_t>(c), &state)) {
+        const std::string_view g = s.substr(begin, at - begin);
+        const auto r = g.size() < 6 ? transform(g) : std::nullopt;
+        if (r) out.append(*r);
+        else one_by_one(g);
+        begin = at;
+      }
+      previous = c;
+    }
+    if (begin < s.size()) {
+      const std::string_view g = s.substr(begin);
+      const auto r = g.size() < 6 ? transform(g) : std::nullopt;
+      if (r) out.append(*r);
+      else one_by_one(g);
+    }
+    return out;
+  }
+};
+
 struct Normalizer {
-  enum class Kind { bert, lowercase, nfc, nfd, nfkc, nfkd, strip_accents, sequence } kind = Kind::sequence;
+  enum class Kind { bert, lowercase, nfc, nfd, nfkc, nfkd, strip_accents, prepend, replace, precompiled, sequence } kind = Kind::sequence;
+  std::shared_ptr<const Charsmap> charsmap;  // Precompiled's (none: the text as it is)
   bool clean_text = true, chinese_chars = true, strip_accents = false, lowercase = true;
+  std::string text;                      // Prepend's prefix, Replace's content
+  std::shared_ptr<const Regex> pattern;  // Replace's
   std::vector<Normalizer> children;
 
   static Normalizer read(const nlohmann::json& j, std::string_view where, const std::string& field) {
@@ -348,6 +506,19 @@ struct Normalizer {
       n.kind = Kind::nfkd;
     } else if (type == "StripAccents") {
       n.kind = Kind::strip_accents;
+    } else if (type == "Prepend") {  // SentencePiece's layout (Llama 2, Mistral): "▁" before the text
+      n.kind = Kind::prepend;
+      n.text = required_string(j, "prepend", where, field);
+    } else if (type == "Replace") {
+      n.kind = Kind::replace;
+      n.pattern = read_pattern(j, where, field);
+      n.text = required_string(j, "content", where, field);
+    } else if (type == "Precompiled") {  // SentencePiece's normalization (T5, XLM-R, ...)
+      n.kind = Kind::precompiled;
+      if (j.contains("precompiled_charsmap") && !j["precompiled_charsmap"].is_null()) {
+        const std::string base64 = required_string(j, "precompiled_charsmap", where, field);
+        if (!base64.empty()) n.charsmap = std::make_shared<const Charsmap>(Charsmap::read(base64, where, field));
+      }
     } else if (type == "Sequence") {
       n.kind = Kind::sequence;
       check(j.contains("normalizers") && j["normalizers"].is_array(), "{}: {}.normalizers must be an array", where, field);
@@ -355,7 +526,8 @@ struct Normalizer {
         n.children.push_back(read(j["normalizers"][i], where, field + ".normalizers[" + std::to_string(i) + "]"));
     } else {
       unsupported(where, field, "'" + type + "'",
-                  "BertNormalizer, Lowercase, NFC, NFD, NFKC, NFKD, StripAccents and Sequence of these");
+                  "BertNormalizer, Lowercase, NFC, NFD, NFKC, NFKD, StripAccents, Prepend, Replace, Precompiled and "
+                  "Sequence of these");
     }
     return n;
   }
@@ -404,6 +576,9 @@ struct Normalizer {
           const int k = category(c);
           if (k < UTF8PROC_CATEGORY_MN || k > UTF8PROC_CATEGORY_ME) append_utf8(out, c);
         });
+      case Kind::prepend: return s.empty() ? s : text + s;  // an empty text stays empty
+      case Kind::replace: return replace_all(s, *pattern, text);
+      case Kind::precompiled: return charsmap ? charsmap->apply(s) : s;
       case Kind::sequence:
         for (const Normalizer& child : children) s = child.apply(std::move(s));
         return s;
@@ -416,10 +591,40 @@ struct Normalizer {
 
 using Pieces = std::vector<std::string_view>;
 
+/// Metaspace's prepend_scheme (pre-tokenizer and decoder).
+enum class PrependScheme { always, first, never };
+
+/// Metaspace's fields, as tokenizers reads them: replacement (one character), prepend_scheme
+/// ("always" unless given; the older add_prefix_space false means "never"), split (true unless given).
+inline void read_metaspace(const nlohmann::json& j, std::string_view where, const std::string& field,
+                           std::string& replacement, PrependScheme& scheme, bool& split) {
+  replacement = required_string(j, "replacement", where, field);
+  std::size_t at = 0;
+  check(!replacement.empty() && (next_cp(replacement, at), at == replacement.size()),
+        "{}: {}.replacement must be one character, got '{}'", where, field, replacement);
+  scheme = PrependScheme::always;
+  if (j.contains("prepend_scheme") && !j["prepend_scheme"].is_null()) {
+    const std::string s = required_string(j, "prepend_scheme", where, field);
+    if (s == "always") scheme = PrependScheme::always;
+    else if (s == "first") scheme = PrependScheme::first;
+    else if (s == "never") scheme = PrependScheme::never;
+    else unsupported(where, field + ".prepend_scheme", "'" + s + "'", "always, first and never");
+  }
+  if (!flag(j, "add_prefix_space", true)) {
+    check(!j.contains("prepend_scheme") || j["prepend_scheme"].is_null() || scheme == PrependScheme::never,
+          "{}: {}.add_prefix_space false does not match prepend_scheme (tokenizers refuses it too)", where, field);
+    scheme = PrependScheme::never;
+  }
+  split = flag(j, "split", true);
+}
+
 struct PreTokenizer {
-  enum class Kind { byte_level, split, bert, whitespace, whitespace_split, sequence } kind = Kind::sequence;
+  enum class Kind { byte_level, split, bert, whitespace, whitespace_split, metaspace, sequence } kind = Kind::sequence;
   enum class Behavior { isolated, removed, merged_with_previous, merged_with_next } behavior = Behavior::isolated;
   bool add_prefix_space = false;
+  std::string replacement;                             // Metaspace's character ("▁")
+  PrependScheme prepend_scheme = PrependScheme::always;  // Metaspace's
+  bool split_on_replacement = true;                    // Metaspace's split
   std::shared_ptr<const Regex> regex;  // ByteLevel with use_regex, Split, Whitespace
   std::vector<PreTokenizer> children;
 
@@ -432,12 +637,7 @@ struct PreTokenizer {
       if (flag(j, "use_regex", true)) p.regex = std::make_shared<const Regex>(kGpt2Pattern, false, where);
     } else if (type == "Split") {
       p.kind = Kind::split;
-      check(j.contains("pattern") && j["pattern"].is_object() &&
-                ((j["pattern"].contains("Regex") && j["pattern"]["Regex"].is_string()) ||
-                 (j["pattern"].contains("String") && j["pattern"]["String"].is_string())),
-            "{}: {}.pattern must be {{\"Regex\": ...}} or {{\"String\": ...}}", where, field);
-      const bool literal = j["pattern"].contains("String");
-      p.regex = std::make_shared<const Regex>(j["pattern"][literal ? "String" : "Regex"].get<std::string>(), literal, where);
+      p.regex = read_pattern(j, where, field);
       const std::string behavior = j.value("behavior", std::string("Isolated"));
       if (behavior == "Isolated") p.behavior = Behavior::isolated;
       else if (behavior == "Removed") p.behavior = Behavior::removed;
@@ -457,6 +657,9 @@ struct PreTokenizer {
           where);
     } else if (type == "WhitespaceSplit") {
       p.kind = Kind::whitespace_split;
+    } else if (type == "Metaspace") {  // SentencePiece's layout: spaces as "▁", one before the text
+      p.kind = Kind::metaspace;
+      read_metaspace(j, where, field, p.replacement, p.prepend_scheme, p.split_on_replacement);
     } else if (type == "Sequence") {
       check(j.contains("pretokenizers") && j["pretokenizers"].is_array(), "{}: {}.pretokenizers must be an array", where,
             field);
@@ -464,7 +667,7 @@ struct PreTokenizer {
         p.children.push_back(read(j["pretokenizers"][i], where, field + ".pretokenizers[" + std::to_string(i) + "]"));
     } else {
       unsupported(where, field, "'" + type + "'",
-                  "ByteLevel, Split, BertPreTokenizer, Whitespace, WhitespaceSplit and Sequence of these");
+                  "ByteLevel, Split, BertPreTokenizer, Whitespace, WhitespaceSplit, Metaspace and Sequence of these");
     }
     return p;
   }
@@ -475,16 +678,19 @@ struct PreTokenizer {
   }
 
   /// Splits every piece of `pieces`; new strings (a prefix space) are kept in `arena`.
-  void apply(Pieces& pieces, std::deque<std::string>& arena) const {
+  /// `at_start`: the first piece begins the original text (Metaspace's prepend_scheme first).
+  void apply(Pieces& pieces, std::deque<std::string>& arena, bool at_start = false) const {
     if (kind == Kind::sequence) {
-      for (const PreTokenizer& child : children) child.apply(pieces, arena);
+      for (const PreTokenizer& child : children) child.apply(pieces, arena, at_start);
       return;
     }
     Pieces out;
     out.reserve(pieces.size() * 4);
     std::vector<std::pair<std::size_t, std::size_t>> spans;
-    for (std::string_view piece : pieces) {
+    for (std::size_t index = 0; index < pieces.size(); ++index) {
+      std::string_view piece = pieces[index];
       switch (kind) {
+        case Kind::metaspace: metaspace(piece, at_start && index == 0, arena, out); break;
         case Kind::byte_level:
           if (add_prefix_space && (piece.empty() || piece.front() != ' ')) piece = arena.emplace_back(" " + std::string(piece));
           if (!regex) {
@@ -527,6 +733,32 @@ struct PreTokenizer {
     if (piece.size() > from && kind != Kind::whitespace) out.push_back(piece.substr(from));
   }
 
+  /// Metaspace: every ' ' as the replacement, the replacement before the piece as the scheme
+  /// says (unless it starts with one), then (split) a piece starting at each replacement.
+  void metaspace(std::string_view piece, bool first, std::deque<std::string>& arena, Pieces& out) const {
+    if (piece.empty()) return;
+    std::string t;
+    t.reserve(piece.size() + replacement.size());
+    for (const char ch : piece) {
+      if (ch == ' ') t.append(replacement);
+      else t.push_back(ch);
+    }
+    if (!t.starts_with(replacement) &&
+        (prepend_scheme == PrependScheme::always || (prepend_scheme == PrependScheme::first && first)))
+      t.insert(0, replacement);
+    const std::string_view whole = arena.emplace_back(std::move(t));
+    if (!split_on_replacement) {
+      out.push_back(whole);
+      return;
+    }
+    std::size_t start = 0;
+    for (std::size_t at = whole.find(replacement, 1); at != std::string_view::npos; at = whole.find(replacement, at + replacement.size())) {
+      out.push_back(whole.substr(start, at - start));
+      start = at;
+    }
+    out.push_back(whole.substr(start));
+  }
+
   /// BertPreTokenizer (whitespace removed, each punctuation character alone) and
   /// WhitespaceSplit (whitespace removed).
   void split_chars(std::string_view piece, Pieces& out) const {
@@ -549,18 +781,91 @@ struct PreTokenizer {
 
 // --- models ------------------------------------------------------------------------------
 
-/// A byte-level BPE: ids of raw bytes, merges by rank.
+/// A BPE, merges by rank: byte-level (GPT-2, Llama 3: the symbols are the piece's bytes) or on
+/// characters (SentencePiece's layout: Llama 2, Mistral, Gemma; the symbols are the piece's
+/// characters, an unknown one as its bytes' <0xXX> tokens with byte_fallback, else unk).
 struct Bpe {
-  StringMap<int32_t> vocab;  // raw bytes -> id
+  StringMap<int32_t> vocab;  // raw bytes (byte-level) or the token's text -> id
   std::array<int32_t, 256> byte_id{};
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (left, right) -> (rank, merged id)
+  bool byte_level = true;
   bool ignore_merges = false;
   std::optional<int32_t> unk;
   bool fuse_unk = false;
+  bool byte_fallback = false;
+  std::array<int32_t, 256> fallback_id{};  // the <0xXX> tokens' ids (-1: none)
+  std::string prefix, suffix;              // continuing_subword_prefix, end_of_word_suffix (on characters)
   mutable std::mutex cache_mutex;
   mutable StringMap<std::vector<int32_t>> cache;
 
   static uint64_t key(int32_t a, int32_t b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); }
+
+  /// tokenizers' BPE::merge_word on characters: a known character (with the prefix when not
+  /// first, the suffix when last) is its id; an unknown one its bytes' <0xXX> ids when every byte
+  /// has one (byte_fallback), else unk, consecutive unks fused into one with fuse_unk. (As in
+  /// tokenizers, an unk waiting to be written is written at the next known character, after
+  /// byte-fallback ids that came between.)
+  void char_symbols(std::string_view piece, std::vector<int32_t>& symbols) const {
+    std::optional<int32_t> pending;
+    std::string s;
+    for (std::size_t i = 0; i < piece.size();) {
+      const std::size_t start = i;
+      next_cp(piece, i);
+      s.assign(start > 0 ? prefix : std::string());
+      s.append(piece.substr(start, i - start));
+      if (i == piece.size()) s.append(suffix);
+      if (const auto it = vocab.find(s); it != vocab.end()) {
+        if (pending) symbols.push_back(*pending);
+        pending.reset();
+        symbols.push_back(it->second);
+        continue;
+      }
+      if (byte_fallback && std::all_of(s.begin(), s.end(), [&](char c) { return fallback_id[static_cast<unsigned char>(c)] >= 0; })) {
+        for (const char c : s) symbols.push_back(fallback_id[static_cast<unsigned char>(c)]);
+        continue;
+      }
+      if (!unk) continue;
+      if (pending && !fuse_unk) symbols.push_back(*pending);
+      pending = *unk;
+    }
+    if (pending) symbols.push_back(*pending);
+  }
+
+  /// The same merges as the scan in encode (the lowest rank first, the leftmost of equal ranks)
+  /// through a heap of candidate pairs, as tokenizers' Word::merge_all: n log n on a long
+  /// piece (SentencePiece's layout leaves a whole text one piece) where the scan is n^2.
+  void merge_long(std::vector<int32_t>& symbols) const {
+    const std::size_t n = symbols.size();
+    std::vector<std::size_t> prev(n), next(n);
+    std::vector<char> alive(n, 1);
+    for (std::size_t i = 0; i < n; ++i) prev[i] = i - 1, next[i] = i + 1;  // i - 1 wraps at 0: none
+    using Candidate = std::tuple<int32_t, std::size_t, int32_t, int32_t>;  // rank, left position, left id, right id
+    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+    const auto push = [&](std::size_t left) {
+      if (left >= n || next[left] >= n) return;
+      const auto it = merges.find(key(symbols[left], symbols[next[left]]));
+      if (it != merges.end()) heap.emplace(it->second.first, left, symbols[left], symbols[next[left]]);
+    };
+    for (std::size_t i = 0; i + 1 < n; ++i) push(i);
+    while (!heap.empty()) {
+      const auto [rank, left, a, b] = heap.top();
+      heap.pop();
+      // stale: the left symbol was merged away or changed, or its right neighbour did
+      if (!alive[left] || symbols[left] != a || next[left] >= n || symbols[next[left]] != b) continue;
+      const std::size_t right = next[left];
+      symbols[left] = merges.find(key(a, b))->second.second;
+      alive[right] = 0;
+      next[left] = next[right];
+      if (next[right] < n) prev[next[right]] = left;
+      if (prev[left] < n) push(prev[left]);
+      push(left);
+    }
+    std::vector<int32_t> kept;
+    kept.reserve(n);
+    for (std::size_t i = 0; i < n; ++i)
+      if (alive[i]) kept.push_back(symbols[i]);
+    symbols.swap(kept);
+  }
 
   void encode(std::string_view piece, std::vector<int64_t>& out) const {
     if (ignore_merges)
@@ -577,14 +882,19 @@ struct Bpe {
     }
     std::vector<int32_t> symbols;
     symbols.reserve(piece.size());
-    for (const char ch : piece) {
-      const int32_t id = byte_id[static_cast<unsigned char>(ch)];
-      if (id >= 0) {
-        symbols.push_back(id);
-      } else if (unk) {
-        if (!(fuse_unk && !symbols.empty() && symbols.back() == *unk)) symbols.push_back(*unk);
+    if (!byte_level) {
+      char_symbols(piece, symbols);
+    } else {
+      for (const char ch : piece) {
+        const int32_t id = byte_id[static_cast<unsigned char>(ch)];
+        if (id >= 0) {
+          symbols.push_back(id);
+        } else if (unk) {
+          if (!(fuse_unk && !symbols.empty() && symbols.back() == *unk)) symbols.push_back(*unk);
+        }
       }
     }
+    if (symbols.size() > 64) merge_long(symbols);
     while (symbols.size() >= 2) {
       int32_t best_rank = INT32_MAX, best_id = -1;
       std::size_t best_at = 0;
@@ -645,6 +955,103 @@ struct WordPiece {
       }
       out.push_back(found);
       start = end;
+    }
+  }
+};
+
+/// Unigram (SentencePiece's, T5 and XLM-R): the segmentation of highest total score over the
+/// vocabulary's pieces (Viterbi, as tokenizers' encode_optimized), a character no piece starts
+/// with scored min_score - 10 as unk; consecutive unks fused; a fused unk's bytes as <0xXX>
+/// tokens with byte_fallback.
+struct Unigram {
+  StringMap<int32_t> vocab;
+  std::vector<double> scores;
+  std::optional<int32_t> unk;
+  bool byte_fallback = false;
+  std::array<int32_t, 256> fallback_id{};
+  std::size_t max_bytes = 0;  // the longest piece
+  double min_score = 0;
+  std::string where;
+  mutable std::mutex cache_mutex;
+  mutable StringMap<std::vector<int32_t>> cache;
+
+  void encode(std::string_view piece, std::vector<int64_t>& out) const {
+    if (piece.empty()) return;
+    {
+      std::lock_guard lock(cache_mutex);
+      if (const auto it = cache.find(piece); it != cache.end()) {
+        out.insert(out.end(), it->second.begin(), it->second.end());
+        return;
+      }
+    }
+    struct Node {
+      double score = 0;
+      std::size_t start = std::string_view::npos;  // npos: not reached
+      int32_t id = -1;
+    };
+    const std::size_t n = piece.size();
+    const double unk_score = min_score - 10.0;
+    std::vector<Node> best(n + 1);
+    for (std::size_t start = 0; start < n;) {
+      std::size_t after = start;
+      next_cp(piece, after);
+      const std::size_t char_bytes = after - start;
+      const double till = best[start].score;
+      bool single = false;
+      for (std::size_t len = 1; len <= max_bytes && start + len <= n; ++len) {
+        if (start + len < n && (static_cast<unsigned char>(piece[start + len]) & 0xC0) == 0x80) continue;
+        const auto it = vocab.find(piece.substr(start, len));
+        if (it == vocab.end()) continue;
+        const double candidate = scores[static_cast<std::size_t>(it->second)] + till;
+        Node& node = best[start + len];
+        if (node.start == std::string_view::npos || candidate > node.score) node = {candidate, start, it->second};
+        single = single || len == char_bytes;
+      }
+      if (!single) {
+        check(unk.has_value(), "{}: the text holds '{}', which no piece of the Unigram model starts with, and the "
+              "model has no unk_id", where, piece.substr(start, char_bytes));
+        Node& node = best[start + char_bytes];
+        const double candidate = unk_score + till;
+        if (node.start == std::string_view::npos || candidate > node.score) node = {candidate, start, *unk};
+      }
+      start = after;
+    }
+    // Back from the end: the pieces of the best path, consecutive unks as one string.
+    std::vector<std::pair<std::string_view, int32_t>> pieces;
+    std::size_t end = n, fused_end = std::string_view::npos;
+    while (end > 0) {
+      const Node& node = best[end];
+      if (unk && node.id == *unk) {
+        if (fused_end == std::string_view::npos) fused_end = end;
+      } else {
+        if (fused_end != std::string_view::npos) pieces.emplace_back(piece.substr(end, fused_end - end), *unk);
+        fused_end = std::string_view::npos;
+        pieces.emplace_back(piece.substr(node.start, end - node.start), node.id);
+      }
+      end = node.start;
+    }
+    if (fused_end != std::string_view::npos) pieces.emplace_back(piece.substr(0, fused_end), *unk);
+    std::vector<int32_t> ids;
+    for (auto it = pieces.rbegin(); it != pieces.rend(); ++it) {
+      const auto [text, id] = *it;
+      if (unk && id == *unk) {  // tokenizers: the string's own id, else its bytes, else unk
+        if (const auto found = vocab.find(text); found != vocab.end()) {
+          ids.push_back(found->second);
+          continue;
+        }
+        if (byte_fallback &&
+            std::all_of(text.begin(), text.end(), [&](char c) { return fallback_id[static_cast<unsigned char>(c)] >= 0; })) {
+          for (const char c : text) ids.push_back(fallback_id[static_cast<unsigned char>(c)]);
+          continue;
+        }
+      }
+      ids.push_back(id);
+    }
+    out.insert(out.end(), ids.begin(), ids.end());
+    if (n <= 256) {
+      std::lock_guard lock(cache_mutex);
+      if (cache.size() >= (1U << 18)) cache.clear();
+      cache.emplace(std::string(piece), std::move(ids));
     }
   }
 };
@@ -733,6 +1140,137 @@ struct AddedMatcher {
   }
 };
 
+// --- decoders ----------------------------------------------------------------------------
+
+/// Whether `bytes` is valid UTF-8 as a whole (Rust's String::from_utf8).
+inline bool valid_utf8(std::string_view bytes) {
+  for (std::size_t i = 0; i < bytes.size();) {
+    std::size_t maximal = 0;
+    const std::size_t n = utf8_sequence(bytes, i, maximal);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
+/// One decoder of the file's chain, as tokenizers' decode_chain: tokens in, tokens out.
+struct DecoderStep {
+  enum class Kind { byte_level, wordpiece, replace, byte_fallback, fuse, strip, metaspace } kind = Kind::fuse;
+  std::string prefix = "##";             // WordPiece's
+  bool cleanup = true;                   // WordPiece's
+  std::shared_ptr<const Regex> pattern;  // Replace's
+  std::string content;                   // Replace's content; Strip's character
+  std::size_t start = 0, stop = 0;       // Strip's counts
+  std::string replacement;               // Metaspace's
+  PrependScheme scheme = PrependScheme::always;
+
+  void apply(std::vector<std::string>& tokens) const {
+    switch (kind) {
+      case Kind::byte_level: {  // each character to its byte (a token outside the alphabet as it is), then lossy UTF-8
+        const ByteAlphabet& alphabet = byte_alphabet();
+        std::string bytes;
+        for (const std::string& t : tokens) bytes.append(alphabet.bytes_of(t).value_or(t));
+        tokens.assign(1, lossy_utf8(bytes));
+        return;
+      }
+      case Kind::wordpiece:
+        for (std::size_t i = 0; i < tokens.size(); ++i) {
+          std::string& token = tokens[i];
+          if (i != 0) {
+            if (token.starts_with(prefix)) token.erase(0, prefix.size());
+            else token.insert(0, " ");
+          }
+          if (cleanup)
+            for (const auto& [from, to] : std::initializer_list<std::pair<std::string_view, std::string_view>>{
+                     {" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"}, {" n't", "n't"}, {" 'm", "'m"},
+                     {" do not", " don't"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}})
+              for (std::size_t at = token.find(from); at != std::string::npos; at = token.find(from, at + to.size()))
+                token.replace(at, from.size(), to);
+        }
+        return;
+      case Kind::replace:
+        for (std::string& token : tokens) token = replace_all(token, *pattern, content);
+        return;
+      case Kind::byte_fallback: {  // runs of <0xXX> tokens as their bytes: text if valid UTF-8, else one U+FFFD a byte
+        std::vector<std::string> out;
+        std::string run;
+        const auto flush = [&] {
+          if (run.empty()) return;
+          if (valid_utf8(run)) out.push_back(run);
+          else out.insert(out.end(), run.size(), std::string("\xEF\xBF\xBD"));
+          run.clear();
+        };
+        for (std::string& token : tokens) {
+          if (const auto byte = fallback_byte(token)) {
+            run.push_back(static_cast<char>(*byte));
+            continue;
+          }
+          flush();
+          out.push_back(std::move(token));
+        }
+        flush();
+        tokens.swap(out);
+        return;
+      }
+      case Kind::fuse: {
+        std::string all;
+        for (const std::string& t : tokens) all += t;
+        tokens.assign(1, std::move(all));
+        return;
+      }
+      case Kind::strip:
+        for (std::string& token : tokens) {
+          std::vector<std::size_t> at;  // each character's first byte
+          for (std::size_t i = 0; i < token.size(); next_cp(token, i)) at.push_back(i);
+          const auto is_content = [&](std::size_t k) {
+            const std::size_t end = k + 1 < at.size() ? at[k + 1] : token.size();
+            return std::string_view(token).substr(at[k], end - at[k]) == content;
+          };
+          std::size_t first = 0, last = at.size();
+          while (first < start && first < at.size() && is_content(first)) ++first;
+          for (std::size_t n = 0; n < stop && last > first && is_content(last - 1); ++n) --last;
+          const std::size_t from = first < at.size() ? at[first] : token.size();
+          const std::size_t to = last < at.size() ? at[last] : token.size();
+          token = token.substr(from, to - from);
+        }
+        return;
+      case Kind::metaspace:
+        for (std::size_t i = 0; i < tokens.size(); ++i) {
+          std::string out;
+          const std::string& token = tokens[i];
+          for (std::size_t at = 0; at < token.size();) {
+            if (std::string_view(token).substr(at).starts_with(replacement)) {
+              if (!(i == 0 && scheme != PrependScheme::never)) out.push_back(' ');
+              at += replacement.size();
+            } else {
+              const std::size_t from = at;
+              next_cp(token, at);
+              out.append(token, from, at - from);
+            }
+          }
+          tokens[i] = std::move(out);
+        }
+        return;
+    }
+  }
+
+ private:
+  // "<0xXX>": the byte (tokenizers' u8::from_str_radix(.., 16) on the two characters).
+  static std::optional<int> fallback_byte(std::string_view t) {
+    if (t.size() != 6 || !t.starts_with("<0x") || t.back() != '>') return std::nullopt;
+    const auto digit = [](char c) -> int {
+      if (c >= '0' && c <= '9') return c - '0';
+      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+      if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+      return -1;
+    };
+    if (t[3] == '+') return digit(t[4]) >= 0 ? std::optional<int>(digit(t[4])) : std::nullopt;  // Rust takes a '+' sign
+    const int hi = digit(t[3]), lo = digit(t[4]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    return hi * 16 + lo;
+  }
+};
+
 }  // namespace tok
 
 using tok::flag;
@@ -744,11 +1282,11 @@ struct TokenizerImpl {
   std::optional<tok::PreTokenizer> pre_tokenizer;
   std::optional<tok::Bpe> bpe;
   std::optional<tok::WordPiece> wordpiece;
+  std::optional<tok::Unigram> unigram;
   tok::AddedMatcher raw_added, normalized_added;
   std::vector<int32_t> prefix, suffix;  // the post-processor's ids around one sequence
-  enum class Decoder { none, byte_level, wordpiece } decoder = Decoder::none;
-  std::string decoder_prefix = "##";
-  bool decoder_cleanup = true;
+  std::vector<tok::DecoderStep> decoders;  // the file's decoder, a Sequence flattened (empty: none)
+  bool has_decoder = false;
   std::vector<std::string> tokens;  // id -> spelling
   std::vector<std::string> bytes;   // id -> the ByteLevel decoder's bytes
   std::vector<char> special;        // id -> an added token marked special
@@ -759,7 +1297,7 @@ struct TokenizerImpl {
   void read_added(const nlohmann::json& added);
   void read_post_processor(const nlohmann::json& p, const std::string& field, std::vector<int32_t>& pre,
                            std::vector<int32_t>& post);
-  void read_decoder(const nlohmann::json& d);
+  void read_decoder(const nlohmann::json& d, const std::string& field = "decoder");
 
   [[nodiscard]] int32_t id_of(std::string_view token, std::string_view field) const {
     const auto it = ids.find(token);
@@ -789,10 +1327,13 @@ struct TokenizerImpl {
           continue;
         }
         pieces.assign(1, sub.text);
-        if (pre_tokenizer) pre_tokenizer->apply(pieces, arena);
+        // Whether this text begins the original one (Metaspace's prepend_scheme "first")
+        const bool at_start = seg.text.data() == text.data() && sub.text.data() == norm.data();
+        if (pre_tokenizer) pre_tokenizer->apply(pieces, arena, at_start);
         for (std::string_view piece : pieces) {
           if (piece.empty()) continue;
           if (bpe) bpe->encode(piece, out);
+          else if (unigram) unigram->encode(piece, out);
           else wordpiece->encode(piece, out);
         }
       }
@@ -817,6 +1358,37 @@ struct TokenizerImpl {
 
 LOOM_INLINE void TokenizerImpl::read_model(const nlohmann::json& m) {
   const std::string type = tok::type_of(m, where, "model");
+  if (type == "Unigram") {
+    check(m.contains("vocab") && m["vocab"].is_array() && !m["vocab"].empty() && m["vocab"].size() < static_cast<std::size_t>(tok::kIdLimit),
+          "{}: model.vocab must be a non-empty array of [piece, score] (Unigram), of fewer than {} pieces", where,
+          tok::kIdLimit);
+    tok::Unigram& u = unigram.emplace();
+    u.where = where;
+    const auto& v = m["vocab"];
+    tokens.resize(v.size());
+    u.scores.resize(v.size());
+    u.min_score = std::numeric_limits<double>::infinity();
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      check(v[i].is_array() && v[i].size() == 2 && v[i][0].is_string() && v[i][1].is_number(),
+            "{}: model.vocab[{}] must be [piece, score], got {}", where, i, v[i].dump().substr(0, 80));
+      tokens[i] = v[i][0].get<std::string>();
+      u.scores[i] = v[i][1].get<double>();
+      u.min_score = std::min(u.min_score, u.scores[i]);
+      ids[tokens[i]] = static_cast<int32_t>(i);  // a repeated piece: the later id, as tokenizers' map keeps it
+      u.max_bytes = std::max(u.max_bytes, tokens[i].size());
+    }
+    for (const auto& [token, id] : ids) u.vocab[token] = id;
+    if (m.contains("unk_id") && !m["unk_id"].is_null()) {
+      check(m["unk_id"].is_number_unsigned() && m["unk_id"].get<std::size_t>() < v.size(),
+            "{}: model.unk_id must be an index of model.vocab (0..{}), got {}", where, v.size() - 1, m["unk_id"].dump());
+      u.unk = m["unk_id"].get<int32_t>();
+    }
+    u.byte_fallback = flag(m, "byte_fallback", false);
+    u.fallback_id.fill(-1);
+    for (int byte = 0; byte < 256; ++byte)
+      if (const auto it = ids.find(fmt::format("<0x{:02X}>", byte)); it != ids.end()) u.fallback_id[static_cast<std::size_t>(byte)] = it->second;
+    return;
+  }
   check(m.contains("vocab") && m["vocab"].is_object(), "{}: model.vocab must be an object (token -> id)", where);
   int32_t size = 0;
   for (const auto& [token, id] : m["vocab"].items()) {
@@ -833,26 +1405,39 @@ LOOM_INLINE void TokenizerImpl::read_model(const nlohmann::json& m) {
     return id_of(m[key].get<std::string>(), std::string("model.") + key);
   };
   if (type == "BPE") {
-    check(pre_tokenizer && pre_tokenizer->has_byte_level(), "{}: model BPE without a ByteLevel pre_tokenizer is not supported (loom reads "
-          "byte-level BPE: GPT-2, Llama 3)", where);
     check(!m.contains("dropout") || m["dropout"].is_null(), "{}: model.dropout is not supported (BPE dropout; loom "
           "encodes deterministically)", where);
-    check(!flag(m, "byte_fallback", false), "{}: model.byte_fallback true is not supported (loom reads byte-level BPE)",
-          where);
-    for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
-      check(!m.contains(key) || m[key].is_null() || m[key] == "", "{}: model.{} is not supported (loom reads byte-level "
-            "BPE, which has none)", where, key);
     tok::Bpe& b = bpe.emplace();
+    // Byte-level behind a ByteLevel pre-tokenizer (GPT-2, Llama 3); else on characters
+    // (SentencePiece's layout, Llama 2's and Mistral's tokenizer.json).
+    b.byte_level = pre_tokenizer && pre_tokenizer->has_byte_level();
     b.ignore_merges = flag(m, "ignore_merges", false);
     b.fuse_unk = flag(m, "fuse_unk", false);
+    b.byte_fallback = flag(m, "byte_fallback", false);
     b.unk = unk_of("unk_token");
     b.byte_id.fill(-1);
-    const tok::ByteAlphabet& alphabet = tok::byte_alphabet();
-    for (const auto& [token, id] : ids) {
-      const std::optional<std::string> raw = alphabet.bytes_of(token);
-      if (!raw) continue;  // outside the alphabet: reachable as an added token only
-      b.vocab[*raw] = id;
-      if (raw->size() == 1) b.byte_id[static_cast<unsigned char>((*raw)[0])] = id;
+    b.fallback_id.fill(-1);
+    for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+      if (!m.contains(key) || m[key].is_null()) continue;
+      check(m[key].is_string(), "{}: model.{} must be a string, got {}", where, key, m[key].dump());
+      check(!b.byte_level || m[key] == "", "{}: model.{} is not supported with a ByteLevel pre_tokenizer (byte-level "
+            "BPE has none)", where, key);
+      (std::string_view(key) == "continuing_subword_prefix" ? b.prefix : b.suffix) = m[key].get<std::string>();
+    }
+    if (b.byte_level) {
+      check(!b.byte_fallback, "{}: model.byte_fallback true is not supported with a ByteLevel pre_tokenizer (every byte "
+            "has its token there)", where);
+      const tok::ByteAlphabet& alphabet = tok::byte_alphabet();
+      for (const auto& [token, id] : ids) {
+        const std::optional<std::string> raw = alphabet.bytes_of(token);
+        if (!raw) continue;  // outside the alphabet: reachable as an added token only
+        b.vocab[*raw] = id;
+        if (raw->size() == 1) b.byte_id[static_cast<unsigned char>((*raw)[0])] = id;
+      }
+    } else {
+      for (const auto& [token, id] : ids) b.vocab[token] = id;
+      for (int byte = 0; byte < 256; ++byte)
+        if (const auto it = ids.find(fmt::format("<0x{:02X}>", byte)); it != ids.end()) b.fallback_id[static_cast<std::size_t>(byte)] = it->second;
     }
     check(m.contains("merges") && m["merges"].is_array(), "{}: model.merges must be an array", where);
     const auto& merges = m["merges"];
@@ -873,7 +1458,10 @@ LOOM_INLINE void TokenizerImpl::read_model(const nlohmann::json& m) {
       }
       const int32_t a = id_of(left, "model.merges[" + std::to_string(r) + "]");
       const int32_t c = id_of(right, "model.merges[" + std::to_string(r) + "]");
-      const int32_t merged = id_of(left + right, "model.merges[" + std::to_string(r) + "]");
+      // tokenizers: the merged token is left + right without the continuing prefix
+      check(right.starts_with(b.prefix), "{}: model.merges[{}]'s right side '{}' does not start with the "
+            "continuing_subword_prefix '{}'", where, r, right, b.prefix);
+      const int32_t merged = id_of(left + right.substr(b.prefix.size()), "model.merges[" + std::to_string(r) + "]");
       b.merges.try_emplace(tok::Bpe::key(a, c), static_cast<int32_t>(r), merged);
     }
   } else if (type == "WordPiece") {
@@ -892,7 +1480,7 @@ LOOM_INLINE void TokenizerImpl::read_model(const nlohmann::json& m) {
       w.max_chars = m["max_input_chars_per_word"].get<std::size_t>();
     for (const auto& [token, id] : ids) w.vocab[token] = id;
   } else {
-    tok::unsupported(where, "model", "'" + type + "'", "BPE (byte-level) and WordPiece");
+    tok::unsupported(where, "model", "'" + type + "'", "BPE (byte-level or on characters), Unigram and WordPiece");
   }
 }
 
@@ -982,18 +1570,51 @@ LOOM_INLINE void TokenizerImpl::read_post_processor(const nlohmann::json& p, con
   }
 }
 
-LOOM_INLINE void TokenizerImpl::read_decoder(const nlohmann::json& d) {
+LOOM_INLINE void TokenizerImpl::read_decoder(const nlohmann::json& d, const std::string& field) {
   if (d.is_null()) return;
-  const std::string type = tok::type_of(d, where, "decoder");
+  has_decoder = true;
+  const std::string type = tok::type_of(d, where, field);
+  using Kind = tok::DecoderStep::Kind;
+  tok::DecoderStep step;
   if (type == "ByteLevel") {
-    decoder = Decoder::byte_level;
+    step.kind = Kind::byte_level;
   } else if (type == "WordPiece") {
-    decoder = Decoder::wordpiece;
-    decoder_prefix = d.value("prefix", std::string("##"));
-    decoder_cleanup = flag(d, "cleanup", true);
+    step.kind = Kind::wordpiece;
+    step.prefix = d.value("prefix", std::string("##"));
+    step.cleanup = flag(d, "cleanup", true);
+  } else if (type == "Replace") {
+    step.kind = Kind::replace;
+    step.pattern = tok::read_pattern(d, where, field);
+    step.content = tok::required_string(d, "content", where, field);
+  } else if (type == "ByteFallback") {
+    step.kind = Kind::byte_fallback;
+  } else if (type == "Fuse") {
+    step.kind = Kind::fuse;
+  } else if (type == "Strip") {
+    step.kind = Kind::strip;
+    step.content = tok::required_string(d, "content", where, field);
+    std::size_t at = 0;
+    check(!step.content.empty() && (tok::next_cp(step.content, at), at == step.content.size()),
+          "{}: {}.content must be one character, got '{}'", where, field, step.content);
+    for (const char* key : {"start", "stop"}) {
+      check(d.contains(key) && d[key].is_number_unsigned(), "{}: {}.{} must be a count (a whole number >= 0)", where,
+            field, key);
+      (std::string_view(key) == "start" ? step.start : step.stop) = d[key].get<std::size_t>();
+    }
+  } else if (type == "Metaspace") {
+    step.kind = Kind::metaspace;
+    bool split = true;
+    tok::read_metaspace(d, where, field, step.replacement, step.scheme, split);
+  } else if (type == "Sequence") {
+    check(d.contains("decoders") && d["decoders"].is_array(), "{}: {}.decoders must be an array", where, field);
+    for (std::size_t i = 0; i < d["decoders"].size(); ++i)
+      read_decoder(d["decoders"][i], field + ".decoders[" + std::to_string(i) + "]");
+    return;
   } else {
-    tok::unsupported(where, "decoder", "'" + type + "'", "ByteLevel, WordPiece and none");
+    tok::unsupported(where, field, "'" + type + "'",
+                     "ByteLevel, WordPiece, Replace, ByteFallback, Fuse, Strip, Metaspace, Sequence of these and none");
   }
+  decoders.push_back(std::move(step));
 }
 
 }  // namespace loom::data::detail
@@ -1111,38 +1732,30 @@ LOOM_INLINE SequenceBatch Tokenizer::operator()(std::span<const std::string> tex
 
 LOOM_INLINE std::string Tokenizer::decode(std::span<const int64_t> ids, bool skip_special_tokens) const {
   const detail::TokenizerImpl& t = *impl_;
-  std::string out;
-  bool first = true;
-  for (const int64_t id : ids) {
+  for (const int64_t id : ids)
     check(id >= 0 && static_cast<std::size_t>(id) < t.tokens.size(), "Tokenizer::decode: id {} is outside the "
           "vocabulary (0..{})", id, t.tokens.size() - 1);
-    const auto i = static_cast<std::size_t>(id);
-    if (skip_special_tokens && t.special[i]) continue;
-    switch (t.decoder) {
-      case detail::TokenizerImpl::Decoder::byte_level: out.append(t.bytes[i]); break;
-      case detail::TokenizerImpl::Decoder::none:
-        if (!first) out.push_back(' ');
-        out.append(t.tokens[i]);
-        break;
-      case detail::TokenizerImpl::Decoder::wordpiece: {
-        std::string token = t.tokens[i];
-        if (!first) {
-          if (token.starts_with(t.decoder_prefix)) token.erase(0, t.decoder_prefix.size());
-          else token.insert(0, " ");
-        }
-        if (t.decoder_cleanup)
-          for (const auto& [from, to] : std::initializer_list<std::pair<std::string_view, std::string_view>>{
-                   {" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"}, {" n't", "n't"}, {" 'm", "'m"},
-                   {" do not", " don't"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}})
-            for (std::size_t at = token.find(from); at != std::string::npos; at = token.find(from, at + to.size()))
-              token.replace(at, from.size(), to);
-        out.append(token);
-        break;
-      }
-    }
-    first = false;
+  const auto kept = [&](int64_t id) { return !(skip_special_tokens && t.special[static_cast<std::size_t>(id)]); };
+  using Kind = detail::tok::DecoderStep::Kind;
+  if (t.decoders.size() == 1 && t.decoders[0].kind == Kind::byte_level) {  // GPT-2's and Llama 3's: bytes read once
+    std::string out;
+    for (const int64_t id : ids)
+      if (kept(id)) out.append(t.bytes[static_cast<std::size_t>(id)]);
+    return detail::tok::lossy_utf8(out);
   }
-  return t.decoder == detail::TokenizerImpl::Decoder::byte_level ? detail::tok::lossy_utf8(out) : out;
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
+  for (const int64_t id : ids)
+    if (kept(id)) tokens.push_back(t.tokens[static_cast<std::size_t>(id)]);
+  // tokenizers: the decoder chain, then the tokens joined; without a decoder, joined by spaces
+  std::string out;
+  if (!t.has_decoder) {
+    for (std::size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
+    return out;
+  }
+  for (const auto& step : t.decoders) step.apply(tokens);
+  for (const auto& token : tokens) out += token;
+  return out;
 }
 
 LOOM_INLINE std::optional<int64_t> Tokenizer::token_to_id(std::string_view token) const {

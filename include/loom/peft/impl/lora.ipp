@@ -9,6 +9,7 @@
 #include <loom/core/host_memory.hpp>
 #include <loom/peft/lora.hpp>
 
+#include <ATen/autocast_mode.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
@@ -110,7 +111,7 @@ inline void check_adapter_memory(const std::vector<std::pair<std::string, Adapta
   bool on_host = false;
   for (const auto& [name, layer] : layers) {
     const auto& w = layer->weight;
-    const double elements = static_cast<double>(r) * static_cast<double>(w.size(0) + w.size(1));
+    const double elements = static_cast<double>(r) * static_cast<double>(layer->in_features() + layer->out_features());
     const bool half = w.scalar_type() == torch::kBFloat16 || w.scalar_type() == torch::kHalf;  // kept in float32
     parameters += elements;
     bytes += elements * static_cast<double>(half ? 4 : w.element_size());
@@ -221,7 +222,7 @@ LOOM_INLINE void validate(const LoraConfig& c, std::string_view where) {
 
 LOOM_INLINE AdaptableLinearImpl::AdaptableLinearImpl(int64_t in_features, int64_t out_features, bool with_bias,
                                                      bool fan_in_fan_out)
-    : fan_in_fan_out_(fan_in_fan_out) {
+    : fan_in_fan_out_(fan_in_fan_out), in_features_(in_features), out_features_(out_features) {
   // Zeros, drawing nothing from the generator: the model that holds the layer initializes it
   // (its init_weights), in the order of its own draws.
   weight = register_parameter("weight", fan_in_fan_out ? torch::zeros({in_features, out_features})
@@ -231,6 +232,21 @@ LOOM_INLINE AdaptableLinearImpl::AdaptableLinearImpl(int64_t in_features, int64_
 
 LOOM_INLINE torch::Tensor AdaptableLinearImpl::forward(const torch::Tensor& x) {
   torch::Tensor result;
+  if (quantized_) {
+    // bitsandbytes' Linear4bit.forward: input and bias in the compute dtype, the weight
+    // dequantized to it, the output back in the input's dtype.
+    const auto dtype = x.scalar_type();
+    const auto b = bias.defined() ? bias.to(compute_dtype_) : bias;
+    result = linear_4bit(x.to(compute_dtype_), *quantized_, b).to(dtype);
+    if (lora_A.is_empty() || detail::adapters_disabled()) return result;
+    // PEFT's LoRA on Linear4bit: the update computed in the adapter's dtype and brought to the
+    // result's before the sum (outside autocast).
+    auto in = x.to(lora_A->weight.scalar_type());
+    if (dropout_ > 0.0) in = torch::nn::functional::dropout(in, torch::nn::functional::DropoutFuncOptions().p(dropout_).training(is_training()));
+    auto update = lora_B(lora_A(in)) * scaling_;
+    if (!at::autocast::is_autocast_enabled(x.device().type())) update = update.to(result.scalar_type());
+    return result + update;
+  }
   if (fan_in_fan_out_) {  // HF's Conv1D: bias + x @ weight
     auto sizes = x.sizes().vec();
     sizes.back() = weight.size(1);
@@ -254,8 +270,7 @@ LOOM_INLINE void AdaptableLinearImpl::add_adapter(std::shared_ptr<const LoraConf
                          ? torch::kFloat
                          : weight.scalar_type();
   const auto options = torch::TensorOptions().dtype(dtype).device(weight.device());
-  const int64_t in = fan_in_fan_out_ ? weight.size(0) : weight.size(1);
-  const int64_t out = fan_in_fan_out_ ? weight.size(1) : weight.size(0);
+  const int64_t in = in_features_, out = out_features_;
   lora_A = register_module("lora_A", torch::nn::Linear(torch::nn::LinearOptions(in, config->r).bias(false)));
   lora_B = register_module("lora_B", torch::nn::Linear(torch::nn::LinearOptions(config->r, out).bias(false)));
   lora_A->to(options.device(), options.dtype().toScalarType());
@@ -276,13 +291,87 @@ LOOM_INLINE void AdaptableLinearImpl::merge_adapter() {
   if (!has_adapter()) return;
   {
     torch::NoGradGuard no_grad;
-    weight.add_(delta_weight().to(weight.scalar_type()));
+    if (quantized_) {
+      const auto& q = *quantized_;
+      const auto merged = base_weight(torch::kFloat) + (lora_B->weight.matmul(lora_A->weight) * scaling_).to(torch::kFloat);
+      quantized_ = peft::quantize_4bit(merged.to(q.dtype), q.quant_type, q.nested(), q.blocksize);
+    } else {
+      weight.add_(delta_weight().to(weight.scalar_type()));
+    }
   }
   unregister_module("lora_A");
   unregister_module("lora_B");
   lora_A = nullptr;
   lora_B = nullptr;
   config_.reset();
+}
+
+LOOM_INLINE void AdaptableLinearImpl::quantize_4bit(Bnb4Type type, bool nested, torch::ScalarType compute_dtype) {
+  check(!has_adapter(), "quantize_4bit: the layer carries a LoRA adapter; quantize the base before adding it");
+  check(!quantized_, "quantize_4bit: the layer is 4-bit already");
+  check(compute_dtype == torch::kFloat || compute_dtype == torch::kBFloat16 || compute_dtype == torch::kHalf,
+        "quantize_4bit: the compute dtype must be float32, bfloat16 or float16, got {}", c10::toString(compute_dtype));
+  torch::NoGradGuard no_grad;
+  const auto w = fan_in_fan_out_ ? weight.detach().t() : weight.detach();  // [out, in], as bitsandbytes holds it
+  quantized_ = peft::quantize_4bit(w, type, nested);
+  compute_dtype_ = compute_dtype;
+  // The parameter stays (a module cannot drop one) with no values: nothing counts, shards,
+  // saves or trains a float copy of the base.
+  weight.requires_grad_(false);
+  weight.set_data(torch::empty({0}, weight.options()));
+}
+
+LOOM_INLINE const Bnb4Weight& AdaptableLinearImpl::quantized_weight() const {
+  check(quantized_.has_value(), "quantized_weight: the layer is not 4-bit");
+  return *quantized_;
+}
+
+LOOM_INLINE torch::Tensor AdaptableLinearImpl::base_weight(torch::ScalarType dtype) const {
+  if (quantized_) return dequantize_4bit(*quantized_, dtype);
+  return (fan_in_fan_out_ ? weight.detach().t() : weight.detach()).to(dtype);
+}
+
+LOOM_INLINE void AdaptableLinearImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  torch::nn::Module::to(device, dtype, non_blocking);
+  if (quantized_) quantized_ = quantized_->to(device);
+}
+
+LOOM_INLINE void AdaptableLinearImpl::to(torch::Device device, bool non_blocking) {
+  torch::nn::Module::to(device, non_blocking);
+  if (quantized_) quantized_ = quantized_->to(device);
+}
+
+LOOM_INLINE int quantize_base_4bit(torch::nn::Module& model, const Bnb4Config& config,
+                                   const std::vector<std::string>& skip) {
+  const auto layers = detail::adaptable_layers(model);
+  for (const auto& [name, layer] : layers)
+    check(!layer->has_adapter(), "--load_in_4bit: the model already carries a LoRA adapter ({}); the base is made "
+          "4-bit before the adapter goes on", name);
+  // transformers' get_keys_to_not_convert: the module of the last parameter stays in full
+  // precision (the output layer: lm_head, a classifier's score).
+  std::string last;
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) last = p.key();
+  const auto owner = last.substr(0, last.rfind('.') == std::string::npos ? 0 : last.rfind('.'));
+  int count = 0;
+  for (const auto& [name, layer] : layers) {
+    if (layer->quantized() || name == owner) continue;
+    if (std::any_of(skip.begin(), skip.end(), [&n = name](const std::string& m) { return detail::inside_module(n, m); }))
+      continue;
+    layer->quantize_4bit(config.quant_type, config.use_double_quant, config.compute_dtype);
+    ++count;
+  }
+  return count;
+}
+
+LOOM_INLINE QuantizedBase quantized_base(const torch::nn::Module& model) {
+  QuantizedBase out;
+  for (const auto& [name, layer] : detail::adaptable_layers(model)) {
+    if (!layer->quantized()) continue;
+    ++out.layers;
+    out.values += layer->quantized_weight().numel();
+    out.bytes += layer->quantized_weight().bytes();
+  }
+  return out;
 }
 
 LOOM_INLINE int apply_lora(torch::nn::Module& model, const LoraConfig& config) {
@@ -553,24 +642,37 @@ LOOM_INLINE void merge_and_unload(torch::nn::Module& model) {
 LOOM_INLINE HiddenAdapters::HiddenAdapters(torch::nn::Module& model, bool merge) {
   torch::NoGradGuard no_grad;
   for (auto& [name, layer] : detail::adaptable_layers(model)) {
-    if (!layer->has_adapter()) continue;
+    // A 4-bit layer, merged, shows a float weight whether it carries an adapter or not.
+    const bool four_bit = merge && layer->quantized();
+    if (!layer->has_adapter() && !four_bit) continue;
     held_.push_back({layer, merge ? layer->weight.detach().clone() : torch::Tensor(), layer->lora_A, layer->lora_B,
                      layer->lora_config()});
-    if (merge) {
+    if (four_bit) {
+      // A float weight for the file: the 4-bit values dequantized plus the update, in the
+      // parameter's layout; the 4-bit state itself is left as it is.
+      auto merged = layer->base_weight(torch::kFloat);
+      if (layer->has_adapter())
+        merged += (layer->lora_B->weight.matmul(layer->lora_A->weight) * layer->scaling_).to(torch::kFloat);
+      layer->weight.set_data(layer->fan_in_fan_out() ? merged.t().contiguous() : merged);
+    } else if (merge) {
       layer->merge_adapter();
-    } else {
-      layer->unregister_module("lora_A");
-      layer->unregister_module("lora_B");
-      layer->lora_A = nullptr;
-      layer->lora_B = nullptr;
+      continue;
     }
+    if (!layer->has_adapter()) continue;
+    layer->unregister_module("lora_A");
+    layer->unregister_module("lora_B");
+    layer->lora_A = nullptr;
+    layer->lora_B = nullptr;
+    if (four_bit) layer->config_.reset();
   }
 }
 
 LOOM_INLINE HiddenAdapters::~HiddenAdapters() {
   torch::NoGradGuard no_grad;
   for (auto& h : held_) {
-    if (h.base.defined()) h.layer->weight.copy_(h.base);
+    if (h.base.defined() && h.layer->quantized()) h.layer->weight.set_data(h.base);  // empty again
+    else if (h.base.defined()) h.layer->weight.copy_(h.base);
+    if (h.a.is_empty()) continue;  // a 4-bit layer without an adapter
     // The same modules again: their tensors are the ones the optimizer steps.
     h.layer->lora_A = h.layer->register_module("lora_A", h.a);
     h.layer->lora_B = h.layer->register_module("lora_B", h.b);

@@ -8,6 +8,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace loom::peft {
@@ -106,12 +107,38 @@ LOOM_INLINE std::optional<LoraConfig> lora_config_from_args(const LoraArguments&
   return c;
 }
 
+LOOM_INLINE std::optional<Bnb4Config> bnb4_config_from_args(const LoraArguments& args) {
+  const LoraArguments defaults;
+  check(!args.load_in_8bit, "--load_in_8bit: loom has no 8-bit (LLM.int8) base; --load_in_4bit gives QLoRA's 4-bit one");
+  if (!args.load_in_4bit) {
+    for (const auto& [flag, given] : {std::pair{"bnb_4bit_quant_type", args.bnb_4bit_quant_type != defaults.bnb_4bit_quant_type},
+                                      std::pair{"use_bnb_nested_quant", args.use_bnb_nested_quant},
+                                      std::pair{"bnb_4bit_compute_dtype", args.bnb_4bit_compute_dtype != defaults.bnb_4bit_compute_dtype}})
+      check(!given, "--{} sets up a 4-bit base, and without --load_in_4bit there is none; add --load_in_4bit or drop it", flag);
+    return std::nullopt;
+  }
+  Bnb4Config c;
+  c.quant_type = bnb4_type_from_name(args.bnb_4bit_quant_type, "--bnb_4bit_quant_type");
+  c.use_double_quant = args.use_bnb_nested_quant;
+  const auto& d = args.bnb_4bit_compute_dtype;
+  if (d == "float32") c.compute_dtype = torch::kFloat;
+  else if (d == "bfloat16") c.compute_dtype = torch::kBFloat16;
+  else if (d == "float16") c.compute_dtype = torch::kHalf;
+  else fail("--bnb_4bit_compute_dtype \"{}\" is not one the 4-bit layers compute in: float32, bfloat16 or float16", d);
+  return c;
+}
+
 LOOM_INLINE std::optional<LoraConfig> prepare_lora(torch::nn::Module& model, const LoraArguments& args,
                                                    std::string_view model_type,
                                                    std::optional<std::string> base_model_name_or_path) {
   auto config = lora_config_from_args(args, model_type);
+  const auto bnb4 = bnb4_config_from_args(args);
+  check(!bnb4 || config.has_value(),
+        "--load_in_4bit: a 4-bit base is frozen, so training it needs an adapter (QLoRA); add --use_peft, or drop "
+        "--load_in_4bit to fine-tune the whole model");
   if (!config) return std::nullopt;
   if (base_model_name_or_path) config->base_model_name_or_path = std::move(base_model_name_or_path);
+  if (bnb4) check(quantize_base_4bit(model, *bnb4) > 0, "--load_in_4bit: the model has no linear layer to make 4-bit");
   if (args.lora_adapter) {
     load_adapter(model, *args.lora_adapter);
     return adapter_config(model);
