@@ -130,6 +130,13 @@ TEST_CASE("Tokenizer: the ids and text of `tokenizers` on the KJV text and hard 
     }
     CHECK(wrong == 0);
   }
+  // An added token the normalizer respells: id_to_token spells it normalized, token_to_id finds
+  // it by the file's spelling only (tokenizers' answers; its decode is checked above).
+  const Tokenizer bert = Tokenizer::from_file(p.dir / "bert_uncased.json");
+  const auto extra = bert.token_to_id("<Extra>");
+  REQUIRE(extra.has_value());
+  CHECK(bert.id_to_token(*extra) == "<extra>");
+  CHECK_FALSE(bert.token_to_id("<extra>").has_value());
 }
 
 TEST_CASE("Tokenizer: padded, truncated batches equal transformers' tokenizer(texts, padding=..., truncation=...)") {

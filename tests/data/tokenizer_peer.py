@@ -89,9 +89,40 @@ HARD = [
     "🙂" * 12,
     "<s> literal specials </s><s>and <unk> between, <0x41> spelled out, and ▁ the metaspace ▁▁ itself",
     " leading space, then two  and three   spaces; a trailing one ",
+    "<Extra> x <extra> <EXTRA>; ünïcödé word and Ünïcödé Word and unicode word",
 ]
 
 SPECIALS = ["<|endoftext|>", "[PAD]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def sweep_points():
+    """The code points of the Unicode sweep: every one assigned by Unicode 3.2 (Python's
+    unicodedata.ucd_3_2_0; their categories and decompositions are the same in every table
+    since, so a difference is loom's, not a Unicode version's), surrogates aside, and code points
+    unassigned in every version so far (gaps in Greek and Armenian, the noncharacters)."""
+    import unicodedata
+    old = unicodedata.ucd_3_2_0
+    uniform = [(0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xAC00, 0xD7A3), (0xE000, 0xF8FF), (0x20000, 0x2A6DF),
+               (0xF0000, 0x10FFFD)]  # CJK ideographs, Hangul syllables, private use: every 97th
+    points = [c for c in range(0x110000)
+              if not 0xD800 <= c <= 0xDFFF and old.category(chr(c)) != "Cn"
+              and not any(lo <= c <= hi and (c - lo) % 97 for lo, hi in uniform)]
+    points += [0x0378, 0x0379, 0x0380, 0x0381, 0x0382, 0x0383, 0x038B, 0x038D, 0x03A2, 0x0530, 0x0557, 0x0558,
+               0xFDD0, 0xFDEF, 0xFFFE, 0xFFFF, 0x1FFFE, 0x10FFFF]
+    # Left out: the code points whose category Unicode changed after 3.2, where each side
+    # answers with its own tables' version (docs/api.md, "Text in and out"): U+166D Po -> So
+    # (12.0), U+1734 Mn -> Mc (14.0), U+1885 and U+1886 Lo -> Mn (9.0), U+180E Zs -> Cf (6.3).
+    changed = {0x166D, 0x1734, 0x1885, 0x1886, 0x180E}
+    return [c for c in points if c not in changed]
+
+
+def unicode_sweep():
+    """Texts of 48 sweep points each: every point after a letter, before a letter, doubled and
+    alone between spaces: which characters count as letters, numbers, marks, whitespace or word
+    characters shows in where the pre-tokenizers and added tokens split, what the normalizers do
+    to them and which fall back to bytes or unk."""
+    points = sweep_points()
+    return [" ".join(f"a{chr(c)}b{chr(c)}{chr(c)} {chr(c)}" for c in points[i:i + 48]) for i in range(0, len(points), 48)]
 
 
 def verses(kjv_txt):
@@ -110,8 +141,9 @@ def make(kjv_txt, out):
     # Leviticus) show how long inputs and line breaks encode; all 156 took two thirds of the
     # test's time (long texts are the slow case of `tokenizers`' BPE) and found nothing more.
     texts += ["\n".join(lines[i:i + 200]) for i in range(0, DOCUMENT_VERSES, 200)]
-    texts += HARD
-    (out / "texts.json").write_text(json.dumps({"texts": texts, "hard": len(HARD), "verses": len(lines)}))
+    hard = HARD + unicode_sweep()
+    texts += hard
+    (out / "texts.json").write_text(json.dumps({"texts": texts, "hard": len(hard), "verses": len(lines)}))
 
     bpe = prepare.train_tokenizer(lines, 2000, 2, SPECIALS)
     bpe.save(str(out / "bpe.json"))
@@ -157,6 +189,10 @@ def make(kjv_txt, out):
     uncased.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
                                                            special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
     uncased.add_tokens(["Lord God"])
+    # Added tokens the normalizer respells (matched lowercased, spelled so by id_to_token and
+    # decode, found by token_to_id only as the file spells them; the special one never skipped)
+    uncased.add_special_tokens([AddedToken("<Extra>", normalized=True, special=True)])
+    uncased.add_tokens([AddedToken("Ünïcödé Word", normalized=True)])
     uncased.save(str(out / "bert_uncased.json"))
 
     cased = wordpiece(False)

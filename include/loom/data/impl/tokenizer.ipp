@@ -134,12 +134,14 @@ inline bool is_whitespace(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
          c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
-/// BertNormalizer's control characters: categories Cc, Cf, Cs, Co, Cn except \t \n \r.
+/// BertNormalizer's control characters: categories Cc, Cf, Cs and Co, except \t \n \r. Not Cn:
+/// `tokenizers` keeps an unassigned code point (its category tables count "other" as Cc, Cf,
+/// Co and Cs), which then goes to the model (WordPiece: [UNK]).
 inline bool is_control(char32_t c) {
   if (c == '\t' || c == '\n' || c == '\r') return false;
   const int k = category(c);
   return k == UTF8PROC_CATEGORY_CC || k == UTF8PROC_CATEGORY_CF || k == UTF8PROC_CATEGORY_CS ||
-         k == UTF8PROC_CATEGORY_CO || k == UTF8PROC_CATEGORY_CN;
+         k == UTF8PROC_CATEGORY_CO;
 }
 /// BertPreTokenizer's punctuation: ASCII punctuation or a Unicode P* category.
 inline bool is_punctuation(char32_t c) {
@@ -1503,11 +1505,15 @@ LOOM_INLINE void TokenizerImpl::read_added(const nlohmann::json& added) {
     special[static_cast<std::size_t>(id)] = is_special;
     // tokenizers: "normalized" defaults to the opposite of "special"
     if (flag(a, "normalized", !is_special)) {
-      // matched, and spelled by id_to_token and the decoder, as the normalizer writes it
+      // matched, and spelled by id_to_token and the decoder, as the normalizer writes it;
+      // token_to_id knows the file's spelling only, and decode skips a special token only
+      // when its spelling is the one in the special set (tokenizers: the file's), so a special
+      // token the normalizer respells is never skipped
       if (normalizer) {
-        t.content = normalizer->apply(t.content);
+        const std::string spelled = normalizer->apply(t.content);
+        if (spelled != t.content) special[static_cast<std::size_t>(id)] = 0;
+        t.content = spelled;
         tokens[static_cast<std::size_t>(id)] = t.content;
-        ids[t.content] = id;
       }
       normalized_added.tokens.push_back(std::move(t));
     } else {
