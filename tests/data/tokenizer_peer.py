@@ -227,7 +227,7 @@ def make(kjv_txt, out):
     # converters write Llama 2's (legacy) and newer (Metaspace) tokenizer.json files.
     sp = Tokenizer(models.BPE(unk_token="<unk>"))
     sp.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
-    sp.train_from_iterator(lines, trainer=trainers.BpeTrainer(vocab_size=1500, limit_alphabet=120, show_progress=False))
+    sp.train_from_iterator(lines[:8000], trainer=trainers.BpeTrainer(vocab_size=1500, limit_alphabet=120, show_progress=False))
     learned = json.loads(sp.to_str())["model"]
     pieces = sorted(learned["vocab"].items(), key=lambda kv: kv[1])
     sp_merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in learned["merges"]]
@@ -264,7 +264,7 @@ def unigram(lines, out):
     from sentencepiece import sentencepiece_model_pb2
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     corpus = out / "unigram_corpus.txt"
-    corpus.write_text("\n".join(lines[:20000]) + "\n", encoding="utf-8")
+    corpus.write_text("\n".join(lines[:8000]) + "\n", encoding="utf-8")
     spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(out / "unigram"), vocab_size=2000,
                                    model_type="unigram", character_coverage=0.9995, byte_fallback=True,
                                    normalization_rule_name="nmt_nfkc", minloglevel=2, num_threads=1)
