@@ -9,6 +9,7 @@
         qwen3   Qwen3ForCausalLM (q/k RMSNorm per head, perturbed from 1), head_dim 16
         mistral MistralForCausalLM with sliding_window 5: the prompt and the new tokens pass it
         phi3    Phi3ForCausalLM (qkv_proj, gate_up_proj fused) with sliding_window 6
+        gemma   GemmaForCausalLM ((1 + w) norms, scaled embeddings, GeGLU), tied
       then runs transformers' greedy generate (do_sample=False, the default DynamicCache) on
       fixed prompts and writes DIR/expected.safetensors:
         PREFIX_single_ids / _out       one prompt of 7 tokens, 12 new tokens
@@ -37,8 +38,9 @@ PAD = 0
 
 
 def models():
-    from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                              MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+    from transformers import (GemmaConfig, GemmaForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
+                              LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
+                              Qwen3Config, Qwen3ForCausalLM)
     torch.manual_seed(0)
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=97, n_positions=64, n_embd=32, n_layer=2, n_head=4,
                                       initializer_range=0.2, bos_token_id=None, eos_token_id=None,
@@ -68,7 +70,16 @@ def models():
                                       max_position_embeddings=64, original_max_position_embeddings=64,
                                       initializer_range=0.2, bos_token_id=None, eos_token_id=None, pad_token_id=None,
                                       attn_implementation="sdpa"))
-    return {"gpt2": gpt2, "llama": llama, "qwen3": qwen3, "mistral": mistral, "phi3": phi3}
+    torch.manual_seed(5)
+    gemma = GemmaForCausalLM(GemmaConfig(vocab_size=101, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                         max_position_embeddings=64, initializer_range=0.2, bos_token_id=None,
+                                         eos_token_id=None, pad_token_id=None, attn_implementation="sdpa"))
+    with torch.no_grad():  # Gemma's norms start at 0 (a factor of 1): perturbed, so that they count
+        for pname, p in gemma.named_parameters():
+            if pname.endswith("norm.weight"):
+                p.add_(0.3 * torch.randn_like(p))
+    return {"gpt2": gpt2, "llama": llama, "qwen3": qwen3, "mistral": mistral, "phi3": phi3, "gemma": gemma}
 
 
 def prompts(vocab):

@@ -22,6 +22,8 @@
         phi3           Phi3ForCausalLM (qkv_proj and gate_up_proj fused), sliding_window 8
         phi3_longrope  Phi3ForCausalLM with longrope, original_max_position_embeddings 16 < 24
         phi3_partial   phi3_longrope with partial_rotary_factor 0.5 (Phi-4-mini's layout)
+        gemma          GemmaForCausalLM ((1 + w) RMSNorm, embeddings times sqrt(hidden_size), GeGLU with
+                       gelu_pytorch_tanh), head_dim 16, tied
         llama_sharded  llama again, in shards with an index
         llama_bf16     llama saved in bfloat16
       and DIR/expected.safetensors: the inputs (labels with ignored tokens) and transformers'
@@ -68,13 +70,14 @@ CLASSES = {"llama": "LlamaForCausalLM", "llama_tied": "LlamaForCausalLM", "qwen2
            "mistral": "MistralForCausalLM", "llama_sharded": "LlamaForCausalLM", "llama_bf16": "LlamaForCausalLM",
            "merged": "LlamaForCausalLM", "llama_seqcls": "LlamaForSequenceClassification",
            "qwen2_reward": "Qwen2ForSequenceClassification", "gpt2_seqcls": "GPT2ForSequenceClassification",
-           "phi3": "Phi3ForCausalLM", "phi3_longrope": "Phi3ForCausalLM", "phi3_partial": "Phi3ForCausalLM"}
+           "phi3": "Phi3ForCausalLM", "phi3_longrope": "Phi3ForCausalLM", "phi3_partial": "Phi3ForCausalLM",
+           "gemma": "GemmaForCausalLM"}
 # Sequence classifiers (issue 39 point 1): their folders, and the labels each is checked with.
 SEQCLS = {"llama_seqcls": "cls_labels", "qwen2_reward": "reward_labels", "gpt2_seqcls": "multi_labels"}
 
 
 def configs():
-    from transformers import LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
+    from transformers import GemmaConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
     llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
     return {
@@ -116,6 +119,8 @@ def configs():
                                    pad_token_id=None, original_max_position_embeddings=16, rope_parameters={
                                        "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
                                        "short_factor": [1.0, 1.2, 1.5], "long_factor": [1.0, 2.0, 4.0]}),
+        # Gemma 1: (1 + w) norms, scaled embeddings, GeGLU; its norms drawn away from zero below.
+        "gemma": GemmaConfig(**BASE, num_key_value_heads=2, head_dim=16, pad_token_id=None),
     }
 
 

@@ -80,6 +80,7 @@ TEST_CASE("generate: greedy tokens equal transformers' generate, GPT-2, Llama (G
   check_against_transformers<loom::models::LlamaForCausalLM>("qwen3");
   check_against_transformers<loom::models::LlamaForCausalLM>("mistral");  // sliding_window 5 < 7 + 12 tokens
   check_against_transformers<loom::models::LlamaForCausalLM>("phi3");     // fused projections, sliding_window 6
+  check_against_transformers<loom::models::LlamaForCausalLM>("gemma");    // (1 + w) norms, scaled embeddings
 }
 
 TEST_CASE("generate: the sampling warpers equal transformers' (temperature, then top-k, then top-p)") {

@@ -78,7 +78,7 @@ inline std::string peft_check(const fs::path& base, const fs::path& adapter, con
 const std::vector<std::string> kFolders{"llama",         "llama_tied",   "qwen2",        "qwen3",      "mistral",
                                         "mistral_window", "qwen2_window", "llama_linear", "llama_yarn", "qwen3_yarn",
                                         "llama_dynamic",  "llama_longrope", "llama_sharded", "llama_bf16",
-                                        "phi3",           "phi3_longrope", "phi3_partial"};
+                                        "phi3",           "phi3_longrope", "phi3_partial", "gemma"};
 
 
 TEST_CASE("the Llama family counts its parameters from the config, for every variant of its layers") {
@@ -124,6 +124,14 @@ TEST_CASE("the Llama architecture's families are one table: names, keys and laye
   CHECK(l.head_dim == 12);
   CHECK(loom::peft::default_target_modules("qwen3") == std::vector<std::string>{"q_proj", "v_proj"});
   CHECK(loom::peft::default_target_modules("phi3").empty());  // PEFT's mapping has no phi3 entry either
+  CHECK(loom::peft::default_target_modules("gemma") == std::vector<std::string>{"q_proj", "v_proj"});
+  // Gemma: head_dim 256 unless given, norms starting at 0 (a factor of 1), "gelu" read as the tanh form.
+  auto g = tiny("gemma");
+  g.head_dim = std::nullopt, g.hidden_act = "gelu";
+  loom::models::complete_config(g);
+  CHECK(g.head_dim == 256);
+  CHECK(g.hidden_act == "gelu_pytorch_tanh");
+  CHECK(torch::equal(LlamaForCausalLM(tiny("gemma"))->model->norm->weight, torch::zeros({tiny("gemma").hidden_size})));
 }
 
 TEST_CASE("Llama, Qwen2, Qwen3 and Mistral folders made by transformers give its logits and loss in loom") {
@@ -357,8 +365,12 @@ TEST_CASE("Llama configs loom cannot compute are refused with a loom: line namin
   c = tiny();
   c.num_key_value_heads = 3;
   CHECK(error(c).find("must be a multiple of num_key_value_heads (3)") != std::string::npos);
+  c = tiny("gemma2");
+  CHECK(error(c).find("field 'model_type' is \"gemma2\"; loom's Llama architecture reads llama, qwen2, qwen3, mistral, "
+                      "phi3, gemma") != std::string::npos);
   c = tiny("gemma");
-  CHECK(error(c).find("field 'model_type' is \"gemma\"; loom's Llama architecture reads llama, qwen2, qwen3, mistral, phi3") !=
+  c.use_bidirectional_attention = true;
+  CHECK(error(c).find("field 'use_bidirectional_attention' is true; loom's Llama architecture attends causally") !=
         std::string::npos);
   c = tiny("qwen3");
   c.use_sliding_window = true;
@@ -366,7 +378,7 @@ TEST_CASE("Llama configs loom cannot compute are refused with a loom: line namin
   c = tiny();
   c.num_hidden_layers = 1'000'000'000;
   CHECK(error(c).find("field 'num_hidden_layers' must be a positive integer at most 1024") != std::string::npos);
-  for (const auto& e : {error(tiny("gemma")), error(c)}) CHECK(e.starts_with("loom: "));
+  for (const auto& e : {error(tiny("gemma2")), error(c)}) CHECK(e.starts_with("loom: "));
   // A Mistral window shorter than the sequence (transformers' logits: the folders above). With
   // one layer and rotary positions (relative), the last token sees exactly the last 8 tokens:
   // its logits equal those of those 8 tokens alone, and differ from a window that does not bind.

@@ -1,8 +1,8 @@
 #pragma once
-// The Llama architecture (transformers' LlamaForCausalLM), which also serves the Qwen2, Qwen3
-// and Mistral configs: the families differ in a few facts, one row each of kLlamaFamilies
-// (Qwen2: bias on q/k/v; Qwen3: an RMSNorm on each head of q and k; Mistral: a sliding
-// window). HF's parameter names and config.json, so an HF folder loads into it and what it
+// The Llama architecture (transformers' LlamaForCausalLM), which also serves the Qwen2, Qwen3,
+// Mistral, Phi-3 and Gemma configs: the families differ in a few facts, one row each of
+// kLlamaFamilies (Qwen2: bias on q/k/v; Qwen3: an RMSNorm on each head of q and k; Mistral: a
+// sliding window; Phi-3: fused projections; Gemma: (1 + w) norms and scaled embeddings). HF's parameter names and config.json, so an HF folder loads into it and what it
 // saves opens in transformers as the same class.
 //
 //   auto model = loom::models::LlamaForCausalLM::from_pretrained("llama-folder");
@@ -21,7 +21,8 @@
 // enable_gqa and is_causal, the SwiGLU MLP down(act(gate(x)) * up(x)), and the causal LM loss
 // of causal_lm.hpp.
 //
-// Supported: model_type llama, qwen2, qwen3, mistral, phi3 (q, k, v and gate, up fused); rope_parameters (or the older rope_theta /
+// Supported: model_type llama, qwen2, qwen3, mistral, phi3 (q, k, v and gate, up fused), gemma
+// (Gemma 1: RMSNorm by (1 + weight), embeddings times sqrt(hidden_size), head_dim 256 unless given); rope_parameters (or the older rope_theta /
 // rope_scaling keys) of rope_type "default", "linear", "dynamic" (NTK, recomputed past
 // max_position_embeddings as transformers' rotary embedding does, state included), "yarn" (its
 // attention factor, mscale, beta and truncate keys), "longrope" (short / long factors) or
@@ -72,6 +73,7 @@ struct LlamaFamily {
     window_keys = 1u << 3,         ///< use_sliding_window, max_window_layers, layer_types (Qwen's)
     sliding_window_key = 1u << 4,  ///< sliding_window
     phi3_keys = 1u << 5,           ///< resid_pdrop, embd_pdrop, original_max_position_embeddings (Phi-3's)
+    bidirectional_key = 1u << 6,   ///< use_bidirectional_attention (Gemma's)
   };
   std::string_view model_type;     ///< config.json's model_type
   std::string_view causal_lm;      ///< transformers' causal LM class (config.json's architectures)
@@ -84,10 +86,13 @@ struct LlamaFamily {
   int64_t default_head_dim = 0;    ///< head_dim when config.json has none (0: hidden_size / num_attention_heads)
   bool fused_projections = false;  ///< q, k, v as one qkv_proj and gate, up as one gate_up_proj (Phi-3)
   bool partial_rotary = false;     ///< rope_parameters.partial_rotary_factor turns only part of each head (Phi-3)
+  bool norm_plus_one = false;      ///< RMSNorm scales by (1 + weight) in float32, weights starting at 0 (Gemma)
+  bool embed_scale = false;        ///< the embeddings times sqrt(hidden_size) (Gemma)
+  bool gelu_means_tanh = false;    ///< hidden_act "gelu" is read as "gelu_pytorch_tanh" (GemmaConfig's legacy rule)
 };
 
 /// The families LlamaForCausalLM reads, facts from transformers' config and modeling files.
-inline constexpr std::array<LlamaFamily, 5> kLlamaFamilies{{
+inline constexpr std::array<LlamaFamily, 6> kLlamaFamilies{{
     {.model_type = "llama", .causal_lm = "LlamaForCausalLM",
      .sequence_classification = "LlamaForSequenceClassification", .decoder_layer = "LlamaDecoderLayer",
      .keys = LlamaFamily::attention_bias_key | LlamaFamily::mlp_bias_key | LlamaFamily::head_dim_key},
@@ -106,13 +111,17 @@ inline constexpr std::array<LlamaFamily, 5> kLlamaFamilies{{
      .sequence_classification = "Phi3ForSequenceClassification", .decoder_layer = "Phi3DecoderLayer",
      .keys = LlamaFamily::sliding_window_key | LlamaFamily::phi3_keys, .window_attends = true,
      .fused_projections = true, .partial_rotary = true},
+    {.model_type = "gemma", .causal_lm = "GemmaForCausalLM",
+     .sequence_classification = "GemmaForSequenceClassification", .decoder_layer = "GemmaDecoderLayer",
+     .keys = LlamaFamily::attention_bias_key | LlamaFamily::head_dim_key | LlamaFamily::bidirectional_key,
+     .default_head_dim = 256, .norm_plus_one = true, .embed_scale = true, .gelu_means_tanh = true},
 }};
 
 /// transformers' LlamaConfig, with the fields Qwen2Config, Qwen3Config and MistralConfig add:
 /// HF's field names and Llama's defaults (config.json reads into it; model_type says which
 /// family, a row of kLlamaFamilies).
 struct LlamaConfig {
-  std::string model_type = "llama";                  ///< llama, qwen2, qwen3, mistral or phi3
+  std::string model_type = "llama";                  ///< llama, qwen2, qwen3, mistral, phi3 or gemma
   int64_t vocab_size = 32000;                        ///< tokens in the vocabulary
   int64_t hidden_size = 4096;                        ///< hidden size
   int64_t intermediate_size = 11008;                 ///< MLP width
@@ -138,6 +147,7 @@ struct LlamaConfig {
   double resid_pdrop = 0.0;                          ///< (Phi-3) dropout on the attention's and the MLP's outputs before each residual sum (training)
   double embd_pdrop = 0.0;                           ///< (Phi-3: in its config, unused by transformers' model; kept for the round trip)
   std::optional<int64_t> original_max_position_embeddings;  ///< (Phi-3) the pretrained length longrope scales from (also read from rope_parameters)
+  std::optional<bool> use_bidirectional_attention;   ///< (Gemma) must be unset or false: loom's attention is causal
   bool mlp_bias = false;                             ///< bias on gate, up and down (Llama)
   std::optional<bool> use_sliding_window;            ///< (Qwen: the sliding_attention layers have a window)
   std::optional<int64_t> sliding_window;             ///< keys a query sees (Mistral: every layer; Qwen: with use_sliding_window)
@@ -199,12 +209,14 @@ LOOM_INLINE void init_llama_weights(torch::nn::Module& module, const LlamaConfig
 /// Llama's RMSNorm: weight * (x / sqrt(mean(x^2) + eps)), computed in float32.
 class LlamaRMSNormImpl : public torch::nn::Module {
  public:
-  LOOM_INLINE LlamaRMSNormImpl(int64_t hidden_size, double eps);
+  /// `plus_one`: Gemma's RMSNorm, (x / rms) * (1 + weight) in float32 then cast, weight starting at 0.
+  LOOM_INLINE LlamaRMSNormImpl(int64_t hidden_size, double eps, bool plus_one = false);
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor weight;
 
  private:
   double eps_;
+  bool plus_one_ = false;
 };
 TORCH_MODULE(LlamaRMSNorm);
 
@@ -294,6 +306,8 @@ class LlamaModelImpl : public torch::nn::Module {
   LOOM_INLINE std::pair<torch::Tensor, torch::Tensor> rotary(int64_t seq, const torch::Device& device);
   /// The same for int64 positions [batch, seq]: [batch, seq, head_dim] each.
   LOOM_INLINE std::pair<torch::Tensor, torch::Tensor> rotary(const torch::Tensor& positions);
+  /// The token embeddings of `input_ids` (Gemma's scaled by sqrt(hidden_size)).
+  LOOM_INLINE torch::Tensor embed(const torch::Tensor& input_ids);
   torch::nn::Embedding embed_tokens{nullptr};
   NEFTune embedding_noise;                               ///< on embed_tokens' output while training
   torch::nn::ModuleList layers{nullptr};                 ///< registered as "layers"
@@ -303,6 +317,7 @@ class LlamaModelImpl : public torch::nn::Module {
  private:
   torch::Tensor inv_freq_;  // the rope's frequencies (float32, on the device of the last forward)
   double attention_scaling_ = 1.0;
+  std::optional<double> embed_scale_;  // Gemma's embedding scale
   // The rope types whose frequencies follow the sequence (transformers' dynamic_rope_update):
   // dynamic NTK recomputes them past max_position_embeddings, longrope switches to its long
   // factors past original_max_position_embeddings.

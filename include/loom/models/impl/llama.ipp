@@ -81,6 +81,7 @@ LOOM_INLINE bool LlamaConfig::written(std::string_view key) const {
   if (key == "head_dim") return has(LlamaFamily::head_dim_key);
   if (key == "resid_pdrop" || key == "embd_pdrop" || key == "original_max_position_embeddings")
     return has(LlamaFamily::phi3_keys);
+  if (key == "use_bidirectional_attention") return has(LlamaFamily::bidirectional_key);
   // A classifier's labels (complete_labels filled them), as transformers writes them: not a
   // causal LM's, and num_labels never (id2label says it).
   if (key == "num_labels") return false;
@@ -114,6 +115,8 @@ LOOM_INLINE void complete_config(LlamaConfig& c) {
     }
     if (!c.original_max_position_embeddings) c.original_max_position_embeddings = 4096;  // Phi3Config's default
   }
+  if (const auto* family = find_llama_family(c.model_type); family && family->gelu_means_tanh && c.hidden_act == "gelu")
+    c.hidden_act = "gelu_pytorch_tanh";  // GemmaConfig: the official releases' "gelu" meant the tanh approximation
   if (!c.num_key_value_heads) c.num_key_value_heads = c.num_attention_heads;
   // A family whose HF config defaults head_dim (Qwen3's 128) takes that default; the others
   // hidden_size / num_attention_heads.
@@ -159,6 +162,8 @@ LOOM_INLINE void validate(const LlamaConfig& c, std::string_view where) {
   check(c.embd_pdrop >= 0.0 && c.embd_pdrop < 1.0, "{}: field 'embd_pdrop' must be in [0, 1), got {}", where,
         c.embd_pdrop);
   if (c.original_max_position_embeddings) positive(*c.original_max_position_embeddings, "original_max_position_embeddings");
+  check(!c.use_bidirectional_attention.value_or(false),
+        "{}: field 'use_bidirectional_attention' is true; loom's Llama architecture attends causally (a decoder)", where);
   if (c.rope_parameters.is_object() && c.rope_parameters.contains("partial_rotary_factor")) {
     const auto& factor = c.rope_parameters["partial_rotary_factor"];
     // Only Phi-3's attention turns part of each head (transformers' other families' would not).
@@ -301,8 +306,9 @@ LOOM_INLINE int64_t parameter_count(const LlamaConfig& c) {
 
 // ---- norm, attention, MLP, layer ----------------------------------------------------------
 
-LOOM_INLINE LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t hidden_size, double eps) : eps_(eps) {
-  weight = register_parameter("weight", torch::ones({hidden_size}));
+LOOM_INLINE LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t hidden_size, double eps, bool plus_one)
+    : eps_(eps), plus_one_(plus_one) {
+  weight = register_parameter("weight", plus_one ? torch::zeros({hidden_size}) : torch::ones({hidden_size}));
 }
 
 LOOM_INLINE torch::Tensor LlamaRMSNormImpl::forward(const torch::Tensor& x) {
@@ -310,6 +316,9 @@ LOOM_INLINE torch::Tensor LlamaRMSNormImpl::forward(const torch::Tensor& x) {
   const auto h = x.to(torch::kFloat);
   const auto variance = h.pow(2).mean(-1, /*keepdim=*/true);
   const auto normed = h * torch::rsqrt(variance + eps_);
+  // GemmaRMSNorm: the product in float32, then the input's dtype; Llama's: the weight times the
+  // normed input already in the input's dtype.
+  if (plus_one_) return (normed * (1.0 + weight.to(torch::kFloat))).to(dtype);
   return weight * normed.to(dtype);
 }
 
@@ -332,8 +341,8 @@ LOOM_INLINE LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, int64_t
     o_proj = register_module("o_proj", linear(heads_ * head_dim_, c.hidden_size, c.attention_bias));
   }
   if (llama_family(c).qk_norm) {  // registered after o_proj, as Qwen3Attention's
-    q_norm = register_module("q_norm", LlamaRMSNorm(head_dim_, c.rms_norm_eps));
-    k_norm = register_module("k_norm", LlamaRMSNorm(head_dim_, c.rms_norm_eps));
+    q_norm = register_module("q_norm", LlamaRMSNorm(head_dim_, c.rms_norm_eps, llama_family(c).norm_plus_one));
+    k_norm = register_module("k_norm", LlamaRMSNorm(head_dim_, c.rms_norm_eps, llama_family(c).norm_plus_one));
   }
 }
 
@@ -497,8 +506,10 @@ LOOM_INLINE LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, i
     : decoder_layer_(llama_family(c).decoder_layer), resid_dropout_(c.resid_pdrop) {
   self_attn = register_module("self_attn", LlamaAttention(c, layer));
   mlp = register_module("mlp", LlamaMLP(c));
-  input_layernorm = register_module("input_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
-  post_attention_layernorm = register_module("post_attention_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
+  const bool plus_one = llama_family(c).norm_plus_one;
+  input_layernorm = register_module("input_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps, plus_one));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps, plus_one));
 }
 
 LOOM_INLINE torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
@@ -527,7 +538,9 @@ LOOM_INLINE LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) {
     units.push_back(full_shard_unit(LlamaDecoderLayer(c, i)));
     layers->push_back(units.back());
   }
-  norm = register_module("norm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
+  norm = register_module("norm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps, llama_family(c).norm_plus_one));
+  // Gemma's scaled embedding: sqrt(hidden_size) (Python's hidden_size**0.5) as a float32 scalar.
+  if (llama_family(c).embed_scale) embed_scale_ = std::pow(static_cast<double>(c.hidden_size), 0.5);
   // The rope's inverse frequencies (transformers' rope init functions), in float32.
   // The rotary width: the head's, or its first partial_rotary_factor share (Phi-3's; int() as transformers).
   const int64_t dim = static_cast<int64_t>(static_cast<double>(c.head_dim.value_or(c.hidden_size / c.num_attention_heads)) *
@@ -601,6 +614,14 @@ LOOM_INLINE LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) {
   rope_dim_ = dim;
   max_positions_ = max_seq_len_cached_ = c.max_position_embeddings;
   original_inv_freq_ = inv_freq.clone();
+}
+
+LOOM_INLINE torch::Tensor LlamaModelImpl::embed(const torch::Tensor& input_ids) {
+  auto x = embed_tokens(input_ids);
+  if (!embed_scale_) return x;
+  // GemmaTextScaledWordEmbedding: times the scale as a float32 tensor cast to the weight's dtype.
+  const auto scale = torch::scalar_tensor(*embed_scale_, torch::TensorOptions().dtype(torch::kFloat).device(x.device()));
+  return x * scale.to(embed_tokens->weight.scalar_type());
 }
 
 LOOM_INLINE std::pair<torch::Tensor, torch::Tensor> LlamaModelImpl::rotary(int64_t seq, const torch::Device& device) {
@@ -678,7 +699,7 @@ LOOM_INLINE torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids
     mask = detail::packed_attention_mask(positions);
     if (varlen && input_ids.is_cuda()) cu_seqlens = detail::packed_cu_seqlens(positions);
   }
-  auto x = embedding_noise(embed_tokens(input_ids), is_training());
+  auto x = embedding_noise(embed(input_ids), is_training());
   auto [cos, sin] = position_ids.defined() ? rotary(position_ids.to(x.device())) : rotary(input_ids.size(1), x.device());
   cos = cos.to(x.scalar_type());
   sin = sin.to(x.scalar_type());
@@ -692,7 +713,7 @@ LOOM_INLINE torch::Tensor LlamaModelImpl::forward_step(const DecodeStep& step) {
   const int64_t query = step.input_ids.size(1);
   const int64_t past = step.cache != nullptr ? step.cache->seq_length() : 0;
   if (step.cache != nullptr) step.cache->layers.resize(units.size());
-  auto x = embed_tokens(step.input_ids);
+  auto x = embed(step.input_ids);
   auto [cos, sin] = rotary(step.position_ids.to(x.device()));
   cos = cos.to(x.scalar_type());
   sin = sin.to(x.scalar_type());
