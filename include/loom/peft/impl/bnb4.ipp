@@ -255,7 +255,6 @@ LOOM_INLINE Bnb4Weight quantize_4bit(const torch::Tensor& weight, Bnb4Type type,
 LOOM_INLINE torch::Tensor dequantize_4bit(const Bnb4Weight& q, torch::ScalarType dtype) {
   torch::NoGradGuard no_grad;
   const int64_t n = q.numel();
-  const auto scales = q.block_absmax().to(torch::kCPU, torch::kFloat).contiguous();
   const auto code = code_4bit(q.quant_type);
   if (!q.packed.device().is_cpu()) {
     // On a device: the same arithmetic in tensor ops (each value code * absmax in float32).
@@ -266,6 +265,7 @@ LOOM_INLINE torch::Tensor dequantize_4bit(const Bnb4Weight& q, torch::ScalarType
     const auto block = torch::div(torch::arange(n, idx.options()), q.blocksize, "floor");
     return (values * q.block_absmax().to(torch::kFloat).index_select(0, block)).reshape(q.shape).to(dtype);
   }
+  const auto scales = q.block_absmax().to(torch::kFloat).contiguous();
   const auto packed = q.packed.contiguous();
   auto out = torch::empty({n}, torch::kFloat);
   const uint8_t* in = packed.data_ptr<uint8_t>();
