@@ -445,7 +445,12 @@ struct Charsmap {
   [[nodiscard]] std::string apply(std::string_view s) const {
     std::string out;
     out.reserve(s.size());
-    const auto one_by_one = [&](std::string_view grapheme) {
+    const auto emit = [&](std::string_view grapheme) {
+      if (grapheme.size() < 6)
+        if (const auto whole = transform(grapheme)) {
+          out.append(*whole);
+          return;
+        }
       for (std::size_t i = 0; i < grapheme.size();) {
         const std::size_t start = i;
         next_cp(grapheme, i);
@@ -461,20 +466,12 @@ struct Charsmap {
       const std::size_t at = i;
       const char32_t c = next_cp(s, i);
       if (at > 0 && utf8proc_grapheme_break_stateful(static_cast<utf8proc_int32_t>(previous), static_cast<utf8proc_int32_t>(c), &state)) {
-        const std::string_view g = s.substr(begin, at - begin);
-        const auto r = g.size() < 6 ? transform(g) : std::nullopt;
-        if (r) out.append(*r);
-        else one_by_one(g);
+        emit(s.substr(begin, at - begin));
         begin = at;
       }
       previous = c;
     }
-    if (begin < s.size()) {
-      const std::string_view g = s.substr(begin);
-      const auto r = g.size() < 6 ? transform(g) : std::nullopt;
-      if (r) out.append(*r);
-      else one_by_one(g);
-    }
+    if (begin < s.size()) emit(s.substr(begin));
     return out;
   }
 };
@@ -961,6 +958,15 @@ struct WordPiece {
   }
 };
 
+/// The ids of the <0x00> .. <0xFF> tokens of `ids` (-1 where one is missing): byte_fallback's.
+inline std::array<int32_t, 256> fallback_ids(const StringMap<int32_t>& ids) {
+  std::array<int32_t, 256> out{};
+  out.fill(-1);
+  for (int byte = 0; byte < 256; ++byte)
+    if (const auto it = ids.find(fmt::format("<0x{:02X}>", byte)); it != ids.end()) out[static_cast<std::size_t>(byte)] = it->second;
+  return out;
+}
+
 /// Unigram (SentencePiece's, T5 and XLM-R): the segmentation of highest total score over the
 /// vocabulary's pieces (Viterbi, as tokenizers' encode_optimized), a character no piece starts
 /// with scored min_score - 10 as unk; consecutive unks fused; a fused unk's bytes as <0xXX>
@@ -1386,9 +1392,7 @@ LOOM_INLINE void TokenizerImpl::read_model(const nlohmann::json& m) {
       u.unk = m["unk_id"].get<int32_t>();
     }
     u.byte_fallback = flag(m, "byte_fallback", false);
-    u.fallback_id.fill(-1);
-    for (int byte = 0; byte < 256; ++byte)
-      if (const auto it = ids.find(fmt::format("<0x{:02X}>", byte)); it != ids.end()) u.fallback_id[static_cast<std::size_t>(byte)] = it->second;
+    u.fallback_id = tok::fallback_ids(ids);
     return;
   }
   check(m.contains("vocab") && m["vocab"].is_object(), "{}: model.vocab must be an object (token -> id)", where);
@@ -1418,7 +1422,7 @@ LOOM_INLINE void TokenizerImpl::read_model(const nlohmann::json& m) {
     b.byte_fallback = flag(m, "byte_fallback", false);
     b.unk = unk_of("unk_token");
     b.byte_id.fill(-1);
-    b.fallback_id.fill(-1);
+    b.fallback_id.fill(-1);  // byte-level: none
     for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
       if (!m.contains(key) || m[key].is_null()) continue;
       check(m[key].is_string(), "{}: model.{} must be a string, got {}", where, key, m[key].dump());
@@ -1438,8 +1442,7 @@ LOOM_INLINE void TokenizerImpl::read_model(const nlohmann::json& m) {
       }
     } else {
       for (const auto& [token, id] : ids) b.vocab[token] = id;
-      for (int byte = 0; byte < 256; ++byte)
-        if (const auto it = ids.find(fmt::format("<0x{:02X}>", byte)); it != ids.end()) b.fallback_id[static_cast<std::size_t>(byte)] = it->second;
+      b.fallback_id = tok::fallback_ids(ids);
     }
     check(m.contains("merges") && m["merges"].is_array(), "{}: model.merges must be an array", where);
     const auto& merges = m["merges"];
