@@ -67,9 +67,13 @@ inline loom::data::TokenFileMeta read_token_folder(const std::filesystem::path& 
 /// The model of the HF folder `args.model_name_or_path` (Model::from_pretrained: model.safetensors
 /// or shards, names and shapes checked), or one drawn from torch's generator with `random_config`.
 /// The folder is then cleared from `args`: the Trainer would read its model.safetensors again,
-/// with a stricter reader that knows no shards.
+/// with a stricter reader that knows no shards. With `deferred` the model is built under
+/// loom::DeferredInit: no parameter holds memory until the Trainer materializes it (under
+/// FullShard, only this rank's slices, read from the folder's files or initialized).
 template <class Model, class Config>
-Model pretrained_or_random(loom::TrainingArguments& args, const Config& random_config) {
+Model pretrained_or_random(loom::TrainingArguments& args, const Config& random_config, bool deferred = false) {
+  std::optional<loom::DeferredInit> scope;
+  if (deferred) scope.emplace();
   if (!args.model_name_or_path) return Model(random_config);
   auto model = Model::from_pretrained(*args.model_name_or_path);
   args.model_name_or_path.reset();

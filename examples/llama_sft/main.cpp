@@ -201,7 +201,11 @@ int main(int argc, char** argv) {
     if (base_plan.resumed_base) args.model_name_or_path = base_plan.resumed_base;
     std::optional<std::string> base = args.model_name_or_path;
     const std::string origin = base ? *base : std::string("random init");
-    auto model = hf_example::pretrained_or_random<LlamaForCausalLM>(args, config);
+    // Under FullShard the model is built without memory (loom::DeferredInit) and each rank
+    // materializes only its slices, unless this program must write the random base whole
+    // first, or quantize a whole base to 4 bits.
+    const bool deferred = loom::sharding_chosen(args).shards_parameters && !(lora && !base) && !lora_args.load_in_4bit;
+    auto model = hf_example::pretrained_or_random<LlamaForCausalLM>(args, config, deferred);
     // The random base is written aside now (the Trainer may shard the model) and put in place
     // once the Trainer has accepted the run; a start that fails leaves output_dir as it was.
     std::optional<saved_base::Staged> staged;
@@ -220,8 +224,8 @@ int main(int argc, char** argv) {
       const auto four_bit = loom::peft::quantized_base(*model);  // --load_in_4bit: values held in 4 bits
       total += trainable + four_bit.values;
       const auto& c = model->config();
-      fmt::print("llama_sft: {} ({}) with {} layers, width {}: {:.2f} M parameters, {} trainable ({:.2f}%){}{}\n",
-                 model->architecture_name(), origin, c.num_hidden_layers, c.hidden_size,
+      fmt::print("llama_sft: {} ({}{}) with {} layers, width {}: {:.2f} M parameters, {} trainable ({:.2f}%){}{}\n",
+                 model->architecture_name(), origin, deferred ? ", built without memory: each rank materializes its shards" : "", c.num_hidden_layers, c.hidden_size,
                  static_cast<double>(total) / 1e6, trainable, 100.0 * static_cast<double>(trainable) / static_cast<double>(total),
                  adapter ? fmt::format(", LoRA r={} alpha={}", adapter->r, adapter->lora_alpha) : std::string(", full fine-tuning"),
                  four_bit.layers == 0 ? std::string()

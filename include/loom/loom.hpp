@@ -13,6 +13,7 @@
 #include <loom/config/reflect.hpp>
 #include <loom/config/training_arguments.hpp>
 #include <loom/config/validate.hpp>
+#include <loom/core/deferred.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/metrics.hpp>
 #include <loom/core/state.hpp>

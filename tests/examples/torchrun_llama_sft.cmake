@@ -38,4 +38,23 @@ foreach(policy ddp full_shard)
   list(APPEND qlora_dirs "${OUT}")
 endforeach()
 hf_check(same --keys train_loss eval_loss -- ${qlora_dirs})
+# Full fine-tuning under DDP and FullShard from the same random init: under FullShard the
+# model is built without memory (loom::DeferredInit) and each rank materializes only its
+# slices of the seeded initialization; the same losses as DDP's whole model.
+set(full_dirs)
+foreach(policy ddp full_shard)
+  set(OUT "${base}/full_${policy}")
+  if(policy STREQUAL "full_shard")
+    set(banner "built without memory: each rank materializes its shards")
+  else()
+    set(banner "llama_sft: [0-9]+ training")
+  endif()
+  run_torchrun("llama_sft full fine-tuning --sharding ${policy}" "${banner}"
+               --sharding ${policy} --data_dir "${DATA}" --max_steps 3 --warmup_steps 1 --logging_steps 1
+               --eval_strategy no --save_strategy no --hidden_size 32 --intermediate_size 64 --num_hidden_layers 2
+               --num_attention_heads 4 --num_key_value_heads 2 --packing 128 --bf16 false --use_peft false)
+  check_files("${OUT}" model.safetensors config.json eval_results.json)
+  list(APPEND full_dirs "${OUT}")
+endforeach()
+hf_check(same --keys train_loss eval_loss -- ${full_dirs})
 message("torchrun llama_sft ok")

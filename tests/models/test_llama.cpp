@@ -391,7 +391,8 @@ TEST_CASE("Llama configs loom cannot compute are refused with a loom: line namin
   torch::NoGradGuard no_grad;
   const auto windowed = mistral->logits(ids).select(1, 11);
   CHECK(torch::allclose(windowed, mistral->logits(ids.narrow(1, 4, 8)).select(1, 7), 1e-5, 1e-5));
-  CHECK(torch::equal(mistral->logits(ids).narrow(1, 0, 8), mistral->logits(ids.narrow(1, 0, 8))));
+  // Within the window the prefix is the same function (not bitwise: the products' shapes differ).
+  CHECK(torch::allclose(mistral->logits(ids).narrow(1, 0, 8), mistral->logits(ids.narrow(1, 0, 8)), 1e-6, 1e-6));
   c.sliding_window = 12;
   torch::manual_seed(3);
   LlamaForCausalLM unbound(c);

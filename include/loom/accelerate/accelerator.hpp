@@ -370,6 +370,10 @@ class AcceleratorBase {
   /// The memory plan of `module` (before it goes to the device): printed by the main process,
   /// a loom::Error when it exceeds the device's memory unless --skip_memory_check.
   LOOM_INLINE void plan_memory(const torch::nn::Module& module);
+  /// Gives memory and values to the parameters of a model built under loom::DeferredInit
+  /// (core/deferred.hpp): rank 0's seed to every rank, then every such parameter whole on the
+  /// device, except the trainable ones under FullShard, whose slices its engine materializes.
+  LOOM_INLINE void materialize_deferred(torch::nn::Module& module);
   /// prepare_optimizer's non-template part (current_lr_ set by the caller).
   LOOM_INLINE void prepare_optimizer(optim::Optimizer optimizer, schedule::LRSchedulerBase& scheduler);
   /// add_optimizer's non-template part.

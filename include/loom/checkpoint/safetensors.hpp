@@ -13,6 +13,7 @@
 
 #include <loom/checkpoint/folders.hpp>
 #include <loom/config/inline.hpp>
+#include <loom/core/deferred.hpp>
 #include <loom/core/error.hpp>
 
 #include <torch/torch.h>
@@ -25,6 +26,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -110,12 +112,40 @@ LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> load_safetensors(
 /// Reads the "__metadata__" strings of a safetensors file (empty when it has none).
 LOOM_INLINE std::map<std::string, std::string> load_safetensors_metadata(const std::filesystem::path& path);
 
+/// Where one tensor lies in a safetensors file, known from the header alone.
+struct TensorLocation {
+  std::filesystem::path file;
+  uint64_t data_start = 0;  ///< the file offset of the data buffer
+  detail::Entry entry;      ///< name, dtype, shape, byte range in the data buffer
+};
+
+/// Every tensor of a safetensors file, located from its (checked) header; no data is read.
+LOOM_INLINE std::vector<TensorLocation> locate_safetensors(const std::filesystem::path& path);
+
+/// Reads elements [begin, end) of the flattened tensor at `at` (end < 0: to its last), as a
+/// 1-D CPU tensor of the stored dtype; the whole tensor in its shape when the range is all of it.
+LOOM_INLINE torch::Tensor read_tensor(const TensorLocation& at, int64_t begin = 0, int64_t end = -1);
+
+/// A WeightReader over located tensors, each under the name the model gives it: what a model
+/// built under DeferredInit reads its parameters' slices from.
+class SliceReader final : public WeightReader {
+ public:
+  void add(const std::string& model_name, TensorLocation at) { where_.insert_or_assign(model_name, std::move(at)); }
+  LOOM_INLINE void read(const std::string& name, int64_t begin, int64_t end, torch::Tensor& out) const override;
+  [[nodiscard]] bool empty() const { return where_.empty(); }
+
+ private:
+  std::unordered_map<std::string, TensorLocation> where_;
+};
+
 /// Writes the module's named parameters and buffers (libtorch names, e.g. "fc.weight") to `path`.
 LOOM_INLINE void save_module(const torch::nn::Module& module, const std::filesystem::path& path);
 
 /// Copies a file written by save_module (or Python's save_file of a matching state_dict) into
 /// the module's parameters and buffers, converting dtype and device; every name and shape must
-/// match, else one loom::Error lists all differences and the module is left untouched.
+/// match, else one loom::Error lists all differences and the module is left untouched. Tensors
+/// are read one at a time. A storage-less parameter (core/deferred.hpp) is not read: the module,
+/// a model built under DeferredInit, reads its slices from the file when it is materialized.
 LOOM_INLINE void load_module(torch::nn::Module& module, const std::filesystem::path& path);
 
 }  // namespace loom::checkpoint

@@ -5,6 +5,7 @@
 // freed and re-allocated under live views (how FullShard frees gathered parameters that
 // autograd still refers to). What an engine hands the Trainer is in engine.hpp.
 
+#include <loom/core/deferred.hpp>
 #include <loom/core/error.hpp>
 #include <loom/distributed/comm.hpp>
 #include <loom/distributed/engine.hpp>
@@ -176,11 +177,13 @@ class EngineBase : public Engine {
     return it->second;
   }
 
-  // Every rank starts from rank 0's parameters and buffers.
+  // Every rank starts from rank 0's parameters and buffers. A parameter that holds no memory
+  // yet (loom::DeferredInit) is materialized alike on every rank from the model's values.
   void broadcast_module(torch::nn::Module& module) {
     if (comm_->size() == 1) return;
     std::vector<Work> works;
-    for (const auto& p : module.parameters(true)) works.push_back(broadcast_one(p.detach()));
+    for (const auto& p : module.parameters(true))
+      if (!holds_no_storage(p)) works.push_back(broadcast_one(p.detach()));
     for (const auto& b : module.buffers(true)) works.push_back(broadcast_one(b.detach()));
     for (auto& w : works) w.wait();
   }

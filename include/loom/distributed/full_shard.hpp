@@ -37,6 +37,7 @@
 // place. Gradient shards stay on the device. In a world of one the gathered buffer is then
 // separate from the shard, filled by that copy.
 
+#include <loom/core/deferred.hpp>
 #include <loom/core/log.hpp>
 #include <loom/distributed/engine_common.hpp>
 #include <loom/distributed/full_shard_unit.hpp>
@@ -92,6 +93,9 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
       u.numel += p.numel();
     }
     const int64_t n = comm_->size(), r = comm_->rank();
+    // A parameter built under loom::DeferredInit holds no memory: only this rank's slice of
+    // it is ever materialized, from the model's values (its seeded init or its weight files).
+    const auto* values = dynamic_cast<const DeferredValues*>(&module);
     for (std::size_t k = 0; k < units_.size(); ++k) {
       auto& u = units_[k];
       if (u.wrapper) {
@@ -102,16 +106,28 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
       const auto opts = u.slots.front().param.options().requires_grad(false);
       u.padded = detail::round_up(u.numel, n);
       u.shard_numel = u.padded / n;
-      u.full = torch::zeros({u.padded}, opts);
-      // A world of one: the shard is the whole unit, so it is the gathered buffer itself and
-      // nothing is ever copied or released (unless the gathered buffer is of another dtype, or
-      // the shard is offloaded).
+      // A world of one, not offloaded: the shard is the whole unit and the gathered buffer
+      // itself (unless that is of another dtype), so nothing is ever copied or released.
+      const bool whole = resident() && !offload_;
       const auto shard_opts = offload_ ? opts.device(torch::kCPU).pinned_memory(opts.device().is_cuda()) : opts;
-      u.shard = resident() && !offload_ ? u.full : torch::zeros({u.shard_numel}, shard_opts);
+      u.shard = torch::zeros({whole ? u.padded : u.shard_numel}, shard_opts);
       u.grad_shard = torch::zeros({u.shard_numel}, opts);
-      for (auto& s : u.slots) u.full.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape({-1}));
-      if (!resident() || offload_) u.shard.copy_(u.full.narrow(0, r * u.shard_numel, u.shard_numel));
-      if (casts_params()) u.full = torch::zeros({u.padded}, opts.dtype(param_dtype_));
+      const int64_t lo = whole ? 0 : r * u.shard_numel, hi = lo + u.shard.numel();
+      for (const auto& s : u.slots) {
+        const int64_t a = std::max(lo, s.offset), e = std::min(hi, s.offset + s.numel);
+        if (a >= e) continue;
+        auto dst = u.shard.narrow(0, a - lo, e - a);
+        if (holds_no_storage(s.param)) {
+          check(values != nullptr, "parameter {} holds no memory, and the model gives no values for it (build the "
+                "model itself under loom::DeferredInit)", s.name);
+          values->initial_values(s.name, s.param, a - s.offset, e - s.offset, dst);
+        } else {
+          dst.copy_(s.param.detach().reshape({-1}).narrow(0, a - s.offset, e - a));
+        }
+      }
+      // The gathered buffer: allocated (untouched) only to make the parameters views of it,
+      // then released until the first gather.
+      u.full = whole && !casts_params() ? u.shard : torch::empty({u.padded}, opts.dtype(param_dtype_));
       for (std::size_t i = 0; i < u.slots.size(); ++i) {
         auto& s = u.slots[i];
         s.param.set_data(u.full.narrow(0, s.offset, s.numel).view(s.param.sizes()));

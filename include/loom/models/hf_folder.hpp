@@ -114,9 +114,15 @@ LOOM_INLINE void check_config_shapes(const std::filesystem::path& dir, const std
 /// index maps to it). CPU tensors, in file order.
 LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> read_hf_weights(const std::filesystem::path& dir);
 
-/// Copies read_hf_weights(dir) into `module`'s parameters and buffers under `rules`: every
+/// Where each tensor of an HF folder's weights lies (as read_hf_weights, from the headers
+/// alone: no data is read), in file order.
+LOOM_INLINE std::vector<checkpoint::TensorLocation> locate_hf_weights(const std::filesystem::path& dir);
+
+/// Copies the weights of `dir` into `module`'s parameters and buffers under `rules`: every
 /// name and shape must match, else one loom::Error lists every difference and the module is
-/// left untouched.
+/// left untouched. Tensors are read one at a time. A storage-less parameter (a model built
+/// under DeferredInit) is not read: the model reads its slices from the files when it is
+/// materialized (core/deferred.hpp).
 LOOM_INLINE void load_hf_weights(torch::nn::Module& module, const std::filesystem::path& dir,
                                  const HfNameRules& rules);
 

@@ -201,9 +201,11 @@ LOOM_INLINE std::vector<ConfigShape> config_shapes(const LlamaConfig& config);
 LOOM_INLINE int64_t parameter_count(const LlamaConfig& config);
 
 namespace detail {
-/// HF's random initialization of a Llama-architecture model: normal(0, initializer_range) for
-/// linear and embedding weights (the padding row 0), zero biases; norms stay 1.
-LOOM_INLINE void init_llama_weights(torch::nn::Module& module, const LlamaConfig& config);
+/// HF's random initialization (_init_weights) of one parameter of a Llama-architecture model,
+/// `name` as `root` names it, drawn from `generator`: normal(0, initializer_range) for linear
+/// and embedding weights (the padding row 0), zero biases, norms 1 (Gemma's 0).
+LOOM_INLINE void init_llama_parameter(const torch::nn::Module& root, const LlamaConfig& config,
+                                      const std::string& name, torch::Tensor& t, at::Generator generator);
 }  // namespace detail
 
 /// Llama's RMSNorm: weight * (x / sqrt(mean(x^2) + eps)), computed in float32.
@@ -212,6 +214,8 @@ class LlamaRMSNormImpl : public torch::nn::Module {
   /// `plus_one`: Gemma's RMSNorm, (x / rms) * (1 + weight) in float32 then cast, weight starting at 0.
   LOOM_INLINE LlamaRMSNormImpl(int64_t hidden_size, double eps, bool plus_one = false);
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
+  /// The weight's initial value: 1, or Gemma's 0.
+  [[nodiscard]] double initial_weight() const { return plus_one_ ? 0.0 : 1.0; }
   torch::Tensor weight;
 
  private:
@@ -336,8 +340,14 @@ class LlamaForCausalLMImpl : public PreTrainedModel<LlamaForCausalLMImpl, LlamaC
   static constexpr bool is_causal_lm = true;
 
   /// A model with HF's random initialization (normal(0, initializer_range) for linear and
-  /// embedding weights, zero biases, norms 1), drawn from torch's default generator.
+  /// embedding weights, zero biases, norms 1), each parameter from its own generator seeded
+  /// by one draw of torch's default generator and the parameter's name (so that a model built
+  /// under loom::DeferredInit and materialized by shard holds the same values).
   LOOM_INLINE explicit LlamaForCausalLMImpl(LlamaConfig config = {});
+  /// The initialization of parameter `name` (PreTrainedModel's per-parameter seeding).
+  void init_parameter(const std::string& name, torch::Tensor& t, at::Generator generator) const {
+    detail::init_llama_parameter(*this, config(), name, t, std::move(generator));
+  }
 
   /// Loss (when batch.labels is defined) and logits: the Trainer's default compute_loss.
   LOOM_INLINE CausalLMOutput forward(const data::CausalLMBatch& batch);
@@ -385,7 +395,6 @@ class LlamaForCausalLMImpl : public PreTrainedModel<LlamaForCausalLMImpl, LlamaC
   torch::nn::Linear lm_head{nullptr};  ///< only when tie_word_embeddings is false
 
  private:
-  LOOM_INLINE void init_weights();
   Kernels kernels_ = Kernels::automatic;
 };
 
@@ -398,9 +407,13 @@ class LlamaForCausalLMImpl : public PreTrainedModel<LlamaForCausalLMImpl, LlamaC
 class LlamaForSequenceClassificationImpl
     : public PreTrainedModel<LlamaForSequenceClassificationImpl, LlamaConfig, data::SequenceBatch> {
  public:
-  /// A model with HF's random initialization (as LlamaForCausalLM's), drawn from torch's
-  /// default generator.
+  /// A model with HF's random initialization (as LlamaForCausalLM's: each parameter from its
+  /// own generator, seeded by one draw of torch's default generator and its name).
   LOOM_INLINE explicit LlamaForSequenceClassificationImpl(LlamaConfig config = {});
+  /// The initialization of parameter `name` (PreTrainedModel's per-parameter seeding).
+  void init_parameter(const std::string& name, torch::Tensor& t, at::Generator generator) const {
+    detail::init_llama_parameter(*this, config(), name, t, std::move(generator));
+  }
 
   /// Loss (when batch.labels is defined) and logits [batch, num_labels]: the Trainer's default
   /// compute_loss. batch.attention_mask (optional) masks the padding in attention.

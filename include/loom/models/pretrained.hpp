@@ -22,6 +22,7 @@
 // complete_config, which runs before every validation.
 
 #include <loom/config/inline.hpp>
+#include <loom/core/deferred.hpp>
 #include <loom/core/host_memory.hpp>
 #include <loom/models/hf_folder.hpp>
 
@@ -64,12 +65,34 @@ LOOM_INLINE void check_parameter_memory(int64_t parameters, double host_bytes, i
 /// HF's PreTrainedModel.dtype, written to config.json: the first floating-point parameter's
 /// dtype (float32 when there is none).
 LOOM_INLINE torch::ScalarType weights_dtype(const torch::nn::Module& module);
+/// A seed for a model's random initialization, drawn from the default CPU generator (one draw).
+LOOM_INLINE uint64_t draw_init_seed();
+/// The generator parameter `name` of a model seeded with `seed` is initialized from: its own,
+/// seeded by (seed, name), so that its values do not depend on the other parameters.
+LOOM_INLINE at::Generator parameter_generator(uint64_t seed, const std::string& name);
+/// Saves the default CPU generator's state and puts it back when the scope ends: a model whose
+/// initialization is seeded per parameter draws nothing else from it while its modules are built.
+class KeepCpuGeneratorState {
+ public:
+  LOOM_INLINE KeepCpuGeneratorState();
+  LOOM_INLINE ~KeepCpuGeneratorState();
+  KeepCpuGeneratorState(const KeepCpuGeneratorState&) = delete;
+  KeepCpuGeneratorState& operator=(const KeepCpuGeneratorState&) = delete;
+
+ private:
+  torch::Tensor state_;
+};
 }  // namespace detail
 
 /// transformers' PreTrainedModel for the module `Derived` (CRTP) built from a `ConfigT` and
 /// called on a `BatchT`: Derived declares `architecture` and `name_rules()`.
+///
+/// A family whose Derived defines `init_parameter(name, tensor, generator)` (HF's
+/// _init_weights for one parameter) is initialized parameter by parameter, each from its own
+/// seeded generator, and can be built under loom::DeferredInit (core/deferred.hpp): its
+/// parameters then hold no memory until the Accelerator materializes them, whole or by shard.
 template <class Derived, class ConfigT, class BatchT>
-class PreTrainedModel : public torch::nn::Module {
+class PreTrainedModel : public torch::nn::Module, public DeferredValues {
  public:
   using Config = ConfigT;  ///< the family's config struct (config.json)
   using Batch = BatchT;    ///< what forward(batch) takes
@@ -110,6 +133,29 @@ class PreTrainedModel : public torch::nn::Module {
     else return static_cast<const Derived&>(*this).architecture_name();
   }
 
+  // ---- DeferredValues: the values of parameters built without memory --------------------
+  void initial_values(const std::string& name, const torch::Tensor& param, int64_t begin, int64_t end,
+                      torch::Tensor& out) const override {
+    if (weights_) {
+      weights_->read(name, begin, end, out);
+      return;
+    }
+    if constexpr (seeded_per_parameter()) {
+      torch::NoGradGuard no_grad;
+      // The whole parameter (one at a time, on the host), then the slice asked for.
+      auto full = torch::empty(param.sizes(), torch::TensorOptions().dtype(torch::kFloat));
+      static_cast<const Derived&>(*this).init_parameter(name, full, detail::parameter_generator(init_seed_, name));
+      out.copy_(full.reshape({-1}).narrow(0, begin, end - begin));
+    } else {
+      fail("parameter {} holds no memory, and {} has no per-parameter initialization to give it values", name,
+           architecture_name());
+    }
+  }
+  void read_weights_from(std::shared_ptr<const WeightReader> weights) override { weights_ = std::move(weights); }
+  [[nodiscard]] bool reads_weights() const override { return weights_ != nullptr; }
+  [[nodiscard]] uint64_t init_seed() const override { return init_seed_; }
+  void set_init_seed(uint64_t seed) override { init_seed_ = seed; }
+
   /// Fills the config's fields that follow from others before validation (none here; a
   /// family hides it with its own).
   static void complete_config(Config& /*config*/) {}
@@ -131,11 +177,36 @@ class PreTrainedModel : public torch::nn::Module {
   PreTrainedModel(Config config, std::string_view where) : config_(std::move(config)) {
     Derived::complete_config(config_);
     validate(config_, where);
+    if constexpr (seeded_per_parameter()) init_seed_ = detail::draw_init_seed();
+    if (DeferredInit::active()) {
+      // The memory plan judges what each rank will hold once the Accelerator has sharded it.
+      check(seeded_per_parameter(), "{} cannot be built under loom::DeferredInit: only the families initialized "
+            "parameter by parameter can (the Llama architecture's)", where);
+      return;
+    }
     if (const auto n = Derived::parameters_for(config_))
       detail::check_parameter_memory(*n, host_memory_bytes(), local_processes(), where);
   }
 
+  /// Derived's random initialization, parameter by parameter (eager construction): every
+  /// parameter from its own generator, as initial_values gives a deferred one.
+  void init_seeded_parameters() {
+    if (DeferredInit::active()) return;  // storage-less: materialized later
+    torch::NoGradGuard no_grad;
+    for (auto& item : this->named_parameters(true))
+      static_cast<const Derived&>(*this).init_parameter(item.key(), item.value(),
+                                                        detail::parameter_generator(init_seed_, item.key()));
+  }
+
   Config config_;
+
+ private:
+  // Evaluated where Derived is complete (a member function's body, not the class's).
+  static constexpr bool seeded_per_parameter() {
+    return requires(const Derived& d, torch::Tensor& t, at::Generator g) { d.init_parameter(std::string(), t, g); };
+  }
+  std::shared_ptr<const WeightReader> weights_;  // from_pretrained or --model_name_or_path under DeferredInit
+  uint64_t init_seed_ = 0;
 };
 
 /// HF's from_pretrained for `Model`, a module holder of a PreTrainedModel: config.json read
@@ -164,7 +235,10 @@ Model load_pretrained(const std::filesystem::path& dir, torch::ScalarType dtype 
   // converted to it as they are copied in.
   check(torch::isFloatingType(dtype), "from_pretrained: dtype must be a floating-point type, got {}",
         c10::toString(dtype));
-  if (dtype != torch::kFloat) model->to(dtype);
+  if (dtype != torch::kFloat) {
+    retarget_storage_less(*model, torch::kCPU, dtype);  // a DeferredInit model's stay storage-less
+    model->to(dtype);
+  }
   model->load_weights(dir);
   return model;
 }

@@ -1,6 +1,7 @@
 #pragma once
 #include <loom/config/json.hpp>
 #include <loom/config/validate.hpp>
+#include <loom/core/deferred.hpp>
 #include <loom/core/log.hpp>
 #include <loom/distributed/checkpointed.hpp>
 #include <loom/distributed/comm.hpp>
@@ -48,6 +49,7 @@ LOOM_INLINE void AcceleratorBase::prepare_module(torch::nn::Module& module) {
   checkpointer_.emplace(args, world_, *engine_, module, saves_);
   if (args.model_name_or_path) checkpointer_->load_pretrained(*args.model_name_or_path);
   plan_memory(module);
+  materialize_deferred(module);
   module.to(device_);
   // HF's gradient_checkpointing_enable: every unit / Checkpointed block recomputes in backward.
   if (args.gradient_checkpointing)
@@ -58,6 +60,22 @@ LOOM_INLINE void AcceleratorBase::prepare_module(torch::nn::Module& module) {
   // DDP's broadcast_buffers (HF's ddp_broadcast_buffers, default on) for the policies that
   // keep a whole replica of the model on every rank.
   sync_buffers_ = sharding_.replicates_model && world_.size > 1 && args.ddp_broadcast_buffers.value_or(true) && !module.buffers().empty();
+}
+
+LOOM_INLINE void AcceleratorBase::materialize_deferred(torch::nn::Module& module) {
+  if (!has_storage_less_parameters(module)) return;
+  // Every rank draws the same values: rank 0's seed (a weight file is the same file everywhere).
+  if (auto* values = dynamic_cast<DeferredValues*>(&module); values != nullptr && world_.size > 1 && engine_->comm() != nullptr) {
+    auto seed = torch::full({1}, static_cast<int64_t>(values->init_seed()), torch::TensorOptions().dtype(torch::kLong).device(device_));
+    engine_->comm()->broadcast({seed}, 0, "the initialization seed broadcast").wait();
+    values->set_init_seed(static_cast<uint64_t>(seed.item<int64_t>()));
+  }
+  retarget_storage_less(module, device_);
+  // FullShard materializes only this rank's slice of each trainable parameter (engine setup);
+  // every other parameter, and every parameter under the other policies, is made whole here,
+  // on the device.
+  const bool sliced = sharding_.shards_parameters;
+  materialize(module, [&](const torch::Tensor& p) { return !(sliced && p.requires_grad()); });
 }
 
 LOOM_INLINE void AcceleratorBase::plan_memory(const torch::nn::Module& module) {

@@ -286,12 +286,56 @@ LOOM_INLINE void save_module(const torch::nn::Module& module, const std::filesys
   save_safetensors(tensors, path);
 }
 
-LOOM_INLINE void load_module(torch::nn::Module& module, const std::filesystem::path& path) {
-  auto file = load_safetensors(path);
-  std::unordered_map<std::string, const torch::Tensor*> by_name;
-  for (const auto& [name, t] : file) by_name.emplace(name, &t);
+LOOM_INLINE std::vector<TensorLocation> locate_safetensors(const std::filesystem::path& path) {
+  std::ifstream in;
+  auto parsed = detail::parse_header(path, in);
+  std::vector<TensorLocation> out;
+  out.reserve(parsed.entries.size());
+  for (auto& e : parsed.entries) out.push_back({path, parsed.data_start, std::move(e)});
+  return out;
+}
 
-  std::vector<std::pair<torch::Tensor, const torch::Tensor*>> copies;
+LOOM_INLINE torch::Tensor read_tensor(const TensorLocation& at, int64_t begin, int64_t end) {
+  const auto& e = at.entry;
+  int64_t numel = 1;
+  for (const auto d : e.shape) numel *= d;
+  if (end < 0) end = numel;
+  check(0 <= begin && begin <= end && end <= numel, "elements [{}, {}) of tensor '{}' in {}: it has {}", begin, end,
+        e.name, at.file.string(), numel);
+  // BOOL is read as bytes and compared with 0: a byte other than 0/1 must not become an
+  // invalid bool.
+  const auto read_type = e.dtype->type == torch::kBool ? torch::kUInt8 : e.dtype->type;
+  const bool whole = begin == 0 && end == numel;
+  auto t = whole ? torch::empty(e.shape, torch::TensorOptions().dtype(read_type))
+                 : torch::empty({end - begin}, torch::TensorOptions().dtype(read_type));
+  const auto bytes = static_cast<uint64_t>(end - begin) * static_cast<uint64_t>(e.dtype->size);
+  if (bytes > 0) {
+    std::ifstream in(at.file, std::ios::binary);
+    check(static_cast<bool>(in), "cannot open {}", at.file.string());
+    in.seekg(static_cast<std::streamoff>(at.data_start + e.begin + static_cast<uint64_t>(begin) * static_cast<uint64_t>(e.dtype->size)));
+    in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(bytes));
+    check(static_cast<bool>(in), "cannot read tensor '{}' from {}", e.name, at.file.string());
+  }
+  if (e.dtype->type == torch::kBool) t = t.ne(0);
+  return t;
+}
+
+LOOM_INLINE void SliceReader::read(const std::string& name, int64_t begin, int64_t end, torch::Tensor& out) const {
+  const auto it = where_.find(name);
+  check(it != where_.end(), "the weight files hold no tensor for parameter {}", name);
+  check(out.dim() == 1 && out.numel() == end - begin, "reading {}: {} elements into a tensor of {}", name, end - begin,
+        out.numel());
+  torch::NoGradGuard no_grad;
+  out.copy_(read_tensor(it->second, begin, end).reshape({-1}));
+}
+
+LOOM_INLINE void load_module(torch::nn::Module& module, const std::filesystem::path& path) {
+  const auto file = locate_safetensors(path);
+  std::unordered_map<std::string, const TensorLocation*> by_name;
+  for (const auto& at : file) by_name.emplace(at.entry.name, &at);
+
+  std::vector<std::pair<torch::Tensor, const TensorLocation*>> copies;
+  std::vector<std::pair<std::string, const TensorLocation*>> deferred;  // read when materialized
   std::set<std::string> model_names;
   std::vector<std::string> missing, shapes;
   auto visit = [&](const std::string& name, const torch::Tensor& target) {
@@ -300,9 +344,11 @@ LOOM_INLINE void load_module(torch::nn::Module& module, const std::filesystem::p
     const auto it = by_name.find(name);
     if (it == by_name.end()) {
       missing.push_back(name);
-    } else if (it->second->sizes() != target.sizes()) {
-      shapes.push_back("shape of " + name + " is " + detail::shape_string(it->second->sizes()) +
+    } else if (c10::IntArrayRef(it->second->entry.shape) != target.sizes()) {
+      shapes.push_back("shape of " + name + " is " + detail::shape_string(it->second->entry.shape) +
                        " in the file but " + detail::shape_string(target.sizes()) + " in the model");
+    } else if (holds_no_storage(target)) {
+      deferred.emplace_back(name, it->second);
     } else {
       copies.emplace_back(target, it->second);
     }
@@ -310,8 +356,8 @@ LOOM_INLINE void load_module(torch::nn::Module& module, const std::filesystem::p
   for (const auto& p : module.named_parameters(true)) visit(p.key(), p.value());
   for (const auto& b : module.named_buffers(true)) visit(b.key(), b.value());
   std::vector<std::string> unexpected;
-  for (const auto& [name, t] : file)
-    if (!model_names.count(name)) unexpected.push_back(name);
+  for (const auto& at : file)
+    if (!model_names.count(at.entry.name)) unexpected.push_back(at.entry.name);
 
   if (!missing.empty() || !unexpected.empty() || !shapes.empty()) {
     auto join = [](const std::vector<std::string>& v, std::string_view sep) {
@@ -325,8 +371,16 @@ LOOM_INLINE void load_module(torch::nn::Module& module, const std::filesystem::p
     parts.insert(parts.end(), shapes.begin(), shapes.end());
     fail("{} does not match the model: {}", path.string(), join(parts, "; "));
   }
+  auto* values = dynamic_cast<DeferredValues*>(&module);
+  if (!deferred.empty()) {
+    check(values != nullptr, "{}: parameter {} holds no memory, and the model gives no values for it (build the model "
+          "itself under loom::DeferredInit)", path.string(), deferred.front().first);
+    auto reader = std::make_shared<SliceReader>();
+    for (const auto& [name, at] : deferred) reader->add(name, *at);
+    values->read_weights_from(std::move(reader));
+  }
   torch::NoGradGuard no_grad;
-  for (auto& [target, source] : copies) target.copy_(*source);
+  for (auto& [target, at] : copies) target.copy_(read_tensor(*at));
 }
 
 }  // namespace loom::checkpoint

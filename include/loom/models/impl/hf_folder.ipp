@@ -216,10 +216,26 @@ LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> read_hf_weights(c
   return out;
 }
 
+LOOM_INLINE std::vector<checkpoint::TensorLocation> locate_hf_weights(const std::filesystem::path& dir) {
+  std::vector<checkpoint::TensorLocation> out;
+  for (auto& [path, names] : detail::weight_files(dir)) {
+    if (names.empty()) return checkpoint::locate_safetensors(path);  // model.safetensors: no index
+    for (auto& at : checkpoint::locate_safetensors(path)) {
+      check(names.erase(at.entry.name) == 1, "{} holds {}, which {} does not map to it", path.string(), at.entry.name,
+            weights_index_file);
+      out.push_back(std::move(at));
+    }
+    check(names.empty(), "{}: weight_map puts {} in {}, which does not hold it", (dir / weights_index_file).string(),
+          *names.begin(), path.filename().string());
+  }
+  return out;
+}
+
 LOOM_INLINE void load_hf_weights(torch::nn::Module& module, const std::filesystem::path& dir,
                                  const HfNameRules& rules) {
-  auto file = read_hf_weights(dir);
+  auto file = locate_hf_weights(dir);
   const auto where = path_exists(dir / weights_file, PathKind::file) ? dir / weights_file : dir / weights_index_file;
+  const auto shape_of = [](const checkpoint::TensorLocation& at) { return c10::IntArrayRef(at.entry.shape); };
 
   std::unordered_map<std::string, torch::Tensor> targets;  // the module's parameters and buffers
   std::vector<std::string> order;
@@ -231,30 +247,32 @@ LOOM_INLINE void load_hf_weights(torch::nn::Module& module, const std::filesyste
   if (!rules.base_prefix.empty()) {
     const std::string prefix = rules.base_prefix + ".";
     const auto has_prefix = [&](const std::string& n) { return n.rfind(prefix, 0) == 0; };
-    const bool file_prefixed = std::any_of(file.begin(), file.end(), [&](const auto& e) { return has_prefix(e.first); });
+    const bool file_prefixed =
+        std::any_of(file.begin(), file.end(), [&](const auto& at) { return has_prefix(at.entry.name); });
     if (!file_prefixed && std::any_of(order.begin(), order.end(), has_prefix))
-      for (auto& e : file) e.first = prefix + e.first;
+      for (auto& at : file) at.entry.name = prefix + at.entry.name;
   }
 
-  std::vector<std::pair<torch::Tensor, const torch::Tensor*>> copies;
+  std::vector<std::pair<torch::Tensor, const checkpoint::TensorLocation*>> copies;
+  auto reader = std::make_shared<checkpoint::SliceReader>();  // for the storage-less parameters
   std::set<std::string> found;
   std::vector<std::string> missing, unexpected, problems;
-  for (const auto& entry : file) {  // not a structured binding: clang < 16 cannot capture one
-    const std::string& name = entry.first;
-    const auto& stored = entry.second;
+  for (const auto& at : file) {
+    const std::string& name = at.entry.name;
     const auto derived = std::find_if(rules.derived.begin(), rules.derived.end(),
                                       [&](const auto& d) { return d.first == name; });
     if (derived != rules.derived.end() && !targets.contains(name)) {
       const auto source = targets.find(derived->second);
-      if (source != targets.end() && stored.sizes() != source->second.sizes()) {
-        problems.push_back("shape of " + name + " is " + checkpoint::detail::shape_string(stored.sizes()) +
+      if (source != targets.end() && shape_of(at) != source->second.sizes()) {
+        problems.push_back("shape of " + name + " is " + checkpoint::detail::shape_string(at.entry.shape) +
                            " in the file but " + checkpoint::detail::shape_string(source->second.sizes()) +
                            " in the model (it is tied to " + derived->second + ")");
       } else {
         // A tied copy must be a copy: other values are weights of their own (a model trained
-        // untied), which the tie would drop without a word.
-        const auto from = std::find_if(file.begin(), file.end(), [&](const auto& e) { return e.first == derived->second; });
-        if (from != file.end() && from->second.sizes() == stored.sizes() && !torch::equal(from->second, stored))
+        // untied), which the tie would drop without a word. (The two are read whole, once.)
+        const auto from = std::find_if(file.begin(), file.end(), [&](const auto& e) { return e.entry.name == derived->second; });
+        if (from != file.end() && shape_of(*from) == shape_of(at) &&
+            !torch::equal(checkpoint::read_tensor(*from), checkpoint::read_tensor(at)))
           problems.push_back(name + " differs from " + derived->second + " in the file, but the config ties them "
                              "(tie_word_embeddings true): its own values would be dropped; if the model was trained "
                              "untied, set tie_word_embeddings to false in config.json");
@@ -272,14 +290,16 @@ LOOM_INLINE void load_hf_weights(torch::nn::Module& module, const std::filesyste
     }
     found.insert(name);
     const auto& target = it->second;
-    if (stored.sizes() != target.sizes()) {
-      problems.push_back("shape of " + name + " is " + checkpoint::detail::shape_string(stored.sizes()) +
+    if (shape_of(at) != target.sizes()) {
+      problems.push_back("shape of " + name + " is " + checkpoint::detail::shape_string(at.entry.shape) +
                          " in the file but " + checkpoint::detail::shape_string(target.sizes()) + " in the model");
-    } else if (stored.is_floating_point() != target.is_floating_point()) {
-      problems.push_back("dtype of " + name + " is " + std::string(c10::toString(stored.scalar_type())) +
+    } else if (torch::isFloatingType(at.entry.dtype->type) != target.is_floating_point()) {
+      problems.push_back("dtype of " + name + " is " + std::string(c10::toString(at.entry.dtype->type)) +
                          " in the file but " + std::string(c10::toString(target.scalar_type())) + " in the model");
+    } else if (holds_no_storage(target)) {
+      reader->add(name, at);
     } else {
-      copies.emplace_back(target, &stored);
+      copies.emplace_back(target, &at);
     }
   }
   std::vector<std::string> fresh;
@@ -302,8 +322,14 @@ LOOM_INLINE void load_hf_weights(torch::nn::Module& module, const std::filesyste
   if (!fresh.empty())
     log_message(LogLevel::warning, "{} holds no {}: initialized as new (train it before use)", where.string(),
                 detail::join_names(fresh));
+  if (!reader->empty()) {
+    auto* values = dynamic_cast<DeferredValues*>(&module);
+    check(values != nullptr, "{}: the model has parameters without memory but gives no values for them (build the "
+          "model itself under loom::DeferredInit)", where.string());
+    values->read_weights_from(std::move(reader));
+  }
   torch::NoGradGuard no_grad;
-  for (auto& [target, source] : copies) target.copy_(*source);
+  for (auto& [target, at] : copies) target.copy_(checkpoint::read_tensor(*at));
 }
 
 LOOM_INLINE void save_hf_weights(const torch::nn::Module& module, const std::filesystem::path& dir,

@@ -308,7 +308,7 @@ LOOM_INLINE int64_t parameter_count(const LlamaConfig& c) {
 
 LOOM_INLINE LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t hidden_size, double eps, bool plus_one)
     : eps_(eps), plus_one_(plus_one) {
-  weight = register_parameter("weight", plus_one ? torch::zeros({hidden_size}) : torch::ones({hidden_size}));
+  weight = register_parameter("weight", new_parameter_tensor({hidden_size}, plus_one ? 0.0 : 1.0));
 }
 
 LOOM_INLINE torch::Tensor LlamaRMSNormImpl::forward(const torch::Tensor& x) {
@@ -532,7 +532,7 @@ LOOM_INLINE torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x,
 // ---- the body ------------------------------------------------------------------------------
 
 LOOM_INLINE LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) {
-  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+  embed_tokens = register_module("embed_tokens", new_embedding(c.vocab_size, c.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     units.push_back(full_shard_unit(LlamaDecoderLayer(c, i)));
@@ -727,31 +727,43 @@ LOOM_INLINE torch::Tensor LlamaModelImpl::forward_step(const DecodeStep& step) {
 
 LOOM_INLINE LlamaForCausalLMImpl::LlamaForCausalLMImpl(LlamaConfig config)
     : PreTrainedModel(std::move(config), "LlamaConfig") {
-  model = register_module("model", LlamaModel(config_));
-  if (!config_.tie_word_embeddings)
-    lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(config_.hidden_size,
-                                                                                    config_.vocab_size)
-                                                               .bias(false)));
-  init_weights();
+  {
+    // libtorch's modules draw their own initialization; it is replaced below, parameter by
+    // parameter, so the default generator keeps its state (one draw, the seed, in all).
+    const detail::KeepCpuGeneratorState keep;
+    model = register_module("model", LlamaModel(config_));
+    if (!config_.tie_word_embeddings)
+      lm_head = register_module("lm_head", new_linear(config_.hidden_size, config_.vocab_size, /*bias=*/false));
+  }
+  init_seeded_parameters();
 }
 
-LOOM_INLINE void LlamaForCausalLMImpl::init_weights() { detail::init_llama_weights(*this, config_); }
-
-LOOM_INLINE void detail::init_llama_weights(torch::nn::Module& module, const LlamaConfig& config) {
+LOOM_INLINE void detail::init_llama_parameter(const torch::nn::Module& root, const LlamaConfig& config,
+                                              const std::string& name, torch::Tensor& t, at::Generator generator) {
   torch::NoGradGuard no_grad;
   const double std = config.initializer_range;
-  for (auto& m : module.modules(/*include_self=*/false)) {
-    if (auto* linear = m->as<torch::nn::Linear>()) {
-      linear->weight.normal_(0.0, std);
-      if (linear->bias.defined()) linear->bias.zero_();
-    } else if (auto* adaptable = m->as<peft::AdaptableLinear>()) {
-      adaptable->weight.normal_(0.0, std);
-      if (adaptable->bias.defined()) adaptable->bias.zero_();
-    } else if (auto* embedding = m->as<torch::nn::Embedding>()) {
-      embedding->weight.normal_(0.0, std);
-      if (config.pad_token_id && *config.pad_token_id >= 0 && *config.pad_token_id < config.vocab_size)
-        embedding->weight[*config.pad_token_id].zero_();
+  const auto dot = name.rfind('.');
+  const std::string owner = dot == std::string::npos ? std::string() : name.substr(0, dot);
+  const std::string leaf = dot == std::string::npos ? name : name.substr(dot + 1);
+  // (Not include_self: the root may be under construction, not yet held by a shared_ptr.)
+  const torch::nn::Module* module = owner.empty() ? &root : nullptr;
+  for (const auto& item : root.named_modules("", /*include_self=*/false))
+    if (item.key() == owner) {
+      module = item.value().get();
+      break;
     }
+  check(module != nullptr, "no module of the model holds parameter {}", name);
+  const bool bias = leaf == "bias";
+  if (module->as<torch::nn::Linear>() != nullptr || module->as<peft::AdaptableLinear>() != nullptr) {
+    bias ? t.zero_() : t.normal_(0.0, std, generator);
+  } else if (module->as<torch::nn::Embedding>() != nullptr) {
+    t.normal_(0.0, std, generator);
+    if (config.pad_token_id && *config.pad_token_id >= 0 && *config.pad_token_id < config.vocab_size)
+      t[*config.pad_token_id].zero_();
+  } else if (const auto* norm = module->as<LlamaRMSNorm>()) {
+    t.fill_(norm->initial_weight());
+  } else {
+    fail("no initialization is known for parameter {} (a {})", name, c10::demangle(typeid(*module).name()));
   }
 }
 
@@ -812,9 +824,12 @@ LOOM_INLINE HfNameRules LlamaForCausalLMImpl::name_rules() const {
 
 LOOM_INLINE LlamaForSequenceClassificationImpl::LlamaForSequenceClassificationImpl(LlamaConfig config)
     : PreTrainedModel(std::move(config), "LlamaConfig") {
-  model = register_module("model", LlamaModel(config_));
-  score = register_module("score", peft::AdaptableLinear(config_.hidden_size, config_.num_labels, /*bias=*/false));
-  detail::init_llama_weights(*this, config_);
+  {
+    const detail::KeepCpuGeneratorState keep;  // as the causal LM's
+    model = register_module("model", LlamaModel(config_));
+    score = register_module("score", peft::AdaptableLinear(config_.hidden_size, config_.num_labels, /*bias=*/false));
+  }
+  init_seeded_parameters();
 }
 
 LOOM_INLINE int64_t LlamaForSequenceClassificationImpl::parameter_count(const LlamaConfig& c) {

@@ -4,11 +4,13 @@
 #include <loom/core/error.hpp>
 #include <loom/models/pretrained.hpp>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <unordered_set>
 
@@ -40,6 +42,35 @@ LOOM_INLINE torch::ScalarType weights_dtype(const torch::nn::Module& module) {
   for (const auto& p : module.parameters())
     if (p.is_floating_point()) return p.scalar_type();
   return torch::kFloat32;
+}
+
+LOOM_INLINE uint64_t draw_init_seed() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  const std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get<at::CPUGeneratorImpl>()->random64();
+}
+
+LOOM_INLINE at::Generator parameter_generator(uint64_t seed, const std::string& name) {
+  // FNV-1a of the name, mixed with the model's seed by splitmix64's finalizer.
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (const unsigned char c : name) h = (h ^ c) * 0x100000001b3ULL;
+  uint64_t z = seed ^ h;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  return at::make_generator<at::CPUGeneratorImpl>(z);
+}
+
+LOOM_INLINE KeepCpuGeneratorState::KeepCpuGeneratorState() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  const std::lock_guard<std::mutex> lock(gen.mutex());
+  state_ = gen.get_state();
+}
+
+LOOM_INLINE KeepCpuGeneratorState::~KeepCpuGeneratorState() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  const std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state_);
 }
 
 }  // namespace loom::models::detail

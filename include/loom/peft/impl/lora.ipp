@@ -5,6 +5,7 @@
 #include <loom/config/json.hpp>
 #include <loom/config/json_io.hpp>
 #include <loom/config/paths.hpp>
+#include <loom/core/deferred.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/host_memory.hpp>
 #include <loom/peft/lora.hpp>
@@ -224,10 +225,10 @@ LOOM_INLINE AdaptableLinearImpl::AdaptableLinearImpl(int64_t in_features, int64_
                                                      bool fan_in_fan_out)
     : fan_in_fan_out_(fan_in_fan_out), in_features_(in_features), out_features_(out_features) {
   // Zeros, drawing nothing from the generator: the model that holds the layer initializes it
-  // (its init_weights), in the order of its own draws.
-  weight = register_parameter("weight", fan_in_fan_out ? torch::zeros({in_features, out_features})
-                                                       : torch::zeros({out_features, in_features}));
-  if (with_bias) bias = register_parameter("bias", torch::zeros({out_features}));
+  // (its init_weights). Storage-less under loom::DeferredInit.
+  weight = register_parameter("weight", fan_in_fan_out ? new_parameter_tensor({in_features, out_features})
+                                                       : new_parameter_tensor({out_features, in_features}));
+  if (with_bias) bias = register_parameter("bias", new_parameter_tensor({out_features}));
 }
 
 LOOM_INLINE torch::Tensor AdaptableLinearImpl::forward(const torch::Tensor& x) {
@@ -309,6 +310,8 @@ LOOM_INLINE void AdaptableLinearImpl::merge_adapter() {
 LOOM_INLINE void AdaptableLinearImpl::quantize_4bit(Bnb4Type type, bool nested, torch::ScalarType compute_dtype) {
   check(!has_adapter(), "quantize_4bit: the layer carries a LoRA adapter; quantize the base before adding it");
   check(!quantized_, "quantize_4bit: the layer is 4-bit already");
+  check(!holds_no_storage(weight), "quantize_4bit: the layer's weight holds no memory yet (a model built under "
+        "loom::DeferredInit): a 4-bit base is quantized from a whole model, so build it without DeferredInit");
   check(compute_dtype == torch::kFloat || compute_dtype == torch::kBFloat16 || compute_dtype == torch::kHalf,
         "quantize_4bit: the compute dtype must be float32, bfloat16 or float16, got {}", c10::toString(compute_dtype));
   torch::NoGradGuard no_grad;
