@@ -381,13 +381,15 @@ inline int run(int argc, char** argv) {
           if (!p.value().requires_grad()) frozen[p.key()] = p.value().detach().clone();
         LoraTrainer<Sharding, Precision> trainer(args, model, data, eval_data);
         trainer.train();
-        double base_change = 0;
-        for (const auto& p : trainer.model()->named_parameters())
-          if (frozen.contains(p.key())) base_change += (p.value() - frozen.at(p.key())).abs().sum().template item<double>();
+        double base_change = 0;  // (FullShard shards the frozen base too: read it gathered)
+        trainer.accelerator().summon_full_params([&] {
+          for (const auto& p : trainer.model()->named_parameters())
+            if (frozen.contains(p.key())) base_change += (p.value() - frozen.at(p.key())).abs().sum().template item<double>();
+        });
         const auto bytes = trainer.model_state_bytes();
         std::ofstream(w.result + ".rank" + std::to_string(trainer.world().rank) + ".json")
             << nlohmann::json{{"base_change", base_change}, {"frozen", frozen.size()}, {"optimizer", bytes.optimizer},
-                              {"grads", bytes.grads}, {"world", trainer.world().size},
+                              {"grads", bytes.grads}, {"params", bytes.params}, {"world", trainer.world().size},
                               {"plan", plan_json(trainer.accelerator().memory_plan())}}.dump();
         trainer.save_model(w.result + ".model");
         return;

@@ -51,7 +51,8 @@ TEST_CASE("memory plan at 1 and 2 ranks: every model-state line within 10% of th
   cases.push_back({"zero1_bf16_reduce", "zero1", 2, {{"--bf16", "true"}, {"--sharding_reduce_dtype", "bf16"}}});
   cases.push_back({"lora_zero2", "zero2", 2, {{"--task", "lora"}}});
   cases.push_back({"lora_ddp", "ddp", 2, {{"--task", "lora"}}});
-  double worst = 0;
+  cases.push_back({"lora_full_shard", "full_shard", 2, {{"--task", "lora"}}});
+  double worst = 0, ddp_frozen = 0;
   for (const auto& c : cases) {
     CAPTURE(c.tag);
     const auto out = dist_dir("plan_" + c.tag);
@@ -65,8 +66,8 @@ TEST_CASE("memory plan at 1 and 2 ranks: every model-state line within 10% of th
       const auto j = rank_result(out, r);
       REQUIRE(j.contains("plan"));
       const auto& plan = j.at("plan");
-      // The LoRA worker reports the optimizer and gradient bytes (its frozen base is whole on
-      // every rank: the plan's frozen line).
+      // The LoRA worker reports the optimizer and gradient bytes (its frozen base: the plan's
+      // frozen line, whole on every rank but under FullShard).
       const std::vector<std::string> lines =
           lora ? std::vector<std::string>{"grads", "optimizer"} : std::vector<std::string>{"params", "grads", "optimizer", "host"};
       std::string report;
@@ -80,6 +81,19 @@ TEST_CASE("memory plan at 1 and 2 ranks: every model-state line within 10% of th
         CHECK(err <= 0.10);
       }
       if (lora) CHECK(plan.at("frozen").get<double>() > 0);
+      if (c.tag == "lora_ddp") ddp_frozen = plan.at("frozen").get<double>();
+      if (c.tag == "lora_full_shard") {
+        // FullShard shards the frozen base too: the plan's adapter shard and base shard against
+        // the engine's parameter bytes at rest, and half the base that DDP keeps whole.
+        const double planned = plan.at("params").get<double>() + plan.at("frozen").get<double>();
+        const double err = relative_error(planned, j.at("params").get<double>());
+        CHECK(err <= 0.10);
+        worst = std::max(worst, err);
+        REQUIRE(ddp_frozen > 0);  // lora_ddp ran first
+        CHECK(plan.at("frozen").get<double>() == doctest::Approx(ddp_frozen / 2).epsilon(0.01));
+        report += " params+frozen " + std::to_string(static_cast<int64_t>(planned)) + "/" +
+                  std::to_string(static_cast<int64_t>(j.at("params").get<double>()));
+      }
       MESSAGE(c.tag << " rank " << r << " planned/measured bytes:" << report);
     }
   }

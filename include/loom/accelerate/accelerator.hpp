@@ -340,6 +340,14 @@ class AcceleratorBase {
     check(checkpointer_.has_value(), "load_model needs the model: call prepare_model first");
     checkpointer_->load_weights(dir);
   }
+  /// Runs `fn` with every parameter of the prepared model whole on this rank (FSDP's
+  /// summon_full_params): under FullShard, whose parameters (frozen ones too) hold no memory
+  /// between its gathers, the shards are gathered around `fn` and take back what it changed.
+  /// Under FullShard it is a collective: every rank calls it.
+  void summon_full_params(const std::function<void()>& fn) {
+    check(module_ != nullptr, "summon_full_params needs the model: call prepare_model first");
+    engine_->with_full_params(fn);
+  }
   /// The checkpoint's loop_state.json after the last load_state (empty before).
   [[nodiscard]] const nlohmann::json& resumed_loop_state() const { return resumed_loop_state_; }
 
@@ -372,7 +380,7 @@ class AcceleratorBase {
   LOOM_INLINE void plan_memory(const torch::nn::Module& module);
   /// Gives memory and values to the parameters of a model built under loom::DeferredInit
   /// (core/deferred.hpp): rank 0's seed to every rank, then every such parameter whole on the
-  /// device, except the trainable ones under FullShard, whose slices its engine materializes.
+  /// device, except under FullShard, whose engine materializes each rank's slices.
   LOOM_INLINE void materialize_deferred(torch::nn::Module& module);
   /// prepare_optimizer's non-template part (current_lr_ set by the caller).
   LOOM_INLINE void prepare_optimizer(optim::Optimizer optimizer, schedule::LRSchedulerBase& scheduler);

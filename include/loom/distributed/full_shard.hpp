@@ -20,6 +20,13 @@
 //             forward.
 // The root unit is gathered at the start of each micro-step and released after its backward.
 //
+// Frozen parameters (a base under an adapter) are sharded too, in a second flat buffer per
+// unit (per their dtype), with no gradient and no optimizer state: gathered with the unit for
+// its forward and its backward, and released once the unit's backward is over. That moment is
+// the gradient of the unit's input (a hook on each input that requires grad: autograd runs it
+// after every use of the input inside the unit), or, for a unit with trainable parameters,
+// the later of that and the unit's reduction; the end of backward otherwise.
+//
 // Mixed precision (FSDP2's MixedPrecisionPolicy): with --sharding_param_dtype bf16 the float32
 // shard is cast to bfloat16 before each all-gather, so the gathered buffer, the parameters
 // (views of it), their gradients and the flat gradient are bfloat16, and forward and backward
@@ -61,7 +68,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
   ~FullShardEngine() override {
     for (auto& u : units_) {
       if (u.wrapper) u.wrapper->loom_runtime = nullptr;
-      for (auto& s : u.slots) detail::clear_grad_ready_hook(s.param);
+      for (auto& s : u.train.slots) detail::clear_grad_ready_hook(s.param);
     }
   }
 
@@ -82,72 +89,71 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
       units_.back().wrapper = candidates[i].wrapper;
       units_.back().name = candidates[i].name;
     }
-    for (const auto& item : module.named_parameters(true)) {
-      const auto& p = item.value();
-      if (!p.requires_grad()) continue;
-      check(p.scalar_type() == torch::kFloat, "sharding needs float32 parameters (the master weights); {} is {}",
-            item.key(), c10::toString(p.scalar_type()));
-      auto it = owner.find(p.unsafeGetTensorImpl());
-      auto& u = units_[it == owner.end() ? 0 : it->second];
-      u.slots.push_back({p, item.key(), u.numel, p.numel()});
-      u.numel += p.numel();
-    }
-    const int64_t n = comm_->size(), r = comm_->rank();
     // A parameter built under loom::DeferredInit holds no memory: only this rank's slice of
     // it is ever materialized, from the model's values (its seeded init or its weight files).
     const auto* values = dynamic_cast<const DeferredValues*>(&module);
+    std::vector<std::pair<std::string, torch::Tensor>> whole;  // frozen, kept whole (see below)
+    for (const auto& item : module.named_parameters(true)) {
+      const auto& p = item.value();
+      auto it = owner.find(p.unsafeGetTensorImpl());
+      auto& u = units_[it == owner.end() ? 0 : it->second];
+      if (p.requires_grad()) {
+        check(p.scalar_type() == torch::kFloat, "sharding needs float32 parameters (the master weights); {} is {}",
+              item.key(), c10::toString(p.scalar_type()));
+        u.train.add(p, item.key());
+      } else if (p.numel() == 0) {
+        continue;  // a 4-bit layer's empty weight: its 4-bit state is kept whole
+      } else if (!p.is_floating_point() ||
+                 (!u.frozen.slots.empty() && u.frozen.slots.front().param.scalar_type() != p.scalar_type())) {
+        whole.emplace_back(item.key(), p);  // one dtype per flat buffer: another one stays whole
+      } else {
+        u.frozen.add(p, item.key());
+      }
+    }
+    for (auto& [name, p] : whole) {
+      if (!holds_no_storage(p)) continue;
+      check(values != nullptr, "parameter {} holds no memory, and the model gives no values for it", name);
+      auto full = torch::empty({p.numel()}, p.options());
+      values->initial_values(name, p, 0, p.numel(), full);
+      p.set_data(full.view(p.sizes()));
+    }
     for (std::size_t k = 0; k < units_.size(); ++k) {
       auto& u = units_[k];
       if (u.wrapper) {
         u.wrapper->loom_runtime = this;
         u.wrapper->loom_unit = static_cast<int>(k);
       }
-      if (u.slots.empty()) continue;
-      const auto opts = u.slots.front().param.options().requires_grad(false);
-      u.padded = detail::round_up(u.numel, n);
-      u.shard_numel = u.padded / n;
-      // A world of one, not offloaded: the shard is the whole unit and the gathered buffer
-      // itself (unless that is of another dtype), so nothing is ever copied or released.
-      const bool whole = resident() && !offload_;
-      const auto shard_opts = offload_ ? opts.device(torch::kCPU).pinned_memory(opts.device().is_cuda()) : opts;
-      u.shard = torch::zeros({whole ? u.padded : u.shard_numel}, shard_opts);
-      u.grad_shard = torch::zeros({u.shard_numel}, opts);
-      const int64_t lo = whole ? 0 : r * u.shard_numel, hi = lo + u.shard.numel();
-      for (const auto& s : u.slots) {
-        const int64_t a = std::max(lo, s.offset), e = std::min(hi, s.offset + s.numel);
-        if (a >= e) continue;
-        auto dst = u.shard.narrow(0, a - lo, e - a);
-        if (holds_no_storage(s.param)) {
-          check(values != nullptr, "parameter {} holds no memory, and the model gives no values for it (build the "
-                "model itself under loom::DeferredInit)", s.name);
-          values->initial_values(s.name, s.param, a - s.offset, e - s.offset, dst);
-        } else {
-          dst.copy_(s.param.detach().reshape({-1}).narrow(0, a - s.offset, e - a));
+      if (!u.train.slots.empty()) {
+        shard_flat(u.train, values, param_dtype_);
+        // float32, on the device (the parameters are views of the gathered buffer by now).
+        u.grad_shard = torch::zeros({u.train.shard_numel},
+                                    u.train.slots.front().param.options().dtype(torch::kFloat).requires_grad(false));
+        for (std::size_t i = 0; i < u.train.slots.size(); ++i) {
+          auto& s = u.train.slots[i];
+          s.param.mutable_grad() = torch::Tensor();
+          detail::set_grad_ready_hook(s.param, [this, k] { on_grad_ready(k); });
+          index_[s.param.unsafeGetTensorImpl()] = {k, i};
         }
       }
-      // The gathered buffer: allocated (untouched) only to make the parameters views of it,
-      // then released until the first gather.
-      u.full = whole && !casts_params() ? u.shard : torch::empty({u.padded}, opts.dtype(param_dtype_));
-      for (std::size_t i = 0; i < u.slots.size(); ++i) {
-        auto& s = u.slots[i];
-        s.param.set_data(u.full.narrow(0, s.offset, s.numel).view(s.param.sizes()));
-        s.param.mutable_grad() = torch::Tensor();
-        detail::set_grad_ready_hook(s.param, [this, k] { on_grad_ready(k); });
-        index_[s.param.unsafeGetTensorImpl()] = {k, i};
+      if (!u.frozen.slots.empty()) {
+        // Gathered in the trainable parameters' gather dtype when it is float32 (a cast under
+        // --sharding_param_dtype), else in its own.
+        const auto dtype = u.frozen.slots.front().param.scalar_type();
+        shard_flat(u.frozen, values, dtype == torch::kFloat ? param_dtype_ : dtype);
       }
-      release(u);
+      if (!u.empty()) release(u);
     }
   }
 
   std::optional<Piece> piece_of(const torch::Tensor& param, const std::string& name) override {
     const auto [k, i] = locate(param, name);
     auto& u = units_[k];
-    const auto& s = u.slots[i];
-    const auto range = detail::owned_range(s, comm_->rank(), u.shard_numel);
+    const auto& s = u.train.slots[i];
+    const auto range = detail::owned_range(s, comm_->rank(), u.train.shard_numel);
     if (!range) return std::nullopt;
     const auto [a, e] = *range;
-    const int64_t lo = comm_->rank() * u.shard_numel;
-    return Piece{name, u.shard.narrow(0, a - lo, e - a), u.grad_shard.narrow(0, a - lo, e - a), a - s.offset,
+    const int64_t lo = comm_->rank() * u.train.shard_numel;
+    return Piece{name, u.train.shard.narrow(0, a - lo, e - a), u.grad_shard.narrow(0, a - lo, e - a), a - s.offset,
                  e - s.offset, s.numel, offload_};
   }
   [[nodiscard]] bool shards_optimizer() const override { return true; }
@@ -158,12 +164,13 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
       u.ready = 0;
       u.backward_started = false;
       u.reduced = false;
+      u.inputs_watched = u.inputs_done = 0;
     }
     in_backward_pass_ = true;
     auto& root = units_[0];
-    if (!root.slots.empty()) {
+    if (!root.empty()) {
       gather(root);
-      prepare_grads(root);
+      if (!root.train.slots.empty()) prepare_grads(root);
       root.backward_started = true;
     }
   }
@@ -175,13 +182,13 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     // index order; then every reduction is waited for.
     for (std::size_t k = 1; k < units_.size(); ++k)
       if (units_[k].backward_started && reduce(units_[k])) ++launches_.after_backward;
-    if (!units_[0].slots.empty() && reduce(units_[0])) ++launches_.after_backward;
+    if (!units_[0].train.slots.empty() && reduce(units_[0])) ++launches_.after_backward;
     for (auto& u : units_) {
       u.work.wait();
       if (u.rs_out.defined()) u.grad_shard.add_(u.rs_out);
       u.rs_out = torch::Tensor();
       u.full_grad = torch::Tensor();
-      if (!u.slots.empty()) release(u);
+      if (!u.empty()) release(u);
     }
     in_backward_pass_ = false;
   }
@@ -191,30 +198,32 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
       if (u.grad_shard.defined()) u.grad_shard.zero_();
   }
 
-  /// Runs `fn` with every parameter gathered; afterwards the shards take the (possibly
-  /// changed) values and the gathered copies are released.
+  /// Runs `fn` with every parameter gathered (frozen ones too); afterwards the shards take the
+  /// (possibly changed) values and the gathered copies are released.
   void with_full_params(const std::function<void()>& fn) override {
     if (casts_params()) {
       with_master_params(fn);
       return;
     }
     for (auto& u : units_)
-      if (!u.slots.empty()) gather(u);
+      if (!u.empty()) gather(u);
     fn();
     torch::NoGradGuard no_grad;
     for (auto& u : units_) {
-      if (u.slots.empty()) continue;
-      if (!params_aliased()) u.shard.copy_(u.full.narrow(0, comm_->rank() * u.shard_numel, u.shard_numel));
+      if (u.empty()) continue;
+      for (auto* f : {&u.train, &u.frozen})
+        if (!f->slots.empty() && !f->aliased)
+          f->shard.copy_(f->full.narrow(0, comm_->rank() * f->shard_numel, f->shard_numel));
       release(u);
     }
   }
   /// Around forward passes without backward (evaluation): the root stays gathered.
   void begin_forward_only() override {
-    if (!units_[0].slots.empty()) gather(units_[0]);
+    if (!units_[0].empty()) gather(units_[0]);
   }
   void end_forward_only() override {
     for (auto& u : units_)
-      if (!u.slots.empty()) release(u);
+      if (!u.empty()) release(u);
   }
 
   [[nodiscard]] std::vector<std::string> unit_names() const override {
@@ -226,11 +235,12 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
   [[nodiscard]] StateBytes state_bytes() const override {
     StateBytes s;
     for (const auto& u : units_) {
-      if (u.slots.empty()) continue;
-      const auto gathered = static_cast<double>(params_aliased() ? 0 : u.full.storage().nbytes());
-      (offload_ ? s.host : s.params) += static_cast<double>(u.shard.nbytes());
-      s.params += gathered;
-      s.grads += static_cast<double>(u.grad_shard.nbytes());
+      for (const auto* f : {&u.train, &u.frozen}) {
+        if (f->slots.empty()) continue;
+        (offload_ ? s.host : s.params) += static_cast<double>(f->shard.nbytes());
+        if (!f->aliased) s.params += static_cast<double>(f->full.storage().nbytes());
+      }
+      if (u.grad_shard.defined()) s.grads += static_cast<double>(u.grad_shard.nbytes());
     }
     return s;
   }
@@ -245,13 +255,13 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
       if (!order_.empty() && order_.front() == k) recorded_ = true;  // the second pass began
       else order_.push_back(k);
     }
-    if (u.slots.empty()) return;
+    if (u.empty()) return;
     gather(u);
     if (recorded_) prefetch(next_in_order(k, +1));
   }
   torch::Tensor post_forward(int k, torch::Tensor out) override {
     auto& u = units_[static_cast<std::size_t>(k)];
-    if (u.slots.empty()) return out;
+    if (u.empty()) return out;
     if (torch::GradMode::is_enabled() && out.requires_grad() && in_backward_pass_) {
       out.register_hook([this, k](const torch::Tensor& g) {
         pre_backward(k);
@@ -261,20 +271,73 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     release(u);
     return out;
   }
+  void watch_input(int k, const torch::Tensor& x) override {
+    auto& u = units_[static_cast<std::size_t>(k)];
+    if (k == 0 || u.frozen.slots.empty() || !x.defined() || !x.requires_grad() || !torch::GradMode::is_enabled() ||
+        !in_backward_pass_)
+      return;
+    ++u.inputs_watched;
+    x.register_hook([this, k](const torch::Tensor&) { on_input_grad(static_cast<std::size_t>(k)); });
+  }
 
  private:
+  // One flat buffer of a unit's parameters of one kind (trainable, or frozen) and its shard.
+  struct Flat {
+    std::vector<detail::Slot> slots;
+    int64_t numel = 0, padded = 0, shard_numel = 0;
+    torch::Tensor full, shard;
+    torch::Tensor cast_shard;  // the shard cast to the gather dtype, sent by the all-gather in flight
+    torch::Tensor staged;      // --offload_param: the host shard's copy on the device, until released
+    Work gather_work;
+    bool gathered = false;
+    bool aliased = false;  // the gathered buffer is the shard itself: nothing to gather or free
+    void add(const torch::Tensor& p, const std::string& name) {
+      slots.push_back({p, name, numel, p.numel()});
+      numel += p.numel();
+    }
+  };
   struct Unit {
     FullShardUnitBase* wrapper = nullptr;
     std::string name;
-    std::vector<detail::Slot> slots;
-    int64_t numel = 0, padded = 0, shard_numel = 0;
-    torch::Tensor full, shard, grad_shard, full_grad, rs_out;
-    torch::Tensor cast_shard;  // the shard cast to param_dtype, sent by the all-gather in flight
-    torch::Tensor staged;      // --offload_param: the host shard's copy on the device, until released
-    Work gather_work, work;
-    bool gathered = false, backward_started = false, reduced = false;
+    Flat train, frozen;
+    torch::Tensor grad_shard, full_grad, rs_out;
+    Work work;
+    bool backward_started = false, reduced = false;
     std::size_t ready = 0;
+    int inputs_watched = 0, inputs_done = 0;  // the unit's inputs whose gradient is hooked; done
+    [[nodiscard]] bool empty() const { return train.slots.empty() && frozen.slots.empty(); }
   };
+
+  // Lays the flat's parameters out: this rank's shard filled (from the parameters, or from the
+  // model's values for those that hold no memory), the parameters made views of the gathered
+  // buffer, whose memory is then released until the first gather.
+  void shard_flat(Flat& f, const DeferredValues* values, torch::ScalarType gather_dtype) {
+    const int64_t n = comm_->size(), r = comm_->rank();
+    const auto opts = f.slots.front().param.options().requires_grad(false);
+    f.padded = detail::round_up(f.numel, n);
+    f.shard_numel = f.padded / n;
+    // A world of one, not offloaded: the shard is the whole unit.
+    const bool whole = resident() && !offload_;
+    f.aliased = whole && gather_dtype == opts.dtype().toScalarType();
+    const auto shard_opts = offload_ ? opts.device(torch::kCPU).pinned_memory(opts.device().is_cuda()) : opts;
+    f.shard = torch::zeros({whole ? f.padded : f.shard_numel}, shard_opts);
+    const int64_t lo = whole ? 0 : r * f.shard_numel, hi = lo + f.shard.numel();
+    for (const auto& s : f.slots) {
+      const int64_t a = std::max(lo, s.offset), e = std::min(hi, s.offset + s.numel);
+      if (a >= e) continue;
+      auto dst = f.shard.narrow(0, a - lo, e - a);
+      if (holds_no_storage(s.param)) {
+        check(values != nullptr, "parameter {} holds no memory, and the model gives no values for it (build the "
+              "model itself under loom::DeferredInit)", s.name);
+        values->initial_values(s.name, s.param, a - s.offset, e - s.offset, dst);
+      } else {
+        dst.copy_(s.param.detach().reshape({-1}).narrow(0, a - s.offset, e - a));
+      }
+    }
+    // The gathered buffer: allocated (untouched) only to make the parameters views of it.
+    f.full = f.aliased ? f.shard : torch::empty({f.padded}, opts.dtype(gather_dtype));
+    for (auto& s : f.slots) s.param.set_data(f.full.narrow(0, s.offset, s.numel).view(s.param.sizes()));
+  }
 
   int next_in_order(int k, int dir) const {
     for (std::size_t i = 0; i < order_.size(); ++i)
@@ -290,20 +353,28 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     if (u.backward_started) return;
     u.backward_started = true;
     gather(u);
-    prepare_grads(u);
+    if (!u.train.slots.empty()) prepare_grads(u);
     prefetch(next_in_order(k, -1));
+  }
+
+  // The gradient of each of the unit's watched inputs has arrived: its backward is over, and
+  // its frozen parameters are released once its reduction (if any) is launched too.
+  void on_input_grad(std::size_t k) {
+    auto& u = units_[k];
+    if (++u.inputs_done < u.inputs_watched) return;
+    if (u.train.slots.empty() || u.reduced) release_flat(u.frozen);
   }
 
   void prepare_grads(Unit& u) {
     // A world of one accumulates straight into the gradient shard (the whole unit).
-    u.full_grad = grads_aliased() ? u.grad_shard : torch::zeros({u.padded}, u.grad_shard.options().dtype(param_dtype_));
-    for (auto& s : u.slots) s.param.mutable_grad() = u.full_grad.narrow(0, s.offset, s.numel).view(s.param.sizes());
+    u.full_grad = grads_aliased() ? u.grad_shard : torch::zeros({u.train.padded}, u.grad_shard.options().dtype(param_dtype_));
+    for (auto& s : u.train.slots) s.param.mutable_grad() = u.full_grad.narrow(0, s.offset, s.numel).view(s.param.sizes());
   }
 
   void on_grad_ready(std::size_t k) {
     auto& u = units_[k];
     if (k == 0 || !u.backward_started) return;  // the root is reduced after backward
-    if (++u.ready == u.slots.size() && reduce(u)) ++launches_.during_backward;
+    if (++u.ready == u.train.slots.size() && reduce(u)) ++launches_.during_backward;
   }
 
   // Launches the unit's reduction unless done; false when there was nothing to launch.
@@ -311,7 +382,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     if (u.reduced || !u.full_grad.defined()) return false;
     u.reduced = true;
     torch::NoGradGuard no_grad;
-    for (auto& s : u.slots) s.param.mutable_grad() = torch::Tensor();
+    for (auto& s : u.train.slots) s.param.mutable_grad() = torch::Tensor();
     if (resident() && !grads_aliased()) {
       u.rs_out = u.full_grad;  // a world of one: after_backward adds it to grad_shard
     } else if (!resident()) {  // (aliased, the gradients are already in grad_shard)
@@ -320,99 +391,116 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
       if (reduce_dtype_ == torch::kFloat && send.scalar_type() != torch::kFloat) send = send.to(torch::kFloat);
       share_.apply(send);
       if (send.scalar_type() != reduce_dtype_) send = send.to(reduce_dtype_);
-      u.rs_out = torch::empty({u.shard_numel}, send.options());
+      u.rs_out = torch::empty({u.train.shard_numel}, send.options());
       u.work = comm_->reduce_scatter(u.rs_out, send, "the gradient reduce-scatter");
     }
-    if (&u != &units_[0]) release(u);
+    if (&u != &units_[0]) {
+      release_flat(u.train);
+      // The frozen parameters wait for the unit's inputs' gradients (the end of its backward).
+      if (u.inputs_watched > 0 && u.inputs_done >= u.inputs_watched) release_flat(u.frozen);
+    }
     return true;
   }
 
   void prefetch(int k) {
     if (k < 0) return;
     auto& u = units_[static_cast<std::size_t>(k)];
-    if (u.slots.empty() || u.gathered || u.gather_work.pending()) return;
-    launch_gather(u);
+    for (auto* f : {&u.train, &u.frozen})
+      if (!f->slots.empty() && !f->gathered && !f->gather_work.pending()) launch_gather(*f);
   }
   // A world of one: gradients accumulate straight into the gradient shard.
   [[nodiscard]] bool resident() const { return comm_->size() == 1; }
   // The gathered parameters are of another dtype than the float32 shards.
   [[nodiscard]] bool casts_params() const { return param_dtype_ != torch::kFloat; }
-  // The gathered buffer is the shard itself (a world of one, no cast, not offloaded): nothing
-  // to gather or free.
-  [[nodiscard]] bool params_aliased() const { return resident() && !casts_params() && !offload_; }
   // The gradient buffer is the gradient shard itself (a world of one, no cast).
   [[nodiscard]] bool grads_aliased() const { return resident() && !casts_params(); }
-  void launch_gather(Unit& u) {
-    if (params_aliased()) return;
-    detail::alloc_storage(u.full, static_cast<std::size_t>(u.padded) * u.full.element_size());
-    torch::Tensor source = u.shard;
+  void launch_gather(Flat& f) {
+    if (f.aliased) return;
+    detail::alloc_storage(f.full, static_cast<std::size_t>(f.padded) * f.full.element_size());
+    torch::Tensor source = f.shard;
+    const bool cast = f.full.scalar_type() != f.shard.scalar_type();
     if (offload_) {  // the host shard to the device first (cast on the way)
-      u.staged = u.shard.to(u.full.device(), u.full.scalar_type(), /*non_blocking=*/u.full.is_cuda(), /*copy=*/true);
-      source = u.staged;
-    } else if (casts_params() && !resident()) {
-      u.cast_shard = u.shard.to(param_dtype_);
-      source = u.cast_shard;
+      f.staged = f.shard.to(f.full.device(), f.full.scalar_type(), /*non_blocking=*/f.full.is_cuda(), /*copy=*/true);
+      source = f.staged;
+    } else if (cast && !resident()) {
+      f.cast_shard = f.shard.to(f.full.scalar_type());
+      source = f.cast_shard;
     }
     if (resident()) {  // a world of one gathers by copying (and casting) its shard
-      u.full.copy_(source);
-      u.gathered = true;
+      f.full.copy_(source);
+      f.gathered = true;
       return;
     }
-    u.gather_work = comm_->all_gather(u.full, source, "the parameter all-gather");
+    f.gather_work = comm_->all_gather(f.full, source, "the parameter all-gather");
+  }
+  void gather_flat(Flat& f) {
+    if (f.slots.empty() || f.gathered) return;
+    if (!f.gather_work.pending()) launch_gather(f);
+    f.gather_work.wait();
+    f.cast_shard = torch::Tensor();
+    f.gathered = true;
   }
   void gather(Unit& u) {
-    if (u.gathered) return;
-    if (!u.gather_work.pending()) launch_gather(u);
-    u.gather_work.wait();
-    u.cast_shard = torch::Tensor();
-    u.gathered = true;
+    // Both launched before either is waited for.
+    for (auto* f : {&u.train, &u.frozen})
+      if (!f->slots.empty() && !f->gathered && !f->gather_work.pending()) launch_gather(*f);
+    gather_flat(u.train);
+    gather_flat(u.frozen);
+  }
+  void release_flat(Flat& f) {
+    if (f.slots.empty()) return;
+    f.gather_work.wait();
+    f.cast_shard = torch::Tensor();
+    f.gathered = false;
+    f.staged = torch::Tensor();
+    if (!f.aliased) detail::free_storage(f.full);
   }
   void release(Unit& u) {
-    u.gather_work.wait();
-    u.cast_shard = torch::Tensor();
-    u.gathered = false;
-    u.staged = torch::Tensor();
-    if (!params_aliased()) detail::free_storage(u.full);
+    release_flat(u.train);
+    release_flat(u.frozen);
   }
 
-  // with_full_params when the gathered parameters are not float32: each unit's float32 shards
-  // are gathered into a buffer of their own and the parameters show it while `fn` runs (what
-  // is saved, or loaded, are the master weights); then the shards take the values back and
-  // the parameters their gathered-dtype views again.
+  // with_full_params when the gathered parameters are not the shards' dtype: each flat's
+  // shards are gathered in their own dtype into a buffer of their own and the parameters show
+  // it while `fn` runs (what is saved, or loaded, are the master weights); then the shards
+  // take the values back and the parameters their gathered-dtype views again.
   void with_master_params(const std::function<void()>& fn) {
     torch::NoGradGuard no_grad;
-    std::vector<torch::Tensor> masters(units_.size());
-    std::vector<std::vector<torch::Tensor>> views(units_.size());
-    std::vector<torch::Tensor> sent(units_.size());  // an offloaded shard's copy on the device
-    std::vector<Work> works;
-    for (std::size_t k = 0; k < units_.size(); ++k) {
-      auto& u = units_[k];
-      if (u.slots.empty()) continue;
+    std::vector<Flat*> flats;
+    for (auto& u : units_) {
+      if (u.empty()) continue;
       release(u);  // as the float32 path leaves it afterwards
-      // On the device (grad_shard's place and float32), also when the shard is offloaded.
-      masters[k] = resident() && !offload_ ? u.shard : torch::empty({u.padded}, u.grad_shard.options());
+      for (auto* f : {&u.train, &u.frozen})
+        if (!f->slots.empty()) flats.push_back(f);
+    }
+    std::vector<torch::Tensor> masters(flats.size()), sent(flats.size());  // sent: an offloaded shard on the device
+    std::vector<std::vector<torch::Tensor>> views(flats.size());
+    std::vector<Work> works;
+    for (std::size_t i = 0; i < flats.size(); ++i) {
+      auto& f = *flats[i];
+      // On the device, in the shard's dtype, also when the shard is offloaded.
+      const auto device_opts = f.full.options().dtype(f.shard.scalar_type());
+      masters[i] = resident() && !offload_ ? f.shard : torch::empty({f.padded}, device_opts);
       if (resident() && offload_) {
-        masters[k].copy_(u.shard);
+        masters[i].copy_(f.shard);
       } else if (!resident()) {
-        sent[k] = offload_ ? u.shard.to(u.grad_shard.device()) : u.shard;
-        works.push_back(comm_->all_gather(masters[k], sent[k], "the master-weight all-gather"));
+        sent[i] = offload_ ? f.shard.to(f.full.device()) : f.shard;
+        works.push_back(comm_->all_gather(masters[i], sent[i], "the master-weight all-gather"));
       }
     }
     for (auto& w : works) w.wait();
-    for (std::size_t k = 0; k < units_.size(); ++k)
-      for (auto& s : units_[k].slots) {
-        views[k].push_back(s.param.variable_data());
-        s.param.set_data(masters[k].narrow(0, s.offset, s.numel).view(s.param.sizes()));
+    for (std::size_t i = 0; i < flats.size(); ++i)
+      for (auto& s : flats[i]->slots) {
+        views[i].push_back(s.param.variable_data());
+        s.param.set_data(masters[i].narrow(0, s.offset, s.numel).view(s.param.sizes()));
       }
     fn();
-    for (std::size_t k = 0; k < units_.size(); ++k) {
-      auto& u = units_[k];
-      if (u.slots.empty()) continue;
-      if (!resident() || offload_) u.shard.copy_(masters[k].narrow(0, comm_->rank() * u.shard_numel, u.shard_numel));
-      for (std::size_t i = 0; i < u.slots.size(); ++i) u.slots[i].param.set_data(views[k][i]);
+    for (std::size_t i = 0; i < flats.size(); ++i) {
+      auto& f = *flats[i];
+      if (!resident() || offload_) f.shard.copy_(masters[i].narrow(0, comm_->rank() * f.shard_numel, f.shard_numel));
+      for (std::size_t j = 0; j < f.slots.size(); ++j) f.slots[j].param.set_data(views[i][j]);
     }
   }
-
 
   std::vector<Unit> units_;
   std::vector<int> order_;

@@ -38,6 +38,9 @@ class UnitRuntime {
  public:
   virtual ~UnitRuntime() = default;
   virtual void pre_forward(int unit) = 0;
+  /// Each tensor argument of the unit's forward, after pre_forward: the engine may hook its
+  /// gradient (the end of the unit's backward).
+  virtual void watch_input(int unit, const torch::Tensor& input) = 0;
   virtual torch::Tensor post_forward(int unit, torch::Tensor out) = 0;
 };
 
@@ -75,6 +78,11 @@ class FullShardUnitImpl : public detail::TransparentWrapper<Inner>, public FullS
       // Recomputed, the block runs again in backward after the engine's pre-backward hook
       // (registered on the output by post_forward) gathered the parameters again.
       loom_runtime->pre_forward(loom_unit);
+      (
+          [&] {
+            if constexpr (detail::is_tensor_v<Args>) loom_runtime->watch_input(loom_unit, args);
+          }(),
+          ...);
       auto out = this->run_block(std::forward<Args>(args)...);
       return loom_runtime->post_forward(loom_unit, std::move(out));
     } else {

@@ -71,11 +71,9 @@ LOOM_INLINE void AcceleratorBase::materialize_deferred(torch::nn::Module& module
     values->set_init_seed(static_cast<uint64_t>(seed.item<int64_t>()));
   }
   retarget_storage_less(module, device_);
-  // FullShard materializes only this rank's slice of each trainable parameter (engine setup);
-  // every other parameter, and every parameter under the other policies, is made whole here,
-  // on the device.
-  const bool sliced = sharding_.shards_parameters;
-  materialize(module, [&](const torch::Tensor& p) { return !(sliced && p.requires_grad()); });
+  // FullShard's engine materializes only this rank's slice of each parameter (its set-up);
+  // under the other policies every parameter is made whole here, on the device.
+  if (!sharding_.shards_parameters) materialize(module);
 }
 
 LOOM_INLINE void AcceleratorBase::plan_memory(const torch::nn::Module& module) {

@@ -37,11 +37,13 @@ LOOM_INLINE MemoryPlan make_memory_plan(const MemoryPlanInputs& in) {
   plan.activations = in.activations;
   plan.activation_note = in.activation_note;
   std::map<int, int64_t> unit_numel;  // FullShard: trainable elements per unit
+  std::map<std::pair<int, int64_t>, int64_t> frozen_numel;  // FullShard: frozen elements per (unit, element size)
   double optimizer = 0, piece_bytes = 0;
   for (const auto& p : in.params) {
     const auto whole = static_cast<double>(p.numel * p.element_size);
     if (!p.trainable) {
-      plan.frozen += whole;
+      if (f.shards_parameters && p.shardable) frozen_numel[{p.unit, p.element_size}] += p.numel;
+      else plan.frozen += whole;
       continue;
     }
     const auto piece = static_cast<double>(detail::ceil_div(p.numel, n) * p.element_size);
@@ -55,19 +57,31 @@ LOOM_INLINE MemoryPlan make_memory_plan(const MemoryPlanInputs& in) {
   }
   if (f.shards_parameters) {
     // Each unit: a float32 shard of round_up(numel, N) / N elements and its gradient shard;
-    // gathered in the gather dtype around its forward and backward.
-    int64_t root = 0, largest = 0;
+    // gathered in the gather dtype around its forward and backward. Its frozen parameters: a
+    // shard of their own per dtype, gathered beside (float32 ones in the gather dtype).
+    // A flat buffer in a world of one, not offloaded, gathered in its own dtype is its shard.
+    const bool one = n == 1 && !in.offload_param;
+    std::map<int, double> gathered;  // per unit
     for (const auto& [unit, numel] : unit_numel) {
       const int64_t padded = detail::ceil_div(numel, n) * n;
       const auto shard = static_cast<double>(padded / n * 4);
       (in.offload_param ? plan.host : plan.params) += shard;
       plan.grads += shard;
-      if (unit == 0) root = padded;
-      else largest = std::max(largest, padded);
+      if (!(one && in.gather_element_size == 4)) gathered[unit] += static_cast<double>(padded * in.gather_element_size);
     }
-    // A world of one without a cast or offload: the shard is the gathered buffer itself.
-    const bool aliased = n == 1 && in.gather_element_size == 4 && !in.offload_param;
-    if (!aliased) plan.gathered = static_cast<double>((2 * largest + root) * in.gather_element_size);
+    for (const auto& [key, numel] : frozen_numel) {
+      const auto [unit, size] = key;
+      const int64_t padded = detail::ceil_div(numel, n) * n;
+      (in.offload_param ? plan.host : plan.frozen) += static_cast<double>(padded / n * size);
+      const int64_t gather_size = size == 4 ? in.gather_element_size : size;
+      if (!(one && gather_size == size)) gathered[unit] += static_cast<double>(padded * gather_size);
+    }
+    double root = 0, largest = 0;
+    for (const auto& [unit, bytes] : gathered) {
+      if (unit == 0) root = bytes;
+      else largest = std::max(largest, bytes);
+    }
+    plan.gathered = 2 * largest + root;
   }
   if (in.offload_optimizer) {
     // The step runs on host copies: the state, each piece's gradient, and the piece itself
@@ -175,6 +189,7 @@ LOOM_INLINE MemoryPlanInputs memory_plan_inputs(const torch::nn::Module& module,
     q.numel = layer->quantized_weight().bytes();
     q.element_size = 1;
     q.trainable = false;
+    q.shardable = false;
     const auto u = unit_of.find(layer->weight.unsafeGetTensorImpl());
     q.unit = u == unit_of.end() ? 0 : u->second;
     in.params.push_back(q);
