@@ -510,3 +510,44 @@ TEST_CASE("load_module is strict: one error lists every missing, unexpected and 
   CHECK(error_of([&] { loom::checkpoint::load_module(net, dir / "nope.safetensors"); }).find("does not exist") !=
         std::string::npos);
 }
+
+TEST_CASE("safetensors: a file written a tensor at a time, in any order, is save_safetensors' file byte for byte") {
+  const auto dir = loom_test::fresh_dir("checkpoint/safetensors_writer");
+  const Named tensors = {{"b.weight", torch::randn({3, 5})},
+                         {"a.bias", torch::arange(7, torch::kInt64)},
+                         {"c.half", torch::randn({4}).to(torch::kHalf)},
+                         {"flag", torch::tensor({true, false})}};
+  save_safetensors(tensors, dir / "whole.safetensors", {{"format", "pt"}});
+  std::vector<loom::checkpoint::SafetensorsWriter::Spec> specs;
+  for (const auto& [name, t] : tensors) specs.push_back({name, t.scalar_type(), t.sizes().vec()});
+  {
+    loom::checkpoint::SafetensorsWriter writer(dir / "streamed.safetensors", specs, {{"format", "pt"}});
+    for (auto it = tensors.rbegin(); it != tensors.rend(); ++it) {
+      CHECK_FALSE(writer.complete());
+      writer.write(it->first, it->second);
+    }
+    CHECK(writer.complete());
+    CHECK_FALSE(fs::exists(dir / "streamed.safetensors"));  // only the .tmp until commit
+    writer.commit();
+  }
+  CHECK(read_bytes(dir / "streamed.safetensors") == read_bytes(dir / "whole.safetensors"));
+  // A tensor of another dtype is converted to the header's; another shape, a second write, a
+  // name the header lacks, and a commit with a tensor missing are refused by name.
+  loom::checkpoint::SafetensorsWriter writer(dir / "bad.safetensors", specs);
+  writer.write("b.weight", torch::randn({3, 5}, torch::kDouble));
+  CHECK(error_of([&] { writer.write("b.weight", torch::randn({3, 5})); }).find("written already") != std::string::npos);
+  CHECK(error_of([&] { writer.write("a.bias", torch::arange(6)); }).find("has shape [6], the header [7]") != std::string::npos);
+  CHECK(error_of([&] { writer.write("nope", torch::arange(6)); }).find("holds no tensor 'nope'") != std::string::npos);
+  CHECK(error_of([&] { writer.commit(); }).find("3 of its tensors were never written") != std::string::npos);
+  CHECK(writer.missing().size() == 3);
+}
+
+TEST_CASE("safetensors: an unfinished streamed file is removed, never left in place") {
+  const auto dir = loom_test::fresh_dir("checkpoint/safetensors_writer_abandoned");
+  {
+    loom::checkpoint::SafetensorsWriter writer(dir / "w.safetensors", {{"x", torch::kFloat, {2}}});
+    CHECK(fs::exists(dir / "w.safetensors.tmp"));
+  }
+  CHECK_FALSE(fs::exists(dir / "w.safetensors.tmp"));
+  CHECK_FALSE(fs::exists(dir / "w.safetensors"));
+}

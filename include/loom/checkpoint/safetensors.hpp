@@ -22,8 +22,10 @@
 #include <bit>
 #include <cstdint>
 #include <filesystem>
-#include <iosfwd>
+#include <functional>
+#include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -100,6 +102,46 @@ LOOM_INLINE Parsed parse_header(const std::filesystem::path& path, std::ifstream
 
 }  // namespace detail
 
+/// A safetensors file written a tensor at a time, in any order: the header (every tensor's
+/// name, dtype and shape, laid out as save_safetensors lays them out) is written first, then
+/// each tensor's bytes at its place; commit() makes the file durable and renames `path`.tmp to
+/// `path`. What streams a model unit by unit (FullShard's save) without holding it whole.
+/// Destroyed without commit(), the .tmp file is removed.
+class SafetensorsWriter {
+ public:
+  struct Spec {
+    std::string name;
+    torch::ScalarType dtype;
+    std::vector<int64_t> shape;
+  };
+  LOOM_INLINE SafetensorsWriter(std::filesystem::path path, const std::vector<Spec>& tensors,
+                                const std::map<std::string, std::string>& metadata = {});
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+  /// Writes tensor `name` (its spec's shape; any device, converted to the spec's dtype); once.
+  LOOM_INLINE void write(const std::string& name, const torch::Tensor& t);
+  /// True once every tensor has been written.
+  [[nodiscard]] bool complete() const { return written_ == places_.size(); }
+  /// The names not written yet.
+  [[nodiscard]] LOOM_INLINE std::vector<std::string> missing() const;
+  /// Every tensor written: flushes, syncs and renames the file into place.
+  LOOM_INLINE void commit();
+
+ private:
+  struct Place {
+    uint64_t offset, bytes;
+    torch::ScalarType dtype;
+    std::vector<int64_t> shape;
+    bool written = false;
+  };
+  std::filesystem::path path_, tmp_;
+  std::ofstream out_;
+  uint64_t data_start_ = 0;
+  std::map<std::string, Place> places_;
+  std::size_t written_ = 0;
+  detail::RemoveOnExit cleanup_;
+};
+
 /// Writes `tensors` (any device, layout or strides) and string `metadata` to a safetensors
 /// file at `path`, via `path`.tmp and a rename; names must be unique.
 LOOM_INLINE void save_safetensors(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
@@ -146,7 +188,10 @@ LOOM_INLINE void save_module(const torch::nn::Module& module, const std::filesys
 /// match, else one loom::Error lists all differences and the module is left untouched. Tensors
 /// are read one at a time. A storage-less parameter (core/deferred.hpp) is not read: the module,
 /// a model built under DeferredInit, reads its slices from the file when it is materialized.
-LOOM_INLINE void load_module(torch::nn::Module& module, const std::filesystem::path& path);
+/// `storage_less`, when given, takes the reader of those parameters' slices instead (FullShard's
+/// load fills its shards from it).
+LOOM_INLINE void load_module(torch::nn::Module& module, const std::filesystem::path& path,
+                             const std::function<void(std::shared_ptr<const SliceReader>)>& storage_less = {});
 
 }  // namespace loom::checkpoint
 

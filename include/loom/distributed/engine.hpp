@@ -99,6 +99,29 @@ class Engine {
   /// Runs `fn` while every parameter is complete (saving, loading); FullShard writes changed
   /// values back to the shards afterwards.
   virtual void with_full_params(const std::function<void()>& fn) = 0;
+  /// with_full_params for the trainable parameters alone (an adapter's save and load):
+  /// FullShard leaves the frozen ones sharded.
+  virtual void with_trainable_params(const std::function<void()>& fn) { with_full_params(fn); }
+  /// Calls `fn` with every parameter whole a group at a time, for reading (a streamed save):
+  /// FullShard gathers one unit at a time in its master dtype and passes that unit's
+  /// parameters; the other engines call it once, every parameter whole, with an empty list
+  /// (all of them). Parameters in no group (kept whole) are whole throughout. A collective
+  /// under FullShard: every rank calls it.
+  virtual void for_each_gathered_group(const std::function<void(const std::vector<torch::Tensor>&)>& fn) {
+    with_full_params([&] { fn({}); });
+  }
+  /// The parameters live as shards between gathers (FullShard): a load fills the shards
+  /// (fill_shards) instead of gathering whole parameters.
+  [[nodiscard]] virtual bool shards_parameters() const { return false; }
+  /// Where a load writes this rank's shard: `fill(name, begin, end, out)` must write elements
+  /// [begin, end) of parameter `name` (flattened) into `out`.
+  using ShardFill = std::function<void(const std::string& name, int64_t begin, int64_t end, torch::Tensor& out)>;
+  /// Calls `fill` for every slice of a parameter this rank's shards hold (FullShard; the other
+  /// engines hold none).
+  virtual void fill_shards(const ShardFill& /*fill*/) {}
+  /// The dtype `param`'s values are saved in: its master weights' (FullShard's float32 shard
+  /// when it gathers bfloat16), else its own.
+  [[nodiscard]] virtual torch::ScalarType master_dtype(const torch::Tensor& param) const { return param.scalar_type(); }
   /// Around evaluation (forward passes without backward).
   virtual void begin_forward_only() = 0;
   virtual void end_forward_only() = 0;

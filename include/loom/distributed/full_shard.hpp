@@ -200,22 +200,56 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
 
   /// Runs `fn` with every parameter gathered (frozen ones too); afterwards the shards take the
   /// (possibly changed) values and the gathered copies are released.
-  void with_full_params(const std::function<void()>& fn) override {
-    if (casts_params()) {
-      with_master_params(fn);
-      return;
-    }
-    for (auto& u : units_)
-      if (!u.empty()) gather(u);
-    fn();
+  void with_full_params(const std::function<void()>& fn) override { with_params(fn, /*frozen_too=*/true); }
+  /// The same for the trainable parameters alone: the frozen ones stay sharded.
+  void with_trainable_params(const std::function<void()>& fn) override { with_params(fn, /*frozen_too=*/false); }
+
+  /// One unit at a time, its parameters whole in their master dtype (the float32 shards
+  /// gathered, also under bfloat16 gathers), for reading: what a streamed save writes.
+  void for_each_gathered_group(const std::function<void(const std::vector<torch::Tensor>&)>& fn) override {
     torch::NoGradGuard no_grad;
     for (auto& u : units_) {
       if (u.empty()) continue;
+      release(u);  // at rest (outside a step) it is already
+      std::vector<Flat*> flats;
       for (auto* f : {&u.train, &u.frozen})
-        if (!f->slots.empty() && !f->aliased)
-          f->shard.copy_(f->full.narrow(0, comm_->rank() * f->shard_numel, f->shard_numel));
-      release(u);
+        if (!f->slots.empty()) flats.push_back(f);
+      const auto masters = gather_masters(flats);
+      std::vector<torch::Tensor> params;
+      std::vector<std::vector<torch::Tensor>> views(flats.size());
+      for (std::size_t i = 0; i < flats.size(); ++i)
+        for (auto& s : flats[i]->slots) {
+          views[i].push_back(s.param.variable_data());
+          s.param.set_data(masters[i].narrow(0, s.offset, s.numel).view(s.param.sizes()));
+          params.push_back(s.param);
+        }
+      fn(params);
+      for (std::size_t i = 0; i < flats.size(); ++i)
+        for (std::size_t j = 0; j < flats[i]->slots.size(); ++j) flats[i]->slots[j].param.set_data(views[i][j]);
     }
+  }
+  [[nodiscard]] bool shards_parameters() const override { return true; }
+  /// Writes each slot's slice on this rank straight into the shard (a load that never holds a
+  /// parameter whole).
+  void fill_shards(const ShardFill& fill) override {
+    torch::NoGradGuard no_grad;
+    for (auto& u : units_)
+      for (auto* f : {&u.train, &u.frozen}) {
+        if (f->slots.empty()) continue;
+        const bool whole = f->shard.numel() == f->padded;  // a world of one, not offloaded
+        const int64_t lo = whole ? 0 : comm_->rank() * f->shard_numel, hi = lo + f->shard.numel();
+        for (const auto& s : f->slots) {
+          const int64_t a = std::max(lo, s.offset), e = std::min(hi, s.offset + s.numel);
+          if (a >= e) continue;
+          auto dst = f->shard.narrow(0, a - lo, e - a);
+          fill(s.name, a - s.offset, e - s.offset, dst);
+        }
+        // The gathered copies (a world of one under a cast or offload) follow at the next gather.
+      }
+  }
+  [[nodiscard]] torch::ScalarType master_dtype(const torch::Tensor& param) const override {
+    const auto it = master_dtypes_.find(param.unsafeGetTensorImpl());
+    return it == master_dtypes_.end() ? param.scalar_type() : it->second;
   }
   /// Around forward passes without backward (evaluation): the root stays gathered.
   void begin_forward_only() override {
@@ -336,7 +370,10 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     }
     // The gathered buffer: allocated (untouched) only to make the parameters views of it.
     f.full = f.aliased ? f.shard : torch::empty({f.padded}, opts.dtype(gather_dtype));
-    for (auto& s : f.slots) s.param.set_data(f.full.narrow(0, s.offset, s.numel).view(s.param.sizes()));
+    for (auto& s : f.slots) {
+      s.param.set_data(f.full.narrow(0, s.offset, s.numel).view(s.param.sizes()));
+      master_dtypes_[s.param.unsafeGetTensorImpl()] = f.shard.scalar_type();
+    }
   }
 
   int next_in_order(int k, int dir) const {
@@ -460,25 +497,35 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     release_flat(u.frozen);
   }
 
-  // with_full_params when the gathered parameters are not the shards' dtype: each flat's
-  // shards are gathered in their own dtype into a buffer of their own and the parameters show
-  // it while `fn` runs (what is saved, or loaded, are the master weights); then the shards
-  // take the values back and the parameters their gathered-dtype views again.
-  void with_master_params(const std::function<void()>& fn) {
-    torch::NoGradGuard no_grad;
-    std::vector<Flat*> flats;
-    for (auto& u : units_) {
-      if (u.empty()) continue;
-      release(u);  // as the float32 path leaves it afterwards
-      for (auto* f : {&u.train, &u.frozen})
-        if (!f->slots.empty()) flats.push_back(f);
+  // with_full_params / with_trainable_params: the flats gathered, `fn`, the shards take the
+  // values back, the flats released.
+  void with_params(const std::function<void()>& fn, bool frozen_too) {
+    if (casts_params()) {
+      with_master_params(fn, frozen_too);
+      return;
     }
+    std::vector<Flat*> flats;
+    for (auto& u : units_)
+      for (auto* f : {&u.train, &u.frozen})
+        if (!f->slots.empty() && (frozen_too || f == &u.train)) flats.push_back(f);
+    for (auto* f : flats)
+      if (!f->gathered && !f->gather_work.pending()) launch_gather(*f);
+    for (auto* f : flats) gather_flat(*f);
+    fn();
+    torch::NoGradGuard no_grad;
+    for (auto* f : flats) {
+      if (!f->aliased) f->shard.copy_(f->full.narrow(0, comm_->rank() * f->shard_numel, f->shard_numel));
+      release_flat(*f);
+    }
+  }
+
+  // Each flat's shards gathered whole in their own dtype (the master weights), on the device:
+  // the shard itself in a world of one that is not offloaded.
+  std::vector<torch::Tensor> gather_masters(const std::vector<Flat*>& flats) {
     std::vector<torch::Tensor> masters(flats.size()), sent(flats.size());  // sent: an offloaded shard on the device
-    std::vector<std::vector<torch::Tensor>> views(flats.size());
     std::vector<Work> works;
     for (std::size_t i = 0; i < flats.size(); ++i) {
       auto& f = *flats[i];
-      // On the device, in the shard's dtype, also when the shard is offloaded.
       const auto device_opts = f.full.options().dtype(f.shard.scalar_type());
       masters[i] = resident() && !offload_ ? f.shard : torch::empty({f.padded}, device_opts);
       if (resident() && offload_) {
@@ -489,6 +536,24 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
       }
     }
     for (auto& w : works) w.wait();
+    return masters;
+  }
+
+  // with_params when the gathered parameters are not the shards' dtype: each flat's shards
+  // are gathered in their own dtype into a buffer of their own and the parameters show it
+  // while `fn` runs (what is saved, or loaded, are the master weights); then the shards take
+  // the values back and the parameters their gathered-dtype views again.
+  void with_master_params(const std::function<void()>& fn, bool frozen_too) {
+    torch::NoGradGuard no_grad;
+    std::vector<Flat*> flats;
+    for (auto& u : units_) {
+      if (u.empty()) continue;
+      release(u);  // as the float32 path leaves it afterwards
+      for (auto* f : {&u.train, &u.frozen})
+        if (!f->slots.empty() && (frozen_too || f == &u.train)) flats.push_back(f);
+    }
+    const auto masters = gather_masters(flats);
+    std::vector<std::vector<torch::Tensor>> views(flats.size());
     for (std::size_t i = 0; i < flats.size(); ++i)
       for (auto& s : flats[i]->slots) {
         views[i].push_back(s.param.variable_data());
@@ -503,6 +568,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
   }
 
   std::vector<Unit> units_;
+  std::map<const void*, torch::ScalarType> master_dtypes_;  // each sharded parameter's shard dtype
   std::vector<int> order_;
   bool recorded_ = false;
   bool in_backward_pass_ = false;

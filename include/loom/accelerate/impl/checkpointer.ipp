@@ -13,8 +13,10 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <regex>
+#include <unordered_map>
 
 namespace loom {
 
@@ -32,13 +34,52 @@ LOOM_INLINE void Checkpointer::barrier(const char* what) {
 
 LOOM_INLINE void Checkpointer::save_weights(const std::filesystem::path& dir) {
   // A model training a LoRA adapter saves the adapter alone, as HF's Trainer saves a
-  // PeftModel: the frozen base is the folder it was loaded from.
-  const bool adapter = peft::adapter_config(*model_).has_value();
-  engine_->with_full_params([&] {
-    if (!saves_) return;
-    if (adapter) peft::save_adapter(*model_, dir);
-    else checkpoint::save_module(*model_, dir / checkpoint::kModelFile);
+  // PeftModel: the frozen base is the folder it was loaded from. The adapter's tensors are
+  // all trainable: FullShard leaves the base sharded meanwhile.
+  if (peft::adapter_config(*model_).has_value()) {
+    engine_->with_trainable_params([&] {
+      if (saves_) peft::save_adapter(*model_, dir);
+    });
+    return;
+  }
+  if (!engine_->shards_parameters()) {
+    engine_->with_full_params([&] {
+      if (saves_) checkpoint::save_module(*model_, dir / checkpoint::kModelFile);
+    });
+    return;
+  }
+  // FullShard: the file streamed a unit at a time, so that no rank holds the whole model. The
+  // header first (every name, shape and master dtype is known), then each unit's parameters
+  // as the engine gathers them (every rank takes part; the writer writes), the buffers, and
+  // the parameters no unit holds (kept whole).
+  std::unique_ptr<checkpoint::SafetensorsWriter> writer;
+  std::unordered_map<const c10::TensorImpl*, std::string> names;
+  std::map<std::string, torch::Tensor> rest;
+  if (saves_) {
+    std::vector<checkpoint::SafetensorsWriter::Spec> specs;
+    for (const auto& p : model_->named_parameters(true)) {
+      specs.push_back({p.key(), engine_->master_dtype(p.value()), p.value().sizes().vec()});
+      names.emplace(p.value().unsafeGetTensorImpl(), p.key());
+      rest.emplace(p.key(), p.value());
+    }
+    for (const auto& b : model_->named_buffers(true))
+      if (b.value().defined()) {
+        specs.push_back({b.key(), b.value().scalar_type(), b.value().sizes().vec()});
+        rest.emplace(b.key(), b.value());
+      }
+    writer = std::make_unique<checkpoint::SafetensorsWriter>(dir / checkpoint::kModelFile, specs);
+  }
+  engine_->for_each_gathered_group([&](const std::vector<torch::Tensor>& params) {
+    if (!writer) return;
+    for (const auto& p : params) {
+      const auto& name = names.at(p.unsafeGetTensorImpl());
+      writer->write(name, p);
+      rest.erase(name);
+    }
   });
+  if (!writer) return;
+  for (const auto& [name, t] : rest) writer->write(name, t);
+  writer->commit();
 }
 
 LOOM_INLINE void Checkpointer::write_model_files(const std::filesystem::path& dir, const nlohmann::json& config,
@@ -94,14 +135,24 @@ LOOM_INLINE void Checkpointer::load_weights(const std::filesystem::path& dir) {
             saved.use_rslora ? ", use_rslora" : "", adapter->lora_alpha, adapter->r, adapter->lora_dropout,
             adapter->use_rslora ? ", use_rslora" : "");
     }
-    engine_->with_full_params([&] { peft::load_adapter_weights(*model_, dir); });
+    engine_->with_trainable_params([&] { peft::load_adapter_weights(*model_, dir); });
     return;
   }
   check(!has_adapter || has_full,
         "{} holds a LoRA adapter ({}), but the model carries none: add the same adapter before loading (--use_peft "
         "with its settings, or --lora_config {})", dir.string(), checkpoint::kAdapterFile,
         (dir / peft::adapter_config_file).string());
-  engine_->with_full_params([&] { checkpoint::load_module(*model_, dir / checkpoint::kModelFile); });
+  if (!engine_->shards_parameters()) {
+    engine_->with_full_params([&] { checkpoint::load_module(*model_, dir / checkpoint::kModelFile); });
+    return;
+  }
+  // FullShard: each rank reads only the slices its shards hold, straight from the file (the
+  // names and shapes checked first, as for any load); buffers and whole parameters directly.
+  checkpoint::load_module(*model_, dir / checkpoint::kModelFile, [&](std::shared_ptr<const checkpoint::SliceReader> reader) {
+    engine_->fill_shards([&](const std::string& name, int64_t begin, int64_t end, torch::Tensor& out) {
+      reader->read(name, begin, end, out);
+    });
+  });
 }
 
 LOOM_INLINE void Checkpointer::load_pretrained(const std::string& name_or_path) {

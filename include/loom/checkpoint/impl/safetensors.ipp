@@ -174,7 +174,7 @@ LOOM_INLINE void save_safetensors(const std::vector<std::pair<std::string, torch
   struct Item {
     std::string name;
     const detail::DtypeInfo* dtype;
-    torch::Tensor data;  // contiguous, CPU
+    torch::Tensor data;
   };
   std::vector<Item> items;
   items.reserve(tensors.size());
@@ -196,14 +196,37 @@ LOOM_INLINE void save_safetensors(const std::vector<std::pair<std::string, torch
           "cannot save {}: tensor '{}' holds no data here (its memory is released: under FullShard a rank keeps only "
           "its shard outside a gather; save through Trainer::save_model or Accelerator::save_model, which every rank "
           "calls and which gather the full weights)", path.string(), name);
-    items.push_back({name, dtype, t.detach().to(torch::kCPU).contiguous()});
+    items.push_back({name, dtype, t.detach()});  // brought to the host one at a time by the writer
+  }
+  std::vector<SafetensorsWriter::Spec> specs;
+  specs.reserve(items.size());
+  for (const auto& item : items) specs.push_back({item.name, item.dtype->type, item.data.sizes().vec()});
+  SafetensorsWriter writer(path, specs, metadata);
+  for (const auto& item : items) writer.write(item.name, item.data);
+  writer.commit();
+}
+
+LOOM_INLINE SafetensorsWriter::SafetensorsWriter(std::filesystem::path path, const std::vector<Spec>& tensors,
+                                                 const std::map<std::string, std::string>& metadata)
+    : path_(std::move(path)), cleanup_{std::filesystem::path()} {
+  struct Item {
+    const Spec* spec;
+    const detail::DtypeInfo* dtype;
+  };
+  std::vector<Item> items;
+  for (const auto& t : tensors) {
+    check(t.name != "__metadata__", "cannot save {}: '__metadata__' is reserved and cannot name a tensor",
+          path_.string());
+    const auto* dtype = detail::dtype_by_type(t.dtype);
+    check(dtype != nullptr, "cannot save {}: tensor '{}' has dtype {}, which loom's safetensors writer does not support",
+          path_.string(), t.name, std::string(c10::toString(t.dtype)));
+    items.push_back({&t, dtype});
   }
   // The Python library's layout: larger elements first, then by name (keeps data aligned).
   std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
     if (a.dtype->size != b.dtype->size) return a.dtype->size > b.dtype->size;
-    return a.name < b.name;
+    return a.spec->name < b.spec->name;
   });
-
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     nlohmann::ordered_json meta = nlohmann::ordered_json::object();
@@ -212,42 +235,73 @@ LOOM_INLINE void save_safetensors(const std::vector<std::pair<std::string, torch
   }
   uint64_t offset = 0;
   for (const auto& item : items) {
-    const auto bytes = static_cast<uint64_t>(item.data.numel()) * static_cast<uint64_t>(item.dtype->size);
+    uint64_t numel = 1;
+    for (const auto d : item.spec->shape) numel *= static_cast<uint64_t>(d);
+    const auto bytes = numel * static_cast<uint64_t>(item.dtype->size);
     nlohmann::ordered_json shape = nlohmann::ordered_json::array();
-    for (const auto d : item.data.sizes()) shape.push_back(static_cast<uint64_t>(d));
-    header[item.name] = {{"dtype", item.dtype->name}, {"shape", std::move(shape)},
-                         {"data_offsets", {offset, offset + bytes}}};
+    for (const auto d : item.spec->shape) shape.push_back(static_cast<uint64_t>(d));
+    header[item.spec->name] = {{"dtype", item.dtype->name}, {"shape", std::move(shape)},
+                               {"data_offsets", {offset, offset + bytes}}};
+    check(places_.emplace(item.spec->name, Place{offset, bytes, item.spec->dtype, item.spec->shape}).second,
+          "cannot save {}: the tensor name '{}' appears twice", path_.string(), item.spec->name);
     offset += bytes;
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
+  data_start_ = 8 + text.size();
 
-  std::filesystem::path tmp = path;
-  tmp += ".tmp";
-  detail::RemoveOnExit cleanup{tmp};
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    check(static_cast<bool>(out), "cannot write {}", tmp.string());
-    errno = 0;  // what a failing write sets is reported below
-    std::array<char, 8> len{};
-    uint64_t n = text.size();
-    for (auto& b : len) b = static_cast<char>(n & 0xff), n >>= 8;
-    out.write(len.data(), 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const auto& item : items) {
-      const auto bytes = static_cast<std::streamsize>(item.data.numel() * item.dtype->size);
-      if (bytes > 0) out.write(static_cast<const char*>(item.data.data_ptr()), bytes);
-    }
-    out.flush();
-    const int error = errno;
-    // The reason the system gave (ENOSPC: "No space left on device"), when it gave one.
-    check(static_cast<bool>(out), "cannot write {}{}", tmp.string(),
-          error != 0 ? ": " + std::error_code(error, std::generic_category()).message() : std::string());
-  }
-  detail::fsync_path(tmp, false);
+  tmp_ = path_;
+  tmp_ += ".tmp";
+  cleanup_.path = tmp_;
+  out_.open(tmp_, std::ios::binary | std::ios::trunc);
+  check(static_cast<bool>(out_), "cannot write {}", tmp_.string());
+  std::array<char, 8> len{};
+  uint64_t n = text.size();
+  for (auto& b : len) b = static_cast<char>(n & 0xff), n >>= 8;
+  out_.write(len.data(), 8);
+  out_.write(text.data(), static_cast<std::streamsize>(text.size()));
+  check(static_cast<bool>(out_), "cannot write {}", tmp_.string());
+}
+
+LOOM_INLINE void SafetensorsWriter::write(const std::string& name, const torch::Tensor& t) {
+  auto it = places_.find(name);
+  check(it != places_.end(), "writing {}: it holds no tensor '{}'", path_.string(), name);
+  auto& place = it->second;
+  check(!place.written, "writing {}: tensor '{}' was written already", path_.string(), name);
+  check(t.defined() && t.sizes() == c10::IntArrayRef(place.shape), "writing {}: tensor '{}' has shape {}, the header {}",
+        path_.string(), name, detail::shape_string(t.sizes()), detail::shape_string(place.shape));
+  const auto data = t.detach().to(torch::kCPU, place.dtype).contiguous();
+  errno = 0;  // what a failing write sets is reported below
+  out_.seekp(static_cast<std::streamoff>(data_start_ + place.offset));
+  if (place.bytes > 0) out_.write(static_cast<const char*>(data.data_ptr()), static_cast<std::streamsize>(place.bytes));
+  const int error = errno;
+  // The reason the system gave (ENOSPC: "No space left on device"), when it gave one.
+  check(static_cast<bool>(out_), "cannot write {}{}", tmp_.string(),
+        error != 0 ? ": " + std::error_code(error, std::generic_category()).message() : std::string());
+  place.written = true;
+  ++written_;
+}
+
+LOOM_INLINE std::vector<std::string> SafetensorsWriter::missing() const {
+  std::vector<std::string> out;
+  for (const auto& [name, place] : places_)
+    if (!place.written) out.push_back(name);
+  return out;
+}
+
+LOOM_INLINE void SafetensorsWriter::commit() {
+  check(complete(), "writing {}: {} of its tensors were never written (the first: {})", path_.string(),
+        places_.size() - written_, missing().front());
+  errno = 0;
+  out_.flush();
+  const int error = errno;
+  check(static_cast<bool>(out_), "cannot write {}{}", tmp_.string(),
+        error != 0 ? ": " + std::error_code(error, std::generic_category()).message() : std::string());
+  out_.close();
+  detail::fsync_path(tmp_, false);
   detail::fault_point("tensor_file_tmp");
-  detail::rename_or_fail(tmp, path);
-  cleanup.armed = false;
+  detail::rename_or_fail(tmp_, path_);
+  cleanup_.armed = false;
 }
 
 LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> load_safetensors(const std::filesystem::path& path) {
@@ -329,7 +383,8 @@ LOOM_INLINE void SliceReader::read(const std::string& name, int64_t begin, int64
   out.copy_(read_tensor(it->second, begin, end).reshape({-1}));
 }
 
-LOOM_INLINE void load_module(torch::nn::Module& module, const std::filesystem::path& path) {
+LOOM_INLINE void load_module(torch::nn::Module& module, const std::filesystem::path& path,
+                             const std::function<void(std::shared_ptr<const SliceReader>)>& storage_less) {
   const auto file = locate_safetensors(path);
   std::unordered_map<std::string, const TensorLocation*> by_name;
   for (const auto& at : file) by_name.emplace(at.entry.name, &at);
@@ -371,13 +426,17 @@ LOOM_INLINE void load_module(torch::nn::Module& module, const std::filesystem::p
     parts.insert(parts.end(), shapes.begin(), shapes.end());
     fail("{} does not match the model: {}", path.string(), join(parts, "; "));
   }
-  auto* values = dynamic_cast<DeferredValues*>(&module);
   if (!deferred.empty()) {
-    check(values != nullptr, "{}: parameter {} holds no memory, and the model gives no values for it (build the model "
-          "itself under loom::DeferredInit)", path.string(), deferred.front().first);
     auto reader = std::make_shared<SliceReader>();
     for (const auto& [name, at] : deferred) reader->add(name, *at);
-    values->read_weights_from(std::move(reader));
+    if (storage_less) {
+      storage_less(std::move(reader));
+    } else {
+      auto* values = dynamic_cast<DeferredValues*>(&module);
+      check(values != nullptr, "{}: parameter {} holds no memory, and the model gives no values for it (build the "
+            "model itself under loom::DeferredInit)", path.string(), deferred.front().first);
+      values->read_weights_from(std::move(reader));
+    }
   }
   torch::NoGradGuard no_grad;
   for (auto& [target, at] : copies) target.copy_(read_tensor(*at));
