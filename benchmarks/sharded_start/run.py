@@ -18,7 +18,9 @@ Each process runs under a small wrapper (this script, --measure) that starts it 
 peak resident set (getrusage RUSAGE_CHILDREN's ru_maxrss, the process's VmHWM), so every rank
 is measured alone. Printed per way: one process's peak above its baseline, each world size's
 largest rank peak above its baseline, and their ratio (the target: at most 0.6 at 2 ranks).
-One intra-op thread (OMP_NUM_THREADS=1).
+One intra-op thread (OMP_NUM_THREADS=1); glibc's mmap threshold at 64 KiB for every run
+(MALLOC_MMAP_THRESHOLD_), so a freed block leaves the resident set at once, one process and
+ranks alike.
 
   .venv/bin/python benchmarks/sharded_start/run.py --example build/examples/llama_sft \\
       --data data/kjv_sft --work /tmp/sharded_start [--ranks 2,4] [--steps 1]
@@ -72,7 +74,9 @@ def run(opts, folder, way, world, tag):
     if way == "full_sgd":
         flags += ["--use_peft", "false", "--optim", "sgd"]
     wrapper = [sys.executable, os.path.abspath(__file__), "--measure", peaks, "--"]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # glibc keeps freed blocks below its mmap threshold (up to 32 MB) in the heap, where the
+    # RSS still counts them; every run, one process or a rank, returns them at once instead.
+    env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="65536")
     if world == 1:
         command = wrapper + flags
     else:

@@ -184,12 +184,10 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
       if (units_[k].backward_started && reduce(units_[k])) ++launches_.after_backward;
     if (!units_[0].train.slots.empty() && reduce(units_[0])) ++launches_.after_backward;
     for (auto& u : units_) {
-      u.work.wait();
-      if (u.rs_out.defined()) u.grad_shard.add_(u.rs_out);
-      u.rs_out = torch::Tensor();
-      u.full_grad = torch::Tensor();
+      finish_reduce(u);
       if (!u.empty()) release(u);
     }
+    pending_reduce_ = -1;
     in_backward_pass_ = false;
   }
   void after_step() override {}
@@ -431,12 +429,27 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
       u.rs_out = torch::empty({u.train.shard_numel}, send.options());
       u.work = comm_->reduce_scatter(u.rs_out, send, "the gradient reduce-scatter");
     }
+    // At most one reduction in flight: the one launched before this is finished now, so a
+    // unit's whole gradient lives from its backward to the next unit's reduction, not to the
+    // end of backward.
+    const auto k = static_cast<int>(&u - units_.data());
+    if (pending_reduce_ >= 0 && pending_reduce_ != k) finish_reduce(units_[static_cast<std::size_t>(pending_reduce_)]);
+    pending_reduce_ = k;
     if (&u != &units_[0]) {
       release_flat(u.train);
       // The frozen parameters wait for the unit's inputs' gradients (the end of its backward).
       if (u.inputs_watched > 0 && u.inputs_done >= u.inputs_watched) release_flat(u.frozen);
     }
     return true;
+  }
+
+  // Waits for the unit's reduction and adds it to the gradient shard; its whole gradient and
+  // the reduction's output are freed.
+  void finish_reduce(Unit& u) {
+    u.work.wait();
+    if (u.rs_out.defined()) u.grad_shard.add_(u.rs_out);
+    u.rs_out = torch::Tensor();
+    u.full_grad = torch::Tensor();
   }
 
   void prefetch(int k) {
@@ -572,6 +585,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
   std::vector<int> order_;
   bool recorded_ = false;
   bool in_backward_pass_ = false;
+  int pending_reduce_ = -1;  // the unit whose reduction is in flight (reduce())
   GradLaunches launches_;
   torch::ScalarType param_dtype_, reduce_dtype_;  // --sharding_param_dtype, --sharding_reduce_dtype
   bool offload_ = false;                           // --offload_param
