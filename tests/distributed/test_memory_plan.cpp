@@ -181,3 +181,37 @@ TEST_CASE("memory plan: the Accelerator refuses a model larger than the memory b
   CHECK(acc.memory_plan()->params == 4.0 * static_cast<double>(int64_t{1} << 42));
   CHECK_FALSE(acc.memory_plan()->activations.has_value());
 }
+
+TEST_CASE("memory plan: the set-up peak, the model whole beside the shards unless it is built without memory") {
+  // Eight units of a parameters each, plain SGD (no optimizer state), two ranks.
+  const int64_t n = 2, a = 1 << 20;
+  loom::MemoryPlanInputs in;
+  in.sharding = loom::sharding::FullShard::facts;
+  in.world = n;
+  for (int u = 1; u <= 8; ++u) in.params.push_back({.numel = a, .unit = u});
+  const double whole = 8 * 4.0 * a;
+  const auto eager = loom::make_memory_plan(in);
+  CHECK(eager.params == whole / 2);
+  CHECK(eager.grads == whole / 2);
+  // Shards and gradient shards, and the model whole as built beside them.
+  CHECK(eager.setup == whole / 2 + whole / 2 + whole);
+  CHECK(eager.setup > eager.device_total());
+  in.deferred = true;
+  const auto deferred = loom::make_memory_plan(in);
+  CHECK(deferred.setup == whole / 2 + whole / 2 + 4.0 * a);  // the one parameter in flight
+  CHECK(deferred.setup < deferred.device_total());
+  // A capacity above training's total refuses the eager model for its set-up alone, and says
+  // how to avoid it; the deferred one starts.
+  const double capacity = eager.device_total() + 4.0 * a;
+  const auto refusal = loom::memory_plan_refusal(eager, capacity, false);
+  REQUIRE(refusal.has_value());
+  CHECK(refusal->find("set-up peak") != std::string::npos);
+  CHECK(refusal->find("loom::DeferredInit") != std::string::npos);
+  CHECK_FALSE(loom::memory_plan_refusal(deferred, capacity, false).has_value());
+  CHECK(loom::format_memory_plan(deferred).find("set-up peak") != std::string::npos);
+  // The other policies keep their engines' layout at set-up: never above training's total.
+  in.sharding = loom::sharding::DDP::facts;
+  const auto replica = loom::make_memory_plan(in);
+  CHECK(replica.setup == replica.params + replica.grads);
+  CHECK(replica.setup <= replica.device_total());
+}

@@ -3,7 +3,8 @@
 # tiny KJV instruction folder (DATA). Each run prints its banner once, writes a checkpoint with
 # the adapter (one optimizer shard per rank under ZeRO-2 and FullShard) and the final adapter;
 # all three give the same train_loss and eval_loss and save the same adapter tensors. Then
-# QLoRA (--load_in_4bit) under DDP and FullShard, the same losses on both.
+# QLoRA (--load_in_4bit) under DDP and FullShard, the same losses on both. Then full
+# fine-tuning (DDP eager, FullShard built without memory) and a base larger than --max_memory.
 include("${CMAKE_CURRENT_LIST_DIR}/example_outputs.cmake")
 set(base "${OUT}")
 set(dirs)
@@ -57,4 +58,38 @@ foreach(policy ddp full_shard)
   list(APPEND full_dirs "${OUT}")
 endforeach()
 hf_check(same --keys train_loss eval_loss -- ${full_dirs})
+# A base larger than the memory each process is told it has (--max_memory 35MiB against a
+# 43 MB float32 model, 16 layers of width 256): LoRA under FullShard at 2 ranks builds it
+# without memory, shards the frozen base and trains; DDP, which keeps the base whole on every
+# rank, is refused by the memory plan before anything is allocated.
+set(OUT "${base}/max_memory_base")
+file(REMOVE_RECURSE "${OUT}")
+execute_process(COMMAND "${EXE}" --data_dir "${DATA}" --use_cpu --disable_tqdm --output_dir "${OUT}" --max_steps 1
+                        --eval_strategy no --save_strategy no --hidden_size 256 --intermediate_size 512
+                        --num_hidden_layers 16 --num_attention_heads 4 --num_key_value_heads 4 --packing 32
+                        --bf16 false --use_peft false --do_train --per_device_train_batch_size 1
+                RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err TIMEOUT 300)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "making the 43 MB base failed: ${err}")
+endif()
+file(SIZE "${OUT}/model.safetensors" model_bytes)
+if(model_bytes LESS 36700160)  # 35 MiB
+  message(FATAL_ERROR "the base holds ${model_bytes} bytes, not more than --max_memory 35MiB")
+endif()
+set(max_memory_flags --model_name_or_path "${OUT}" --data_dir "${DATA}" --max_steps 2 --logging_steps 1
+                     --eval_strategy no --save_strategy no --packing 32 --bf16 false --do_train
+                     --per_device_train_batch_size 1 --gradient_checkpointing --max_memory 35MiB)
+set(OUT "${base}/max_memory_full_shard")
+run_torchrun("llama_sft --max_memory 35MiB --sharding full_shard" "built without memory: each rank materializes its shards"
+             --sharding full_shard ${max_memory_flags})
+check_files("${OUT}" adapter_model.safetensors train_results.json)
+set(OUT "${base}/max_memory_ddp")
+file(REMOVE_RECURSE "${OUT}")
+execute_process(COMMAND "${TORCHRUN}" --standalone --nproc_per_node=2 --no-python "${EXE}" --sharding ddp ${max_memory_flags}
+                        --use_cpu --output_dir "${OUT}" --disable_tqdm
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 300)
+if(rc EQUAL 0 OR NOT err MATCHES "loom: the memory plan needs [0-9.]+ MiB per process \\(frozen parameters 41")
+  message(FATAL_ERROR "DDP with --max_memory 35MiB was not refused by the memory plan (exit ${rc}):\n${out}${err}")
+endif()
+message("DDP refused: the memory plan's frozen base is whole on each rank")
 message("torchrun llama_sft ok")

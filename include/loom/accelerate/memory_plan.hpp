@@ -44,6 +44,9 @@ struct MemoryPlanInputs {
   int64_t gather_element_size = 4;  ///< --sharding_param_dtype: bytes per gathered element (bf16: 2)
   bool offload_optimizer = false;   ///< --offload_optimizer
   bool offload_param = false;       ///< --offload_param
+  /// The model's parameters hold no memory yet (built under loom::DeferredInit): set-up
+  /// materializes them where the policy keeps them, one at a time, never the model whole.
+  bool deferred = false;
   /// The model's activation estimate for one micro-batch; none: unknown (activation_note says why).
   std::optional<double> activations;
   std::string activation_note;  ///< how the estimate was made, or why there is none
@@ -52,13 +55,17 @@ struct MemoryPlanInputs {
 /// Bytes one rank holds: in the device's memory (params .. activations) and in host memory.
 struct MemoryPlan {
   double params = 0;     ///< trainable parameters as the engine keeps them (a replica, or a 1/N shard)
-  double frozen = 0;     ///< parameters without gradient (kept whole on every rank)
+  double frozen = 0;     ///< parameters without gradient (whole on every rank; a 1/N shard under FullShard)
   double grads = 0;      ///< gradients kept between micro-steps
   double optimizer = 0;  ///< optimizer state on the device
   double gathered = 0;   ///< FullShard: gathered units at the peak (largest unit x2 + the root), gather dtype
   std::optional<double> activations;  ///< one micro-batch's saved activations; none: unknown
   std::string activation_note;
   double host = 0;       ///< host memory: offloaded optimizer state, shards and their host copies
+  /// The peak while the model is prepared (before the first step): the engine's parameters and
+  /// gradients, and under FullShard beside them the model whole as built, or only the largest
+  /// parameter (materialized, then sliced) when it was built under loom::DeferredInit.
+  double setup = 0;
   int world = 1;
   std::string sharding;  ///< the policy's --sharding name
   /// The model state the engines report after setup and a step (dist::StateBytes's total()).

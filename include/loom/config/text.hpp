@@ -13,6 +13,7 @@
 #include <loom/config/meta.hpp>
 
 #include <charconv>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -23,6 +24,11 @@
 namespace loom::detail {
 
 // ---- text -> value ----------------------------------------------------------------------
+
+/// Bytes of an HF-style size ("50GB", "200MB", "10GiB", "1000"): a positive integer with an
+/// optional unit B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB (powers of 1024), any case;
+/// a loom::Error naming `what` otherwise.
+LOOM_INLINE int64_t parse_byte_size(std::string_view text, std::string_view what);
 
 /// `s` with A-Z lowered (other bytes as they are).
 LOOM_INLINE std::string ascii_lower(std::string_view s);

@@ -175,6 +175,7 @@ struct Precision {
   std::optional<bool> tf32;        ///< allow TF32 matrix multiplies and convolutions on CUDA (default: torch's setting)
   bool skip_memory_metrics = true; ///< skip memory reports
   bool skip_memory_check = false;  ///< start even when the memory plan (printed at start-up: parameters, gradients, optimizer state, gathered units, activations per rank) exceeds the device's memory; loom's, not HF's
+  std::optional<std::string> max_memory;  ///< the memory each process may use ("10GiB", "1500MB"; accelerate's max_memory for one device): what the memory plan checks against instead of the device's memory (a CPU run: this machine's memory over its processes); loom's, not HF's
   bool include_tokens_per_second = false;  ///< add train_tokens_per_second (items counted by num_items)
 
   static constexpr std::string_view help_heading = "precision and devices";
@@ -332,6 +333,7 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"tf32", "allow TF32 matrix multiplies and convolutions on CUDA (default: torch's setting)"},
     {"skip_memory_metrics", "skip memory reports"},
     {"skip_memory_check", "start even when the memory plan (printed at start-up: parameters, gradients, optimizer state, gathered units, activations per rank) exceeds the device's memory; loom's, not HF's"},
+    {"max_memory", "the memory each process may use (\"10GiB\", \"1500MB\"; accelerate's max_memory for one device): what the memory plan checks against instead of the device's memory (a CPU run: this machine's memory over its processes); loom's, not HF's"},
     {"include_tokens_per_second", "add train_tokens_per_second (items counted by num_items)"},
     {"loss_scale_rule", "torch | deepspeed: how --fp16's dynamic loss scale moves: torch.amp's GradScaler (HF's: x2 after loss_scale_window clean steps in a row, x0.5 at each overflow) or DeepSpeed's DynamicLossScaler (x2 each time loss_scale_window clean steps have passed since the last overflow, x0.5 only after loss_scale_hysteresis overflows); a --deepspeed config's fp16 section chooses deepspeed; loom's, not HF's"},
     {"initial_loss_scale", "--fp16: the first loss scale (DeepSpeed's 2^initial_scale_power)"},

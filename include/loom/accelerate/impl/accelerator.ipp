@@ -1,5 +1,6 @@
 #pragma once
 #include <loom/config/json.hpp>
+#include <loom/config/text.hpp>
 #include <loom/config/validate.hpp>
 #include <loom/core/deferred.hpp>
 #include <loom/core/log.hpp>
@@ -84,7 +85,10 @@ LOOM_INLINE void AcceleratorBase::plan_memory(const torch::nn::Module& module) {
   memory_plan_ = make_memory_plan(in);
   if (world_.is_main()) log_message(LogLevel::info, "{}", format_memory_plan(*memory_plan_));
   if (args.skip_memory_check) return;
-  const auto refusal = memory_plan_refusal(*memory_plan_, device_memory_bytes(device_, world_.local_size), device_.is_cpu());
+  // --max_memory: what each process may use, instead of the device's memory.
+  const double capacity = args.max_memory ? static_cast<double>(detail::parse_byte_size(*args.max_memory, "--max_memory"))
+                                          : device_memory_bytes(device_, world_.local_size);
+  const auto refusal = memory_plan_refusal(*memory_plan_, capacity, device_.is_cpu());
   if (refusal) fail("{}", *refusal);
 }
 

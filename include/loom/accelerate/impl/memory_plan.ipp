@@ -1,5 +1,6 @@
 #pragma once
 #include <loom/config/validate.hpp>
+#include <loom/core/deferred.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/host_memory.hpp>
 #include <loom/distributed/engine.hpp>
@@ -36,6 +37,12 @@ LOOM_INLINE MemoryPlan make_memory_plan(const MemoryPlanInputs& in) {
   plan.sharding = std::string(f.name);
   plan.activations = in.activations;
   plan.activation_note = in.activation_note;
+  double whole = 0, largest = 0;      // the model as built (its parameters' bytes), its largest parameter
+  for (const auto& p : in.params) {
+    const auto bytes = static_cast<double>(p.numel * p.element_size);
+    whole += bytes;
+    largest = std::max(largest, bytes);
+  }
   std::map<int, int64_t> unit_numel;  // FullShard: trainable elements per unit
   std::map<std::pair<int, int64_t>, int64_t> frozen_numel;  // FullShard: frozen elements per (unit, element size)
   double optimizer = 0, piece_bytes = 0;
@@ -83,6 +90,11 @@ LOOM_INLINE MemoryPlan make_memory_plan(const MemoryPlanInputs& in) {
     }
     plan.gathered = 2 * largest + root;
   }
+  // Set-up: the engine's parameters and gradients, and under FullShard beside them the model
+  // whole as built until it is sharded, or, built under loom::DeferredInit, the one parameter
+  // being materialized (drawn whole on the host, then sliced). (The bucket engines' staging
+  // copy, one bucket, is transient as in training.)
+  plan.setup = plan.params + plan.frozen + plan.grads + (f.shards_parameters ? (in.deferred ? largest : whole) : 0);
   if (in.offload_optimizer) {
     // The step runs on host copies: the state, each piece's gradient, and the piece itself
     // unless it lives on the host already (--offload_param).
@@ -105,7 +117,15 @@ LOOM_INLINE std::string format_bytes(double bytes) {
 
 LOOM_INLINE std::optional<std::string> memory_plan_refusal(const MemoryPlan& plan, double capacity, bool device_is_host) {
   const double total = plan.device_total() + (device_is_host ? plan.host : 0);
-  if (capacity <= 0 || total <= capacity) return std::nullopt;
+  const double setup = plan.setup + (device_is_host ? plan.host : 0);
+  if (capacity <= 0 || std::max(total, setup) <= capacity) return std::nullopt;
+  if (total <= capacity)
+    return fmt::format(
+        "the memory plan's set-up peak needs {} per process (the model whole as built beside this rank's shards) but "
+        "the {} has {}, although training needs {}: build the model under loom::DeferredInit (each rank then "
+        "materializes only its shards, docs/distributed.md); --skip_memory_check starts anyway",
+        format_bytes(setup), device_is_host ? "CPU share of this process" : "device", format_bytes(capacity),
+        format_bytes(total));
   return fmt::format(
       "the memory plan needs {} per process ({}parameters {}, gradients {}, optimizer state {}, gathered units {}, "
       "activations {}{}) but the {} has {}: shard more (--sharding {}), offload "
@@ -135,6 +155,7 @@ LOOM_INLINE std::string format_memory_plan(const MemoryPlan& plan) {
     line("activations", "unknown",
          plan.activation_note.empty() ? "no estimate for this model / sequence length" : plan.activation_note);
   line("device total", format_bytes(plan.device_total()));
+  if (plan.setup > 0) line("set-up peak", format_bytes(plan.setup), "while the model is prepared");
   if (plan.host > 0) line("host", format_bytes(plan.host));
   out.pop_back();
   return out;
@@ -158,6 +179,7 @@ LOOM_INLINE MemoryPlanInputs memory_plan_inputs(const torch::nn::Module& module,
   in.gather_element_size = sharding.shards_parameters ? c10::elementSize(dist::sharding_dtype(args.sharding_param_dtype)) : 4;
   in.offload_optimizer = args.offload_optimizer;
   in.offload_param = args.offload_param;
+  in.deferred = has_storage_less_parameters(module);
   // FullShard's units, chosen as the engine chooses them (each parameter in its innermost unit).
   std::unordered_map<const c10::TensorImpl*, int> unit_of;
   int units = 0;

@@ -5,8 +5,12 @@
 #include <loom/config/text.hpp>
 
 #include <array>
+#include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -17,6 +21,28 @@
 namespace loom::detail {
 
 // ---- text -> value ----------------------------------------------------------------------
+
+LOOM_INLINE int64_t parse_byte_size(std::string_view text, std::string_view what) {
+  const char* begin = text.data();
+  const char* end = text.data() + text.size();
+  int64_t value = 0;
+  const auto [unit_begin, ec] = std::from_chars(begin, end, value);
+  if (ec != std::errc() || value <= 0)
+    throw Error("loom: " + std::string(what) + " must be a positive integer with an optional unit (\"50GB\", "
+                "\"200MB\", \"1000\"), got \"" + std::string(text) + "\"");
+  std::string unit(unit_begin, end);
+  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  static const std::map<std::string, int64_t> units{{"", 1},         {"B", 1},          {"KB", 1000},
+                                                    {"MB", 1000000}, {"GB", 1000000000}, {"TB", 1000000000000},
+                                                    {"KIB", 1024},   {"MIB", 1 << 20},   {"GIB", 1 << 30}};
+  const auto it = units.find(unit);
+  if (it == units.end())
+    throw Error("loom: " + std::string(what) + " \"" + std::string(text) +
+                "\" has an unknown unit (B, KB, MB, GB, TB, KiB, MiB, GiB)");
+  if (value > std::numeric_limits<int64_t>::max() / it->second)
+    throw Error("loom: " + std::string(what) + " \"" + std::string(text) + "\" is too large");
+  return value * it->second;
+}
 
 LOOM_INLINE std::string ascii_lower(std::string_view s) {
   std::string out(s);

@@ -7,6 +7,7 @@
 #include <loom/config/nearest.hpp>
 #include <loom/config/optim_args.hpp>
 #include <loom/config/reflect.hpp>
+#include <loom/config/text.hpp>
 #include <loom/config/training_arguments.hpp>
 #include <loom/policy/catalog.hpp>
 #include <loom/config/validate.hpp>
@@ -433,6 +434,7 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
   if (args.offload_param && !args.offload_optimizer)
     throw Error("loom: --offload_param keeps the parameter shards in host memory, where only an offloaded optimizer "
                 "can step them; add --offload_optimizer");
+  if (args.max_memory) (void)detail::parse_byte_size(*args.max_memory, "--max_memory");
 }
 
 LOOM_INLINE void finalize(TrainingArguments& args) {

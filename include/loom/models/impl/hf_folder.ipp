@@ -5,6 +5,7 @@
 #include <loom/config/json.hpp>
 #include <loom/config/paths.hpp>
 #include <loom/config/reflect.hpp>
+#include <loom/config/text.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/log.hpp>
 #include <loom/models/hf_folder.hpp>
@@ -397,23 +398,6 @@ LOOM_INLINE void save_hf_weights(const torch::nn::Module& module, const std::fil
   }
 }
 
-LOOM_INLINE int64_t parse_shard_size(std::string_view text) {
-  const char* begin = text.data();
-  const char* end = text.data() + text.size();
-  int64_t value = 0;
-  const auto [unit_begin, ec] = std::from_chars(begin, end, value);
-  check(ec == std::errc() && value > 0, "max_shard_size must be a positive integer with an optional unit (\"50GB\", "
-                                        "\"200MB\", \"1000\"), got \"{}\"",
-        text);
-  std::string unit(unit_begin, end);
-  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  static const std::map<std::string, int64_t> units{{"", 1},         {"B", 1},          {"KB", 1000},
-                                                    {"MB", 1000000}, {"GB", 1000000000}, {"TB", 1000000000000},
-                                                    {"KIB", 1024},   {"MIB", 1 << 20},   {"GIB", 1 << 30}};
-  const auto it = units.find(unit);
-  check(it != units.end(), "max_shard_size \"{}\" has an unknown unit (B, KB, MB, GB, TB, KiB, MiB, GiB)", text);
-  check(value <= std::numeric_limits<int64_t>::max() / it->second, "max_shard_size \"{}\" is too large", text);
-  return value * it->second;
-}
+LOOM_INLINE int64_t parse_shard_size(std::string_view text) { return loom::detail::parse_byte_size(text, "max_shard_size"); }
 
 }  // namespace loom::models
