@@ -284,10 +284,10 @@ TEST_CASE("validate_checkpoint names what is wrong") {
   const auto dir = out / "checkpoint-3";
   fs::create_directories(dir);
   CHECK(error_of([&] { ck::validate_checkpoint(dir); }) ==
-        "loom: " + dir.string() + " is not a complete checkpoint: missing model.safetensors (or adapter_model.safetensors, an adapter's), trainer_state.json");
+        "loom: " + dir.string() + " is not a complete checkpoint: missing model.safetensors (or model.safetensors.index.json, a sharded model's, or adapter_model.safetensors, an adapter's), trainer_state.json");
   touch(dir / "trainer_state.json", "{}");
   CHECK(error_of([&] { ck::validate_checkpoint(dir); }) ==
-        "loom: " + dir.string() + " is not a complete checkpoint: missing model.safetensors (or adapter_model.safetensors, an adapter's)");
+        "loom: " + dir.string() + " is not a complete checkpoint: missing model.safetensors (or model.safetensors.index.json, a sharded model's, or adapter_model.safetensors, an adapter's)");
   fs::create_directories(dir / "model.safetensors");  // a folder is not the file
   CHECK(error_of([&] { ck::validate_checkpoint(dir); }) ==
         "loom: " + (dir / "model.safetensors").string() + " is a folder, not a file");

@@ -7,6 +7,7 @@
 #include "../support.hpp"
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -550,4 +551,46 @@ TEST_CASE("safetensors: an unfinished streamed file is removed, never left in pl
   }
   CHECK_FALSE(fs::exists(dir / "w.safetensors.tmp"));
   CHECK_FALSE(fs::exists(dir / "w.safetensors"));
+}
+
+TEST_CASE("safetensors: weights over max_shard_size are HF's shards and index, read back through the index") {
+  const auto dir = loom_test::fresh_dir("checkpoint/weights_writer");
+  write_bytes(dir / "model.safetensors", "an earlier save's file");  // removed by the commit
+  const Named tensors = {{"a", torch::randn({15})},  // 60 bytes
+                         {"b", torch::randn({50})},  // 200 bytes: over the limit, a file of its own
+                         {"c", torch::randn({6}).to(torch::kDouble)},  // 48 bytes
+                         {"d", torch::arange(13, torch::kInt32)}};     // 52 bytes
+  std::vector<loom::checkpoint::SafetensorsWriter::Spec> specs;
+  for (const auto& [name, t] : tensors) specs.push_back({name, t.scalar_type(), t.sizes().vec()});
+  loom::checkpoint::WeightsWriter writer(dir, specs, 110, 84, {{"format", "pt"}});
+  // huggingface_hub's split: b alone at once; a and c together (108 bytes); d starts the next.
+  CHECK(writer.files() == std::vector<std::string>{"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                                                   "model-00003-of-00003.safetensors"});
+  for (const auto& [name, t] : tensors) writer.write(name, t);
+  writer.commit();
+  CHECK_FALSE(fs::exists(dir / "model.safetensors"));
+  const auto index = nlohmann::json::parse(read_bytes(dir / "model.safetensors.index.json"));
+  CHECK(index["metadata"]["total_size"] == 360);
+  CHECK(index["metadata"]["total_parameters"] == 84);
+  CHECK(index["weight_map"]["b"] == "model-00001-of-00003.safetensors");
+  CHECK(index["weight_map"]["a"] == "model-00002-of-00003.safetensors");
+  CHECK(index["weight_map"]["c"] == "model-00002-of-00003.safetensors");
+  CHECK(index["weight_map"]["d"] == "model-00003-of-00003.safetensors");
+  CHECK(loom::checkpoint::has_model_weights(dir));
+  // model.safetensors is absent: the index beside it says where each tensor lies.
+  const auto found = loom::checkpoint::locate_model_weights(dir / "model.safetensors");
+  REQUIRE(found.size() == 4);
+  for (const auto& at : found) {
+    CAPTURE(at.entry.name);
+    const auto want = std::find_if(tensors.begin(), tensors.end(), [&](const auto& p) { return p.first == at.entry.name; });
+    REQUIRE(want != tensors.end());
+    CHECK(torch::equal(loom::checkpoint::read_tensor(at), want->second));
+  }
+  // A second save under the limit: one model.safetensors again, the shards and index removed.
+  loom::checkpoint::WeightsWriter again(dir, specs, 1000, 84);
+  for (const auto& [name, t] : tensors) again.write(name, t);
+  again.commit();
+  CHECK(fs::exists(dir / "model.safetensors"));
+  CHECK_FALSE(fs::exists(dir / "model.safetensors.index.json"));
+  CHECK_FALSE(fs::exists(dir / "model-00001-of-00003.safetensors"));
 }

@@ -318,7 +318,7 @@ bad_case(settings_file_typo NO_OUTPUT_DIR
 bad_case(data_dir_missing EXPECT "dataset file /nonexistent/train-images-idx3-ubyte.gz does not exist$"
          ARGS --data_dir /nonexistent)
 bad_case(model_name_or_path_missing
-         EXPECT "--model_name_or_path /nonexistent: /nonexistent/model.safetensors does not exist$"
+         EXPECT "--model_name_or_path /nonexistent: /nonexistent/model.safetensors does not exist \\(nor model.safetensors.index.json, a sharded model's index\\)$"
          ARGS --model_name_or_path /nonexistent)
 bad_case(resume_missing_folder EXPECT "checkpoint folder /nonexistent/checkpoint-5 does not exist$"
          ARGS --resume_from_checkpoint /nonexistent/checkpoint-5)

@@ -37,6 +37,11 @@ namespace loom::checkpoint {
 
 /// File name of the model weights inside a checkpoint folder (HF's SAFE_WEIGHTS_NAME).
 inline constexpr std::string_view kModelFile = "model.safetensors";
+/// Instead, for weights larger than one file: the shards' index (HF's SAFE_WEIGHTS_INDEX_NAME),
+/// beside model-0000i-of-0000n.safetensors.
+inline constexpr std::string_view kModelIndexFile = "model.safetensors.index.json";
+/// The largest weight file before a model's weights are split (save_pretrained's default "50GB").
+inline constexpr int64_t kMaxShardSize = 50'000'000'000;
 /// Instead, when the model trains a LoRA adapter: the adapter's weights (PEFT's
 /// ADAPTER_SAFE_WEIGHTS_NAME; peft/lora.hpp writes it, beside adapter_config.json).
 inline constexpr std::string_view kAdapterFile = "adapter_model.safetensors";

@@ -142,6 +142,32 @@ class SafetensorsWriter {
   detail::RemoveOnExit cleanup_;
 };
 
+/// A model's weights written a tensor at a time, in save_pretrained's layout: one
+/// model.safetensors up to `max_shard_size` bytes, else model-0000i-of-0000n.safetensors
+/// filled greedily in the order of `tensors` (huggingface_hub's split: a tensor over the limit
+/// gets a file of its own) and model.safetensors.index.json ({"metadata": {"total_parameters",
+/// "total_size"}, "weight_map"}, sorted keys). commit() renames every file into place, the index
+/// last, and removes the weight files of an earlier save in `dir` that this one did not write.
+class WeightsWriter {
+ public:
+  LOOM_INLINE WeightsWriter(const std::filesystem::path& dir, const std::vector<SafetensorsWriter::Spec>& tensors,
+                            int64_t max_shard_size, int64_t total_parameters,
+                            const std::map<std::string, std::string>& metadata = {});
+  /// Writes tensor `name` into its file (SafetensorsWriter::write).
+  LOOM_INLINE void write(const std::string& name, const torch::Tensor& t);
+  /// Every tensor written: each file committed, then the index (when there are several).
+  LOOM_INLINE void commit();
+  /// The file names, in order (one: model.safetensors).
+  [[nodiscard]] const std::vector<std::string>& files() const { return files_; }
+
+ private:
+  std::filesystem::path dir_;
+  std::vector<std::unique_ptr<SafetensorsWriter>> shards_;
+  std::vector<std::string> files_;
+  std::unordered_map<std::string, std::size_t> shard_of_;
+  int64_t total_size_ = 0, total_parameters_ = 0;
+};
+
 /// Writes `tensors` (any device, layout or strides) and string `metadata` to a safetensors
 /// file at `path`, via `path`.tmp and a rename; names must be unique.
 LOOM_INLINE void save_safetensors(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
@@ -168,6 +194,14 @@ LOOM_INLINE std::vector<TensorLocation> locate_safetensors(const std::filesystem
 /// 1-D CPU tensor of the stored dtype; the whole tensor in its shape when the range is all of it.
 LOOM_INLINE torch::Tensor read_tensor(const TensorLocation& at, int64_t begin = 0, int64_t end = -1);
 
+/// Where every tensor of a model's weights saved at `path` (model.safetensors) lies: that file,
+/// or, when it is absent and the index (model.safetensors.index.json) is beside it, the shards
+/// the index names (each must hold exactly the names mapped to it). Headers only.
+LOOM_INLINE std::vector<TensorLocation> locate_model_weights(const std::filesystem::path& path);
+
+/// True when `dir` holds a model's weights: model.safetensors or the shards' index.
+LOOM_INLINE bool has_model_weights(const std::filesystem::path& dir);
+
 /// A WeightReader over located tensors, each under the name the model gives it: what a model
 /// built under DeferredInit reads its parameters' slices from.
 class SliceReader final : public WeightReader {
@@ -183,7 +217,8 @@ class SliceReader final : public WeightReader {
 /// Writes the module's named parameters and buffers (libtorch names, e.g. "fc.weight") to `path`.
 LOOM_INLINE void save_module(const torch::nn::Module& module, const std::filesystem::path& path);
 
-/// Copies a file written by save_module (or Python's save_file of a matching state_dict) into
+/// Copies a file written by save_module (or Python's save_file of a matching state_dict; or the
+/// shards of model.safetensors.index.json beside `path`, when `path` is absent) into
 /// the module's parameters and buffers, converting dtype and device; every name and shape must
 /// match, else one loom::Error lists all differences and the module is left untouched. Tensors
 /// are read one at a time. A storage-less parameter (core/deferred.hpp) is not read: the module,

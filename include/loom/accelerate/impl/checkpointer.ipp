@@ -52,12 +52,14 @@ LOOM_INLINE void Checkpointer::save_weights(const std::filesystem::path& dir) {
   // header first (every name, shape and master dtype is known), then each unit's parameters
   // as the engine gathers them (every rank takes part; the writer writes), the buffers, and
   // the parameters no unit holds (kept whole).
-  std::unique_ptr<checkpoint::SafetensorsWriter> writer;
+  std::unique_ptr<checkpoint::WeightsWriter> writer;
   std::unordered_map<const c10::TensorImpl*, std::string> names;
   std::map<std::string, torch::Tensor> rest;
   if (saves_) {
     std::vector<checkpoint::SafetensorsWriter::Spec> specs;
+    int64_t parameters = 0;
     for (const auto& p : model_->named_parameters(true)) {
+      parameters += p.value().numel();
       specs.push_back({p.key(), engine_->master_dtype(p.value()), p.value().sizes().vec()});
       names.emplace(p.value().unsafeGetTensorImpl(), p.key());
       rest.emplace(p.key(), p.value());
@@ -67,7 +69,9 @@ LOOM_INLINE void Checkpointer::save_weights(const std::filesystem::path& dir) {
         specs.push_back({b.key(), b.value().scalar_type(), b.value().sizes().vec()});
         rest.emplace(b.key(), b.value());
       }
-    writer = std::make_unique<checkpoint::SafetensorsWriter>(dir / checkpoint::kModelFile, specs);
+    // save_pretrained's layout: one model.safetensors up to its default 50GB, else shards and
+    // their index (transformers opens both; a resume reads both).
+    writer = std::make_unique<checkpoint::WeightsWriter>(dir, specs, checkpoint::kMaxShardSize, parameters);
   }
   engine_->for_each_gathered_group([&](const std::vector<torch::Tensor>& params) {
     if (!writer) return;
@@ -120,7 +124,7 @@ LOOM_INLINE void Checkpointer::save_merged_model(const std::filesystem::path& di
 
 LOOM_INLINE void Checkpointer::load_weights(const std::filesystem::path& dir) {
   const auto adapter = peft::adapter_config(*model_);
-  const bool has_full = path_exists(dir / checkpoint::kModelFile, PathKind::file);
+  const bool has_full = checkpoint::has_model_weights(dir);
   const bool has_adapter = path_exists(dir / checkpoint::kAdapterFile, PathKind::file);
   if (adapter) {
     check(has_adapter, "{} holds no {}{}, but the model trains a LoRA adapter", dir.string(), checkpoint::kAdapterFile,
@@ -157,8 +161,9 @@ LOOM_INLINE void Checkpointer::load_weights(const std::filesystem::path& dir) {
 
 LOOM_INLINE void Checkpointer::load_pretrained(const std::string& name_or_path) {
   const auto file = std::filesystem::path(name_or_path) / checkpoint::kModelFile;
-  check(path_exists(name_or_path, PathKind::folder, "--model_name_or_path") && path_exists(file, PathKind::file),
-        "--model_name_or_path {}: {} does not exist", name_or_path, file.string());
+  check(path_exists(name_or_path, PathKind::folder, "--model_name_or_path") && checkpoint::has_model_weights(name_or_path),
+        "--model_name_or_path {}: {} does not exist (nor {}, a sharded model's index)", name_or_path, file.string(),
+        checkpoint::kModelIndexFile);
   check(peft::quantized_base(*model_).layers == 0,
         "--model_name_or_path {}: the model's base is 4-bit already, and a float folder cannot be read into it; read "
         "the folder before making the base 4-bit (from_pretrained, then --load_in_4bit)", name_or_path);

@@ -278,8 +278,9 @@ LOOM_INLINE std::vector<std::filesystem::path> rotate_checkpoints(const std::fil
 LOOM_INLINE void validate_checkpoint(const std::filesystem::path& dir) {
   check(path_exists(dir, PathKind::folder, "a checkpoint folder"), "checkpoint folder {} does not exist", dir.string());
   std::string missing;
-  if (!path_exists(dir / kModelFile, PathKind::file) && !path_exists(dir / kAdapterFile, PathKind::file))
-    missing = fmt::format("{} (or {}, an adapter's)", kModelFile, kAdapterFile);
+  if (!path_exists(dir / kModelFile, PathKind::file) && !path_exists(dir / kModelIndexFile, PathKind::file) &&
+      !path_exists(dir / kAdapterFile, PathKind::file))
+    missing = fmt::format("{} (or {}, a sharded model's, or {}, an adapter's)", kModelFile, kModelIndexFile, kAdapterFile);
   if (!path_exists(dir / kTrainerStateFile, PathKind::file))
     missing += (missing.empty() ? "" : ", ") + std::string(kTrainerStateFile);
   check(missing.empty(), "{} is not a complete checkpoint: missing {}", dir.string(), missing);

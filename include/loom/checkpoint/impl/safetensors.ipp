@@ -4,9 +4,11 @@
 #include <loom/checkpoint/folders.hpp>
 #include <loom/checkpoint/safetensors.hpp>
 #include <loom/config/json.hpp>
+#include <loom/config/json_io.hpp>
 #include <loom/config/paths.hpp>
 #include <loom/core/error.hpp>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
@@ -184,18 +186,9 @@ LOOM_INLINE void save_safetensors(const std::vector<std::pair<std::string, torch
           path.string());
     check(seen.insert(name).second, "cannot save {}: the tensor name '{}' appears twice", path.string(), name);
     check(t.defined(), "cannot save {}: tensor '{}' is undefined", path.string(), name);
-    check(t.layout() == torch::kStrided, "cannot save {}: tensor '{}' is not a dense (strided) tensor",
-          path.string(), name);
     const auto* dtype = detail::dtype_by_type(t.scalar_type());
     check(dtype != nullptr, "cannot save {}: tensor '{}' has dtype {}, which loom's safetensors writer does not support",
           path.string(), name, std::string(c10::toString(t.scalar_type())));
-    // A tensor whose memory was released (a FullShard rank outside a gather keeps its shard
-    // only; the parameters are views of freed storage) has nothing to write.
-    const auto needed = (t.storage_offset() + (t.numel() > 0 ? 1 : 0)) * static_cast<int64_t>(t.element_size());
-    check(t.numel() == 0 || (t.storage().data() != nullptr && static_cast<int64_t>(t.storage().nbytes()) >= needed),
-          "cannot save {}: tensor '{}' holds no data here (its memory is released: under FullShard a rank keeps only "
-          "its shard outside a gather; save through Trainer::save_model or Accelerator::save_model, which every rank "
-          "calls and which gather the full weights)", path.string(), name);
     items.push_back({name, dtype, t.detach()});  // brought to the host one at a time by the writer
   }
   std::vector<SafetensorsWriter::Spec> specs;
@@ -270,6 +263,14 @@ LOOM_INLINE void SafetensorsWriter::write(const std::string& name, const torch::
   check(!place.written, "writing {}: tensor '{}' was written already", path_.string(), name);
   check(t.defined() && t.sizes() == c10::IntArrayRef(place.shape), "writing {}: tensor '{}' has shape {}, the header {}",
         path_.string(), name, detail::shape_string(t.sizes()), detail::shape_string(place.shape));
+  check(t.layout() == torch::kStrided, "cannot save {}: tensor '{}' is not a dense (strided) tensor", path_.string(), name);
+  // A tensor whose memory was released (a FullShard rank outside a gather keeps its shard
+  // only; the parameters are views of freed storage) has nothing to write.
+  const auto needed = (t.storage_offset() + (t.numel() > 0 ? 1 : 0)) * static_cast<int64_t>(t.element_size());
+  check(t.numel() == 0 || (t.storage().data() != nullptr && static_cast<int64_t>(t.storage().nbytes()) >= needed),
+        "cannot save {}: tensor '{}' holds no data here (its memory is released: under FullShard a rank keeps only "
+        "its shard outside a gather; save through Trainer::save_model or Accelerator::save_model, which every rank "
+        "calls and which gather the full weights)", path_.string(), name);
   const auto data = t.detach().to(torch::kCPU, place.dtype).contiguous();
   errno = 0;  // what a failing write sets is reported below
   out_.seekp(static_cast<std::streamoff>(data_start_ + place.offset));
@@ -383,9 +384,104 @@ LOOM_INLINE void SliceReader::read(const std::string& name, int64_t begin, int64
   out.copy_(read_tensor(it->second, begin, end).reshape({-1}));
 }
 
+LOOM_INLINE WeightsWriter::WeightsWriter(const std::filesystem::path& dir,
+                                         const std::vector<SafetensorsWriter::Spec>& tensors, int64_t max_shard_size,
+                                         int64_t total_parameters, const std::map<std::string, std::string>& metadata)
+    : dir_(dir), total_parameters_(total_parameters) {
+  check(max_shard_size > 0, "max_shard_size must be positive, got {}", max_shard_size);
+  // huggingface_hub's split_torch_state_dict_into_shards: greedy, in order; a tensor over the
+  // limit gets a file of its own at once, the file being filled goes on after it.
+  std::vector<std::vector<SafetensorsWriter::Spec>> groups;
+  std::vector<SafetensorsWriter::Spec> current;
+  int64_t current_size = 0;
+  for (const auto& t : tensors) {
+    const auto* dtype = detail::dtype_by_type(t.dtype);
+    check(dtype != nullptr, "cannot save {}: tensor '{}' has dtype {}, which loom's safetensors writer does not support",
+          dir.string(), t.name, std::string(c10::toString(t.dtype)));
+    int64_t size = dtype->size;
+    for (const auto d : t.shape) size *= d;
+    total_size_ += size;
+    if (size > max_shard_size) {
+      groups.push_back({t});
+      continue;
+    }
+    if (current_size + size > max_shard_size) {
+      groups.push_back(std::move(current));
+      current.clear();
+      current_size = 0;
+    }
+    current.push_back(t);
+    current_size += size;
+  }
+  if (!current.empty()) groups.push_back(std::move(current));
+  if (groups.empty()) groups.emplace_back();
+  const auto n = groups.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    files_.push_back(n == 1 ? std::string(kModelFile) : fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, n));
+    shards_.push_back(std::make_unique<SafetensorsWriter>(dir / files_.back(), groups[i], metadata));
+    for (const auto& t : groups[i]) shard_of_[t.name] = i;
+  }
+}
+
+LOOM_INLINE void WeightsWriter::write(const std::string& name, const torch::Tensor& t) {
+  const auto it = shard_of_.find(name);
+  check(it != shard_of_.end(), "writing the weights in {}: they hold no tensor '{}'", dir_.string(), name);
+  shards_[it->second]->write(name, t);
+}
+
+LOOM_INLINE void WeightsWriter::commit() {
+  for (auto& s : shards_) s->commit();
+  std::set<std::string> written(files_.begin(), files_.end());
+  if (files_.size() > 1) {
+    nlohmann::json weight_map = nlohmann::json::object();
+    for (const auto& [name, i] : shard_of_) weight_map[name] = files_[i];
+    const nlohmann::json index = {{"metadata", {{"total_parameters", total_parameters_}, {"total_size", total_size_}}},
+                                  {"weight_map", std::move(weight_map)}};
+    json::write_file(nlohmann::ordered_json::parse(index.dump()), dir_ / kModelIndexFile);  // keys sorted, as HF's
+    written.insert(std::string(kModelIndexFile));
+  }
+  // Weight files of an earlier save into the same folder would be read instead of (or beside)
+  // these: removed.
+  for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+    const std::string name = entry.path().filename().string();
+    const bool shard = name.starts_with("model-") && name.ends_with(".safetensors");
+    if ((name == kModelFile || name == kModelIndexFile || shard) && !written.contains(name))
+      std::filesystem::remove(entry.path());
+  }
+}
+
+LOOM_INLINE std::vector<TensorLocation> locate_model_weights(const std::filesystem::path& path) {
+  const auto index = path.parent_path() / kModelIndexFile;
+  if (path_exists(path, PathKind::file) || !path_exists(index, PathKind::file)) return locate_safetensors(path);
+  const nlohmann::json j = json::read_file(index);
+  const json::Fields f(j, index.string());
+  const nlohmann::json& map = f.object("weight_map");
+  std::map<std::string, std::set<std::string>> by_file;
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    const bool plain = it->is_string() && it->get<std::string>().find('/') == std::string::npos &&
+                       it->get<std::string>() != "." && it->get<std::string>() != "..";
+    if (!plain) f.fail("weight_map", "maps '" + it.key() + "' to " + it->dump() + ", which is not a file name in the folder");
+    by_file[it->get<std::string>()].insert(it.key());
+  }
+  std::vector<TensorLocation> out;
+  for (auto& [file, names] : by_file) {
+    for (auto& at : locate_safetensors(path.parent_path() / file)) {
+      check(names.erase(at.entry.name) == 1, "{} holds {}, which {} does not map to it", file, at.entry.name,
+            index.string());
+      out.push_back(std::move(at));
+    }
+    check(names.empty(), "{}: weight_map puts {} in {}, which does not hold it", index.string(), *names.begin(), file);
+  }
+  return out;
+}
+
+LOOM_INLINE bool has_model_weights(const std::filesystem::path& dir) {
+  return path_exists(dir / kModelFile, PathKind::file) || path_exists(dir / kModelIndexFile, PathKind::file);
+}
+
 LOOM_INLINE void load_module(torch::nn::Module& module, const std::filesystem::path& path,
                              const std::function<void(std::shared_ptr<const SliceReader>)>& storage_less) {
-  const auto file = locate_safetensors(path);
+  const auto file = locate_model_weights(path);
   std::unordered_map<std::string, const TensorLocation*> by_name;
   for (const auto& at : file) by_name.emplace(at.entry.name, &at);
 

@@ -347,55 +347,12 @@ LOOM_INLINE void save_hf_weights(const torch::nn::Module& module, const std::fil
   for (const auto& b : module.named_buffers(true))
     if (b.value().defined()) all.emplace_back(b.key(), b.value().detach());
 
-  // huggingface_hub's split_torch_state_dict_into_shards: greedy, in order; a tensor over the
-  // limit gets a shard of its own.
-  std::vector<std::vector<Named>> shards;
-  std::vector<Named> current;
-  int64_t current_size = 0, total_size = 0;
-  for (auto& item : all) {
-    const int64_t size = item.second.numel() * static_cast<int64_t>(item.second.element_size());
-    total_size += size;
-    if (size > options.max_shard_size) {
-      shards.push_back({std::move(item)});
-      continue;
-    }
-    if (current_size + size > options.max_shard_size) {
-      shards.push_back(std::move(current));
-      current.clear();
-      current_size = 0;
-    }
-    current.push_back(std::move(item));
-    current_size += size;
-  }
-  if (!current.empty()) shards.push_back(std::move(current));
-
-  const std::map<std::string, std::string> metadata{{"format", "pt"}};
-  // Files of an earlier save that this one does not rewrite would be read instead of (or
-  // beside) the new ones: remove them.
-  std::set<std::string> written;
-  if (shards.size() <= 1) {
-    checkpoint::save_safetensors(shards.empty() ? std::vector<Named>{} : shards.front(), dir / weights_file, metadata);
-    written.insert(std::string(weights_file));
-  } else {
-    nlohmann::json weight_map = nlohmann::json::object();
-    const auto n = shards.size();
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::string name = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, n);
-      checkpoint::save_safetensors(shards[i], dir / name, metadata);
-      for (const auto& [tensor, t] : shards[i]) weight_map[tensor] = name;
-      written.insert(name);
-    }
-    nlohmann::json index = {{"metadata", {{"total_parameters", parameters}, {"total_size", total_size}}},
-                            {"weight_map", std::move(weight_map)}};
-    detail::write_sorted_json(index, dir / weights_index_file);
-    written.insert(std::string(weights_index_file));
-  }
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    const bool shard = name.starts_with("model-") && name.ends_with(".safetensors");
-    if ((name == weights_file || name == weights_index_file || shard) && !written.contains(name))
-      std::filesystem::remove(entry.path());
-  }
+  // huggingface_hub's split and HF's file names: checkpoint::WeightsWriter.
+  std::vector<checkpoint::SafetensorsWriter::Spec> specs;
+  for (const auto& [name, t] : all) specs.push_back({name, t.scalar_type(), t.sizes().vec()});
+  checkpoint::WeightsWriter writer(dir, specs, options.max_shard_size, parameters, {{"format", "pt"}});
+  for (const auto& [name, t] : all) writer.write(name, t);
+  writer.commit();  // (and removes the weight files of an earlier save there)
 }
 
 LOOM_INLINE int64_t parse_shard_size(std::string_view text) { return loom::detail::parse_byte_size(text, "max_shard_size"); }
