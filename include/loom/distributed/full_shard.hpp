@@ -92,7 +92,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     // A parameter built under loom::DeferredInit holds no memory: only this rank's slice of
     // it is ever materialized, from the model's values (its seeded init or its weight files).
     const auto* values = dynamic_cast<const DeferredValues*>(&module);
-    std::vector<std::pair<std::string, torch::Tensor>> whole;  // frozen, kept whole (see below)
+    std::set<const void*> whole;  // frozen, kept whole (see below)
     for (const auto& item : module.named_parameters(true)) {
       const auto& p = item.value();
       auto it = owner.find(p.unsafeGetTensorImpl());
@@ -105,18 +105,12 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
         continue;  // a 4-bit layer's empty weight: its 4-bit state is kept whole
       } else if (!p.is_floating_point() ||
                  (!u.frozen.slots.empty() && u.frozen.slots.front().param.scalar_type() != p.scalar_type())) {
-        whole.emplace_back(item.key(), p);  // one dtype per flat buffer: another one stays whole
+        whole.insert(p.unsafeGetTensorImpl());  // one dtype per flat buffer: another one stays whole
       } else {
         u.frozen.add(p, item.key());
       }
     }
-    for (auto& [name, p] : whole) {
-      if (!holds_no_storage(p)) continue;
-      check(values != nullptr, "parameter {} holds no memory, and the model gives no values for it", name);
-      auto full = torch::empty({p.numel()}, p.options());
-      values->initial_values(name, p, 0, p.numel(), full);
-      p.set_data(full.view(p.sizes()));
-    }
+    materialize(module, [&](const torch::Tensor& p) { return whole.contains(p.unsafeGetTensorImpl()); });
     for (std::size_t k = 0; k < units_.size(); ++k) {
       auto& u = units_[k];
       if (u.wrapper) {
