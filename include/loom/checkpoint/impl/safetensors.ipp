@@ -456,18 +456,26 @@ LOOM_INLINE std::vector<TensorLocation> locate_model_weights(const std::filesyst
   const nlohmann::json j = json::read_file(index);
   const json::Fields f(j, index.string());
   const nlohmann::json& map = f.object("weight_map");
-  std::map<std::string, std::set<std::string>> by_file;
+  if (map.empty()) f.fail("weight_map", "is empty");
+  std::map<std::string, std::set<std::string>> by_file;  // shard file -> the names it must hold
   for (auto it = map.begin(); it != map.end(); ++it) {
-    const bool plain = it->is_string() && it->get<std::string>().find('/') == std::string::npos &&
-                       it->get<std::string>() != "." && it->get<std::string>() != "..";
-    if (!plain) f.fail("weight_map", "maps '" + it.key() + "' to " + it->dump() + ", which is not a file name in the folder");
-    by_file[it->get<std::string>()].insert(it.key());
+    if (!it->is_string())
+      f.fail("weight_map", "must map each tensor name to a file name; '" + it.key() + "' maps to " + it->dump());
+    const auto file = it->get<std::string>();
+    if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
+        file.find('\\') != std::string::npos)
+      f.fail("weight_map", "maps '" + it.key() + "' to \"" + file + "\", which is not a file name in the folder");
+    by_file[file].insert(it.key());
   }
+  for (const auto& [file, names] : by_file)
+    check(path_exists(path.parent_path() / file, PathKind::file), "{}: weight_map names {} (for {}), which does not exist",
+          index.string(), file, *names.begin());
   std::vector<TensorLocation> out;
   for (auto& [file, names] : by_file) {
-    for (auto& at : locate_safetensors(path.parent_path() / file)) {
-      check(names.erase(at.entry.name) == 1, "{} holds {}, which {} does not map to it", file, at.entry.name,
-            index.string());
+    const auto shard = path.parent_path() / file;
+    for (auto& at : locate_safetensors(shard)) {
+      check(names.erase(at.entry.name) == 1, "{} holds {}, which {} does not map to it", shard.string(), at.entry.name,
+            kModelIndexFile);
       out.push_back(std::move(at));
     }
     check(names.empty(), "{}: weight_map puts {} in {}, which does not hold it", index.string(), *names.begin(), file);

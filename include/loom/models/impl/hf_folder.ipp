@@ -43,12 +43,6 @@ LOOM_INLINE std::string join_names(const std::vector<std::string>& names, std::s
 
 inline constexpr std::string_view kModelFolderHint = "an HF model folder holds config.json and model.safetensors";
 
-// A file name inside the folder: no separator, not "." or "..".
-LOOM_INLINE bool plain_file_name(const std::string& name) {
-  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
-         name.find('\\') == std::string::npos;
-}
-
 LOOM_INLINE std::string dtype_name(torch::ScalarType t) {
   switch (t) {
     case torch::kFloat32: return "float32";
@@ -126,42 +120,16 @@ LOOM_INLINE nlohmann::json with_hf_keys(nlohmann::json fields, std::string_view 
 
 namespace detail {
 
-// The weight files of `dir`: {model.safetensors, {}} or each shard of the index with the names
-// the index maps to it.
-LOOM_INLINE std::vector<std::pair<std::filesystem::path, std::set<std::string>>> weight_files(
-    const std::filesystem::path& dir) {
+// `dir` is a folder holding model.safetensors or the shards' index (a pytorch_model.bin alone
+// is named: loom does not read pickles).
+LOOM_INLINE void check_weights_folder(const std::filesystem::path& dir) {
   check_path(dir, PathKind::folder, kModelFolderHint);
-  const auto single = dir / weights_file;
-  if (path_exists(single, PathKind::file)) return {{single, {}}};
-  const auto index = dir / weights_index_file;
-  if (!path_exists(index, PathKind::file)) {
-    const bool bin = path_exists(dir / "pytorch_model.bin", PathKind::file);
-    fail("{} holds neither {} nor {}{}", dir.string(), weights_file, weights_index_file,
-         bin ? " (its pytorch_model.bin is a pickle, which loom does not read: save the model with "
-               "safe_serialization, as transformers does by default)"
-             : "");
-  }
-  const nlohmann::json j = json::read_file(index);
-  const json::Fields f(j, index.string());
-  const nlohmann::json& map = f.object("weight_map");
-  if (map.empty()) f.fail("weight_map", "is empty");
-  std::map<std::string, std::set<std::string>> by_file;  // shard file -> the names it must hold
-  for (auto it = map.begin(); it != map.end(); ++it) {
-    if (!it->is_string())
-      f.fail("weight_map", "must map each tensor name to a file name; '" + it.key() + "' maps to " + it->dump());
-    const auto file = it->get<std::string>();
-    if (!plain_file_name(file))
-      f.fail("weight_map", "maps '" + it.key() + "' to \"" + file + "\", which is not a file name in the folder");
-    by_file[file].insert(it.key());
-  }
-  std::vector<std::pair<std::filesystem::path, std::set<std::string>>> out;
-  for (auto& [file, names] : by_file) {
-    const auto path = dir / file;
-    check(path_exists(path, PathKind::file), "{}: weight_map names {} (for {}), which does not exist",
-          index.string(), file, *names.begin());
-    out.emplace_back(path, std::move(names));
-  }
-  return out;
+  if (path_exists(dir / weights_file, PathKind::file) || path_exists(dir / weights_index_file, PathKind::file)) return;
+  const bool bin = path_exists(dir / "pytorch_model.bin", PathKind::file);
+  fail("{} holds neither {} nor {}{}", dir.string(), weights_file, weights_index_file,
+       bin ? " (its pytorch_model.bin is a pickle, which loom does not read: save the model with "
+             "safe_serialization, as transformers does by default)"
+           : "");
 }
 
 }  // namespace detail
@@ -173,10 +141,7 @@ LOOM_INLINE void check_config_size(std::string_view where, std::string_view fiel
 
 LOOM_INLINE std::map<std::string, std::vector<int64_t>> read_hf_weight_shapes(const std::filesystem::path& dir) {
   std::map<std::string, std::vector<int64_t>> out;
-  for (const auto& [path, names] : detail::weight_files(dir)) {
-    std::ifstream in;
-    for (auto& e : checkpoint::detail::parse_header(path, in).entries) out[e.name] = std::move(e.shape);
-  }
+  for (auto& at : locate_hf_weights(dir)) out[at.entry.name] = std::move(at.entry.shape);
   return out;
 }
 
@@ -204,32 +169,13 @@ LOOM_INLINE void check_config_shapes(const std::filesystem::path& dir, const std
 
 LOOM_INLINE std::vector<std::pair<std::string, torch::Tensor>> read_hf_weights(const std::filesystem::path& dir) {
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (auto& [path, names] : detail::weight_files(dir)) {
-    if (names.empty()) return checkpoint::load_safetensors(path);  // model.safetensors: no index
-    for (auto& [name, t] : checkpoint::load_safetensors(path)) {
-      check(names.erase(name) == 1, "{} holds {}, which {} does not map to it", path.string(), name,
-            weights_index_file);
-      out.emplace_back(std::move(name), std::move(t));
-    }
-    check(names.empty(), "{}: weight_map puts {} in {}, which does not hold it", (dir / weights_index_file).string(),
-          *names.begin(), path.filename().string());
-  }
+  for (const auto& at : locate_hf_weights(dir)) out.emplace_back(at.entry.name, checkpoint::read_tensor(at));
   return out;
 }
 
 LOOM_INLINE std::vector<checkpoint::TensorLocation> locate_hf_weights(const std::filesystem::path& dir) {
-  std::vector<checkpoint::TensorLocation> out;
-  for (auto& [path, names] : detail::weight_files(dir)) {
-    if (names.empty()) return checkpoint::locate_safetensors(path);  // model.safetensors: no index
-    for (auto& at : checkpoint::locate_safetensors(path)) {
-      check(names.erase(at.entry.name) == 1, "{} holds {}, which {} does not map to it", path.string(), at.entry.name,
-            weights_index_file);
-      out.push_back(std::move(at));
-    }
-    check(names.empty(), "{}: weight_map puts {} in {}, which does not hold it", (dir / weights_index_file).string(),
-          *names.begin(), path.filename().string());
-  }
-  return out;
+  detail::check_weights_folder(dir);
+  return checkpoint::locate_model_weights(dir / weights_file);
 }
 
 LOOM_INLINE void load_hf_weights(torch::nn::Module& module, const std::filesystem::path& dir,
