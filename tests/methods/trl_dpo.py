@@ -38,9 +38,10 @@ CASES = {
     "sigmoid": {"dpo": {}, "lora": False, "evaluate": True},
     "ipo_hinge_robust": {"dpo": {"beta": 0.2, "loss_type": ["ipo", "hinge", "robust"], "loss_weights": [1.0, 0.5, 0.25],
                                  "label_smoothing": 0.1}, "lora": False},
-    # Six losses summed: its drift from TRL sits at the edge of 1e-6 and moves with the memory
-    # layout of the weights (1.17e-6 at step 4 once from_pretrained read one tensor at a time
-    # instead of the whole file first; nothing in its arithmetic changed).
+    # Six losses summed: its drift from TRL sits at the edge of 1e-6 (1.17e-6 at step 4 once
+    # from_pretrained read one tensor at a time instead of the whole file first). Its arithmetic
+    # did not change; the likeliest cause, not proven, is the weights' place in memory (CPU GEMM
+    # kernels may round differently with alignment).
     "pairwise": {"dpo": {"beta": 0.3, "label_smoothing": 0.05,
                          "loss_type": ["exo_pair", "nca_pair", "bco_pair", "sppo_hard", "apo_zero", "apo_down"]},
                  "lora": False, "tolerance": 2e-6},
