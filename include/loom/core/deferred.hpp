@@ -7,7 +7,7 @@
 // Nothing is allocated, nothing is drawn from the generator but one seed. The Accelerator then
 // gives each parameter memory where the sharding policy keeps it: whole for a single process,
 // DDP and ZeRO-1/2; only this rank's slice of each unit under FullShard (the frozen base of an
-// adapter whole, for now). The values come from the model (DeferredValues):
+// adapter too). The values come from the model (DeferredValues):
 //   - its random initialization, seeded per parameter (the model's seed and the parameter's
 //     name), so any slice of it equals the same slice of the whole initialization bit for bit,
 //     and the same model built without the scope is initialized identically;

@@ -110,9 +110,6 @@ class Engine {
   virtual void for_each_gathered_group(const std::function<void(const std::vector<torch::Tensor>&)>& fn) {
     with_full_params([&] { fn({}); });
   }
-  /// The parameters live as shards between gathers (FullShard): a load fills the shards
-  /// (fill_shards) instead of gathering whole parameters.
-  [[nodiscard]] virtual bool shards_parameters() const { return false; }
   /// Where a load writes this rank's shard: `fill(name, begin, end, out)` must write elements
   /// [begin, end) of parameter `name` (flattened) into `out`.
   using ShardFill = std::function<void(const std::string& name, int64_t begin, int64_t end, torch::Tensor& out)>;

@@ -220,24 +220,16 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
         for (std::size_t j = 0; j < flats[i]->slots.size(); ++j) flats[i]->slots[j].param.set_data(views[i][j]);
     }
   }
-  [[nodiscard]] bool shards_parameters() const override { return true; }
   /// Writes each slot's slice on this rank straight into the shard (a load that never holds a
   /// parameter whole).
   void fill_shards(const ShardFill& fill) override {
     torch::NoGradGuard no_grad;
+    // (The gathered copies, in a world of one under a cast or offload, follow at the next gather.)
     for (auto& u : units_)
-      for (auto* f : {&u.train, &u.frozen}) {
-        if (f->slots.empty()) continue;
-        const bool whole = f->shard.numel() == f->padded;  // a world of one, not offloaded
-        const int64_t lo = whole ? 0 : comm_->rank() * f->shard_numel, hi = lo + f->shard.numel();
-        for (const auto& s : f->slots) {
-          const int64_t a = std::max(lo, s.offset), e = std::min(hi, s.offset + s.numel);
-          if (a >= e) continue;
-          auto dst = f->shard.narrow(0, a - lo, e - a);
-          fill(s.name, a - s.offset, e - s.offset, dst);
-        }
-        // The gathered copies (a world of one under a cast or offload) follow at the next gather.
-      }
+      for (auto* f : {&u.train, &u.frozen})
+        for_each_owned_slice(*f, [&](const detail::Slot& s, int64_t begin, int64_t end, torch::Tensor& dst) {
+          fill(s.name, begin, end, dst);
+        });
   }
   [[nodiscard]] torch::ScalarType master_dtype(const torch::Tensor& param) const override {
     const auto it = master_dtypes_.find(param.unsafeGetTensorImpl());
@@ -338,7 +330,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
   // model's values for those that hold no memory), the parameters made views of the gathered
   // buffer, whose memory is then released until the first gather.
   void shard_flat(Flat& f, const DeferredValues* values, torch::ScalarType gather_dtype) {
-    const int64_t n = comm_->size(), r = comm_->rank();
+    const int64_t n = comm_->size();
     const auto opts = f.slots.front().param.options().requires_grad(false);
     f.padded = detail::round_up(f.numel, n);
     f.shard_numel = f.padded / n;
@@ -347,24 +339,35 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     f.aliased = whole && gather_dtype == opts.dtype().toScalarType();
     const auto shard_opts = offload_ ? opts.device(torch::kCPU).pinned_memory(opts.device().is_cuda()) : opts;
     f.shard = torch::zeros({whole ? f.padded : f.shard_numel}, shard_opts);
-    const int64_t lo = whole ? 0 : r * f.shard_numel, hi = lo + f.shard.numel();
-    for (const auto& s : f.slots) {
-      const int64_t a = std::max(lo, s.offset), e = std::min(hi, s.offset + s.numel);
-      if (a >= e) continue;
-      auto dst = f.shard.narrow(0, a - lo, e - a);
+    for_each_owned_slice(f, [&](const detail::Slot& s, int64_t begin, int64_t end, torch::Tensor& dst) {
       if (holds_no_storage(s.param)) {
         check(values != nullptr, "parameter {} holds no memory, and the model gives no values for it (build the "
               "model itself under loom::DeferredInit)", s.name);
-        values->initial_values(s.name, s.param, a - s.offset, e - s.offset, dst);
+        values->initial_values(s.name, s.param, begin, end, dst);
       } else {
-        dst.copy_(s.param.detach().reshape({-1}).narrow(0, a - s.offset, e - a));
+        dst.copy_(s.param.detach().reshape({-1}).narrow(0, begin, end - begin));
       }
-    }
+    });
     // The gathered buffer: allocated (untouched) only to make the parameters views of it.
     f.full = f.aliased ? f.shard : torch::empty({f.padded}, opts.dtype(gather_dtype));
     for (auto& s : f.slots) {
       s.param.set_data(f.full.narrow(0, s.offset, s.numel).view(s.param.sizes()));
       master_dtypes_[s.param.unsafeGetTensorImpl()] = f.shard.scalar_type();
+    }
+  }
+
+  // Calls fn(slot, begin, end, dst) for each slot's elements [begin, end) this rank's shard
+  // holds (detail::owned_range; in a world of one the shard is the whole flat), `dst` their
+  // place in the shard.
+  template <class Fn>
+  void for_each_owned_slice(Flat& f, Fn&& fn) {
+    const int64_t lo = comm_->rank() * f.shard_numel;
+    for (const auto& s : f.slots) {
+      const auto range = detail::owned_range(s, comm_->rank(), f.shard_numel);
+      if (!range) continue;
+      const auto [a, e] = *range;
+      auto dst = f.shard.narrow(0, a - lo, e - a);
+      fn(s, a - s.offset, e - s.offset, dst);
     }
   }
 

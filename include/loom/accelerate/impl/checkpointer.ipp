@@ -42,16 +42,10 @@ LOOM_INLINE void Checkpointer::save_weights(const std::filesystem::path& dir) {
     });
     return;
   }
-  if (!engine_->shards_parameters()) {
-    engine_->with_full_params([&] {
-      if (saves_) checkpoint::save_module(*model_, dir / checkpoint::kModelFile);
-    });
-    return;
-  }
-  // FullShard: the file streamed a unit at a time, so that no rank holds the whole model. The
-  // header first (every name, shape and master dtype is known), then each unit's parameters
-  // as the engine gathers them (every rank takes part; the writer writes), the buffers, and
-  // the parameters no unit holds (kept whole).
+  // Streamed: the header first (every name, shape and master dtype is known), then each group
+  // of parameters as the engine gathers it (FullShard: a unit at a time, every rank taking part,
+  // so no rank holds the whole model; the other engines: none, their parameters are whole),
+  // then the buffers and the parameters no group held.
   std::unique_ptr<checkpoint::WeightsWriter> writer;
   std::unordered_map<const c10::TensorImpl*, std::string> names;
   std::map<std::string, torch::Tensor> rest;
@@ -146,12 +140,8 @@ LOOM_INLINE void Checkpointer::load_weights(const std::filesystem::path& dir) {
         "{} holds a LoRA adapter ({}), but the model carries none: add the same adapter before loading (--use_peft "
         "with its settings, or --lora_config {})", dir.string(), checkpoint::kAdapterFile,
         (dir / peft::adapter_config_file).string());
-  if (!engine_->shards_parameters()) {
-    engine_->with_full_params([&] { checkpoint::load_module(*model_, dir / checkpoint::kModelFile); });
-    return;
-  }
-  // FullShard: each rank reads only the slices its shards hold, straight from the file (the
-  // names and shapes checked first, as for any load); buffers and whole parameters directly.
+  // Whole parameters and buffers are copied; FullShard's parameters, which hold no memory
+  // between gathers, take only the slices this rank's shards hold, straight from the file.
   checkpoint::load_module(*model_, dir / checkpoint::kModelFile, [&](std::shared_ptr<const checkpoint::SliceReader> reader) {
     engine_->fill_shards([&](const std::string& name, int64_t begin, int64_t end, torch::Tensor& out) {
       reader->read(name, begin, end, out);

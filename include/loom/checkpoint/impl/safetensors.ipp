@@ -173,29 +173,14 @@ LOOM_INLINE Parsed parse_header(const std::filesystem::path& path, std::ifstream
 LOOM_INLINE void save_safetensors(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                                   const std::filesystem::path& path,
                                   const std::map<std::string, std::string>& metadata) {
-  struct Item {
-    std::string name;
-    const detail::DtypeInfo* dtype;
-    torch::Tensor data;
-  };
-  std::vector<Item> items;
-  items.reserve(tensors.size());
-  std::set<std::string> seen;
-  for (const auto& [name, t] : tensors) {
-    check(name != "__metadata__", "cannot save {}: '__metadata__' is reserved and cannot name a tensor",
-          path.string());
-    check(seen.insert(name).second, "cannot save {}: the tensor name '{}' appears twice", path.string(), name);
-    check(t.defined(), "cannot save {}: tensor '{}' is undefined", path.string(), name);
-    const auto* dtype = detail::dtype_by_type(t.scalar_type());
-    check(dtype != nullptr, "cannot save {}: tensor '{}' has dtype {}, which loom's safetensors writer does not support",
-          path.string(), name, std::string(c10::toString(t.scalar_type())));
-    items.push_back({name, dtype, t.detach()});  // brought to the host one at a time by the writer
-  }
   std::vector<SafetensorsWriter::Spec> specs;
-  specs.reserve(items.size());
-  for (const auto& item : items) specs.push_back({item.name, item.dtype->type, item.data.sizes().vec()});
-  SafetensorsWriter writer(path, specs, metadata);
-  for (const auto& item : items) writer.write(item.name, item.data);
+  specs.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    check(t.defined(), "cannot save {}: tensor '{}' is undefined", path.string(), name);
+    specs.push_back({name, t.scalar_type(), t.sizes().vec()});
+  }
+  SafetensorsWriter writer(path, specs, metadata);  // checks the names and dtypes
+  for (const auto& [name, t] : tensors) writer.write(name, t);  // to the host one at a time
   writer.commit();
 }
 
