@@ -172,6 +172,20 @@ TEST_CASE("--deepspeed: values that disagree with the flags are listed in one lo
         "zero_optimization.stage 2 runs --sharding zero2");
 }
 
+TEST_CASE("--deepspeed: stage3_prefetch_bucket_size turns FullShard's prefetch on, 0 off") {
+  for (const auto& [value, on] : std::vector<std::pair<std::string, bool>>{{"\"auto\"", true}, {"5e7", true}, {"0", false}}) {
+    CAPTURE(value);
+    const auto a = finalized({"--deepspeed", R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": )" +
+                                                 value + "}}"});
+    CHECK(a.sharding == "full_shard");
+    CHECK(a.fsdp_forward_prefetch == on);
+    CHECK(a.fsdp_backward_prefetch == (on ? "backward_pre" : "no_prefetch"));
+  }
+  CHECK(starts(error_of({"--fsdp_forward_prefetch", "--deepspeed",
+                         R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 0}})"}),
+               "loom: --fsdp_forward_prefetch true disagrees with --deepspeed"));
+}
+
 TEST_CASE("--deepspeed: every key loom does not honour is refused by name") {
   const std::vector<std::pair<std::string, std::string>> cases{
       {R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}})",
@@ -229,8 +243,22 @@ TEST_CASE("--fsdp and --fsdp_config") {
   CHECK(starts(error_of({"--fsdp", "full_shard", "--fsdp_config", R"({"auto_wrap_policy": "NO_WRAP"})"}),
                "loom: --fsdp_config {\"auto_wrap_policy\": \"NO_WRAP\"}: auto_wrap_policy \"NO_WRAP\" is not honoured"));
   CHECK(error_of({"--fsdp_min_num_params", "-1"}) == "loom: --fsdp_min_num_params must be >= 0, got -1");
-  CHECK(starts(error_of({"--fsdp", "full_shard", "--fsdp_config", R"({"backward_prefetch": "BACKWARD_POST"})"}),
-               "loom: --fsdp_config {\"backward_prefetch\": \"BACKWARD_POST\"}: backward_prefetch is not honoured"));
+  // accelerate's prefetch keys: HF's defaults are off, and so are loom's flags.
+  const auto no_prefetch = finalized({"--fsdp", "full_shard"});
+  CHECK_FALSE(no_prefetch.fsdp_forward_prefetch);
+  CHECK(no_prefetch.fsdp_backward_prefetch == "no_prefetch");
+  const auto prefetch = finalized({"--fsdp", "full_shard", "--fsdp_config",
+                                   R"({"fsdp_backward_prefetch": "BACKWARD_POST", "forward_prefetch": "true"})"});
+  CHECK(prefetch.fsdp_forward_prefetch);
+  CHECK(prefetch.fsdp_backward_prefetch == "backward_post");
+  CHECK(starts(error_of({"--fsdp", "full_shard", "--fsdp_config", R"({"backward_prefetch": "BACKWARD_SOON"})"}),
+               "loom: --fsdp_config {\"backward_prefetch\": \"BACKWARD_SOON\"}: backward_prefetch \"BACKWARD_SOON\" is "
+               "not honoured by loom: it must be BACKWARD_PRE, BACKWARD_POST or NO_PREFETCH"));
+  CHECK(starts(error_of({"--fsdp", "full_shard", "--fsdp_backward_prefetch", "backward_pre", "--fsdp_config",
+                         R"({"backward_prefetch": "NO_PREFETCH"})"}),
+               "loom: --fsdp_backward_prefetch backward_pre disagrees with --fsdp_config"));
+  CHECK(error_of({"--fsdp_backward_prefetch", "backward_later"}).starts_with(
+      "loom: --fsdp_backward_prefetch must be one of no_prefetch|backward_pre|backward_post, got 'backward_later'"));
   CHECK(error_of({"--fsdp_config", "{}"}) == "loom: --fsdp_config needs --fsdp (e.g. --fsdp \"full_shard\")");
   CHECK(error_of({"--sharding", "zero2", "--fsdp", "full_shard"}) ==
         "loom: --sharding zero2 disagrees with --fsdp full_shard: that strategy runs --sharding full_shard");

@@ -44,6 +44,7 @@ struct MemoryPlanInputs {
   int64_t gather_element_size = 4;  ///< --sharding_param_dtype: bytes per gathered element (bf16: 2)
   bool offload_optimizer = false;   ///< --offload_optimizer
   bool offload_param = false;       ///< --offload_param
+  bool prefetch = false;            ///< --fsdp_forward_prefetch or --fsdp_backward_prefetch: two units gathered at once
   /// The model's parameters hold no memory yet (built under loom::DeferredInit): set-up
   /// materializes them where the policy keeps them, one at a time, never the model whole.
   bool deferred = false;

@@ -211,6 +211,8 @@ struct Distributed {
   std::optional<std::string> fsdp_config;     ///< FSDP's settings for --fsdp (JSON file or text): activation_checkpointing; other keys are refused by name
   std::optional<std::string> fsdp_transformer_layer_cls_to_wrap;  ///< full_shard: only the FullShardUnits wrapping these block classes (comma-separated, e.g. LlamaDecoderLayer) are units; the others join the unit around them
   int64_t fsdp_min_num_params = 0;            ///< full_shard: a FullShardUnit is a unit when it holds at least this many parameters outside the units inside it (HF's size-based auto wrap; 0: every unit)
+  bool fsdp_forward_prefetch = false;         ///< full_shard: gather the next unit while this one's forward runs (accelerate's forward_prefetch; off, as HF's Trainer configures FSDP: one unit gathered at a time)
+  std::string fsdp_backward_prefetch = "no_prefetch";  ///< no_prefetch | backward_pre | backward_post: full_shard gathers the unit whose backward comes next when this unit's backward starts (pre) or once its gradients are computed (post) (accelerate's backward_prefetch; HF's Trainer default: no_prefetch)
   std::optional<std::string> fsdp;            ///< HF's FSDP words: full_shard (--sharding full_shard), shard_grad_op (zero2) or no_shard (ddp)
 
   static constexpr std::string_view help_heading = "distributed";
@@ -360,6 +362,8 @@ inline constexpr FieldHelp training_arguments_help[] = {
                     "by name"},
     {"fsdp_transformer_layer_cls_to_wrap", "full_shard: only the FullShardUnits wrapping these block classes (comma-separated, e.g. LlamaDecoderLayer) are units; the others join the unit around them"},
     {"fsdp_min_num_params", "full_shard: a FullShardUnit is a unit when it holds at least this many parameters outside the units inside it (HF's size-based auto wrap; 0: every unit)"},
+    {"fsdp_forward_prefetch", "full_shard: gather the next unit while this one's forward runs (accelerate's forward_prefetch; off, as HF's Trainer configures FSDP: one unit gathered at a time)"},
+    {"fsdp_backward_prefetch", "no_prefetch | backward_pre | backward_post: full_shard gathers the unit whose backward comes next when this unit's backward starts (pre) or once its gradients are computed (post) (accelerate's backward_prefetch; HF's Trainer default: no_prefetch)"},
     {"fsdp", "HF's FSDP words: full_shard (--sharding full_shard), shard_grad_op (zero2) or no_shard (ddp)"},
 };
 }  // namespace detail

@@ -42,6 +42,8 @@ inline constexpr std::array<std::string_view, 4> kReportTo = {"none", "all", "te
 inline constexpr std::array<std::string_view, 6> kLogLevels = {"debug", "info", "warning", "error", "critical", "passive"};
 /// --loss_scale_rule's values: torch.amp's GradScaler, DeepSpeed's DynamicLossScaler.
 inline constexpr std::array<std::string_view, 2> kLossScaleRules = {"torch", "deepspeed"};
+/// --fsdp_backward_prefetch's values, in dist::BackwardPrefetch's order (FSDP's names, lower case).
+inline constexpr std::array<std::string_view, 3> kBackwardPrefetch = {"no_prefetch", "backward_pre", "backward_post"};
 inline constexpr auto kLrSchedulerTypes = catalog_names<ScheduleCatalog>;
 
 /// The bool field of `args` called `name` (a precision policy's flag); null when there is none.

@@ -45,6 +45,10 @@ struct StateBytes {
   [[nodiscard]] double total() const { return params + grads + optimizer; }
 };
 
+/// FSDP's BackwardPrefetch (--fsdp_backward_prefetch): when FullShard gathers the unit whose
+/// backward comes next, beside the one whose backward runs.
+enum class BackwardPrefetch { none, pre, post };
+
 /// What make_engine configures; the bucket engines (DDP, ZeRO-1, ZeRO-2) read the first two
 /// fields and reduce_dtype, FullShard the two dtypes and offload_param, NoShard nothing.
 struct EngineOptions {
@@ -53,6 +57,8 @@ struct EngineOptions {
   torch::ScalarType param_dtype = torch::kFloat;   ///< --sharding_param_dtype: FullShard's gathered parameters
   torch::ScalarType reduce_dtype = torch::kFloat;  ///< --sharding_reduce_dtype: the gradient collectives
   bool offload_param = false;           ///< --offload_param: FullShard keeps its shards in host memory
+  bool forward_prefetch = false;        ///< --fsdp_forward_prefetch: FullShard gathers the next unit early
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::none;  ///< --fsdp_backward_prefetch
   std::vector<std::string> wrap_classes;  ///< --fsdp_transformer_layer_cls_to_wrap: FullShard's units by block class
   int64_t min_num_params = 0;             ///< --fsdp_min_num_params: FullShard's units by size (0: off)
 };

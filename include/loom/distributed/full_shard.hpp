@@ -10,14 +10,19 @@
 // parameters) and a gradient shard of the same size. Under FullShard:
 //
 //   forward   the unit's parameters are all-gathered into a flat buffer the parameters are
-//             views of; the next unit (in the order of the first forward) is prefetched;
-//             after the unit's forward the buffer's memory is released (the views stay).
-//   backward  a hook on the unit's output gathers the parameters again (prefetching the
-//             unit before it); when the last gradient of the unit is accumulated its flat
-//             gradient is scaled, reduce-scattered into the gradient shard and freed, and the
-//             parameters are released again.
+//             views of; after the unit's forward the buffer's memory is released (the views
+//             stay). --fsdp_forward_prefetch also launches the next unit's gather (in the
+//             order of the first forward) before this unit's forward runs.
+//   backward  a hook on the unit's output gathers the parameters again; when the last
+//             gradient of the unit is accumulated its flat gradient is scaled,
+//             reduce-scattered into the gradient shard and freed, and the parameters are
+//             released again. --fsdp_backward_prefetch backward_pre launches the gather of the
+//             unit before it when its backward starts, backward_post when its gradients are
+//             done (FSDP's BackwardPrefetch). Without either, as HF's Trainer configures FSDP,
+//             one unit is gathered at a time.
 //   step      the optimizer updates the shard in place; nothing is gathered until the next
-//             forward.
+//             forward. The gradient shards' memory is then freed (zero_grad, set_to_none) and
+//             comes back with each unit's first reduction, which lands in it directly.
 // The root unit is gathered at the start of each micro-step and released after its backward.
 //
 // Frozen parameters (a base under an adapter) are sharded too, in a second flat buffer per
@@ -55,6 +60,7 @@
 #include <map>
 #include <optional>
 #include <type_traits>
+#include <utility>
 
 namespace loom::dist {
 
@@ -62,7 +68,9 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
  public:
   FullShardEngine(std::shared_ptr<Comm> comm, const EngineOptions& options)
       : EngineBase(std::move(comm)), param_dtype_(options.param_dtype), reduce_dtype_(options.reduce_dtype),
-        offload_(options.offload_param), wrap_classes_(options.wrap_classes), min_num_params_(options.min_num_params) {}
+        offload_(options.offload_param), forward_prefetch_(options.forward_prefetch),
+        backward_prefetch_(options.backward_prefetch), wrap_classes_(options.wrap_classes),
+        min_num_params_(options.min_num_params) {}
   FullShardEngine(const FullShardEngine&) = delete;
   FullShardEngine& operator=(const FullShardEngine&) = delete;
   ~FullShardEngine() override {
@@ -119,9 +127,11 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
       }
       if (!u.train.slots.empty()) {
         shard_flat(u.train, values, param_dtype_);
-        // float32, on the device (the parameters are views of the gathered buffer by now).
-        u.grad_shard = torch::zeros({u.train.shard_numel},
+        // float32, on the device (the parameters are views of the gathered buffer by now);
+        // its memory exists from the unit's first reduction to zero_grad (see there).
+        u.grad_shard = torch::empty({u.train.shard_numel},
                                     u.train.slots.front().param.options().dtype(torch::kFloat).requires_grad(false));
+        detail::free_storage(u.grad_shard);
         for (std::size_t i = 0; i < u.train.slots.size(); ++i) {
           auto& s = u.train.slots[i];
           s.param.mutable_grad() = torch::Tensor();
@@ -147,8 +157,13 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     if (!range) return std::nullopt;
     const auto [a, e] = *range;
     const int64_t lo = comm_->rank() * u.train.shard_numel;
-    return Piece{name, u.train.shard.narrow(0, a - lo, e - a), u.grad_shard.narrow(0, a - lo, e - a), a - s.offset,
-                 e - s.offset, s.numel, offload_};
+    // A view of the gradient shard's storage, which has memory only from a step's first
+    // reduction to zero_grad: given memory for the moment of the view's making.
+    const bool had = has_storage(u.grad_shard);
+    if (!had) detail::alloc_storage(u.grad_shard, u.grad_shard.nbytes());
+    auto grad = u.grad_shard.narrow(0, a - lo, e - a);
+    if (!had) detail::free_storage(u.grad_shard);
+    return Piece{name, u.train.shard.narrow(0, a - lo, e - a), grad, a - s.offset, e - s.offset, s.numel, offload_};
   }
   [[nodiscard]] bool shards_optimizer() const override { return true; }
   [[nodiscard]] bool grads_sharded() const override { return true; }
@@ -159,7 +174,9 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
       u.backward_started = false;
       u.reduced = false;
       u.inputs_watched = u.inputs_done = 0;
+      u.feeds.clear();
     }
+    last_output_ = torch::Tensor();
     in_backward_pass_ = true;
     auto& root = units_[0];
     if (!root.empty()) {
@@ -180,14 +197,21 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     for (auto& u : units_) {
       finish_reduce(u);
       if (!u.empty()) release(u);
+      // A unit no gradient reached this step (nor an earlier micro-step of it): zeros.
+      if (u.grad_shard.defined() && !has_storage(u.grad_shard)) allocate_grad_shard(u);
     }
     pending_reduce_ = -1;
+    last_output_ = torch::Tensor();
     in_backward_pass_ = false;
   }
   void after_step() override {}
+  // As torch's zero_grad(set_to_none=True), HF's default: the gradient shards' memory is freed
+  // after the optimizer step and comes back with each unit's first reduction of the next step
+  // (after_backward gives zeros to a unit none reached), so the shards do not sit beside the
+  // activations of the next forward. The optimizer's pieces stay views of the same storage.
   void zero_grad() override {
     for (auto& u : units_)
-      if (u.grad_shard.defined()) u.grad_shard.zero_();
+      if (u.grad_shard.defined()) detail::free_storage(u.grad_shard);
   }
 
   /// Runs `fn` with every parameter gathered (frozen ones too); afterwards the shards take the
@@ -275,16 +299,22 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     }
     if (u.empty()) return;
     gather(u);
-    if (recorded_) prefetch(next_in_order(k, +1));
+    if (recorded_ && forward_prefetch_) prefetch(next_in_order(k, +1));
   }
   torch::Tensor post_forward(int k, torch::Tensor out) override {
     auto& u = units_[static_cast<std::size_t>(k)];
     if (u.empty()) return out;
     if (torch::GradMode::is_enabled() && out.requires_grad() && in_backward_pass_) {
       out.register_hook([this, k](const torch::Tensor& g) {
+        // The units this output feeds are done with it first (their backward is over once
+        // its gradient is whole), so their frozen parameters go before this unit's come.
+        for (const int j : std::exchange(units_[static_cast<std::size_t>(k)].feeds, {}))
+          on_input_grad(static_cast<std::size_t>(j));
         pre_backward(k);
         return g;
       });
+      last_output_ = out;
+      last_output_unit_ = k;
     }
     release(u);
     return out;
@@ -295,6 +325,13 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
         !in_backward_pass_)
       return;
     ++u.inputs_watched;
+    // The previous unit's output: its hook tells this unit first (two hooks on one tensor run
+    // in the order they were added, which would gather that unit before this one is released).
+    if (last_output_.defined() && x.is_same(last_output_)) {
+      units_[static_cast<std::size_t>(last_output_unit_)].feeds.push_back(k);
+      last_output_ = torch::Tensor();
+      return;
+    }
     x.register_hook([this, k](const torch::Tensor&) { on_input_grad(static_cast<std::size_t>(k)); });
   }
 
@@ -323,6 +360,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     bool backward_started = false, reduced = false;
     std::size_t ready = 0;
     int inputs_watched = 0, inputs_done = 0;  // the unit's inputs whose gradient is hooked; done
+    std::vector<int> feeds;  // the units whose watched input is this unit's output (this micro-step)
     [[nodiscard]] bool empty() const { return train.slots.empty() && frozen.slots.empty(); }
   };
 
@@ -386,7 +424,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     u.backward_started = true;
     gather(u);
     if (!u.train.slots.empty()) prepare_grads(u);
-    prefetch(next_in_order(k, -1));
+    if (backward_prefetch_ == BackwardPrefetch::pre) prefetch(next_in_order(k, -1));
   }
 
   // The gradient of each of the unit's watched inputs has arrived: its backward is over, and
@@ -399,6 +437,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
 
   void prepare_grads(Unit& u) {
     // A world of one accumulates straight into the gradient shard (the whole unit).
+    if (grads_aliased() && !has_storage(u.grad_shard)) allocate_grad_shard(u);
     u.full_grad = grads_aliased() ? u.grad_shard : torch::zeros({u.train.padded}, u.grad_shard.options().dtype(param_dtype_));
     for (auto& s : u.train.slots) s.param.mutable_grad() = u.full_grad.narrow(0, s.offset, s.numel).view(s.param.sizes());
   }
@@ -423,7 +462,14 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
       if (reduce_dtype_ == torch::kFloat && send.scalar_type() != torch::kFloat) send = send.to(torch::kFloat);
       share_.apply(send);
       if (send.scalar_type() != reduce_dtype_) send = send.to(reduce_dtype_);
-      u.rs_out = torch::empty({u.train.shard_numel}, send.options());
+      // The step's first reduction of the unit lands in the gradient shard itself when the
+      // formats agree; a later micro-step's is added to it (finish_reduce).
+      if (!has_storage(u.grad_shard) && send.scalar_type() == u.grad_shard.scalar_type()) {
+        detail::alloc_storage(u.grad_shard, u.grad_shard.nbytes());
+        u.rs_out = u.grad_shard;
+      } else {
+        u.rs_out = torch::empty({u.train.shard_numel}, send.options());
+      }
       u.work = comm_->reduce_scatter(u.rs_out, send, "the gradient reduce-scatter");
     }
     // At most one reduction in flight: the one launched before this is finished now, so a
@@ -432,6 +478,8 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     const auto k = static_cast<int>(&u - units_.data());
     if (pending_reduce_ >= 0 && pending_reduce_ != k) finish_reduce(units_[static_cast<std::size_t>(pending_reduce_)]);
     pending_reduce_ = k;
+    // FSDP's BACKWARD_POST: the unit before is gathered once this unit's gradients are computed.
+    if (backward_prefetch_ == BackwardPrefetch::post && k != 0) prefetch(next_in_order(k, -1));
     if (&u != &units_[0]) {
       release_flat(u.train);
       // The frozen parameters wait for the unit's inputs' gradients (the end of its backward).
@@ -444,9 +492,18 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
   // the reduction's output are freed.
   void finish_reduce(Unit& u) {
     u.work.wait();
-    if (u.rs_out.defined()) u.grad_shard.add_(u.rs_out);
+    if (u.rs_out.defined() && !u.rs_out.is_same(u.grad_shard)) {
+      if (!has_storage(u.grad_shard)) allocate_grad_shard(u);
+      u.grad_shard.add_(u.rs_out);
+    }
     u.rs_out = torch::Tensor();
     u.full_grad = torch::Tensor();
+  }
+  static bool has_storage(const torch::Tensor& t) { return t.storage().nbytes() > 0; }
+  // The gradient shard's memory again, zeros.
+  static void allocate_grad_shard(Unit& u) {
+    detail::alloc_storage(u.grad_shard, u.grad_shard.nbytes());
+    u.grad_shard.zero_();
   }
 
   void prefetch(int k) {
@@ -583,9 +640,13 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
   bool recorded_ = false;
   bool in_backward_pass_ = false;
   int pending_reduce_ = -1;  // the unit whose reduction is in flight (reduce())
+  torch::Tensor last_output_;  // the last unit output hooked for backward (watch_input matches it)
+  int last_output_unit_ = -1;
   GradLaunches launches_;
   torch::ScalarType param_dtype_, reduce_dtype_;  // --sharding_param_dtype, --sharding_reduce_dtype
   bool offload_ = false;                           // --offload_param
+  bool forward_prefetch_ = false;                  // --fsdp_forward_prefetch
+  BackwardPrefetch backward_prefetch_ = BackwardPrefetch::none;  // --fsdp_backward_prefetch
   std::vector<std::string> wrap_classes_;          // --fsdp_transformer_layer_cls_to_wrap
   int64_t min_num_params_ = 0;                     // --fsdp_min_num_params
 };

@@ -39,6 +39,10 @@ LOOM_INLINE void AcceleratorBase::start(TrainingArguments& args, Startup up, con
                                .param_dtype = dist::sharding_dtype(args.sharding_param_dtype),
                                .reduce_dtype = dist::sharding_dtype(dist::reduce_dtype_name(args)),
                                .offload_param = args.offload_param,
+                               .forward_prefetch = args.fsdp_forward_prefetch,
+                               .backward_prefetch = static_cast<dist::BackwardPrefetch>(
+                                   std::find(detail::kBackwardPrefetch.begin(), detail::kBackwardPrefetch.end(), args.fsdp_backward_prefetch) -
+                                   detail::kBackwardPrefetch.begin()),
                                .wrap_classes = detail::wrap_classes_of(args),
                                .min_num_params = args.fsdp_min_num_params});
 }

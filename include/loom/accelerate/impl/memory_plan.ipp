@@ -88,13 +88,15 @@ LOOM_INLINE MemoryPlan make_memory_plan(const MemoryPlanInputs& in) {
       if (unit == 0) root = bytes;
       else largest = std::max(largest, bytes);
     }
-    plan.gathered = 2 * largest + root;
+    // The unit in use, and the next one beside it when a prefetch is on.
+    plan.gathered = (in.prefetch ? 2 : 1) * largest + root;
   }
-  // Set-up: the engine's parameters and gradients, and under FullShard beside them the model
-  // whole as built until it is sharded, or, built under loom::DeferredInit, the one parameter
-  // being materialized (drawn whole on the host, then sliced). (The bucket engines' staging
-  // copy, one bucket, is transient as in training.)
-  plan.setup = plan.params + plan.frozen + plan.grads + (f.shards_parameters ? (in.deferred ? largest : whole) : 0);
+  // Set-up: the engine's parameters, and its gradients except under FullShard (whose gradient
+  // shards come with the first reduction), beside them under FullShard the model whole as
+  // built until it is sharded, or, built under loom::DeferredInit, the one parameter being
+  // materialized (drawn whole on the host, then sliced). (The bucket engines' staging copy,
+  // one bucket, is transient as in training.)
+  plan.setup = plan.params + plan.frozen + (f.shards_parameters ? (in.deferred ? largest : whole) : plan.grads);
   if (in.offload_optimizer) {
     // The step runs on host copies: the state, each piece's gradient, and the piece itself
     // unless it lives on the host already (--offload_param).
@@ -179,6 +181,7 @@ LOOM_INLINE MemoryPlanInputs memory_plan_inputs(const torch::nn::Module& module,
   in.gather_element_size = sharding.shards_parameters ? c10::elementSize(dist::sharding_dtype(args.sharding_param_dtype)) : 4;
   in.offload_optimizer = args.offload_optimizer;
   in.offload_param = args.offload_param;
+  in.prefetch = args.fsdp_forward_prefetch || args.fsdp_backward_prefetch != loom::detail::kBackwardPrefetch[0];
   in.deferred = has_storage_less_parameters(module);
   // FullShard's units, chosen as the engine chooses them (each parameter in its innermost unit).
   std::unordered_map<const c10::TensorImpl*, int> unit_of;

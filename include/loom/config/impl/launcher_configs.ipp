@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -147,6 +149,16 @@ LOOM_INLINE void read_zero_optimization(ConfigReading& r, const nlohmann::json& 
     // Sizes that tune how DeepSpeed chunks what loom does per bucket or per FullShard unit
     // (docs/distributed.md says what loom does for each): any positive size, or "auto", is
     // accepted and changes nothing in loom.
+    // Stage 3 prefetches the parameters coming next while one block computes, up to this
+    // many elements (DeepSpeed's default 5e7; HF fills "auto" with 0.9 hidden^2): any
+    // positive size is loom's prefetch of the next unit, forward and backward; 0 turns it off.
+    if (key == "stage3_prefetch_bucket_size" && (is_auto(value) || (value.is_number() && value.get<double>() >= 0))) {
+      const bool on = is_auto(value) || value.get<double>() > 0;
+      r.choose(r.args().fsdp_forward_prefetch, "fsdp_forward_prefetch", on, name);
+      r.choose(r.args().fsdp_backward_prefetch, "fsdp_backward_prefetch",
+               std::string(kBackwardPrefetch[on ? 1 : 0]), name);
+      continue;
+    }
     if (key == "allgather_bucket_size" || key == "stage3_prefetch_bucket_size" ||
         key == "stage3_param_persistence_threshold" || key == "stage3_max_live_parameters" ||
         key == "stage3_max_reuse_distance" || key == "sub_group_size") {
@@ -431,6 +443,22 @@ LOOM_INLINE void apply_fsdp(TrainingArguments& args) {
         throw Error(fmt::format("loom: --fsdp_transformer_layer_cls_to_wrap {} disagrees with {}: {} is {}",
                                 flag.value_or(""), c.where(), raw, value.dump()));
       flag = classes;
+      continue;
+    }
+    // accelerate's prefetch settings (HF's fsdp_config passes them on; its defaults are off).
+    if (key == "forward_prefetch") {
+      const auto on = value.is_boolean() ? std::optional<bool>(value.get<bool>())
+                                         : value.is_string() ? parse_bool(value.get<std::string>()) : std::nullopt;
+      if (!on) c.refuse(raw, "it must be true or false");
+      c.choose(args.fsdp_forward_prefetch, "fsdp_forward_prefetch", *on, raw);
+      continue;
+    }
+    if (key == "backward_prefetch") {
+      std::string name = value.is_string() ? value.get<std::string>() : std::string();
+      std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return std::tolower(ch); });
+      if (std::find(kBackwardPrefetch.begin(), kBackwardPrefetch.end(), name) == kBackwardPrefetch.end())
+        c.refuse(raw + " " + value.dump(), "it must be BACKWARD_PRE, BACKWARD_POST or NO_PREFETCH");
+      c.choose(args.fsdp_backward_prefetch, "fsdp_backward_prefetch", name, raw);
       continue;
     }
     if (key == "min_num_params") {

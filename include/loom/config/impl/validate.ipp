@@ -297,6 +297,7 @@ LOOM_INLINE void validate(const TrainingArguments& args) {
   if (args.bf16_full_eval && args.fp16_full_eval)
     throw Error("loom: --bf16_full_eval and --fp16_full_eval cannot both be set; pick one");
   check_choice("loss_scale_rule", args.loss_scale_rule, kLossScaleRules);
+  check_choice("fsdp_backward_prefetch", args.fsdp_backward_prefetch, kBackwardPrefetch);
   if (!(args.initial_loss_scale > 0 && std::isfinite(args.initial_loss_scale)))
     throw Error("loom: --initial_loss_scale must be a positive number, got " + num(args.initial_loss_scale));
   if (args.loss_scale_window && *args.loss_scale_window < 1)
