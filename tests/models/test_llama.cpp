@@ -528,11 +528,10 @@ TEST_CASE("the Llama architecture's fast kernels compute the reference's functio
   CHECK(fast.loss.item<double>() == doctest::Approx(ref.loss.item<double>()).epsilon(1e-6));
 }
 
-TEST_CASE("the Llama architecture recomputes its decoder layers (gradient checkpointing) to the same gradients; NEFTune") {
-  torch::manual_seed(5);
-  LlamaForCausalLM model(tiny());
+// One training forward's gradients on `ids` (its own labels), then again with the decoder
+// layers recomputed (`layers` of them): the same bit for bit.
+inline void check_recomputed_gradients(LlamaForCausalLM& model, const torch::Tensor& ids, int64_t layers) {
   model->train();  // attention_dropout is 0: training forwards are deterministic
-  const auto ids = torch::randint(100, {2, 12});
   const auto grads = [&] {
     model->zero_grad();
     model->forward({ids, ids}).loss.backward();
@@ -541,10 +540,17 @@ TEST_CASE("the Llama architecture recomputes its decoder layers (gradient checkp
     return g;
   };
   const auto plain = grads();
-  CHECK(loom::dist::enable_gradient_checkpointing(*model) == 2);  // the two decoder layers
+  CHECK(loom::dist::enable_gradient_checkpointing(*model) == layers);
   const auto recomputed = grads();
   REQUIRE(plain.size() == recomputed.size());
   for (std::size_t i = 0; i < plain.size(); ++i) CHECK(torch::equal(plain[i], recomputed[i]));
+}
+
+TEST_CASE("the Llama architecture recomputes its decoder layers (gradient checkpointing) to the same gradients; NEFTune") {
+  torch::manual_seed(5);
+  LlamaForCausalLM model(tiny());
+  const auto ids = torch::randint(100, {2, 12});
+  check_recomputed_gradients(model, ids, 2);
   // NEFTune's noise reaches the embeddings in training only.
   model->neftune().noise_alpha = 5.0;
   const auto noisy = model->logits(ids);
@@ -554,7 +560,7 @@ TEST_CASE("the Llama architecture recomputes its decoder layers (gradient checkp
   CHECK_FALSE(torch::equal(noisy, clean));
   CHECK(torch::equal(model->logits(ids), clean));
   // Gemma 2 (the written-out, soft-capped attention; a window that binds) and Gemma 3 (q/k norms,
-  // a rope per layer type): the same gradients recomputed.
+  // a rope per layer type).
   for (const std::string type : {"gemma2", "gemma3_text"}) {
     CAPTURE(type);
     auto c = tiny(type);
@@ -562,19 +568,7 @@ TEST_CASE("the Llama architecture recomputes its decoder layers (gradient checkp
     c.attn_logit_softcapping = 1.0, c.final_logit_softcapping = 5.0, c.initializer_range = 0.2;
     torch::manual_seed(6);
     LlamaForCausalLM gemma(c);
-    gemma->train();
-    const auto gemma_grads = [&] {
-      gemma->zero_grad();
-      gemma->forward({ids, ids}).loss.backward();
-      std::vector<torch::Tensor> g;
-      for (const auto& p : gemma->parameters()) g.push_back(p.grad().clone());
-      return g;
-    };
-    const auto before = gemma_grads();
-    CHECK(loom::dist::enable_gradient_checkpointing(*gemma) == 3);
-    const auto after = gemma_grads();
-    REQUIRE(before.size() == after.size());
-    for (std::size_t i = 0; i < before.size(); ++i) CHECK(torch::equal(before[i], after[i]));
+    check_recomputed_gradients(gemma, ids, 3);
   }
 }
 
