@@ -392,6 +392,13 @@ TEST_CASE("Gemma 2 and 3: their configs' defaults and older keys, the soft-caps 
     const auto refused = loom_test::error_of([&] { gemma2->forward({ids, labels}); });
     CHECK(refused.starts_with("loom: the chunked LM loss (--chunked_lm_loss true) has no final logit soft-capping"));
   }
+  // In bfloat16 the written-out attention masks with bfloat16's own lowest value: finite, and
+  // within bfloat16's rounding of the float32 logits.
+  auto in_bf16 = LlamaForCausalLM::from_pretrained(*dir / "gemma2", torch::kBFloat16);
+  in_bf16->eval();
+  const auto bf16_logits = in_bf16->logits(ids).to(torch::kFloat);
+  CHECK(bf16_logits.isfinite().all().item<bool>());
+  CHECK(relative(bf16_logits, named(expected, "gemma2_logits")) < 5e-2);
   const auto scores = gemma2->token_scores({ids, labels});
   const auto shifted = torch::constant_pad_nd(labels, {0, 1}, -100).narrow(1, 1, labels.size(1));
   const auto scored = shifted.ne(-100);
