@@ -121,7 +121,7 @@ double measured_activations(Model& model, int64_t batch, int64_t seq, int64_t vo
 
 }  // namespace plan_dist_test
 
-TEST_CASE("memory plan: the activation estimates of GPT-2, Llama and BERT against one training forward on the CPU") {
+TEST_CASE("memory plan: the activation estimates of GPT-2, Llama, Gemma 2 and 3 and BERT against one training forward on the CPU") {
   // Process-wide: this test's own process only (loom_dist_tests runs its cases one by one).
   ::mallopt(M_MMAP_THRESHOLD, 64 * 1024);
   ::mallopt(M_TRIM_THRESHOLD, 0);
@@ -153,6 +153,15 @@ TEST_CASE("memory plan: the activation estimates of GPT-2, Llama and BERT agains
     l.max_position_embeddings = 512;
     loom::models::LlamaForCausalLM llama(l);
     compare.template operator()<loom::data::CausalLMBatch>("Llama", llama, s);
+    // Gemma 2: four norms a layer, the soft-capped attention written out, the capped head;
+    // Gemma 3: its q/k norms, sdpa again.
+    for (const char* type : {"gemma2", "gemma3_text"}) {
+      auto g = l;
+      g.model_type = type, g.head_dim = s.hidden / s.heads, g.sliding_window = s.seq / 2;
+      if (g.model_type == "gemma2") g.attn_logit_softcapping = 50.0, g.final_logit_softcapping = 30.0;
+      loom::models::LlamaForCausalLM gemma(g);
+      compare.template operator()<loom::data::CausalLMBatch>(type, gemma, s);
+    }
     loom::models::BertConfig b;
     b.hidden_size = s.hidden, b.num_hidden_layers = s.layers, b.num_attention_heads = s.heads;
     b.intermediate_size = 4 * s.hidden, b.vocab_size = 4096;

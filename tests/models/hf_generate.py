@@ -10,6 +10,10 @@
         mistral MistralForCausalLM with sliding_window 5: the prompt and the new tokens pass it
         phi3    Phi3ForCausalLM (qkv_proj, gate_up_proj fused) with sliding_window 6
         gemma   GemmaForCausalLM ((1 + w) norms, scaled embeddings, GeGLU), tied
+        gemma2  Gemma2ForCausalLM, 3 layers alternating sliding (window 5) and full, soft-caps that
+                bind (attention 1.0, logits 5.0), eager attention
+        gemma3_text  Gemma3ForCausalLM, 3 layers (sliding_window_pattern 2, window 5), a rope per
+                layer type (full: linear, factor 2), sdpa
       then runs transformers' greedy generate (do_sample=False, the default DynamicCache) on
       fixed prompts and writes DIR/expected.safetensors:
         PREFIX_single_ids / _out       one prompt of 7 tokens, 12 new tokens
@@ -38,9 +42,10 @@ PAD = 0
 
 
 def models():
-    from transformers import (GemmaConfig, GemmaForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
-                              LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
-                              Qwen3Config, Qwen3ForCausalLM)
+    from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, GemmaConfig,
+                              GemmaForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                              MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen3Config,
+                              Qwen3ForCausalLM)
     torch.manual_seed(0)
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=97, n_positions=64, n_embd=32, n_layer=2, n_head=4,
                                       initializer_range=0.2, bos_token_id=None, eos_token_id=None,
@@ -79,7 +84,24 @@ def models():
         for pname, p in gemma.named_parameters():
             if pname.endswith("norm.weight"):
                 p.add_(0.3 * torch.randn_like(p))
-    return {"gpt2": gpt2, "llama": llama, "qwen3": qwen3, "mistral": mistral, "phi3": phi3, "gemma": gemma}
+    gemma_sizes = dict(vocab_size=101, hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, max_position_embeddings=64, initializer_range=0.2,
+                       bos_token_id=None, eos_token_id=None, pad_token_id=None, sliding_window=5,
+                       query_pre_attn_scalar=24)
+    torch.manual_seed(6)
+    gemma2 = Gemma2ForCausalLM(Gemma2Config(**gemma_sizes, attn_logit_softcapping=1.0, final_logit_softcapping=5.0,
+                                            attn_implementation="eager"))
+    torch.manual_seed(7)
+    gemma3 = Gemma3ForCausalLM(Gemma3TextConfig(**gemma_sizes, sliding_window_pattern=2, rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}, attn_implementation="sdpa"))
+    with torch.no_grad():  # their norms (q/k norms too) start at 0 as Gemma's: perturbed
+        for model in (gemma2, gemma3):
+            for pname, p in model.named_parameters():
+                if pname.endswith("norm.weight"):
+                    p.add_(0.3 * torch.randn_like(p))
+    return {"gpt2": gpt2, "llama": llama, "qwen3": qwen3, "mistral": mistral, "phi3": phi3, "gemma": gemma,
+            "gemma2": gemma2, "gemma3_text": gemma3}
 
 
 def prompts(vocab):

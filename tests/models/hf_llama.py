@@ -24,6 +24,13 @@
         phi3_partial   phi3_longrope with partial_rotary_factor 0.5 (Phi-4-mini's layout)
         gemma          GemmaForCausalLM ((1 + w) RMSNorm, embeddings times sqrt(hidden_size), GeGLU with
                        gelu_pytorch_tanh), head_dim 16, tied
+        gemma2         Gemma2ForCausalLM, 3 layers (sliding, full, sliding) with sliding_window 8 < 24,
+                       sandwich norms, query_pre_attn_scalar 24, attention and final logit soft-caps that
+                       bind (1.0 and 5.0, initializer_range 0.2), eager attention (transformers' only
+                       exact path for the cap)
+        gemma3_text    Gemma3ForCausalLM, 3 layers (sliding_window_pattern 2: sliding, full, sliding),
+                       sliding_window 8, q/k (1 + w) norms, a rope per layer type (full: linear, factor
+                       4, theta 1e6; sliding: default, theta 100), sdpa
         llama_sharded  llama again, in shards with an index
         llama_bf16     llama saved in bfloat16
       and DIR/expected.safetensors: the inputs (labels with ignored tokens) and transformers'
@@ -71,13 +78,14 @@ CLASSES = {"llama": "LlamaForCausalLM", "llama_tied": "LlamaForCausalLM", "qwen2
            "merged": "LlamaForCausalLM", "llama_seqcls": "LlamaForSequenceClassification",
            "qwen2_reward": "Qwen2ForSequenceClassification", "gpt2_seqcls": "GPT2ForSequenceClassification",
            "phi3": "Phi3ForCausalLM", "phi3_longrope": "Phi3ForCausalLM", "phi3_partial": "Phi3ForCausalLM",
-           "gemma": "GemmaForCausalLM"}
+           "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
 # Sequence classifiers (issue 39 point 1): their folders, and the labels each is checked with.
 SEQCLS = {"llama_seqcls": "cls_labels", "qwen2_reward": "reward_labels", "gpt2_seqcls": "multi_labels"}
 
 
 def configs():
-    from transformers import GemmaConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
+    from transformers import (Gemma2Config, Gemma3TextConfig, GemmaConfig, LlamaConfig, MistralConfig, Phi3Config,
+                              Qwen2Config, Qwen3Config)
     llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
     return {
@@ -121,6 +129,19 @@ def configs():
                                        "short_factor": [1.0, 1.2, 1.5], "long_factor": [1.0, 2.0, 4.0]}),
         # Gemma 1: (1 + w) norms, scaled embeddings, GeGLU; its norms drawn away from zero below.
         "gemma": GemmaConfig(**BASE, num_key_value_heads=2, head_dim=16, pad_token_id=None),
+        # Gemma 2: soft-caps small enough to bend the scores and logits; the cap needs eager attention.
+        "gemma2": Gemma2Config(**{**BASE, "num_hidden_layers": 3}, num_key_value_heads=2, head_dim=16,
+                               pad_token_id=None, sliding_window=8, query_pre_attn_scalar=24,
+                               attn_logit_softcapping=1.0, final_logit_softcapping=5.0, initializer_range=0.2,
+                               attn_implementation="eager"),
+        # Gemma 3: a rope per layer type, the sliding layers' window binding.
+        "gemma3_text": Gemma3TextConfig(**{**BASE, "num_hidden_layers": 3}, num_key_value_heads=2, head_dim=16,
+                                        pad_token_id=None, sliding_window=8, sliding_window_pattern=2,
+                                        query_pre_attn_scalar=24, initializer_range=0.2, rope_parameters={
+                                            "full_attention": {"rope_type": "linear", "factor": 4.0,
+                                                               "rope_theta": 1000000.0},
+                                            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}},
+                                        attn_implementation="sdpa"),
     }
 
 

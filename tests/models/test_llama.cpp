@@ -5,6 +5,7 @@
 
 #include <loom/checkpoint/safetensors.hpp>
 #include <loom/config/json.hpp>
+#include <loom/core/forward_request.hpp>
 #include <loom/distributed/checkpointed.hpp>
 #include <loom/distributed/full_shard_unit.hpp>
 #include <loom/models/bert.hpp>
@@ -78,7 +79,8 @@ inline std::string peft_check(const fs::path& base, const fs::path& adapter, con
 const std::vector<std::string> kFolders{"llama",         "llama_tied",   "qwen2",        "qwen3",      "mistral",
                                         "mistral_window", "qwen2_window", "llama_linear", "llama_yarn", "qwen3_yarn",
                                         "llama_dynamic",  "llama_longrope", "llama_sharded", "llama_bf16",
-                                        "phi3",           "phi3_longrope", "phi3_partial", "gemma"};
+                                        "phi3",           "phi3_longrope", "phi3_partial", "gemma",
+                                        "gemma2",         "gemma3_text"};
 
 
 TEST_CASE("the Llama family counts its parameters from the config, for every variant of its layers") {
@@ -315,6 +317,111 @@ TEST_CASE("the Llama architecture's names are HF's, each decoder layer a FullSha
                       "(tie_word_embeddings true)") != std::string::npos);
 }
 
+TEST_CASE("Gemma 2 and 3: their configs' defaults and older keys, the soft-caps that count, the loss paths under the cap") {
+  // Gemma2Config / Gemma3TextConfig's defaults: head_dim 256, query_pre_attn_scalar 256,
+  // hidden_activation for hidden_act, layer_types from the pattern (every 2nd / 6th layer full).
+  auto g2 = tiny("gemma2");
+  g2.num_hidden_layers = 4, g2.hidden_activation = "gelu_pytorch_tanh";
+  loom::models::complete_config(g2);
+  CHECK(g2.head_dim == 256);
+  CHECK(g2.query_pre_attn_scalar == 256);
+  CHECK(g2.hidden_act == "gelu_pytorch_tanh");
+  CHECK(g2.layer_types == nlohmann::json::array({"sliding_attention", "full_attention", "sliding_attention",
+                                                 "full_attention"}));
+  CHECK_FALSE(g2.written("hidden_act"));
+  CHECK(g2.written("hidden_activation"));
+  CHECK_FALSE(tiny("llama").written("query_pre_attn_scalar"));
+  auto g3 = tiny("gemma3_text");
+  g3.num_hidden_layers = 7;
+  loom::models::complete_config(g3);
+  CHECK(g3.layer_types[5] == "full_attention");
+  CHECK(g3.layer_types[6] == "sliding_attention");
+  CHECK(g3.rope_parameters == nlohmann::json{{"full_attention", {{"rope_type", "default"}, {"rope_theta", 1e6}}},
+                                             {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 1e4}}}});
+  for (const char* type : {"gemma2", "gemma3_text"})
+    CHECK(loom::peft::default_target_modules(type) == std::vector<std::string>{"q_proj", "v_proj"});
+  // Four (1 + w) norms a layer, counted from the config as built.
+  auto small = tiny("gemma2");
+  small.head_dim = 16;
+  CHECK(loom::models::parameter_count(small) == LlamaForCausalLM(small)->num_parameters());
+  small.model_type = "gemma3_text";
+  CHECK(loom::models::parameter_count(small) == LlamaForCausalLM(small)->num_parameters());
+  CHECK(torch::equal(LlamaForCausalLM(small)->model->units[0]->inner()->post_feedforward_layernorm->weight,
+                     torch::zeros({48})));
+
+  const fs::path* dir = made();
+  if (dir == nullptr) return;
+  const auto expected = loom::checkpoint::load_safetensors(*dir / "expected.safetensors");
+  const auto ids = named(expected, "input_ids"), labels = named(expected, "labels");
+  torch::NoGradGuard no_grad;
+  // A Gemma 3 config.json in the older keys (rope_theta, rope_local_base_freq, rope_scaling,
+  // sliding_window_pattern; no layer_types or rope_parameters) reads as the same model.
+  const auto legacy = loom_test::fresh_dir("models/gemma3_legacy");
+  fs::copy(*dir / "gemma3_text", legacy, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  auto j = loom::json::read_file(legacy / "config.json");
+  j.erase("layer_types"), j.erase("rope_parameters");
+  j["rope_theta"] = 1000000.0, j["rope_local_base_freq"] = 100.0, j["sliding_window_pattern"] = 2;
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 4.0}};
+  loom_test::write_bytes(legacy / "config.json", j.dump());
+  auto older = LlamaForCausalLM::from_pretrained(legacy);
+  older->eval();
+  CHECK(torch::equal(older->logits(ids), named(expected, "gemma3_text_logits")));
+  // The soft-caps bind in the peer's folder: without them the logits move well past 1e-5.
+  const auto uncapped = loom_test::fresh_dir("models/gemma2_uncapped");
+  fs::copy(*dir / "gemma2", uncapped, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  for (const char* cap : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+    auto k = loom::json::read_file(*dir / "gemma2" / "config.json");
+    k[cap] = nullptr;
+    loom_test::write_bytes(uncapped / "config.json", k.dump());
+    auto model = LlamaForCausalLM::from_pretrained(uncapped);
+    model->eval();
+    CAPTURE(cap);
+    CHECK(relative(model->logits(ids), named(expected, "gemma2_logits")) > 1e-3);
+  }
+  // Every loss path takes the capped logits: the loss alone (the Trainer's training forward),
+  // and the token scores DPO reads; the chunked loss has no cap and is refused when asked for.
+  auto gemma2 = LlamaForCausalLM::from_pretrained(*dir / "gemma2");
+  gemma2->eval();
+  const auto whole = gemma2->forward({ids, labels});
+  {
+    loom::ForwardRequestScope request({.logits = false, .chunked_lm_loss = std::nullopt});
+    CHECK(gemma2->forward({ids, labels}).loss.item<float>() == whole.loss.item<float>());
+  }
+  {
+    loom::ForwardRequestScope request({.logits = false, .chunked_lm_loss = true});
+    const auto refused = loom_test::error_of([&] { gemma2->forward({ids, labels}); });
+    CHECK(refused.starts_with("loom: the chunked LM loss (--chunked_lm_loss true) has no final logit soft-capping"));
+  }
+  // In bfloat16 the written-out attention masks with bfloat16's own lowest value: finite, and
+  // within bfloat16's rounding of the float32 logits.
+  auto in_bf16 = LlamaForCausalLM::from_pretrained(*dir / "gemma2", torch::kBFloat16);
+  in_bf16->eval();
+  const auto bf16_logits = in_bf16->logits(ids).to(torch::kFloat);
+  CHECK(bf16_logits.isfinite().all().item<bool>());
+  CHECK(relative(bf16_logits, named(expected, "gemma2_logits")) < 5e-2);
+  const auto scores = gemma2->token_scores({ids, labels});
+  const auto shifted = torch::constant_pad_nd(labels, {0, 1}, -100).narrow(1, 1, labels.size(1));
+  const auto scored = shifted.ne(-100);
+  const auto log_probs = torch::log_softmax(whole.logits, -1).gather(-1, shifted.clamp_min(0).unsqueeze(-1)).squeeze(-1);
+  CHECK(torch::allclose(scores.log_probs.masked_select(scored), log_probs.masked_select(scored), 1e-6, 1e-6));
+  // The config's refusals, one loom: line each.
+  const auto error = [](LlamaConfig c) { return loom_test::error_of([&] { LlamaForCausalLM m(std::move(c)); }); };
+  auto c = small;
+  c.model_type = "gemma2", c.attn_logit_softcapping = 0.0;
+  CHECK(error(c).find("field 'attn_logit_softcapping' must be a positive number or null, got 0") != std::string::npos);
+  c = small;
+  c.sliding_window_pattern = 0;
+  CHECK(error(c).find("field 'sliding_window_pattern' must be a positive integer, got 0") != std::string::npos);
+  c = small;
+  c.rope_parameters = {{"global", {{"rope_type", "default"}, {"rope_theta", 1e6}}}};
+  CHECK(error(c).find("field 'rope_parameters.global' is not supported; gemma3_text's rope_parameters holds one rope "
+                      "per layer type") != std::string::npos);
+  c = small;
+  c.rope_parameters = {{"full_attention", {{"rope_type", "yarn"}, {"rope_theta", 1e6}}}};
+  CHECK(error(c).find("field 'rope_parameters.full_attention.original_max_position_embeddings' must be a number for "
+                      "rope_type yarn") != std::string::npos);
+}
+
 TEST_CASE("dynamic NTK rope keeps transformers' state: grown past max_position_embeddings, reset below it") {
   auto c = tiny();
   c.max_position_embeddings = 16;
@@ -365,9 +472,9 @@ TEST_CASE("Llama configs loom cannot compute are refused with a loom: line namin
   c = tiny();
   c.num_key_value_heads = 3;
   CHECK(error(c).find("must be a multiple of num_key_value_heads (3)") != std::string::npos);
-  c = tiny("gemma2");
-  CHECK(error(c).find("field 'model_type' is \"gemma2\"; loom's Llama architecture reads llama, qwen2, qwen3, mistral, "
-                      "phi3, gemma") != std::string::npos);
+  c = tiny("mixtral");
+  CHECK(error(c).find("field 'model_type' is \"mixtral\"; loom's Llama architecture reads llama, qwen2, qwen3, "
+                      "mistral, phi3, gemma, gemma2, gemma3_text") != std::string::npos);
   c = tiny("gemma");
   c.use_bidirectional_attention = true;
   CHECK(error(c).find("field 'use_bidirectional_attention' is true; loom's Llama architecture attends causally") !=
@@ -378,7 +485,7 @@ TEST_CASE("Llama configs loom cannot compute are refused with a loom: line namin
   c = tiny();
   c.num_hidden_layers = 1'000'000'000;
   CHECK(error(c).find("field 'num_hidden_layers' must be a positive integer at most 1024") != std::string::npos);
-  for (const auto& e : {error(tiny("gemma2")), error(c)}) CHECK(e.starts_with("loom: "));
+  for (const auto& e : {error(tiny("mixtral")), error(c)}) CHECK(e.starts_with("loom: "));
   // A Mistral window shorter than the sequence (transformers' logits: the folders above). With
   // one layer and rotary positions (relative), the last token sees exactly the last 8 tokens:
   // its logits equal those of those 8 tokens alone, and differ from a window that does not bind.
@@ -428,11 +535,10 @@ TEST_CASE("the Llama architecture's fast kernels compute the reference's functio
   CHECK(fast.loss.item<double>() == doctest::Approx(ref.loss.item<double>()).epsilon(1e-6));
 }
 
-TEST_CASE("the Llama architecture recomputes its decoder layers (gradient checkpointing) to the same gradients; NEFTune") {
-  torch::manual_seed(5);
-  LlamaForCausalLM model(tiny());
+// One training forward's gradients on `ids` (its own labels), then again with the decoder
+// layers recomputed (`layers` of them): the same bit for bit.
+inline void check_recomputed_gradients(LlamaForCausalLM& model, const torch::Tensor& ids, int64_t layers) {
   model->train();  // attention_dropout is 0: training forwards are deterministic
-  const auto ids = torch::randint(100, {2, 12});
   const auto grads = [&] {
     model->zero_grad();
     model->forward({ids, ids}).loss.backward();
@@ -441,10 +547,17 @@ TEST_CASE("the Llama architecture recomputes its decoder layers (gradient checkp
     return g;
   };
   const auto plain = grads();
-  CHECK(loom::dist::enable_gradient_checkpointing(*model) == 2);  // the two decoder layers
+  CHECK(loom::dist::enable_gradient_checkpointing(*model) == layers);
   const auto recomputed = grads();
   REQUIRE(plain.size() == recomputed.size());
   for (std::size_t i = 0; i < plain.size(); ++i) CHECK(torch::equal(plain[i], recomputed[i]));
+}
+
+TEST_CASE("the Llama architecture recomputes its decoder layers (gradient checkpointing) to the same gradients; NEFTune") {
+  torch::manual_seed(5);
+  LlamaForCausalLM model(tiny());
+  const auto ids = torch::randint(100, {2, 12});
+  check_recomputed_gradients(model, ids, 2);
   // NEFTune's noise reaches the embeddings in training only.
   model->neftune().noise_alpha = 5.0;
   const auto noisy = model->logits(ids);
@@ -453,6 +566,17 @@ TEST_CASE("the Llama architecture recomputes its decoder layers (gradient checkp
   model->neftune().noise_alpha = 0.0;
   CHECK_FALSE(torch::equal(noisy, clean));
   CHECK(torch::equal(model->logits(ids), clean));
+  // Gemma 2 (the written-out, soft-capped attention; a window that binds) and Gemma 3 (q/k norms,
+  // a rope per layer type).
+  for (const std::string type : {"gemma2", "gemma3_text"}) {
+    CAPTURE(type);
+    auto c = tiny(type);
+    c.num_hidden_layers = 3, c.head_dim = 16, c.sliding_window = 5;
+    c.attn_logit_softcapping = 1.0, c.final_logit_softcapping = 5.0, c.initializer_range = 0.2;
+    torch::manual_seed(6);
+    LlamaForCausalLM gemma(c);
+    check_recomputed_gradients(gemma, ids, 3);
+  }
 }
 
 TEST_CASE("LoRA as PEFT: loom reads PEFT's adapter, PEFT reads loom's, merge_and_unload opens in transformers") {

@@ -41,7 +41,11 @@ LOOM_INLINE torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torc
 /// to one (cuBLAS's fast kernels need the alignment): [.., padded] whose extra columns are
 /// -inf, so a softmax over all of them is the vocabulary's; callers show the first vocab
 /// columns and give the whole to causal_lm_loss. Else [.., vocab], as a linear layer.
-LOOM_INLINE torch::Tensor lm_head_logits(const torch::Tensor& hidden, const torch::Tensor& weight, bool fast);
+/// `softcap` (Gemma 2's final_logit_softcapping): the logits soft-capped as transformers caps
+/// them, tanh(logits / softcap) * softcap, over the vocabulary alone (never padded: a capped
+/// -inf column would be -softcap).
+LOOM_INLINE torch::Tensor lm_head_logits(const torch::Tensor& hidden, const torch::Tensor& weight, bool fast,
+                                         std::optional<double> softcap = std::nullopt);
 
 /// The LM head and the cross-entropy in one, over chunks of rows (Liger's fused linear
 /// cross-entropy): the mean over the rows whose target is not -100 of -log softmax(hidden @
@@ -61,10 +65,13 @@ LOOM_INLINE torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, cons
 /// (the per-position log-probabilities are reduced in the order nll_loss reduces all of
 /// them); `chunked` (nullopt: chunked_lm_loss_by_default): linear_cross_entropy, within
 /// float32 rounding of it. hidden [batch, seq, h], labels [batch, seq]. One host sync (the
-/// count of scored positions).
+/// count of scored positions). With `softcap` (lm_head_logits') the loss is never chunked (the
+/// chunked kernels have no cap): the default takes the unchunked form and `chunked` true is a
+/// loom::Error.
 LOOM_INLINE torch::Tensor scored_causal_lm_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
                                                 const torch::Tensor& labels, bool fast,
-                                                std::optional<bool> chunked = std::nullopt);
+                                                std::optional<bool> chunked = std::nullopt,
+                                                std::optional<double> softcap = std::nullopt);
 
 /// What a causal LM gives each of its labels (TRL's fused LM head outputs), float32
 /// [batch, seq]: position t scores labels[t + 1] (as the loss does); 0 where that label is -100,
@@ -82,18 +89,21 @@ struct TokenScores {
 /// (nullopt: chunked_lm_loss_by_default): the scored rows go through the head in chunks and
 /// backward recomputes each chunk's logits, so the [scored, vocab] float32 logits are never
 /// held (TRL's chunked log-probabilities); unchunked, log_probs are log_softmax's bit for bit,
-/// chunked within float32 rounding. One host sync.
+/// chunked within float32 rounding. One host sync. `softcap`: as scored_causal_lm_loss's.
 LOOM_INLINE TokenScores token_scores(const torch::Tensor& hidden, const torch::Tensor& weight,
                                      const torch::Tensor& labels, bool fast, bool statistics = false,
-                                     std::optional<bool> chunked = std::nullopt);
+                                     std::optional<bool> chunked = std::nullopt,
+                                     std::optional<double> softcap = std::nullopt);
 
 /// A causal LM's output from its last hidden states: the logits of lm_head_logits(hidden,
 /// weight, fast), shown with vocab_size = weight.size(0) columns, and, when `labels` is
 /// defined, causal_lm_loss over all of them. Every causal LM's forward(batch) and logits().
 /// When this thread's forward_request() asks for the loss alone (the Trainer's training
-/// forward), a batch with labels gets scored_causal_lm_loss and no logits.
+/// forward), a batch with labels gets scored_causal_lm_loss and no logits. `softcap`: the
+/// final logit soft-cap (lm_head_logits').
 LOOM_INLINE CausalLMOutput causal_lm_output(const torch::Tensor& hidden, const torch::Tensor& weight,
-                                            const torch::Tensor& labels, bool fast);
+                                            const torch::Tensor& labels, bool fast,
+                                            std::optional<double> softcap = std::nullopt);
 
 /// One layer's keys and values so far (transformers' DynamicLayer): [batch, kv_heads, seen,
 /// head_dim] each, undefined before the first step.

@@ -1,38 +1,52 @@
 #pragma once
 // The Llama architecture (transformers' LlamaForCausalLM), which also serves the Qwen2, Qwen3,
-// Mistral, Phi-3 and Gemma configs: the families differ in a few facts, one row each of
-// kLlamaFamilies (Qwen2: bias on q/k/v; Qwen3: an RMSNorm on each head of q and k; Mistral: a
-// sliding window; Phi-3: fused projections; Gemma: (1 + w) norms and scaled embeddings). HF's parameter names and config.json, so an HF folder loads into it and what it
-// saves opens in transformers as the same class.
+// Mistral, Phi-3, Gemma, Gemma 2 and Gemma 3 text configs: the families differ in a few facts,
+// one row each of kLlamaFamilies (Qwen2: bias on q/k/v; Qwen3: an RMSNorm on each head of q and
+// k; Mistral: a sliding window; Phi-3: fused projections; Gemma: (1 + w) norms and scaled
+// embeddings; Gemma 2: sandwich norms, soft-caps, sliding and full layers alternating; Gemma 3:
+// Gemma 2's layers with q/k norms and a rope per layer type). HF's parameter names and
+// config.json, so an HF folder loads into it and what it saves opens in transformers as the
+// same class.
 //
 //   auto model = loom::models::LlamaForCausalLM::from_pretrained("llama-folder");
 //   loom::models::LlamaConfig c;  c.hidden_size = 256; ...;  loom::models::LlamaForCausalLM model(c);
-//   model->save_pretrained("out");  // config.json (model_type llama/qwen2/qwen3/mistral) + model.safetensors
+//   model->save_pretrained("out");  // config.json (model_type llama/qwen2/...) + model.safetensors
 //
 // Names: model.embed_tokens, model.layers.{i}.input_layernorm, self_attn.{q,k,v,o}_proj,
 // post_attention_layernorm, mlp.{gate,up,down}_proj, model.norm, and lm_head.weight unless
-// tie_word_embeddings; Qwen3 adds self_attn.{q,k}_norm. Each decoder layer is a
-// loom::FullShardUnit (name-transparent) answering to its family's HF class name
-// (LlamaDecoderLayer, Qwen2DecoderLayer, ...) for --fsdp_transformer_layer_cls_to_wrap.
+// tie_word_embeddings; Qwen3 and Gemma 3 add self_attn.{q,k}_norm, Gemma 2 and 3
+// {pre,post}_feedforward_layernorm. Each decoder layer is a loom::FullShardUnit
+// (name-transparent) answering to its family's HF class name (LlamaDecoderLayer,
+// Qwen2DecoderLayer, Gemma2DecoderLayer, ...) for --fsdp_transformer_layer_cls_to_wrap.
 //
 // Arithmetic follows transformers' sdpa path op by op: RMSNorm in float32 then the weight
 // times the input's dtype, rotary embeddings computed in float32 (transformers' rope init
 // functions), grouped-query attention through at::scaled_dot_product_attention with
 // enable_gqa and is_causal, the SwiGLU MLP down(act(gate(x)) * up(x)), and the causal LM loss
-// of causal_lm.hpp.
+// of causal_lm.hpp. A layer with attention soft-capping (Gemma 2) follows transformers' eager
+// path instead (the only one that caps): scores written out, scaled, tanh(s / cap) * cap,
+// masked, softmax in float32.
 //
 // Supported: model_type llama, qwen2, qwen3, mistral, phi3 (q, k, v and gate, up fused), gemma
-// (Gemma 1: RMSNorm by (1 + weight), embeddings times sqrt(hidden_size), head_dim 256 unless given); rope_parameters (or the older rope_theta /
-// rope_scaling keys) of rope_type "default", "linear", "dynamic" (NTK, recomputed past
-// max_position_embeddings as transformers' rotary embedding does, state included), "yarn" (its
-// attention factor, mscale, beta and truncate keys), "longrope" (short / long factors) or
-// "llama3"; any num_key_value_heads dividing
-// num_attention_heads; head_dim; attention_bias / mlp_bias (Llama); tie_word_embeddings both
-// ways; hidden_act of models/activations.hpp. Refused with a loom: line naming the field:
-// other rope types or rope keys, pretraining_tp other than 1. Sliding-window attention as
-// transformers masks it (a query sees the sliding_window keys up to itself): every Mistral
-// layer when sliding_window is set; Qwen2 / Qwen3 layers whose layer_types entry is
-// "sliding_attention" (by default those from max_window_layers on) when use_sliding_window.
+// (Gemma 1: RMSNorm by (1 + weight), embeddings times sqrt(hidden_size), head_dim 256 unless
+// given), gemma2 (Gemma 1's plus post_attention_layernorm on the attention's output,
+// pre/post_feedforward_layernorm around the MLP, scores scaled by query_pre_attn_scalar^-0.5,
+// attn_logit_softcapping, final_logit_softcapping on every loss path, which then stays unchunked)
+// and gemma3_text (Gemma 2's layers, (1 + w) q/k norms, rope_parameters keyed by layer type,
+// the older rope_theta / rope_local_base_freq / rope_scaling / sliding_window_pattern read into
+// them; its attention ignores attn_logit_softcapping, as transformers'); rope_parameters (or
+// the older rope_theta / rope_scaling keys) of rope_type "default", "linear", "dynamic" (NTK,
+// recomputed past max_position_embeddings as transformers' rotary embedding does, state
+// included), "yarn" (its attention factor, mscale, beta and truncate keys), "longrope" (short /
+// long factors) or "llama3"; any num_key_value_heads dividing num_attention_heads; head_dim;
+// attention_bias / mlp_bias (Llama); tie_word_embeddings both ways; hidden_act of
+// models/activations.hpp. Refused with a loom: line naming the field:
+// other rope types or rope keys, pretraining_tp other than 1, use_bidirectional_attention true,
+// soft-caps that are not positive. Sliding-window attention as transformers masks it (a query
+// sees the sliding_window keys up to itself): every Mistral layer when sliding_window is set;
+// Qwen2 / Qwen3 layers whose layer_types entry is "sliding_attention" (by default those from
+// max_window_layers on) when use_sliding_window; Gemma 2 / 3 layers whose layer_types entry is
+// "sliding_attention" (by default all but every 2nd / every sliding_window_pattern-th, 6).
 
 #include <loom/config/inline.hpp>
 #include <loom/core/neftune.hpp>
@@ -70,10 +84,14 @@ struct LlamaFamily {
     attention_bias_key = 1u << 0,  ///< attention_bias
     mlp_bias_key = 1u << 1,        ///< mlp_bias and pretraining_tp (Llama's own)
     head_dim_key = 1u << 2,        ///< head_dim
-    window_keys = 1u << 3,         ///< use_sliding_window, max_window_layers, layer_types (Qwen's)
+    window_keys = 1u << 3,         ///< use_sliding_window, max_window_layers (Qwen's)
     sliding_window_key = 1u << 4,  ///< sliding_window
     phi3_keys = 1u << 5,           ///< resid_pdrop, embd_pdrop, original_max_position_embeddings (Phi-3's)
     bidirectional_key = 1u << 6,   ///< use_bidirectional_attention (Gemma's)
+    layer_types_key = 1u << 7,     ///< layer_types (Qwen's, Gemma 2's and 3's)
+    /// query_pre_attn_scalar, attn_logit_softcapping, final_logit_softcapping, and
+    /// hidden_activation in place of hidden_act (Gemma 2's and 3's)
+    softcap_keys = 1u << 8,
   };
   std::string_view model_type;     ///< config.json's model_type
   std::string_view causal_lm;      ///< transformers' causal LM class (config.json's architectures)
@@ -89,20 +107,34 @@ struct LlamaFamily {
   bool norm_plus_one = false;      ///< RMSNorm scales by (1 + weight) in float32, weights starting at 0 (Gemma)
   bool embed_scale = false;        ///< the embeddings times sqrt(hidden_size) (Gemma)
   bool gelu_means_tanh = false;    ///< hidden_act "gelu" is read as "gelu_pytorch_tanh" (GemmaConfig's legacy rule)
+  /// post_attention_layernorm on the attention's output before its residual sum, and
+  /// pre_feedforward_layernorm / post_feedforward_layernorm around the MLP (Gemma 2 and 3)
+  bool sandwich_norms = false;
+  bool attention_softcap = false;  ///< attn_logit_softcapping caps the attention scores (Gemma 2; Gemma 3's attention ignores the key)
+  /// layer_types by default (when config.json has none): each sliding_pattern-th layer full, the
+  /// others sliding (Gemma 2: 2; Gemma 3: 6, or sliding_window_pattern); sliding_window bounds
+  /// the sliding layers without use_sliding_window. 0: Qwen's rule or none.
+  int64_t sliding_pattern = 0;
+  double default_rope_theta = 10000.0;  ///< rope_theta when config.json gives none (Gemma 3's full_attention: 1e6)
+  /// The sliding layers' own rope: rope_parameters holds one per layer type, "full_attention"
+  /// and "sliding_attention", this the sliding one's default rope_theta (Gemma 3's
+  /// rope_local_base_freq, 10000). 0: one rope for every layer.
+  double local_rope_theta = 0.0;
 };
 
 /// The families LlamaForCausalLM reads, facts from transformers' config and modeling files.
-inline constexpr std::array<LlamaFamily, 6> kLlamaFamilies{{
+inline constexpr std::array<LlamaFamily, 8> kLlamaFamilies{{
     {.model_type = "llama", .causal_lm = "LlamaForCausalLM",
      .sequence_classification = "LlamaForSequenceClassification", .decoder_layer = "LlamaDecoderLayer",
      .keys = LlamaFamily::attention_bias_key | LlamaFamily::mlp_bias_key | LlamaFamily::head_dim_key},
     {.model_type = "qwen2", .causal_lm = "Qwen2ForCausalLM",
      .sequence_classification = "Qwen2ForSequenceClassification", .decoder_layer = "Qwen2DecoderLayer",
-     .keys = LlamaFamily::window_keys | LlamaFamily::sliding_window_key, .qkv_bias = true},
+     .keys = LlamaFamily::window_keys | LlamaFamily::layer_types_key | LlamaFamily::sliding_window_key,
+     .qkv_bias = true},
     {.model_type = "qwen3", .causal_lm = "Qwen3ForCausalLM",
      .sequence_classification = "Qwen3ForSequenceClassification", .decoder_layer = "Qwen3DecoderLayer",
      .keys = LlamaFamily::attention_bias_key | LlamaFamily::head_dim_key | LlamaFamily::window_keys |
-             LlamaFamily::sliding_window_key,
+             LlamaFamily::layer_types_key | LlamaFamily::sliding_window_key,
      .qk_norm = true, .default_head_dim = 128},
     {.model_type = "mistral", .causal_lm = "MistralForCausalLM",
      .sequence_classification = "MistralForSequenceClassification", .decoder_layer = "MistralDecoderLayer",
@@ -115,13 +147,26 @@ inline constexpr std::array<LlamaFamily, 6> kLlamaFamilies{{
      .sequence_classification = "GemmaForSequenceClassification", .decoder_layer = "GemmaDecoderLayer",
      .keys = LlamaFamily::attention_bias_key | LlamaFamily::head_dim_key | LlamaFamily::bidirectional_key,
      .default_head_dim = 256, .norm_plus_one = true, .embed_scale = true, .gelu_means_tanh = true},
+    {.model_type = "gemma2", .causal_lm = "Gemma2ForCausalLM",
+     .sequence_classification = "Gemma2ForSequenceClassification", .decoder_layer = "Gemma2DecoderLayer",
+     .keys = LlamaFamily::attention_bias_key | LlamaFamily::head_dim_key | LlamaFamily::sliding_window_key |
+             LlamaFamily::bidirectional_key | LlamaFamily::layer_types_key | LlamaFamily::softcap_keys,
+     .default_head_dim = 256, .norm_plus_one = true, .embed_scale = true, .sandwich_norms = true,
+     .attention_softcap = true, .sliding_pattern = 2},
+    {.model_type = "gemma3_text", .causal_lm = "Gemma3ForCausalLM",
+     .sequence_classification = "Gemma3TextForSequenceClassification", .decoder_layer = "Gemma3DecoderLayer",
+     .keys = LlamaFamily::attention_bias_key | LlamaFamily::head_dim_key | LlamaFamily::sliding_window_key |
+             LlamaFamily::bidirectional_key | LlamaFamily::layer_types_key | LlamaFamily::softcap_keys,
+     .qk_norm = true, .default_head_dim = 256, .norm_plus_one = true, .embed_scale = true, .sandwich_norms = true,
+     .sliding_pattern = 6, .default_rope_theta = 1'000'000.0, .local_rope_theta = 10000.0},
 }};
 
-/// transformers' LlamaConfig, with the fields Qwen2Config, Qwen3Config and MistralConfig add:
+/// transformers' LlamaConfig, with the fields Qwen2Config, Qwen3Config, MistralConfig,
+/// Phi3Config, GemmaConfig, Gemma2Config and Gemma3TextConfig add:
 /// HF's field names and Llama's defaults (config.json reads into it; model_type says which
 /// family, a row of kLlamaFamilies).
 struct LlamaConfig {
-  std::string model_type = "llama";                  ///< llama, qwen2, qwen3, mistral, phi3 or gemma
+  std::string model_type = "llama";                  ///< llama, qwen2, qwen3, mistral, phi3, gemma, gemma2 or gemma3_text
   int64_t vocab_size = 32000;                        ///< tokens in the vocabulary
   int64_t hidden_size = 4096;                        ///< hidden size
   int64_t intermediate_size = 11008;                 ///< MLP width
@@ -130,6 +175,7 @@ struct LlamaConfig {
   std::optional<int64_t> num_key_value_heads;        ///< key/value heads (grouped-query attention; none: num_attention_heads)
   std::optional<int64_t> head_dim;                   ///< width of a head (none: hidden_size / num_attention_heads)
   std::string hidden_act = "silu";                   ///< see models/activations.hpp
+  std::optional<std::string> hidden_activation;      ///< (Gemma 2 and 3: their name for hidden_act, which it replaces)
   int64_t max_position_embeddings = 2048;            ///< longest sequence the rotary table is meant for
   double initializer_range = 0.02;                   ///< std of the random initialization
   double rms_norm_eps = 1e-6;                        ///< RMSNorm eps
@@ -152,7 +198,12 @@ struct LlamaConfig {
   std::optional<bool> use_sliding_window;            ///< (Qwen: the sliding_attention layers have a window)
   std::optional<int64_t> sliding_window;             ///< keys a query sees (Mistral: every layer; Qwen: with use_sliding_window)
   std::optional<int64_t> max_window_layers;          ///< (Qwen: layers from this one on slide, when layer_types is absent; 28)
-  nlohmann::json layer_types;                        ///< (Qwen: "full_attention" / "sliding_attention" per layer)
+  nlohmann::json layer_types;                        ///< (Qwen, Gemma 2 and 3: "full_attention" / "sliding_attention" per layer)
+  std::optional<int64_t> sliding_window_pattern;     ///< (Gemma 3's older files: every n-th layer full when layer_types is absent)
+  std::optional<int64_t> query_pre_attn_scalar;      ///< (Gemma 2 and 3) the attention scores scale by its -0.5 power, not head_dim's (256 when absent)
+  std::optional<double> attn_logit_softcapping;      ///< (Gemma 2) attention scores tanh(s / cap) * cap before the mask; null: none (Gemma 3's attention ignores it, as transformers')
+  std::optional<double> final_logit_softcapping;     ///< (Gemma 2 and 3) logits tanh(z / cap) * cap; null: none
+  std::optional<double> rope_local_base_freq;        ///< (Gemma 3's older files) the sliding layers' rope_theta (read into rope_parameters)
   int64_t num_labels = 2;                            ///< classifier outputs (LlamaForSequenceClassification; id2label's size when given)
   std::map<int64_t, std::string> id2label;           ///< a classifier's label names (empty in a causal LM's config)
   std::map<std::string, int64_t> label2id;           ///< the inverse
@@ -186,7 +237,27 @@ inline const LlamaFamily* find_llama_family(std::string_view model_type) {
 LOOM_INLINE const LlamaFamily& llama_family(const LlamaConfig& c);
 /// Whether q_proj, k_proj and v_proj have biases: attention_bias, and always in Qwen2.
 inline bool llama_qkv_bias(const LlamaConfig& c) { return c.attention_bias || llama_family(c).qkv_bias; }
+/// The final logit soft-cap (Gemma 2's final_logit_softcapping), none in other families.
+inline std::optional<double> llama_final_softcap(const LlamaConfig& c) {
+  return (llama_family(c).keys & LlamaFamily::softcap_keys) != 0 ? c.final_logit_softcapping : std::nullopt;
+}
 
+/// What the memory plan's activation estimate reads of a Llama-architecture model
+/// (models/activation_memory.hpp): a causal LM's head (which honours forward_request()), or none.
+inline ActivationShape llama_activation_shape(const LlamaConfig& c, bool causal_lm) {
+  const LlamaFamily& family = llama_family(c);
+  const int64_t kv = llama_kv_heads(c) * llama_head_dim(c), q = c.num_attention_heads * llama_head_dim(c);
+  return {.layers = c.num_hidden_layers, .hidden = c.hidden_size, .kv = kv, .mlp = 4 * c.intermediate_size,
+          .heads = c.num_attention_heads, .vocab = causal_lm ? c.vocab_size : 0,
+          .qk_norm = family.qk_norm ? 2 * (q + kv) : 0, .norms = family.sandwich_norms ? 4 : 2,
+          .eager_attention = family.attention_softcap && c.attn_logit_softcapping.has_value(), .query_width = q,
+          .head_softcap = causal_lm && llama_final_softcap(c).has_value(),
+          .attention_dropout = c.attention_dropout > 0, .loss_only_head = causal_lm};
+}
+
+/// Whether decoder layer `layer` is a "sliding_attention" layer (layer_types, or the family's
+/// default: Qwen's max_window_layers with use_sliding_window, Gemma's pattern).
+LOOM_INLINE bool llama_layer_slides(const LlamaConfig& c, int64_t layer);
 /// The attention window of decoder layer `layer` (keys a query sees, itself included), or none
 /// (causal over the whole sequence): see the file comment.
 LOOM_INLINE std::optional<int64_t> llama_layer_window(const LlamaConfig& c, int64_t layer);
@@ -207,6 +278,27 @@ namespace detail {
 LOOM_INLINE void init_llama_parameter(const torch::nn::Module& root, const LlamaConfig& config,
                                       const std::string& name, torch::Tensor& t, at::Generator generator);
 }  // namespace detail
+
+/// One rope's rotary table (transformers' LlamaRotaryEmbedding; Gemma 3 has one per layer
+/// type): the inverse frequencies of a rope_parameters object's rope_type, in float32, and the
+/// state of the rope types whose frequencies follow the sequence (transformers'
+/// dynamic_rope_update: dynamic NTK recomputes them past max_position_embeddings, longrope
+/// switches to its long factors past original_max_position_embeddings).
+class LlamaRotaryEmbedding {
+ public:
+  /// The rope `rope` (a validated rope_parameters object) of `config`'s heads.
+  LOOM_INLINE LlamaRotaryEmbedding(const LlamaConfig& config, const nlohmann::json& rope);
+  /// (cos, sin) for int64 positions [batch, seq]: [batch, seq, rotary width] each, in float32.
+  LOOM_INLINE std::pair<torch::Tensor, torch::Tensor> operator()(const torch::Tensor& positions);
+
+ private:
+  torch::Tensor inv_freq_;  // the frequencies (float32, on the device of the last call)
+  double attention_scaling_ = 1.0;
+  std::string rope_type_;
+  nlohmann::json rope_;
+  int64_t rope_dim_ = 0, max_positions_ = 0, max_seq_len_cached_ = 0;
+  torch::Tensor original_inv_freq_, long_inv_freq_;
+};
 
 /// Llama's RMSNorm: weight * (x / sqrt(mean(x^2) + eps)), computed in float32.
 class LlamaRMSNormImpl : public torch::nn::Module {
@@ -249,9 +341,15 @@ class LlamaAttentionImpl : public torch::nn::Module {
   LOOM_INLINE std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> project(const torch::Tensor& x);
   /// [batch, seq, width] -> [batch, heads, seq, head_dim], through `norm` when the family has one.
   LOOM_INLINE torch::Tensor split_heads(const torch::Tensor& t, LlamaRMSNorm norm) const;
+  /// Attention written out (transformers' eager_attention_forward), for a soft-capped layer: the
+  /// scores of q by the repeated keys, scaled, capped tanh(s / cap) * cap, masked (`mask` bool
+  /// [batch or 1, 1, query, keys]), softmax in float32, by the repeated values.
+  LOOM_INLINE torch::Tensor eager_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                            const torch::Tensor& mask) const;
   int64_t heads_, kv_heads_, head_dim_;
   double dropout_, scaling_;
   std::optional<int64_t> window_;
+  std::optional<double> softcap_;  // Gemma 2's attn_logit_softcapping
 };
 TORCH_MODULE(LlamaAttention);
 
@@ -269,7 +367,9 @@ class LlamaMLPImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaMLP);
 
-/// One decoder layer: x + attn(input_layernorm(x)), then + mlp(post_attention_layernorm(.)).
+/// One decoder layer: x + attn(input_layernorm(x)), then + mlp(post_attention_layernorm(.));
+/// with sandwich norms (Gemma 2 and 3) x + post_attention_layernorm(attn(input_layernorm(x))),
+/// then + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(.))).
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
   LOOM_INLINE explicit LlamaDecoderLayerImpl(const LlamaConfig& config, int64_t layer = 0);
@@ -281,11 +381,14 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
   LlamaRMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  LlamaRMSNorm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};  ///< Gemma 2's and 3's (else null)
   /// transformers' class of this layer in the config's family (Qwen3DecoderLayer, ...): what
   /// --fsdp_transformer_layer_cls_to_wrap names (FullShardUnit reads it).
   [[nodiscard]] std::string hf_class_name() const { return std::string(decoder_layer_); }
 
  private:
+  /// The residual sums and the MLP after the attention's output `attended` (x the layer's input).
+  LOOM_INLINE torch::Tensor after_attention(const torch::Tensor& x, const torch::Tensor& attended);
   std::string_view decoder_layer_;
   double resid_dropout_ = 0.0;  // Phi-3's resid_pdrop on each sublayer's output (training)
 };
@@ -306,7 +409,8 @@ class LlamaModelImpl : public torch::nn::Module {
   /// Hidden states [batch, query, hidden_size] of a decoding step (generation): the rotary
   /// table at the step's positions, its padding mask, and the key/value cache when it has one.
   LOOM_INLINE torch::Tensor forward_step(const DecodeStep& step);
-  /// The rotary table (cos, sin) for positions 0 .. seq-1, [1, seq, head_dim] each, in float32.
+  /// The rotary table (cos, sin) for positions 0 .. seq-1, [1, seq, head_dim] each, in float32
+  /// (the full-attention layers' rope: Gemma 3 has another for its sliding layers).
   LOOM_INLINE std::pair<torch::Tensor, torch::Tensor> rotary(int64_t seq, const torch::Device& device);
   /// The same for int64 positions [batch, seq]: [batch, seq, head_dim] each.
   LOOM_INLINE std::pair<torch::Tensor, torch::Tensor> rotary(const torch::Tensor& positions);
@@ -319,21 +423,17 @@ class LlamaModelImpl : public torch::nn::Module {
   LlamaRMSNorm norm{nullptr};
 
  private:
-  torch::Tensor inv_freq_;  // the rope's frequencies (float32, on the device of the last forward)
-  double attention_scaling_ = 1.0;
+  /// The rotary tables (cos, sin) of every rope at `positions`, in the layers' dtype `dtype`.
+  LOOM_INLINE std::vector<std::pair<torch::Tensor, torch::Tensor>> rotary_tables(const torch::Tensor& positions,
+                                                                               torch::ScalarType dtype);
+  std::vector<LlamaRotaryEmbedding> ropes_;  // one, or (Gemma 3) the full and the sliding layers'
+  std::vector<std::size_t> layer_rope_;      // each layer's entry of ropes_
   std::optional<double> embed_scale_;  // Gemma's embedding scale
-  // The rope types whose frequencies follow the sequence (transformers' dynamic_rope_update):
-  // dynamic NTK recomputes them past max_position_embeddings, longrope switches to its long
-  // factors past original_max_position_embeddings.
-  std::string rope_type_;
-  nlohmann::json rope_;
-  int64_t rope_dim_ = 0, max_positions_ = 0, max_seq_len_cached_ = 0;
-  torch::Tensor original_inv_freq_, long_inv_freq_;
 };
 TORCH_MODULE(LlamaModel);
 
 /// A Llama-architecture causal LM (transformers' LlamaForCausalLM, Qwen2ForCausalLM,
-/// Qwen3ForCausalLM, MistralForCausalLM by the config's model_type).
+/// Qwen3ForCausalLM, MistralForCausalLM, Gemma2ForCausalLM, ... by the config's model_type).
 class LlamaForCausalLMImpl : public PreTrainedModel<LlamaForCausalLMImpl, LlamaConfig, data::CausalLMBatch> {
  public:
   /// A causal LM (HF's MODEL_FOR_CAUSAL_LM_MAPPING): --label_smoothing_factor shifts the labels.
@@ -355,16 +455,8 @@ class LlamaForCausalLMImpl : public PreTrainedModel<LlamaForCausalLMImpl, LlamaC
   /// (models/activation_memory.hpp): `bytes_per_element` 2 under --bf16 / --fp16, else 4;
   /// `recompute` under --gradient_checkpointing.
   [[nodiscard]] double activation_bytes(int64_t batch, int64_t seq, int64_t bytes_per_element, bool recompute) const {
-    const auto& c = config();
-    return transformer_activation_bytes({.layers = c.num_hidden_layers, .hidden = c.hidden_size,
-                                         .kv = llama_kv_heads(c) * llama_head_dim(c),
-                                         .mlp = 4 * c.intermediate_size, .heads = c.num_attention_heads,
-                                         .vocab = c.vocab_size,
-                                         .qk_norm = llama_family(c).qk_norm
-                                                        ? 2 * (c.num_attention_heads + llama_kv_heads(c)) * llama_head_dim(c)
-                                                        : 0,
-                                         .attention_dropout = c.attention_dropout > 0, .loss_only_head = true},
-                                        batch, seq, bytes_per_element, recompute);
+    return transformer_activation_bytes(llama_activation_shape(config(), /*causal_lm=*/true), batch, seq,
+                                        bytes_per_element, recompute);
   }
   /// Logits [batch, seq, vocab_size] of int64 token ids [batch, seq].
   LOOM_INLINE torch::Tensor logits(const torch::Tensor& input_ids);
@@ -425,15 +517,8 @@ class LlamaForSequenceClassificationImpl
   LOOM_INLINE torch::Tensor pooled_positions(const torch::Tensor& input_ids) const;
   /// The memory plan's estimate (models/activation_memory.hpp): the body's, no LM head.
   [[nodiscard]] double activation_bytes(int64_t batch, int64_t seq, int64_t bytes_per_element, bool recompute) const {
-    const auto& c = config();
-    return transformer_activation_bytes({.layers = c.num_hidden_layers, .hidden = c.hidden_size,
-                                         .kv = llama_kv_heads(c) * llama_head_dim(c),
-                                         .mlp = 4 * c.intermediate_size, .heads = c.num_attention_heads, .vocab = 0,
-                                         .qk_norm = llama_family(c).qk_norm
-                                                        ? 2 * (c.num_attention_heads + llama_kv_heads(c)) * llama_head_dim(c)
-                                                        : 0,
-                                         .attention_dropout = c.attention_dropout > 0},
-                                        batch, seq, bytes_per_element, recompute);
+    return transformer_activation_bytes(llama_activation_shape(config(), /*causal_lm=*/false), batch, seq,
+                                        bytes_per_element, recompute);
   }
   /// config.json's architectures: the family's sequence classifier (LlamaForSequenceClassification, ...).
   LOOM_INLINE std::string_view architecture_name() const;
@@ -480,7 +565,7 @@ class LlamaForSequenceClassification : public torch::nn::ModuleHolder<LlamaForSe
 class LlamaForCausalLM : public torch::nn::ModuleHolder<LlamaForCausalLMImpl> {
  public:
   using torch::nn::ModuleHolder<LlamaForCausalLMImpl>::ModuleHolder;
-  /// Reads an HF folder (model_type llama, qwen2, qwen3 or mistral): config.json, then the weights
+  /// Reads an HF folder (a model_type of kLlamaFamilies): config.json, then the weights
   /// (model.safetensors or sharded), checked strictly against the model built from it, into
   /// parameters of `dtype` (float32 by default; bf16 / fp16 files are converted).
   static LlamaForCausalLM from_pretrained(const std::filesystem::path& dir, torch::ScalarType dtype = torch::kFloat) {

@@ -176,24 +176,38 @@ inline torch::Tensor placed(const torch::Tensor& rows, const ScoredPositions& s)
 // them (0 elsewhere), float32 [positions]: the head and the log-softmax at the scored rows only
 // (a row of a product or a log-softmax does not depend on the others).
 inline torch::Tensor placed_log_probs(const torch::Tensor& hidden, const torch::Tensor& weight,
-                                      const ScoredPositions& s, bool fast) {
+                                      const ScoredPositions& s, bool fast, std::optional<double> softcap) {
   const auto targets = s.shifted.index_select(0, s.index);
-  const auto picked =
-      float_log_probs(lm_head_logits(scored_rows(hidden, s), weight, fast), fast).gather(1, targets.unsqueeze(1));
+  const auto picked = float_log_probs(lm_head_logits(scored_rows(hidden, s), weight, fast, softcap), fast)
+                          .gather(1, targets.unsqueeze(1));
   return placed(picked.squeeze(1), s);
+}
+
+// Whether a loss over `scored` rows of a head of `vocab` goes chunked: `chunked`, else the
+// default by size; never with a soft-capped head (the chunked kernels have no cap), where
+// chunked true is refused.
+inline bool use_chunked_head(std::optional<bool> chunked, int64_t scored, int64_t vocab,
+                             std::optional<double> softcap) {
+  if (!softcap) return chunked.value_or(chunked_lm_loss_by_default(scored, vocab));
+  check(!chunked.value_or(false),
+        "the chunked LM loss (--chunked_lm_loss true) has no final logit soft-capping; a model with "
+        "final_logit_softcapping ({}) computes its loss from the whole logits (--chunked_lm_loss false or unset)",
+        *softcap);
+  return false;
 }
 
 }  // namespace detail
 
 LOOM_INLINE torch::Tensor scored_causal_lm_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
-                                                const torch::Tensor& labels, bool fast, std::optional<bool> chunked) {
+                                                const torch::Tensor& labels, bool fast, std::optional<bool> chunked,
+                                                std::optional<double> softcap) {
   const auto s = detail::scored_positions(labels, hidden.device());
-  if (chunked.value_or(chunked_lm_loss_by_default(s.index.size(0), weight.size(0))))
+  if (detail::use_chunked_head(chunked, s.index.size(0), weight.size(0), softcap))
     return linear_cross_entropy(detail::scored_rows(hidden, s), weight, s.shifted.index_select(0, s.index), fast);
   // Each scored row's log-probability at its position, reduced by nll_loss as causal_lm_loss
   // reduces the whole [positions, vocab]: the same rows, summed in the same order (nll_loss's
   // cascade runs over every position, the unscored skipped).
-  return at::nll_loss_nd(detail::placed_log_probs(hidden, weight, s, fast).unsqueeze(1), s.shifted.masked_fill(s.scored, 0),
+  return at::nll_loss_nd(detail::placed_log_probs(hidden, weight, s, fast, softcap).unsqueeze(1), s.shifted.masked_fill(s.scored, 0),
                          {}, at::Reduction::Mean, data::ignore_index);
 }
 
@@ -285,7 +299,7 @@ struct TokenLogProbFunction : torch::autograd::Function<TokenLogProbFunction> {
 
 LOOM_INLINE TokenScores token_scores(const torch::Tensor& hidden, const torch::Tensor& weight,
                                      const torch::Tensor& labels, bool fast, bool statistics,
-                                     std::optional<bool> chunked) {
+                                     std::optional<bool> chunked, std::optional<double> softcap) {
   check(labels.defined() && labels.sizes() == hidden.sizes().slice(0, hidden.dim() - 1),
         "token_scores: labels of shape {} for hidden states of shape {}",
         labels.defined() ? c10::str(labels.sizes()) : std::string("undefined"), c10::str(hidden.sizes()));
@@ -294,7 +308,7 @@ LOOM_INLINE TokenScores token_scores(const torch::Tensor& hidden, const torch::T
   const auto targets = s.shifted.index_select(0, s.index);
   const auto place = [&](const torch::Tensor& rows) { return detail::placed(rows, s).view(labels.sizes()); };
   TokenScores out;
-  if (chunked.value_or(chunked_lm_loss_by_default(s.index.size(0), vocab))) {
+  if (detail::use_chunked_head(chunked, s.index.size(0), vocab, softcap)) {
     auto parts =
         detail::TokenLogProbFunction::apply(detail::scored_rows(hidden, s), weight, targets, fast, statistics);
     out.log_probs = place(parts[0]);
@@ -304,7 +318,7 @@ LOOM_INLINE TokenScores token_scores(const torch::Tensor& hidden, const torch::T
     }
     return out;
   }
-  const auto logits = lm_head_logits(detail::scored_rows(hidden, s), weight, fast);
+  const auto logits = lm_head_logits(detail::scored_rows(hidden, s), weight, fast, softcap);
   const auto log_probs = detail::float_log_probs(logits, fast);
   out.log_probs = place(log_probs.gather(1, targets.unsqueeze(1)).squeeze(1));
   if (statistics) {
@@ -318,8 +332,13 @@ LOOM_INLINE TokenScores token_scores(const torch::Tensor& hidden, const torch::T
   return out;
 }
 
-LOOM_INLINE torch::Tensor lm_head_logits(const torch::Tensor& hidden, const torch::Tensor& weight, bool fast) {
+LOOM_INLINE torch::Tensor lm_head_logits(const torch::Tensor& hidden, const torch::Tensor& weight, bool fast,
+                                         std::optional<double> softcap) {
   const int64_t vocab = weight.size(0);
+  if (softcap) {  // Gemma2ForCausalLM: logits / cap, tanh, times cap, op by op
+    const auto logits = torch::nn::functional::linear(hidden, weight) / *softcap;
+    return torch::tanh(logits) * *softcap;
+  }
   if ((vocab % 64) == 0 || !fast) return torch::nn::functional::linear(hidden, weight);
   // The weight cast first, as autocast would, so the padded copy is the narrow one; addmm adds
   // the bias in cuBLAS's epilogue (linear on a 3-d input would add it in a separate pass).
@@ -332,10 +351,10 @@ LOOM_INLINE torch::Tensor lm_head_logits(const torch::Tensor& hidden, const torc
 }
 
 LOOM_INLINE CausalLMOutput causal_lm_output(const torch::Tensor& hidden, const torch::Tensor& weight,
-                                            const torch::Tensor& labels, bool fast) {
+                                            const torch::Tensor& labels, bool fast, std::optional<double> softcap) {
   if (const auto& request = forward_request(); labels.defined() && !request.logits)
-    return {scored_causal_lm_loss(hidden, weight, labels, fast, request.chunked_lm_loss), torch::Tensor()};
-  const auto all = lm_head_logits(hidden, weight, fast);
+    return {scored_causal_lm_loss(hidden, weight, labels, fast, request.chunked_lm_loss, softcap), torch::Tensor()};
+  const auto all = lm_head_logits(hidden, weight, fast, softcap);
   CausalLMOutput out;
   out.logits = all.narrow(-1, 0, weight.size(0));
   if (labels.defined()) out.loss = causal_lm_loss(all, labels, fast);

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numbers>
 #include <set>
 #include <string>
@@ -33,17 +34,20 @@ inline const std::set<std::string, std::less<>> rope_keys = {
 inline constexpr std::array<std::string_view, 6> rope_types = {"default", "linear", "dynamic",
                                                                "yarn",    "longrope", "llama3"};
 
-inline double rope_number(const nlohmann::json& rope, const char* key, std::string_view where) {
+// A number of the rope object `name` (rope_parameters, or Gemma 3's rope_parameters.<layer type>).
+inline double rope_number(const nlohmann::json& rope, const char* key, std::string_view where,
+                          std::string_view name = "rope_parameters") {
   const auto it = rope.find(key);
-  check(it != rope.end() && it->is_number(), "{}: field 'rope_parameters.{}' must be a number for rope_type {}",
-        where, key, rope.value("rope_type", std::string("default")));
+  check(it != rope.end() && it->is_number(), "{}: field '{}.{}' must be a number for rope_type {}", where, name, key,
+        rope.value("rope_type", std::string("default")));
   return it->get<double>();
 }
-// An optional number of rope_parameters (absent or null: none).
-inline std::optional<double> rope_optional(const nlohmann::json& rope, const char* key, std::string_view where) {
+// An optional number of a rope object (absent or null: none).
+inline std::optional<double> rope_optional(const nlohmann::json& rope, const char* key, std::string_view where,
+                                           std::string_view name = "rope_parameters") {
   const auto it = rope.find(key);
   if (it == rope.end() || it->is_null()) return std::nullopt;
-  check(it->is_number(), "{}: field 'rope_parameters.{}' must be a number or null", where, key);
+  check(it->is_number(), "{}: field '{}.{}' must be a number or null", where, name, key);
   return it->get<double>();
 }
 
@@ -73,8 +77,14 @@ LOOM_INLINE bool LlamaConfig::written(std::string_view key) const {
   if (key == "rope_theta" || key == "rope_scaling") return false;  // folded into rope_parameters
   const unsigned keys = llama_family(*this).keys;
   const auto has = [&](LlamaFamily::Keys k) { return (keys & k) != 0; };
-  if (key == "use_sliding_window" || key == "max_window_layers" || key == "layer_types")
-    return has(LlamaFamily::window_keys);
+  if (key == "use_sliding_window" || key == "max_window_layers") return has(LlamaFamily::window_keys);
+  if (key == "layer_types") return has(LlamaFamily::layer_types_key);
+  if (key == "query_pre_attn_scalar" || key == "attn_logit_softcapping" || key == "final_logit_softcapping" ||
+      key == "hidden_activation")
+    return has(LlamaFamily::softcap_keys);
+  if (key == "hidden_act") return !has(LlamaFamily::softcap_keys);  // Gemma 2's and 3's name it hidden_activation
+  // Gemma 3's older keys, folded into layer_types and rope_parameters.
+  if (key == "sliding_window_pattern" || key == "rope_local_base_freq") return false;
   if (key == "sliding_window") return has(LlamaFamily::sliding_window_key);
   if (key == "attention_bias") return has(LlamaFamily::attention_bias_key);
   if (key == "mlp_bias" || key == "pretraining_tp") return has(LlamaFamily::mlp_bias_key);
@@ -90,14 +100,58 @@ LOOM_INLINE bool LlamaConfig::written(std::string_view key) const {
   return true;
 }
 
+namespace detail {
+// One rope object as transformers standardizes it: "type" renamed rope_type, rope_type
+// "default" when absent.
+inline void standard_rope(nlohmann::json& rope) {
+  if (rope.contains("type") && !rope.contains("rope_type")) rope["rope_type"] = rope["type"];
+  rope.erase("type");
+  if (!rope.contains("rope_type")) rope["rope_type"] = "default";
+}
+}  // namespace detail
+
 LOOM_INLINE void complete_config(LlamaConfig& c) {
-  if (c.rope_parameters.is_null()) {
+  const LlamaFamily* const family = find_llama_family(c.model_type);
+  const double default_theta = family != nullptr ? family->default_rope_theta : 10000.0;
+  if (family != nullptr && family->local_rope_theta > 0) {
+    // Gemma3TextConfig: a rope per layer type; the older rope_theta (and rope_scaling) are the
+    // full-attention layers', rope_local_base_freq the sliding layers'.
+    if (c.rope_parameters.is_null()) c.rope_parameters = nlohmann::json::object();
+    auto& ropes = c.rope_parameters;
+    if (ropes.is_object()) {
+      for (const char* type : {"full_attention", "sliding_attention"})
+        if (!ropes.contains(type) || ropes[type].is_null()) ropes[type] = nlohmann::json::object();
+      if (c.rope_scaling.is_object() && ropes["full_attention"].is_object()) ropes["full_attention"].update(c.rope_scaling);
+      const std::pair<const char*, double> thetas[] = {
+          {"full_attention", c.rope_theta.value_or(default_theta)},
+          {"sliding_attention", c.rope_local_base_freq.value_or(family->local_rope_theta)}};
+      for (const auto& [type, theta] : thetas)
+        if (auto& rope = ropes[type]; rope.is_object()) {
+          detail::standard_rope(rope);
+          if (!rope.contains("rope_theta")) rope["rope_theta"] = theta;
+        }
+    }
+  } else if (c.rope_parameters.is_null()) {
     nlohmann::json rope = c.rope_scaling.is_object() ? c.rope_scaling : nlohmann::json::object();
-    if (rope.contains("type") && !rope.contains("rope_type")) rope["rope_type"] = rope["type"];
-    rope.erase("type");
-    if (!rope.contains("rope_type")) rope["rope_type"] = "default";
-    rope["rope_theta"] = c.rope_theta.value_or(10000.0);
+    detail::standard_rope(rope);
+    rope["rope_theta"] = c.rope_theta.value_or(default_theta);
     c.rope_parameters = rope;
+  }
+  if (family != nullptr && (family->keys & LlamaFamily::softcap_keys) != 0) {
+    // Gemma2Config / Gemma3TextConfig: hidden_activation is the activation's key;
+    // query_pre_attn_scalar 256 by default.
+    if (c.hidden_activation) c.hidden_act = *c.hidden_activation;
+    c.hidden_activation = c.hidden_act;
+    if (!c.query_pre_attn_scalar) c.query_pre_attn_scalar = 256;
+  }
+  if (family != nullptr && family->sliding_pattern > 0 && c.layer_types.is_null()) {
+    // Their __post_init__: every pattern-th layer full attention, the others sliding.
+    const int64_t pattern = c.sliding_window_pattern.value_or(family->sliding_pattern);
+    if (pattern > 0 && c.num_hidden_layers > 0 && c.num_hidden_layers <= ConfigLimits::layers) {
+      c.layer_types = nlohmann::json::array();
+      for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+        c.layer_types.push_back((i + 1) % pattern != 0 ? "sliding_attention" : "full_attention");
+    }
   }
   if (const auto* family = find_llama_family(c.model_type); family && family->fused_projections) {
     // Phi3Config: the older "su" and "yarn" are its longrope, whose original length may sit at
@@ -124,6 +178,82 @@ LOOM_INLINE void complete_config(LlamaConfig& c) {
     c.head_dim = family->default_head_dim;
   if (!c.head_dim && c.num_attention_heads > 0) c.head_dim = c.hidden_size / c.num_attention_heads;
 }
+
+namespace detail {
+// One rope object (rope_parameters, or Gemma 3's entry of a layer type, `name`): its keys, its
+// rope_type and the numbers that type reads.
+inline void validate_rope(const LlamaConfig& c, const nlohmann::json& rope, const std::string& name,
+                          std::string_view where) {
+  if (rope.is_object() && rope.contains("partial_rotary_factor")) {
+    const auto& factor = rope["partial_rotary_factor"];
+    // Only Phi-3's attention turns part of each head (transformers' other families' would not).
+    check(factor == 1.0 || llama_family(c).partial_rotary,
+          "{}: field '{}.partial_rotary_factor' is {}; loom's {} rotary embedding turns the whole head "
+          "(1.0)", where, name, factor.dump(), c.model_type);
+    check(factor.is_number() && factor.get<double>() > 0 && factor.get<double>() <= 1,
+          "{}: field '{}.partial_rotary_factor' must be in (0, 1], got {}", where, name, factor.dump());
+    const auto rotary = static_cast<int64_t>(static_cast<double>(llama_head_dim(c)) * factor.get<double>());
+    check(rotary >= 2 && rotary % 2 == 0,
+          "{}: field '{}.partial_rotary_factor' {} turns {} channels of each head; the rotary embedding "
+          "needs an even number, at least 2", where, name, factor.dump(), rotary);
+  }
+  check(rope.is_object(), "{}: field '{}' must be an object", where, name);
+  for (const auto& [key, value] : rope.items())
+    check(detail::rope_keys.contains(key),
+          "{}: field '{}.{}' is not supported (loom computes rope_type default, linear, dynamic, yarn, "
+          "longrope and llama3)", where, name, key);
+  const std::string type = detail::rope_type(rope);
+  check(std::ranges::find(detail::rope_types, type) != detail::rope_types.end(),
+        "{}: field '{}.rope_type' is \"{}\"; loom computes \"default\", \"linear\", \"dynamic\", "
+        "\"yarn\", \"longrope\" and \"llama3\"", where, name, type);
+  check(rope.contains("rope_theta") && rope["rope_theta"].is_number() && rope["rope_theta"].get<double>() > 0,
+        "{}: field '{}.rope_theta' must be a positive number", where, name);
+  if (type == "llama3") {
+    const double factor = detail::rope_number(rope, "factor", where, name);
+    const double low = detail::rope_number(rope, "low_freq_factor", where, name);
+    const double high = detail::rope_number(rope, "high_freq_factor", where, name);
+    const double original = detail::rope_number(rope, "original_max_position_embeddings", where, name);
+    check(factor >= 1.0, "{}: field '{}.factor' must be at least 1, got {}", where, name, factor);
+    check(high > low && low > 0, "{}: {} needs high_freq_factor > low_freq_factor > 0, got {} and {}",
+          where, name, high, low);
+    check(original > 0, "{}: field '{}.original_max_position_embeddings' must be positive", where, name);
+  }
+  if (type == "linear" || type == "dynamic")
+    check(detail::rope_number(rope, "factor", where, name) >= 1.0, "{}: field '{}.factor' must be at least 1",
+          where, name);
+  if (type == "longrope") {
+    const double original = detail::rope_number(rope, "original_max_position_embeddings", where, name);
+    check(original > 1, "{}: field '{}.original_max_position_embeddings' must be above 1", where, name);
+    const double partial = rope.contains("partial_rotary_factor") && rope["partial_rotary_factor"].is_number()
+                               ? rope["partial_rotary_factor"].get<double>()
+                               : 1.0;
+    const int64_t half = static_cast<int64_t>(static_cast<double>(llama_head_dim(c)) * partial) / 2;
+    for (const char* key : {"short_factor", "long_factor"}) {
+      const auto it = rope.find(key);
+      check(it != rope.end() && it->is_array() && std::cmp_equal(it->size(), half) &&
+                std::all_of(it->begin(), it->end(), [](const auto& v) { return v.is_number() && v.template get<double>() > 0; }),
+            "{}: field '{}.{}' must be a list of {} positive numbers (the rotary width / 2) for rope_type "
+            "longrope",
+            where, name, key, half);
+    }
+    if (const auto factor = detail::rope_optional(rope, "factor", where, name))
+      check(*factor >= 1.0, "{}: field '{}.factor' must be at least 1, got {}", where, name, *factor);
+  }
+  if (type == "yarn") {
+    const double original = detail::rope_number(rope, "original_max_position_embeddings", where, name);
+    check(original > 0, "{}: field '{}.original_max_position_embeddings' must be positive", where, name);
+    // factor null: max_position_embeddings / original_max_position_embeddings (transformers' rule).
+    const double factor = detail::rope_optional(rope, "factor", where, name)
+                              .value_or(static_cast<double>(c.max_position_embeddings) / original);
+    check(factor >= 1.0, "{}: {}'s yarn factor must be at least 1, got {}", where, name, factor);
+    for (const char* key : {"attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"})
+      if (const auto v = detail::rope_optional(rope, key, where, name))
+        check(*v >= 0, "{}: field '{}.{}' must not be negative, got {}", where, name, key, *v);
+    if (rope.contains("truncate"))
+      check(rope["truncate"].is_boolean(), "{}: field '{}.truncate' must be true or false", where, name);
+  }
+}
+}  // namespace detail
 
 LOOM_INLINE void validate(const LlamaConfig& c, std::string_view where) {
   check(find_llama_family(c.model_type) != nullptr,
@@ -164,19 +294,6 @@ LOOM_INLINE void validate(const LlamaConfig& c, std::string_view where) {
   if (c.original_max_position_embeddings) positive(*c.original_max_position_embeddings, "original_max_position_embeddings");
   check(!c.use_bidirectional_attention.value_or(false),
         "{}: field 'use_bidirectional_attention' is true; loom's Llama architecture attends causally (a decoder)", where);
-  if (c.rope_parameters.is_object() && c.rope_parameters.contains("partial_rotary_factor")) {
-    const auto& factor = c.rope_parameters["partial_rotary_factor"];
-    // Only Phi-3's attention turns part of each head (transformers' other families' would not).
-    check(factor == 1.0 || llama_family(c).partial_rotary,
-          "{}: field 'rope_parameters.partial_rotary_factor' is {}; loom's {} rotary embedding turns the whole head "
-          "(1.0)", where, factor.dump(), c.model_type);
-    check(factor.is_number() && factor.get<double>() > 0 && factor.get<double>() <= 1,
-          "{}: field 'rope_parameters.partial_rotary_factor' must be in (0, 1], got {}", where, factor.dump());
-    const auto rotary = static_cast<int64_t>(static_cast<double>(llama_head_dim(c)) * factor.get<double>());
-    check(rotary >= 2 && rotary % 2 == 0,
-          "{}: field 'rope_parameters.partial_rotary_factor' {} turns {} channels of each head; the rotary embedding "
-          "needs an even number, at least 2", where, factor.dump(), rotary);
-  }
   check(!c.pretraining_tp || *c.pretraining_tp == 1,
         "{}: field 'pretraining_tp' is {}; loom computes the plain product (only 1 is supported)", where,
         c.pretraining_tp.value_or(1));
@@ -186,6 +303,12 @@ LOOM_INLINE void validate(const LlamaConfig& c, std::string_view where) {
   if (c.max_window_layers)
     check(*c.max_window_layers >= 0, "{}: field 'max_window_layers' must be at least 0, got {}", where,
           *c.max_window_layers);
+  if (c.sliding_window_pattern) positive(*c.sliding_window_pattern, "sliding_window_pattern");
+  if (c.query_pre_attn_scalar) positive(*c.query_pre_attn_scalar, "query_pre_attn_scalar");
+  // transformers divides by the caps: a cap of 0 would be NaN, a negative one flips the scores.
+  for (const auto& [field, cap] : {std::pair{"attn_logit_softcapping", c.attn_logit_softcapping},
+                                   std::pair{"final_logit_softcapping", c.final_logit_softcapping}})
+    check(!cap || *cap > 0, "{}: field '{}' must be a positive number or null, got {}", where, field, cap.value_or(0));
   check(c.eos_token_id.is_null() || c.eos_token_id.is_number_integer() ||
             (c.eos_token_id.is_array() &&
              std::all_of(c.eos_token_id.begin(), c.eos_token_id.end(), [](const auto& e) { return e.is_number_integer(); })),
@@ -198,74 +321,37 @@ LOOM_INLINE void validate(const LlamaConfig& c, std::string_view where) {
             "{}: field 'layer_types' holds {}; loom's Llama architecture has \"full_attention\" and "
             "\"sliding_attention\" layers", where, t.dump());
   }
-  // The rope (complete_config made rope_parameters from the older keys).
-  const auto& rope = c.rope_parameters;
-  check(rope.is_object(), "{}: field 'rope_parameters' must be an object", where);
-  for (const auto& [key, value] : rope.items())
-    check(detail::rope_keys.contains(key),
-          "{}: field 'rope_parameters.{}' is not supported (loom computes rope_type default, linear, dynamic, yarn, "
-          "longrope and llama3)", where, key);
-  const std::string type = detail::rope_type(rope);
-  check(std::ranges::find(detail::rope_types, type) != detail::rope_types.end(),
-        "{}: field 'rope_parameters.rope_type' is \"{}\"; loom computes \"default\", \"linear\", \"dynamic\", "
-        "\"yarn\", \"longrope\" and \"llama3\"", where, type);
-  check(rope.contains("rope_theta") && rope["rope_theta"].is_number() && rope["rope_theta"].get<double>() > 0,
-        "{}: field 'rope_parameters.rope_theta' must be a positive number", where);
-  if (type == "llama3") {
-    const double factor = detail::rope_number(rope, "factor", where);
-    const double low = detail::rope_number(rope, "low_freq_factor", where);
-    const double high = detail::rope_number(rope, "high_freq_factor", where);
-    const double original = detail::rope_number(rope, "original_max_position_embeddings", where);
-    check(factor >= 1.0, "{}: field 'rope_parameters.factor' must be at least 1, got {}", where, factor);
-    check(high > low && low > 0, "{}: rope_parameters needs high_freq_factor > low_freq_factor > 0, got {} and {}",
-          where, high, low);
-    check(original > 0, "{}: field 'rope_parameters.original_max_position_embeddings' must be positive", where);
+  // The rope (complete_config made rope_parameters from the older keys): one, or (Gemma 3) one
+  // per layer type.
+  if (llama_family(c).local_rope_theta > 0) {
+    check(c.rope_parameters.is_object(), "{}: field 'rope_parameters' must be an object", where);
+    for (const auto& [key, value] : c.rope_parameters.items())
+      check(key == "full_attention" || key == "sliding_attention",
+            "{}: field 'rope_parameters.{}' is not supported; {}'s rope_parameters holds one rope per layer type, "
+            "\"full_attention\" and \"sliding_attention\"", where, key, c.model_type);
+    for (const char* type : {"full_attention", "sliding_attention"})
+      detail::validate_rope(c, c.rope_parameters[type], "rope_parameters." + std::string(type), where);
+  } else {
+    detail::validate_rope(c, c.rope_parameters, "rope_parameters", where);
   }
-  if (type == "linear" || type == "dynamic")
-    check(detail::rope_number(rope, "factor", where) >= 1.0, "{}: field 'rope_parameters.factor' must be at least 1",
-          where);
-  if (type == "longrope") {
-    const double original = detail::rope_number(rope, "original_max_position_embeddings", where);
-    check(original > 1, "{}: field 'rope_parameters.original_max_position_embeddings' must be above 1", where);
-    const double partial = rope.contains("partial_rotary_factor") && rope["partial_rotary_factor"].is_number()
-                               ? rope["partial_rotary_factor"].get<double>()
-                               : 1.0;
-    const int64_t half = static_cast<int64_t>(static_cast<double>(llama_head_dim(c)) * partial) / 2;
-    for (const char* key : {"short_factor", "long_factor"}) {
-      const auto it = rope.find(key);
-      check(it != rope.end() && it->is_array() && std::cmp_equal(it->size(), half) &&
-                std::all_of(it->begin(), it->end(), [](const auto& v) { return v.is_number() && v.template get<double>() > 0; }),
-            "{}: field 'rope_parameters.{}' must be a list of {} positive numbers (the rotary width / 2) for rope_type "
-            "longrope",
-            where, key, half);
-    }
-    if (const auto factor = detail::rope_optional(rope, "factor", where))
-      check(*factor >= 1.0, "{}: field 'rope_parameters.factor' must be at least 1, got {}", where, *factor);
-  }
-  if (type == "yarn") {
-    const double original = detail::rope_number(rope, "original_max_position_embeddings", where);
-    check(original > 0, "{}: field 'rope_parameters.original_max_position_embeddings' must be positive", where);
-    // factor null: max_position_embeddings / original_max_position_embeddings (transformers' rule).
-    const double factor = detail::rope_optional(rope, "factor", where)
-                              .value_or(static_cast<double>(c.max_position_embeddings) / original);
-    check(factor >= 1.0, "{}: rope_parameters' yarn factor must be at least 1, got {}", where, factor);
-    for (const char* key : {"attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"})
-      if (const auto v = detail::rope_optional(rope, key, where))
-        check(*v >= 0, "{}: field 'rope_parameters.{}' must not be negative, got {}", where, key, *v);
-    if (rope.contains("truncate"))
-      check(rope["truncate"].is_boolean(), "{}: field 'rope_parameters.truncate' must be true or false", where);
-  }
+}
+
+LOOM_INLINE bool llama_layer_slides(const LlamaConfig& c, int64_t layer) {
+  const LlamaFamily& family = llama_family(c);
+  if ((family.keys & LlamaFamily::layer_types_key) != 0 && c.layer_types.is_array())
+    return c.layer_types.at(static_cast<std::size_t>(layer)) == "sliding_attention";
+  // Without layer_types: Gemma's pattern (complete_config writes it out), Qwen's
+  // max_window_layers.
+  if (family.sliding_pattern > 0) return (layer + 1) % c.sliding_window_pattern.value_or(family.sliding_pattern) != 0;
+  return (family.keys & LlamaFamily::window_keys) != 0 && layer >= c.max_window_layers.value_or(28);
 }
 
 LOOM_INLINE std::optional<int64_t> llama_layer_window(const LlamaConfig& c, int64_t layer) {
   const LlamaFamily& family = llama_family(c);
   if (family.window_attends) return c.sliding_window;  // Mistral: every layer
-  if (!(family.keys & LlamaFamily::window_keys) || !c.use_sliding_window.value_or(false)) return std::nullopt;
-  // Qwen2Config / Qwen3Config: layer_types, or by default sliding from max_window_layers on.
-  const bool sliding = c.layer_types.is_array()
-                           ? c.layer_types.at(static_cast<std::size_t>(layer)) == "sliding_attention"
-                           : layer >= c.max_window_layers.value_or(28);
-  return sliding ? c.sliding_window : std::nullopt;
+  // Gemma 2 and 3: the sliding layers; Qwen2 / Qwen3: those with use_sliding_window.
+  if (family.sliding_pattern == 0 && !c.use_sliding_window.value_or(false)) return std::nullopt;
+  return llama_layer_slides(c, layer) ? c.sliding_window : std::nullopt;
 }
 
 namespace detail {
@@ -276,6 +362,20 @@ inline torch::Tensor sliding_window_mask(int64_t query, int64_t keys, int64_t wi
   const auto q = torch::arange(keys - query, keys, options).unsqueeze(1);
   const auto k = torch::arange(keys, options).unsqueeze(0);
   return k.le(q).logical_and(q.sub(k).lt(window));
+}
+// The most negative finite value of a floating dtype (torch.finfo(dtype).min).
+inline double lowest_value(torch::ScalarType type) {
+  switch (type) {
+    case torch::kHalf: return static_cast<double>(std::numeric_limits<c10::Half>::lowest());
+    case torch::kBFloat16: return static_cast<double>(std::numeric_limits<c10::BFloat16>::lowest());
+    case torch::kDouble: return std::numeric_limits<double>::lowest();
+    default: return std::numeric_limits<float>::lowest();
+  }
+}
+// The causal mask alone (the last `query` of `keys` positions see the keys up to themselves),
+// bool [1, 1, query, keys]: what the written-out attention masks with when no mask is given.
+inline torch::Tensor causal_mask(int64_t query, int64_t keys, const torch::Device& device) {
+  return sliding_window_mask(query, keys, keys, device).view({1, 1, query, keys});
 }
 }  // namespace detail
 
@@ -300,7 +400,7 @@ LOOM_INLINE int64_t parameter_count(const LlamaConfig& c) {
                             heads * head_dim * h + (c.attention_bias ? h : 0) +
                             (llama_family(c).qk_norm ? 2 * head_dim : 0);
   const int64_t mlp = 3 * h * i + (c.mlp_bias ? 2 * i + h : 0);
-  const int64_t layer = attention + mlp + 2 * h;  // and the two RMSNorms
+  const int64_t layer = attention + mlp + (llama_family(c).sandwich_norms ? 4 : 2) * h;  // and the RMSNorms
   return c.vocab_size * h + c.num_hidden_layers * layer + h + (c.tie_word_embeddings ? 0 : c.vocab_size * h);
 }
 
@@ -327,8 +427,13 @@ LOOM_INLINE LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, int64_t
       kv_heads_(llama_kv_heads(c)),
       head_dim_(llama_head_dim(c)),
       dropout_(c.attention_dropout),
-      scaling_(std::pow(static_cast<double>(head_dim_), -0.5)),
-      window_(llama_layer_window(c, layer)) {
+      // Gemma 2 and 3: query_pre_attn_scalar ** -0.5; the others head_dim ** -0.5.
+      scaling_(std::pow(static_cast<double>((llama_family(c).keys & LlamaFamily::softcap_keys) != 0
+                                                ? c.query_pre_attn_scalar.value_or(256)
+                                                : head_dim_),
+                        -0.5)),
+      window_(llama_layer_window(c, layer)),
+      softcap_(llama_family(c).attention_softcap ? c.attn_logit_softcapping : std::nullopt) {
   const bool qkv_bias = llama_qkv_bias(c);
   const auto linear = [&](int64_t in, int64_t out, bool bias) { return peft::AdaptableLinear(in, out, bias); };
   if (llama_family(c).fused_projections) {  // Phi3Attention registers o_proj, then qkv_proj
@@ -413,6 +518,11 @@ LOOM_INLINE torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, co
   const auto c = cos.unsqueeze(1), s = sin.unsqueeze(1);
   q = detail::apply_rope(q, c, s);
   k = detail::apply_rope(k, c, s);
+  if (softcap_) {  // the scores capped before the mask: written out, under the causal mask at least
+    auto y = eager_attention(
+        q, k, v, attention_mask.defined() ? attention_mask : detail::causal_mask(seq, seq, x.device()));
+    return o_proj(y.transpose(1, 2).contiguous().reshape({batch, seq, -1}).contiguous());
+  }
   // Packed documents on CUDA in half precision: the variable-length flash kernel over the
   // flattened tokens ([tokens, heads, head_dim]), causal within each document (a window that
   // binds takes the mask below instead).
@@ -457,6 +567,10 @@ LOOM_INLINE torch::Tensor LlamaAttentionImpl::forward_step(const torch::Tensor& 
     windowed.mask = step.mask.defined() ? step.mask.logical_and(sliding) : sliding.view({1, 1, seq, keys});
   }
   const AttentionStep& masked = windowed;
+  if (softcap_) {
+    auto y = eager_attention(q, k, v, masked.mask.defined() ? masked.mask : detail::causal_mask(seq, keys, x.device()));
+    return o_proj(y.transpose(1, 2).contiguous().reshape({batch, seq, -1}).contiguous());
+  }
   // transformers' sdpa_attention_forward: grouped heads by sdpa's enable_gqa without a mask;
   // a single query with a mask as [batch, kv_heads, groups] queries against the kv heads;
   // else the key/value heads repeated (repeat_kv).
@@ -479,6 +593,25 @@ LOOM_INLINE torch::Tensor LlamaAttentionImpl::forward_step(const torch::Tensor& 
   }
   y = y.transpose(1, 2).contiguous().reshape({batch, seq, -1}).contiguous();
   return o_proj(y);
+}
+
+LOOM_INLINE torch::Tensor LlamaAttentionImpl::eager_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                                              const torch::Tensor& v, const torch::Tensor& mask) const {
+  // transformers' eager_attention_forward, op by op: repeat_kv, the scaled scores, the soft-cap
+  // (divide, tanh, multiply), the mask (an added finfo.min there: the same value, as |scores| is
+  // far below its rounding), softmax in float32 back to q's dtype, dropout, the values.
+  const int64_t groups = heads_ / kv_heads_;
+  const auto repeat = [&](const torch::Tensor& t) {
+    if (groups == 1) return t;
+    return t.unsqueeze(2).expand({t.size(0), kv_heads_, groups, t.size(2), head_dim_}).reshape(
+        {t.size(0), heads_, t.size(2), head_dim_});
+  };
+  auto scores = torch::matmul(q, repeat(k).transpose(2, 3)) * scaling_;
+  if (softcap_) scores = torch::tanh(scores / *softcap_) * *softcap_;
+  scores = scores.masked_fill(mask.logical_not(), detail::lowest_value(scores.scalar_type()));
+  auto weights = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
+  if (is_training() && dropout_ > 0) weights = torch::dropout(weights, dropout_, /*train=*/true);
+  return torch::matmul(weights, repeat(v));
 }
 
 LOOM_INLINE LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c)
@@ -510,23 +643,36 @@ LOOM_INLINE LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, i
   input_layernorm = register_module("input_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps, plus_one));
   post_attention_layernorm =
       register_module("post_attention_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps, plus_one));
+  if (llama_family(c).sandwich_norms) {  // Gemma2DecoderLayer's order
+    pre_feedforward_layernorm =
+        register_module("pre_feedforward_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps, plus_one));
+    post_feedforward_layernorm =
+        register_module("post_feedforward_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps, plus_one));
+  }
+}
+
+LOOM_INLINE torch::Tensor LlamaDecoderLayerImpl::after_attention(const torch::Tensor& x, const torch::Tensor& attended) {
+  if (!post_feedforward_layernorm.is_empty()) {  // Gemma 2 and 3: each sublayer's output normed before its sum
+    const auto h = x + post_attention_layernorm(attended);
+    return h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)));
+  }
+  // Phi3DecoderLayer's resid_attn_dropout and resid_mlp_dropout (0 elsewhere: no op).
+  const auto drop = [&](const torch::Tensor& t) {
+    return resid_dropout_ > 0 && is_training() ? torch::dropout(t, resid_dropout_, /*train=*/true) : t;
+  };
+  const auto h = x + drop(attended);
+  return h + drop(mlp(post_attention_layernorm(h)));
 }
 
 LOOM_INLINE torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                                          const torch::Tensor& sin, const torch::Tensor& mask,
                                                          const torch::Tensor& cu_seqlens) {
-  // Phi3DecoderLayer's resid_attn_dropout and resid_mlp_dropout (0 elsewhere: no op).
-  const auto drop = [&](const torch::Tensor& t) {
-    return resid_dropout_ > 0 && is_training() ? torch::dropout(t, resid_dropout_, /*train=*/true) : t;
-  };
-  auto h = x + drop(self_attn(input_layernorm(x), cos, sin, mask, cu_seqlens));
-  return h + drop(mlp(post_attention_layernorm(h)));
+  return after_attention(x, self_attn(input_layernorm(x), cos, sin, mask, cu_seqlens));
 }
 
 LOOM_INLINE torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                                          const torch::Tensor& sin, const AttentionStep& step) {
-  auto h = x + self_attn->forward_step(input_layernorm(x), cos, sin, step);
-  return h + mlp(post_attention_layernorm(h));
+  return after_attention(x, self_attn->forward_step(input_layernorm(x), cos, sin, step));
 }
 
 // ---- the body ------------------------------------------------------------------------------
@@ -541,11 +687,22 @@ LOOM_INLINE LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) {
   norm = register_module("norm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps, llama_family(c).norm_plus_one));
   // Gemma's scaled embedding: sqrt(hidden_size) (Python's hidden_size**0.5) as a float32 scalar.
   if (llama_family(c).embed_scale) embed_scale_ = std::pow(static_cast<double>(c.hidden_size), 0.5);
+  // The rotary tables: one, or (Gemma 3) the full-attention layers' and the sliding layers'.
+  const bool per_type = llama_family(c).local_rope_theta > 0;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layer_rope_.push_back(per_type && llama_layer_slides(c, i) ? 1 : 0);
+  if (per_type) {
+    ropes_.emplace_back(c, c.rope_parameters.at("full_attention"));
+    ropes_.emplace_back(c, c.rope_parameters.at("sliding_attention"));
+  } else {
+    ropes_.emplace_back(c, c.rope_parameters);
+  }
+}
+
+LOOM_INLINE LlamaRotaryEmbedding::LlamaRotaryEmbedding(const LlamaConfig& c, const nlohmann::json& rope) {
   // The rope's inverse frequencies (transformers' rope init functions), in float32.
   // The rotary width: the head's, or its first partial_rotary_factor share (Phi-3's; int() as transformers).
   const int64_t dim = static_cast<int64_t>(static_cast<double>(c.head_dim.value_or(c.hidden_size / c.num_attention_heads)) *
-                                           c.rope_parameters.value("partial_rotary_factor", 1.0));
-  const auto& rope = c.rope_parameters;
+                                           rope.value("partial_rotary_factor", 1.0));
   const double theta = rope.value("rope_theta", 10000.0);
   auto inv_freq = 1.0 / torch::pow(theta, torch::arange(0, dim, 2, torch::kLong).to(torch::kFloat) / dim);
   if (detail::rope_type(rope) == "llama3") {
@@ -629,6 +786,20 @@ LOOM_INLINE std::pair<torch::Tensor, torch::Tensor> LlamaModelImpl::rotary(int64
 }
 
 LOOM_INLINE std::pair<torch::Tensor, torch::Tensor> LlamaModelImpl::rotary(const torch::Tensor& positions) {
+  return ropes_.front()(positions);
+}
+
+LOOM_INLINE std::vector<std::pair<torch::Tensor, torch::Tensor>> LlamaModelImpl::rotary_tables(
+    const torch::Tensor& positions, torch::ScalarType dtype) {
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> tables;
+  for (auto& rope : ropes_) {
+    auto [cos, sin] = rope(positions);
+    tables.emplace_back(cos.to(dtype), sin.to(dtype));
+  }
+  return tables;
+}
+
+LOOM_INLINE std::pair<torch::Tensor, torch::Tensor> LlamaRotaryEmbedding::operator()(const torch::Tensor& positions) {
   if (rope_type_ == "dynamic" || rope_type_ == "longrope") {
     // transformers' dynamic_rope_update, from the longest position (a host read).
     const int64_t seq_len = positions.max().item<int64_t>() + 1;
@@ -700,10 +871,15 @@ LOOM_INLINE torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids
     if (varlen && input_ids.is_cuda()) cu_seqlens = detail::packed_cu_seqlens(positions);
   }
   auto x = embedding_noise(embed(input_ids), is_training());
-  auto [cos, sin] = position_ids.defined() ? rotary(position_ids.to(x.device())) : rotary(input_ids.size(1), x.device());
-  cos = cos.to(x.scalar_type());
-  sin = sin.to(x.scalar_type());
-  for (auto& layer : units) x = layer->forward(x, cos, sin, mask, cu_seqlens);
+  const auto positions =
+      position_ids.defined()
+          ? position_ids.to(x.device())
+          : torch::arange(input_ids.size(1), torch::TensorOptions().device(x.device()).dtype(torch::kLong)).unsqueeze(0);
+  const auto tables = rotary_tables(positions, x.scalar_type());
+  for (std::size_t i = 0; i < units.size(); ++i) {
+    const auto& [cos, sin] = tables[layer_rope_[i]];
+    x = units[i]->forward(x, cos, sin, mask, cu_seqlens);
+  }
   return norm(x);
 }
 
@@ -714,12 +890,12 @@ LOOM_INLINE torch::Tensor LlamaModelImpl::forward_step(const DecodeStep& step) {
   const int64_t past = step.cache != nullptr ? step.cache->seq_length() : 0;
   if (step.cache != nullptr) step.cache->layers.resize(units.size());
   auto x = embed(step.input_ids);
-  auto [cos, sin] = rotary(step.position_ids.to(x.device()));
-  cos = cos.to(x.scalar_type());
-  sin = sin.to(x.scalar_type());
+  const auto tables = rotary_tables(step.position_ids.to(x.device()), x.scalar_type());
   const auto mask = step_attention_mask(step.attention_mask, query, past + query, x.device());
-  for (size_t i = 0; i < units.size(); ++i)
+  for (size_t i = 0; i < units.size(); ++i) {
+    const auto& [cos, sin] = tables[layer_rope_[i]];
     x = units[i]->forward(x, cos, sin, AttentionStep{mask, step.cache != nullptr ? &step.cache->layers[i] : nullptr});
+  }
   return norm(x);
 }
 
@@ -774,21 +950,23 @@ LOOM_INLINE torch::Tensor LlamaForCausalLMImpl::logits(const torch::Tensor& inpu
 LOOM_INLINE CausalLMOutput LlamaForCausalLMImpl::forward(const data::CausalLMBatch& batch) {
   const auto hidden = model(batch.input_ids, batch.position_ids, fast_kernels(kernels_, batch.input_ids));
   const torch::Tensor& weight = lm_head ? lm_head->weight : model->embed_tokens->weight;
-  return causal_lm_output(hidden, weight, batch.labels, fast_kernels(kernels_, hidden));
+  return causal_lm_output(hidden, weight, batch.labels, fast_kernels(kernels_, hidden), llama_final_softcap(config_));
 }
 
 LOOM_INLINE TokenScores LlamaForCausalLMImpl::token_scores(const data::CausalLMBatch& batch, bool statistics,
                                                        std::optional<bool> chunked) {
   const auto hidden = model(batch.input_ids, batch.position_ids, fast_kernels(kernels_, batch.input_ids));
   const torch::Tensor& weight = lm_head ? lm_head->weight : model->embed_tokens->weight;
-  return models::token_scores(hidden, weight, batch.labels, fast_kernels(kernels_, hidden), statistics, chunked);
+  return models::token_scores(hidden, weight, batch.labels, fast_kernels(kernels_, hidden), statistics, chunked,
+                              llama_final_softcap(config_));
 }
 
 LOOM_INLINE torch::Tensor LlamaForCausalLMImpl::next_token_logits(const DecodeStep& step) {
   const auto hidden = model->forward_step(step);
   const auto last = hidden.narrow(1, hidden.size(1) - 1, 1);
   const torch::Tensor& weight = lm_head ? lm_head->weight : model->embed_tokens->weight;
-  const auto logits = lm_head_logits(last, weight, fast_kernels(kernels_, last)).narrow(-1, 0, weight.size(0));
+  const auto logits =
+      lm_head_logits(last, weight, fast_kernels(kernels_, last), llama_final_softcap(config_)).narrow(-1, 0, weight.size(0));
   return logits.select(1, 0).to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
 }
 
