@@ -291,10 +291,11 @@ TEST_CASE("the Llama architecture's names are HF's, each decoder layer a FullSha
   CHECK(std::find(names.begin(), names.end(), "model.norm.weight") != names.end());
   CHECK(names.back() == "lm_head.weight");
   CHECK(untied->named_parameters()["model.layers.0.self_attn.k_proj.weight"].sizes() == torch::IntArrayRef({24, 48}));
-  int units = 0;
+  // The two decoder layers, and (untied) the embeddings and the head as units of their own.
+  std::vector<std::string> units;
   for (const auto& m : untied->modules(false))
-    if (dynamic_cast<loom::dist::FullShardUnitBase*>(m.get()) != nullptr) ++units;
-  CHECK(units == 2);
+    if (const auto* u = dynamic_cast<loom::dist::FullShardUnitBase*>(m.get())) units.push_back(u->block_class());
+  CHECK(units == std::vector<std::string>{"Embedding", "LlamaDecoderLayer", "LlamaDecoderLayer", "Linear"});
   auto c = tiny();
   c.tie_word_embeddings = true;
   LlamaForCausalLM tied(c);

@@ -43,6 +43,9 @@ class Recomputable {
  public:
   virtual ~Recomputable() = default;
   bool loom_recompute = false;  ///< recompute the block's activations in backward
+  /// enable_gradient_checkpointing passes this wrapper by (a unit around an embedding or an LM
+  /// head: HF checkpoints the decoder layers only).
+  bool loom_never_recompute = false;
   /// The wrapper this one wraps directly, if any: it is not in the module tree (a wrapper
   /// registers its block's members, not the block), so enable_gradient_checkpointing asks.
   virtual Recomputable* wrapped() { return nullptr; }

@@ -54,13 +54,21 @@ class Comm;
 class Work {
  public:
   Work() = default;
-  Work(c10::intrusive_ptr<c10d::Work> work, Comm* comm, const char* what)
-      : work_(std::move(work)), comm_(comm), what_(what) {}
+  Work(c10::intrusive_ptr<c10d::Work> work, Comm* comm, const char* what) : comm_(comm), what_(what) {
+    works_.push_back(std::move(work));
+  }
+  /// Waits for every collective this Work holds.
   void wait();
-  [[nodiscard]] bool pending() const { return static_cast<bool>(work_); }
+  [[nodiscard]] bool pending() const { return !works_.empty(); }
+  /// Takes `other`'s collectives: one Work for a collective made of several.
+  void join(Work&& other) {
+    if (comm_ == nullptr) comm_ = other.comm_, what_ = other.what_;
+    for (auto& w : other.works_) works_.push_back(std::move(w));
+    other.works_.clear();
+  }
 
  private:
-  c10::intrusive_ptr<c10d::Work> work_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
   Comm* comm_ = nullptr;
   const char* what_ = "";
 };

@@ -301,10 +301,13 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     gather(u);
     if (recorded_ && forward_prefetch_) prefetch(next_in_order(k, +1));
   }
-  torch::Tensor post_forward(int k, torch::Tensor out) override {
+  void post_forward(int k, const std::vector<torch::Tensor>& outputs) override {
     auto& u = units_[static_cast<std::size_t>(k)];
-    if (u.empty()) return out;
-    if (torch::GradMode::is_enabled() && out.requires_grad() && in_backward_pass_) {
+    if (u.empty()) return;
+    int hooked = 0;
+    for (const auto& out : outputs) {
+      if (!torch::GradMode::is_enabled() || !out.defined() || !out.requires_grad() || !in_backward_pass_) continue;
+      ++hooked;
       out.register_hook([this, k](const torch::Tensor& g) {
         // The units this output feeds are done with it first (their backward is over once
         // its gradient is whole), so their frozen parameters go before this unit's come.
@@ -313,11 +316,10 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
         pre_backward(k);
         return g;
       });
-      last_output_ = out;
+      last_output_ = hooked == 1 ? out : torch::Tensor();
       last_output_unit_ = k;
     }
     release(u);
-    return out;
   }
   void watch_input(int k, const torch::Tensor& x) override {
     auto& u = units_[static_cast<std::size_t>(k)];
@@ -471,6 +473,9 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
         u.rs_out = torch::empty({u.train.shard_numel}, send.options());
       }
       u.work = comm_->reduce_scatter(u.rs_out, send, "the gradient reduce-scatter");
+      // The collective holds what it reads (Gloo a copy made at launch; NCCL's allocator
+      // keeps the block for its stream): the whole gradient is not held here past the launch.
+      u.full_grad = torch::Tensor();
     }
     // At most one reduction in flight: the one launched before this is finished now, so a
     // unit's whole gradient lives from its backward to the next unit's reduction, not to the

@@ -41,7 +41,9 @@ class UnitRuntime {
   /// Each tensor argument of the unit's forward, after pre_forward: the engine may hook its
   /// gradient (the end of the unit's backward).
   virtual void watch_input(int unit, const torch::Tensor& input) = 0;
-  virtual torch::Tensor post_forward(int unit, torch::Tensor out) = 0;
+  /// The unit's outputs: the engine hooks each that requires grad (the start of the unit's
+  /// backward) and releases the parameters.
+  virtual void post_forward(int unit, const std::vector<torch::Tensor>& outputs) = 0;
 };
 
 /// The non-template part of every FullShardUnit, found by the engine with dynamic_cast.
@@ -52,6 +54,8 @@ class FullShardUnitBase {
   /// "Linear"), or the HF class name the block gives (`hf_class_name()`: "Qwen3DecoderLayer"):
   /// what --fsdp_transformer_layer_cls_to_wrap names.
   [[nodiscard]] virtual std::string block_class() const = 0;
+  /// The wrapped block (whose parameters the wrapper registers as its own).
+  [[nodiscard]] virtual const torch::nn::Module& block() const = 0;
   UnitRuntime* loom_runtime = nullptr;  ///< set while a FullShard engine owns the unit
   int loom_unit = -1;                   ///< the unit's index in that engine
 };
@@ -63,6 +67,7 @@ template <class Inner>
 class FullShardUnitImpl : public detail::TransparentWrapper<Inner>, public FullShardUnitBase {
  public:
   explicit FullShardUnitImpl(Inner inner) : detail::TransparentWrapper<Inner>(std::move(inner)) {}
+  [[nodiscard]] const torch::nn::Module& block() const override { return *this->inner().ptr(); }
   [[nodiscard]] std::string block_class() const override {
     // A block that serves several HF classes (the Llama architecture's families) names its own.
     if constexpr (requires(const typename Inner::ContainedType& b) { std::string(b.hf_class_name()); })
@@ -84,11 +89,25 @@ class FullShardUnitImpl : public detail::TransparentWrapper<Inner>, public FullS
           }(),
           ...);
       auto out = this->run_block(std::forward<Args>(args)...);
-      return loom_runtime->post_forward(loom_unit, std::move(out));
+      loom_runtime->post_forward(loom_unit, {out});
+      return out;
     } else {
       static_assert(std::is_same_v<R, torch::Tensor>,
                     "loom: a FullShardUnit's block must return one torch::Tensor from forward");
     }
+  }
+  /// `fn()` with the unit's parameters gathered under FullShard, for code that reads the
+  /// block's parameters itself instead of calling its forward (an LM head inside a fused loss):
+  /// `inputs` are the tensors fn computes from, `outputs(result)` the tensors backward reaches
+  /// the unit through. Under any other policy, or when the unit is not chosen, only fn().
+  template <class Fn, class Outputs>
+  auto scope(const std::vector<torch::Tensor>& inputs, Fn&& fn, Outputs&& outputs) {
+    if (loom_runtime == nullptr) return fn();
+    loom_runtime->pre_forward(loom_unit);
+    for (const auto& x : inputs) loom_runtime->watch_input(loom_unit, x);
+    auto result = fn();
+    loom_runtime->post_forward(loom_unit, outputs(result));
+    return result;
   }
 };
 

@@ -417,6 +417,9 @@ class LlamaModelImpl : public torch::nn::Module {
   /// The token embeddings of `input_ids` (Gemma's scaled by sqrt(hidden_size)).
   LOOM_INLINE torch::Tensor embed(const torch::Tensor& input_ids);
   torch::nn::Embedding embed_tokens{nullptr};
+  /// embed_tokens as a FullShard unit of its own (registered as "embed_tokens" in its place)
+  /// when the head does not share its weight: gathered around its forward only.
+  FullShardUnit<torch::nn::Embedding> embed_unit{nullptr};
   NEFTune embedding_noise;                               ///< on embed_tokens' output while training
   torch::nn::ModuleList layers{nullptr};                 ///< registered as "layers"
   std::vector<FullShardUnit<LlamaDecoderLayer>> units;   ///< the same layers, typed
@@ -485,8 +488,18 @@ class LlamaForCausalLMImpl : public PreTrainedModel<LlamaForCausalLMImpl, LlamaC
 
   LlamaModel model{nullptr};
   torch::nn::Linear lm_head{nullptr};  ///< only when tie_word_embeddings is false
+  /// lm_head as a FullShard unit of its own (registered as "lm_head" in its place): gathered
+  /// around the head's product and loss, and again for their backward.
+  FullShardUnit<torch::nn::Linear> head_unit{nullptr};
 
  private:
+  /// fn(weight) with the LM head's weight (embed_tokens' when tied), gathered around fn under
+  /// FullShard; `outputs(result)`: the tensors backward reaches the head through.
+  template <class Fn, class Outputs>
+  auto with_head(const torch::Tensor& hidden, Fn&& fn, Outputs&& outputs) {
+    if (!head_unit) return fn(model->embed_tokens->weight);
+    return head_unit->scope({hidden}, [&] { return fn(lm_head->weight); }, std::forward<Outputs>(outputs));
+  }
   Kernels kernels_ = Kernels::automatic;
 };
 

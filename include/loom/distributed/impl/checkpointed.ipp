@@ -31,7 +31,7 @@ LOOM_INLINE int set_recompute(torch::nn::Module& module, bool on) {
       return p.empty() || entry.first.starts_with(p + ".");
     });
     if (!on) count += r->loom_recompute ? 1 : 0;
-    r->loom_recompute = on && !covered;
+    r->loom_recompute = on && !covered && !r->loom_never_recompute;
     if (r->loom_recompute) {
       ++count;
       on_prefixes.push_back(name);

@@ -33,10 +33,11 @@
 namespace loom::dist {
 
 LOOM_INLINE void Work::wait() {
-  if (!work_) return;
-  auto w = std::move(work_);
+  if (works_.empty()) return;
+  auto works = std::move(works_);
+  works_.clear();
   try {
-    w->wait();
+    for (auto& w : works) w->wait();
   } catch (const std::exception& e) {
     comm_->fail_collective(what_, e.what());
   }
@@ -84,7 +85,23 @@ LOOM_INLINE Work Comm::reduce_scatter(at::Tensor out, at::Tensor in, const char*
 
 LOOM_INLINE Work Comm::all_gather(at::Tensor out, at::Tensor in, const char* what) {
   counters_.all_gather += ring_factor(1) * bytes(out);
-  return guarded(what, [&] { return pg_->_allgather_base(out, in); });
+  if (device_.is_cuda() || world_.size == 1 || !out.is_contiguous())
+    return guarded(what, [&] { return pg_->_allgather_base(out, in); });
+  // Gloo gathers into a flat buffer of its own and then copies it into `out` (c10d's
+  // newLikeFlat): a second copy of everything gathered, a FullShard unit's size on every rank.
+  // One broadcast per rank, each in place in its chunk of `out`, moves the same bytes without it.
+  const int64_t n = in.numel();
+  auto flat = out.view({-1});
+  auto own = flat.narrow(0, static_cast<int64_t>(world_.rank) * n, n);
+  if (own.data_ptr() != in.data_ptr()) own.copy_(in.reshape({-1}));
+  Work all;
+  for (int r = 0; r < world_.size; ++r) {
+    std::vector<at::Tensor> chunk{flat.narrow(0, static_cast<int64_t>(r) * n, n)};
+    c10d::BroadcastOptions o;
+    o.rootRank = r;
+    all.join(guarded(what, [&] { return pg_->broadcast(chunk, o); }));
+  }
+  return all;
 }
 
 LOOM_INLINE Work Comm::broadcast(at::Tensor tensor, int root, const char* what) {

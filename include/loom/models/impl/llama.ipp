@@ -678,7 +678,15 @@ LOOM_INLINE torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x,
 // ---- the body ------------------------------------------------------------------------------
 
 LOOM_INLINE LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) {
-  embed_tokens = register_module("embed_tokens", new_embedding(c.vocab_size, c.hidden_size));
+  // Untied, the embeddings and the head are FullShard units of their own (torchtitan's
+  // layout), so neither stays gathered through the whole step; tied, both stay in the root.
+  if (c.tie_word_embeddings) {
+    embed_tokens = register_module("embed_tokens", new_embedding(c.vocab_size, c.hidden_size));
+  } else {
+    embed_unit = register_module("embed_tokens", full_shard_unit(new_embedding(c.vocab_size, c.hidden_size)));
+    embed_unit->loom_never_recompute = true;
+    embed_tokens = embed_unit->inner();
+  }
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     units.push_back(full_shard_unit(LlamaDecoderLayer(c, i)));
@@ -774,7 +782,7 @@ LOOM_INLINE LlamaRotaryEmbedding::LlamaRotaryEmbedding(const LlamaConfig& c, con
 }
 
 LOOM_INLINE torch::Tensor LlamaModelImpl::embed(const torch::Tensor& input_ids) {
-  auto x = embed_tokens(input_ids);
+  auto x = embed_unit ? embed_unit->forward(input_ids) : embed_tokens(input_ids);
   if (!embed_scale_) return x;
   // GemmaTextScaledWordEmbedding: times the scale as a float32 tensor cast to the weight's dtype.
   const auto scale = torch::scalar_tensor(*embed_scale_, torch::TensorOptions().dtype(torch::kFloat).device(x.device()));
@@ -908,8 +916,11 @@ LOOM_INLINE LlamaForCausalLMImpl::LlamaForCausalLMImpl(LlamaConfig config)
     // parameter, so the default generator keeps its state (one draw, the seed, in all).
     const detail::KeepCpuGeneratorState keep;
     model = register_module("model", LlamaModel(config_));
-    if (!config_.tie_word_embeddings)
-      lm_head = register_module("lm_head", new_linear(config_.hidden_size, config_.vocab_size, /*bias=*/false));
+    if (!config_.tie_word_embeddings) {
+      head_unit = register_module("lm_head", full_shard_unit(new_linear(config_.hidden_size, config_.vocab_size, /*bias=*/false)));
+      head_unit->loom_never_recompute = true;
+      lm_head = head_unit->inner();
+    }
   }
   init_seeded_parameters();
 }
@@ -929,6 +940,8 @@ LOOM_INLINE void detail::init_llama_parameter(const torch::nn::Module& root, con
       break;
     }
   check(module != nullptr, "no module of the model holds parameter {}", name);
+  // A unit's wrapper registers its block's parameters as its own: the block says what they are.
+  if (const auto* unit = dynamic_cast<const dist::FullShardUnitBase*>(module)) module = &unit->block();
   const bool bias = leaf == "bias";
   if (module->as<torch::nn::Linear>() != nullptr || module->as<peft::AdaptableLinear>() != nullptr) {
     bias ? t.zero_() : t.normal_(0.0, std, generator);
@@ -949,25 +962,37 @@ LOOM_INLINE torch::Tensor LlamaForCausalLMImpl::logits(const torch::Tensor& inpu
 
 LOOM_INLINE CausalLMOutput LlamaForCausalLMImpl::forward(const data::CausalLMBatch& batch) {
   const auto hidden = model(batch.input_ids, batch.position_ids, fast_kernels(kernels_, batch.input_ids));
-  const torch::Tensor& weight = lm_head ? lm_head->weight : model->embed_tokens->weight;
-  return causal_lm_output(hidden, weight, batch.labels, fast_kernels(kernels_, hidden), llama_final_softcap(config_));
+  return with_head(
+      hidden,
+      [&](const torch::Tensor& weight) {
+        return causal_lm_output(hidden, weight, batch.labels, fast_kernels(kernels_, hidden), llama_final_softcap(config_));
+      },
+      [](const CausalLMOutput& out) { return std::vector<torch::Tensor>{out.loss, out.logits}; });
 }
 
 LOOM_INLINE TokenScores LlamaForCausalLMImpl::token_scores(const data::CausalLMBatch& batch, bool statistics,
                                                        std::optional<bool> chunked) {
   const auto hidden = model(batch.input_ids, batch.position_ids, fast_kernels(kernels_, batch.input_ids));
-  const torch::Tensor& weight = lm_head ? lm_head->weight : model->embed_tokens->weight;
-  return models::token_scores(hidden, weight, batch.labels, fast_kernels(kernels_, hidden), statistics, chunked,
-                              llama_final_softcap(config_));
+  return with_head(
+      hidden,
+      [&](const torch::Tensor& weight) {
+        return models::token_scores(hidden, weight, batch.labels, fast_kernels(kernels_, hidden), statistics, chunked,
+                                    llama_final_softcap(config_));
+      },
+      [](const TokenScores& out) { return std::vector<torch::Tensor>{out.log_probs}; });
 }
 
 LOOM_INLINE torch::Tensor LlamaForCausalLMImpl::next_token_logits(const DecodeStep& step) {
   const auto hidden = model->forward_step(step);
   const auto last = hidden.narrow(1, hidden.size(1) - 1, 1);
-  const torch::Tensor& weight = lm_head ? lm_head->weight : model->embed_tokens->weight;
-  const auto logits =
-      lm_head_logits(last, weight, fast_kernels(kernels_, last), llama_final_softcap(config_)).narrow(-1, 0, weight.size(0));
-  return logits.select(1, 0).to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
+  return with_head(
+      last,
+      [&](const torch::Tensor& weight) {
+        const auto logits = lm_head_logits(last, weight, fast_kernels(kernels_, last), llama_final_softcap(config_))
+                                .narrow(-1, 0, weight.size(0));
+        return logits.select(1, 0).to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
+      },
+      [](const torch::Tensor& logits) { return std::vector<torch::Tensor>{logits}; });
 }
 
 LOOM_INLINE void LlamaForCausalLMImpl::check_generation_positions(int64_t positions) const {

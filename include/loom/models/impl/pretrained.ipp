@@ -2,6 +2,7 @@
 // Definitions of models/pretrained.hpp (compiled once with LOOM_SEPARATE_COMPILATION).
 
 #include <loom/core/error.hpp>
+#include <loom/distributed/full_shard_unit.hpp>
 #include <loom/models/pretrained.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -19,9 +20,12 @@ namespace loom::models::detail {
 LOOM_INLINE int64_t count_parameters(const torch::nn::Module& module, bool exclude_embeddings) {
   std::unordered_set<const c10::TensorImpl*> embeddings;
   if (exclude_embeddings)
-    for (const auto& m : module.modules(/*include_self=*/false))
-      if (dynamic_cast<const torch::nn::EmbeddingImpl*>(m.get()))
+    for (const auto& m : module.modules(/*include_self=*/false)) {
+      // An embedding wrapped as a FullShard unit: the wrapper holds its parameters.
+      const auto* unit = dynamic_cast<const dist::FullShardUnitBase*>(m.get());
+      if (dynamic_cast<const torch::nn::EmbeddingImpl*>(unit != nullptr ? &unit->block() : m.get()))
         for (const auto& p : m->parameters(/*recurse=*/false)) embeddings.insert(p.unsafeGetTensorImpl());
+    }
   int64_t n = 0;
   for (const auto& p : module.parameters())
     if (!embeddings.contains(p.unsafeGetTensorImpl())) n += p.numel();
