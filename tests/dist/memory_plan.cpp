@@ -121,7 +121,7 @@ double measured_activations(Model& model, int64_t batch, int64_t seq, int64_t vo
 
 }  // namespace plan_dist_test
 
-TEST_CASE("memory plan: the activation estimates of GPT-2, Llama, Gemma 2 and 3 and BERT against one training forward on the CPU") {
+TEST_CASE("memory plan: the activation estimates of GPT-2, Llama, Gemma 2 and 3, Mixtral, Qwen3-MoE and BERT against one training forward on the CPU") {
   // Process-wide: this test's own process only (loom_dist_tests runs its cases one by one).
   ::mallopt(M_MMAP_THRESHOLD, 64 * 1024);
   ::mallopt(M_TRIM_THRESHOLD, 0);
@@ -161,6 +161,20 @@ TEST_CASE("memory plan: the activation estimates of GPT-2, Llama, Gemma 2 and 3 
       if (g.model_type == "gemma2") g.attn_logit_softcapping = 50.0, g.final_logit_softcapping = 30.0;
       loom::models::LlamaForCausalLM gemma(g);
       compare.template operator()<loom::data::CausalLMBatch>(type, gemma, s);
+    }
+    // Mixtral: every layer sparse (8 experts, top 2, experts as wide as Llama's MLP); Qwen3-MoE:
+    // its q/k norms, narrower experts (top 4 of 8), layer 1 dense, the load-balancing loss on.
+    {
+      auto m = l;
+      m.model_type = "mixtral", m.num_local_experts = 8, m.num_experts_per_tok = 2;
+      loom::models::LlamaForCausalLM mixtral(m);
+      compare.template operator()<loom::data::CausalLMBatch>("Mixtral", mixtral, s);
+      auto q = l;
+      q.model_type = "qwen3_moe", q.head_dim = s.hidden / s.heads, q.num_local_experts = 8, q.num_experts_per_tok = 4;
+      q.moe_intermediate_size = s.hidden / 2, q.mlp_only_layers = nlohmann::json::array({1});
+      q.output_router_logits = true;
+      loom::models::LlamaForCausalLM qwen3_moe(q);
+      compare.template operator()<loom::data::CausalLMBatch>("Qwen3-MoE", qwen3_moe, s);
     }
     loom::models::BertConfig b;
     b.hidden_size = s.hidden, b.num_hidden_layers = s.layers, b.num_attention_heads = s.heads;

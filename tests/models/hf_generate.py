@@ -14,6 +14,9 @@
                 bind (attention 1.0, logits 5.0), eager attention
         gemma3_text  Gemma3ForCausalLM, 3 layers (sliding_window_pattern 2, window 5), a rope per
                 layer type (full: linear, factor 2), sdpa
+        mixtral MixtralForCausalLM, 4 experts, top 2, sliding_window 5
+        qwen3_moe  Qwen3MoeForCausalLM, 3 layers (layer 1 dense: mlp_only_layers), 4 experts of
+                width 32, top 2, norm_topk_prob
       then runs transformers' greedy generate (do_sample=False, the default DynamicCache) on
       fixed prompts and writes DIR/expected.safetensors:
         PREFIX_single_ids / _out       one prompt of 7 tokens, 12 new tokens
@@ -44,8 +47,8 @@ PAD = 0
 def models():
     from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, GemmaConfig,
                               GemmaForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
-                              MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen3Config,
-                              Qwen3ForCausalLM)
+                              MistralConfig, MistralForCausalLM, MixtralConfig, MixtralForCausalLM, Phi3Config,
+                              Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
     torch.manual_seed(0)
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=97, n_positions=64, n_embd=32, n_layer=2, n_head=4,
                                       initializer_range=0.2, bos_token_id=None, eos_token_id=None,
@@ -100,8 +103,18 @@ def models():
             for pname, p in model.named_parameters():
                 if pname.endswith("norm.weight"):
                     p.add_(0.3 * torch.randn_like(p))
+    moe_sizes = dict(vocab_size=101, hidden_size=48, intermediate_size=96, num_attention_heads=4,
+                     num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.2, bos_token_id=None,
+                     eos_token_id=None, attn_implementation="sdpa")
+    torch.manual_seed(8)
+    mixtral = MixtralForCausalLM(MixtralConfig(**moe_sizes, num_hidden_layers=2, num_local_experts=4,
+                                               num_experts_per_tok=2, sliding_window=5))
+    torch.manual_seed(9)
+    qwen3_moe = Qwen3MoeForCausalLM(Qwen3MoeConfig(**moe_sizes, num_hidden_layers=3, head_dim=16, num_experts=4,
+                                                   num_experts_per_tok=2, moe_intermediate_size=32,
+                                                   mlp_only_layers=[1], norm_topk_prob=True))
     return {"gpt2": gpt2, "llama": llama, "qwen3": qwen3, "mistral": mistral, "phi3": phi3, "gemma": gemma,
-            "gemma2": gemma2, "gemma3_text": gemma3}
+            "gemma2": gemma2, "gemma3_text": gemma3, "mixtral": mixtral, "qwen3_moe": qwen3_moe}
 
 
 def prompts(vocab):

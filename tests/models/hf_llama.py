@@ -31,10 +31,18 @@
         gemma3_text    Gemma3ForCausalLM, 3 layers (sliding_window_pattern 2: sliding, full, sliding),
                        sliding_window 8, q/k (1 + w) norms, a rope per layer type (full: linear, factor
                        4, theta 1e6; sliding: default, theta 100), sdpa
+        mixtral        MixtralForCausalLM, 4 experts, top 2 (renormalized), sliding_window 16 < 24,
+                       output_router_logits with router_aux_loss_coef 0.5 (the loss adds the
+                       load-balancing loss), initializer_range 0.2 (routing far from ties)
+        qwen3_moe      Qwen3MoeForCausalLM, 3 layers (layer 1 in mlp_only_layers: the dense MLP),
+                       4 experts of moe_intermediate_size 32, top 2 not renormalized, q/k norms,
+                       output_router_logits, router_aux_loss_coef 0.5
         llama_sharded  llama again, in shards with an index
         llama_bf16     llama saved in bfloat16
       and DIR/expected.safetensors: the inputs (labels with ignored tokens) and transformers'
-      logits and loss for each (llama_bf16's read back in float32 by transformers).
+      logits and loss for each (llama_bf16's read back in float32 by transformers); for the MoE
+      folders also NAME_masked_loss (attention_mask 0 on row 2 from token 17: the auxiliary loss
+      counts the tokens only) and NAME_aux_loss (the load-balancing loss alone, unmasked).
 
   hf_llama.py lora_make DIR
       (after make DIR) PEFT's LoRA on DIR/llama: r 4, alpha 8, q_proj, v_proj and down_proj,
@@ -78,14 +86,17 @@ CLASSES = {"llama": "LlamaForCausalLM", "llama_tied": "LlamaForCausalLM", "qwen2
            "merged": "LlamaForCausalLM", "llama_seqcls": "LlamaForSequenceClassification",
            "qwen2_reward": "Qwen2ForSequenceClassification", "gpt2_seqcls": "GPT2ForSequenceClassification",
            "phi3": "Phi3ForCausalLM", "phi3_longrope": "Phi3ForCausalLM", "phi3_partial": "Phi3ForCausalLM",
-           "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+           "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+           "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+# The sparse MoE folders: their loss adds the load-balancing loss (output_router_logits).
+MOE = ("mixtral", "qwen3_moe")
 # Sequence classifiers (issue 39 point 1): their folders, and the labels each is checked with.
 SEQCLS = {"llama_seqcls": "cls_labels", "qwen2_reward": "reward_labels", "gpt2_seqcls": "multi_labels"}
 
 
 def configs():
-    from transformers import (Gemma2Config, Gemma3TextConfig, GemmaConfig, LlamaConfig, MistralConfig, Phi3Config,
-                              Qwen2Config, Qwen3Config)
+    from transformers import (Gemma2Config, Gemma3TextConfig, GemmaConfig, LlamaConfig, MistralConfig, MixtralConfig,
+                              Phi3Config, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
     llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
     return {
@@ -142,6 +153,16 @@ def configs():
                                                                "rope_theta": 1000000.0},
                                             "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}},
                                         attn_implementation="sdpa"),
+        # Mixtral: every layer sparse, the window binding; the router's weights large enough
+        # that no token's top 2 is a near tie.
+        "mixtral": MixtralConfig(**BASE, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                                 sliding_window=16, initializer_range=0.2, output_router_logits=True,
+                                 router_aux_loss_coef=0.5),
+        # Qwen3-MoE: a dense layer between two sparse ones, experts narrower than the dense MLP.
+        "qwen3_moe": Qwen3MoeConfig(**{**BASE, "num_hidden_layers": 3}, num_key_value_heads=2, head_dim=16,
+                                    num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                    mlp_only_layers=[1], initializer_range=0.2, output_router_logits=True,
+                                    router_aux_loss_coef=0.5),
     }
 
 
@@ -205,6 +226,14 @@ def make(folder):
         model = perturbed(AutoModelForCausalLM.from_config(config))
         model.save_pretrained(os.path.join(folder, name))
         t[f"{name}_logits"], t[f"{name}_loss"] = run(model, t, name)
+        if name in MOE:
+            mask = torch.ones_like(ids)
+            mask[2, 17:] = 0
+            t["attention_mask"] = mask
+            with torch.no_grad():
+                masked = model(input_ids=ids, attention_mask=mask, labels=labels)
+                t[f"{name}_masked_loss"] = masked.loss.reshape(1).float().contiguous()
+                t[f"{name}_aux_loss"] = model(input_ids=ids).aux_loss.reshape(1).float().contiguous()
         if name == "llama":
             model.save_pretrained(os.path.join(folder, "llama_sharded"), max_shard_size="40KB")
             model.to(torch.bfloat16).save_pretrained(os.path.join(folder, "llama_bf16"))

@@ -78,7 +78,7 @@ inline void check_slices(const LlamaForCausalLM& deferred, const torch::nn::Modu
 }
 
 TEST_CASE("a Llama-architecture model under DeferredInit holds no parameter memory, and materializes to the eager model bit for bit") {
-  for (const std::string type : {"llama", "qwen2", "gemma", "gemma2", "gemma3_text"}) {
+  for (const std::string type : {"llama", "qwen2", "gemma", "gemma2", "gemma3_text", "mixtral", "qwen3_moe"}) {
     CAPTURE(type);
     torch::manual_seed(21);
     LlamaForCausalLM eager(tiny(type));

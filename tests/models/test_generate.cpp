@@ -74,7 +74,7 @@ void check_against_transformers(const std::string& name) {
   CHECK(ended.eq(0).sum().template item<int64_t>() > mask.eq(0).sum().template item<int64_t>());
 }
 
-TEST_CASE("generate: greedy tokens equal transformers' generate, GPT-2, Llama (GQA), Qwen3, Mistral, Phi-3, Gemma 1, 2 and 3 past their windows") {
+TEST_CASE("generate: greedy tokens equal transformers' generate, GPT-2, Llama (GQA), Qwen3, Mistral, Phi-3, Gemma 1, 2 and 3 past their windows, Mixtral, Qwen3-MoE") {
   check_against_transformers<loom::models::GPT2LMHeadModel>("gpt2");
   check_against_transformers<loom::models::LlamaForCausalLM>("llama");
   check_against_transformers<loom::models::LlamaForCausalLM>("qwen3");
@@ -83,6 +83,8 @@ TEST_CASE("generate: greedy tokens equal transformers' generate, GPT-2, Llama (G
   check_against_transformers<loom::models::LlamaForCausalLM>("gemma");    // (1 + w) norms, scaled embeddings
   check_against_transformers<loom::models::LlamaForCausalLM>("gemma2");   // soft-caps, window 5 on alternate layers
   check_against_transformers<loom::models::LlamaForCausalLM>("gemma3_text");  // a rope per layer type, q/k norms
+  check_against_transformers<loom::models::LlamaForCausalLM>("mixtral");      // sparse MoE layers, window 5
+  check_against_transformers<loom::models::LlamaForCausalLM>("qwen3_moe");    // sparse and dense layers
 }
 
 TEST_CASE("generate: the sampling warpers equal transformers' (temperature, then top-k, then top-p)") {

@@ -80,7 +80,7 @@ const std::vector<std::string> kFolders{"llama",         "llama_tied",   "qwen2"
                                         "mistral_window", "qwen2_window", "llama_linear", "llama_yarn", "qwen3_yarn",
                                         "llama_dynamic",  "llama_longrope", "llama_sharded", "llama_bf16",
                                         "phi3",           "phi3_longrope", "phi3_partial", "gemma",
-                                        "gemma2",         "gemma3_text"};
+                                        "gemma2",         "gemma3_text",   "mixtral",      "qwen3_moe"};
 
 
 TEST_CASE("the Llama family counts its parameters from the config, for every variant of its layers") {
@@ -98,6 +98,12 @@ TEST_CASE("the Llama family counts its parameters from the config, for every var
   CHECK(counted(q3) == LlamaForCausalLM(q3)->num_parameters());
   auto p3 = tiny("phi3");  // qkv_proj and gate_up_proj: the same counts, fused
   CHECK(counted(p3) == LlamaForCausalLM(p3)->num_parameters());
+  auto mixtral = tiny("mixtral");  // a router and 8 experts a layer
+  CHECK(counted(mixtral) == LlamaForCausalLM(mixtral)->num_parameters());
+  auto q3moe = tiny("qwen3_moe");  // sparse and dense layers, experts of their own width
+  q3moe.num_hidden_layers = 3, q3moe.num_local_experts = 4, q3moe.num_experts_per_tok = 2, q3moe.moe_intermediate_size = 32;
+  q3moe.mlp_only_layers = nlohmann::json::array({1});
+  CHECK(counted(q3moe) == LlamaForCausalLM(q3moe)->num_parameters());
 }
 
 TEST_CASE("the Llama architecture's families are one table: names, keys and layers follow it") {
@@ -109,10 +115,14 @@ TEST_CASE("the Llama architecture's families are one table: names, keys and laye
     CHECK(model->model->units[0]->block_class() == family.decoder_layer);  // --fsdp_transformer_layer_cls_to_wrap
     const auto& attention = model->model->units[0]->inner()->self_attn;
     const auto& mlp = model->model->units[0]->inner()->mlp;
+    const auto& moe = model->model->units[0]->inner()->moe;
     CHECK(attention->q_norm.is_empty() == !family.qk_norm);
     CHECK(attention->qkv_proj.is_empty() == !family.fused_projections);  // Phi-3's fused projections
     CHECK(attention->q_proj.is_empty() == family.fused_projections);
-    CHECK(mlp->gate_up_proj.is_empty() == !family.fused_projections);
+    CHECK(mlp.is_empty() == !family.moe_block.empty());  // Mixtral's and Qwen3-MoE's sparse blocks
+    CHECK(moe.is_empty() == family.moe_block.empty());
+    if (!mlp.is_empty()) CHECK(mlp->gate_up_proj.is_empty() == !family.fused_projections);
+    if (!moe.is_empty()) CHECK(moe->block_class() == family.moe_block_class);  // its own FullShard unit
     const auto& q = family.fused_projections ? attention->qkv_proj : attention->q_proj;
     CHECK(q->bias.defined() == family.qkv_bias);
     CHECK(c.written("head_dim") == ((family.keys & loom::models::LlamaFamily::head_dim_key) != 0));
@@ -127,6 +137,8 @@ TEST_CASE("the Llama architecture's families are one table: names, keys and laye
   CHECK(loom::peft::default_target_modules("qwen3") == std::vector<std::string>{"q_proj", "v_proj"});
   CHECK(loom::peft::default_target_modules("phi3").empty());  // PEFT's mapping has no phi3 entry either
   CHECK(loom::peft::default_target_modules("gemma") == std::vector<std::string>{"q_proj", "v_proj"});
+  CHECK(loom::peft::default_target_modules("mixtral") == std::vector<std::string>{"q_proj", "v_proj"});
+  CHECK(loom::peft::default_target_modules("qwen3_moe").empty());  // none in PEFT's mapping either
   // Gemma: head_dim 256 unless given, norms starting at 0 (a factor of 1), "gelu" read as the tanh form.
   auto g = tiny("gemma");
   g.head_dim = std::nullopt, g.hidden_act = "gelu";
@@ -211,6 +223,18 @@ TEST_CASE("what loom saves of a Llama-architecture model, transformers opens as 
   CHECK(qwen3_config["attention_bias"] == true);
   CHECK_FALSE(qwen3_config.contains("mlp_bias"));  // a Llama key
   CHECK(fs::exists(out / "llama_sharded" / "model.safetensors.index.json"));
+  // The MoE families' keys, as transformers writes them: num_experts is num_local_experts.
+  const auto mixtral_config = loom::json::read_file(out / "mixtral" / "config.json");
+  CHECK(mixtral_config["num_local_experts"] == 4);
+  CHECK(mixtral_config["output_router_logits"] == true);
+  CHECK(mixtral_config.contains("router_jitter_noise"));
+  CHECK_FALSE(mixtral_config.contains("norm_topk_prob"));  // Qwen3-MoE's
+  const auto qwen3_moe_config = loom::json::read_file(out / "qwen3_moe" / "config.json");
+  CHECK(qwen3_moe_config["num_local_experts"] == 4);
+  CHECK_FALSE(qwen3_moe_config.contains("num_experts"));
+  CHECK(qwen3_moe_config["mlp_only_layers"] == nlohmann::json::array({1}));
+  CHECK(qwen3_moe_config["moe_intermediate_size"] == 32);
+  CHECK_FALSE(qwen3_moe_config.contains("router_jitter_noise"));  // Mixtral's
   const auto result = loom_test::run_capture(std::string(loom_test::python("")) + " " + script() + " check" + groups +
                                              " 2>&1; echo \"exit=$?\"");
   INFO(result);
@@ -473,9 +497,9 @@ TEST_CASE("Llama configs loom cannot compute are refused with a loom: line namin
   c = tiny();
   c.num_key_value_heads = 3;
   CHECK(error(c).find("must be a multiple of num_key_value_heads (3)") != std::string::npos);
-  c = tiny("mixtral");
-  CHECK(error(c).find("field 'model_type' is \"mixtral\"; loom's Llama architecture reads llama, qwen2, qwen3, "
-                      "mistral, phi3, gemma, gemma2, gemma3_text") != std::string::npos);
+  c = tiny("deepseek_v3");
+  CHECK(error(c).find("field 'model_type' is \"deepseek_v3\"; loom's Llama architecture reads llama, qwen2, qwen3, "
+                      "mistral, phi3, gemma, gemma2, gemma3_text, mixtral, qwen3_moe") != std::string::npos);
   c = tiny("gemma");
   c.use_bidirectional_attention = true;
   CHECK(error(c).find("field 'use_bidirectional_attention' is true; loom's Llama architecture attends causally") !=
@@ -486,7 +510,7 @@ TEST_CASE("Llama configs loom cannot compute are refused with a loom: line namin
   c = tiny();
   c.num_hidden_layers = 1'000'000'000;
   CHECK(error(c).find("field 'num_hidden_layers' must be a positive integer at most 1024") != std::string::npos);
-  for (const auto& e : {error(tiny("mixtral")), error(c)}) CHECK(e.starts_with("loom: "));
+  for (const auto& e : {error(tiny("deepseek_v3")), error(c)}) CHECK(e.starts_with("loom: "));
   // A Mistral window shorter than the sequence (transformers' logits: the folders above). With
   // one layer and rotary positions (relative), the last token sees exactly the last 8 tokens:
   // its logits equal those of those 8 tokens alone, and differ from a window that does not bind.
@@ -578,6 +602,95 @@ TEST_CASE("the Llama architecture recomputes its decoder layers (gradient checkp
     LlamaForCausalLM gemma(c);
     check_recomputed_gradients(gemma, ids, 3);
   }
+}
+
+TEST_CASE("Mixtral and Qwen3-MoE: HF's expert names, the load-balancing loss masked as transformers', its refusals") {
+  const fs::path* dir = made();
+  if (dir != nullptr) {
+    const auto expected = loom::checkpoint::load_safetensors(*dir / "expected.safetensors");
+    const auto ids = named(expected, "input_ids"), labels = named(expected, "labels");
+    const auto mask = named(expected, "attention_mask");
+    torch::NoGradGuard no_grad;
+    for (const std::string name : {"mixtral", "qwen3_moe"}) {
+      CAPTURE(name);
+      auto model = LlamaForCausalLM::from_pretrained(*dir / name);
+      model->eval();
+      CHECK(model->config().output_router_logits);
+      // Padding (row 2 from token 17) masked: the auxiliary loss counts the tokens only.
+      const auto masked = model->forward({ids, labels, {}, mask}).loss.reshape({1});
+      INFO("masked loss " << relative(masked, named(expected, name + "_masked_loss")));
+      CHECK(relative(masked, named(expected, name + "_masked_loss")) <= 1e-6);
+      CHECK(relative(masked, named(expected, name + "_loss")) > 1e-6);  // the mask counts
+      // The load-balancing loss alone, from the router logits of the last forward.
+      model->model->forward(ids);
+      const auto routers = model->model->take_router_logits();
+      CHECK(routers.size() == 2);  // qwen3_moe: 2 of its 3 layers (layer 1 is dense)
+      CHECK(model->model->take_router_logits().empty());       // handed over once
+      const auto aux = loom::models::load_balancing_loss(routers, 4, 2).reshape({1});
+      INFO("aux loss " << relative(aux, named(expected, name + "_aux_loss")));
+      CHECK(relative(aux, named(expected, name + "_aux_loss")) <= 1e-6);
+    }
+    const auto names = LlamaForCausalLM::from_pretrained(*dir / "qwen3_moe")->named_parameters();
+    CHECK(names.contains("model.layers.0.mlp.experts.3.down_proj.weight"));
+    CHECK(names.contains("model.layers.0.mlp.gate.weight"));
+    CHECK(names.contains("model.layers.1.mlp.gate_proj.weight"));  // mlp_only_layers: dense
+    CHECK(LlamaForCausalLM::from_pretrained(*dir / "mixtral")->named_parameters().contains(
+        "model.layers.1.block_sparse_moe.experts.2.w3.weight"));
+  }
+  // The auxiliary loss's gradient reaches the routers, through recomputed layers as without.
+  auto c = tiny("mixtral");
+  c.num_local_experts = 4, c.initializer_range = 0.2;
+  const auto ids = torch::randint(100, {2, 12});
+  torch::manual_seed(7);
+  LlamaForCausalLM plain(c);
+  c.output_router_logits = true, c.router_aux_loss_coef = 0.5;
+  torch::manual_seed(7);
+  LlamaForCausalLM balanced(c);
+  for (auto* model : {&plain, &balanced}) {
+    (*model)->zero_grad();
+    (*model)->forward({ids, ids}).loss.backward();
+  }
+  const auto router = [](LlamaForCausalLM& m) {
+    return m->named_parameters()["model.layers.0.block_sparse_moe.gate.weight"].grad().clone();
+  };
+  CHECK_FALSE(torch::equal(router(plain), router(balanced)));
+  check_recomputed_gradients(balanced, ids, 2);
+  auto q = tiny("qwen3_moe");
+  q.num_hidden_layers = 3, q.num_local_experts = 4, q.num_experts_per_tok = 2, q.moe_intermediate_size = 32;
+  q.head_dim = 16;
+  q.mlp_only_layers = nlohmann::json::array({1}), q.output_router_logits = true, q.norm_topk_prob = true;
+  q.initializer_range = 0.2;
+  torch::manual_seed(8);
+  LlamaForCausalLM qwen(q);
+  check_recomputed_gradients(qwen, ids, 3);
+  // The older key num_experts is num_local_experts (transformers' attribute_map).
+  auto older = tiny("qwen3_moe");
+  older.num_experts = 6;
+  loom::models::complete_config(older);
+  CHECK(older.num_local_experts == 6);
+  CHECK_FALSE(older.num_experts.has_value());
+  CHECK(older.moe_intermediate_size == 768);  // Qwen3MoeConfig's defaults
+  CHECK(older.num_experts_per_tok == 8);
+  // Refused with the field named.
+  const auto error = [](LlamaConfig bad) {
+    loom::models::complete_config(bad);
+    return loom_test::error_of([&] { loom::models::validate(bad, "config.json"); });
+  };
+  auto k = tiny("mixtral");
+  k.num_experts_per_tok = 9;
+  CHECK(error(k).find("field 'num_experts_per_tok' must be in [1, num_local_experts (8)], got 9") != std::string::npos);
+  auto j = tiny("mixtral");
+  j.router_jitter_noise = 1.5;
+  CHECK(error(j).find("field 'router_jitter_noise' must be in [0, 1)") != std::string::npos);
+  auto l = tiny("qwen3_moe");
+  l.mlp_only_layers = nlohmann::json::array({5});
+  CHECK(error(l).find("field 'mlp_only_layers' holds 5; each entry must be a layer index in [0, 2)") != std::string::npos);
+  auto z = tiny("qwen3_moe");
+  z.decoder_sparse_step = 0;
+  CHECK(error(z).find("field 'decoder_sparse_step' must be a positive integer") != std::string::npos);
+  auto m = tiny("mixtral");
+  m.num_local_experts = 0;
+  CHECK(error(m).find("field 'num_local_experts' must be a positive integer, got 0") != std::string::npos);
 }
 
 TEST_CASE("LoRA as PEFT: loom reads PEFT's adapter, PEFT reads loom's, merge_and_unload opens in transformers") {

@@ -15,6 +15,10 @@ struct CausalLMBatch {
   /// restart at 0 where a document starts, and a model that takes them attends within each
   /// document only (HF's position_ids, as TRL's padding-free packing hands them over).
   torch::Tensor position_ids{};
+  /// int64 [batch, seq], 1 on tokens and 0 on padding, or undefined (no padding to mask): a
+  /// model that takes it keeps queries off the padding, and a sparse MoE model's load-balancing
+  /// loss counts the tokens only (transformers' attention_mask).
+  torch::Tensor attention_mask{};
 };
 
 /// A padded batch of token sequences with one label per sequence (single-label

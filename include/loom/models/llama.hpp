@@ -72,6 +72,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace loom::models {
@@ -92,6 +93,13 @@ struct LlamaFamily {
     /// query_pre_attn_scalar, attn_logit_softcapping, final_logit_softcapping, and
     /// hidden_activation in place of hidden_act (Gemma 2's and 3's)
     softcap_keys = 1u << 8,
+    /// num_local_experts, num_experts_per_tok, output_router_logits, router_aux_loss_coef
+    /// (Mixtral's and Qwen3-MoE's)
+    moe_keys = 1u << 9,
+    router_jitter_key = 1u << 10,  ///< router_jitter_noise (Mixtral's)
+    /// moe_intermediate_size, decoder_sparse_step, mlp_only_layers, norm_topk_prob (Qwen3-MoE's)
+    sparse_step_keys = 1u << 11,
+    window_switch_key = 1u << 12,  ///< use_sliding_window alone: then every layer slides (Qwen3-MoE's)
   };
   std::string_view model_type;     ///< config.json's model_type
   std::string_view causal_lm;      ///< transformers' causal LM class (config.json's architectures)
@@ -120,10 +128,25 @@ struct LlamaFamily {
   /// and "sliding_attention", this the sliding one's default rope_theta (Gemma 3's
   /// rope_local_base_freq, 10000). 0: one rope for every layer.
   double local_rope_theta = 0.0;
+  /// The sparse MoE block's module name in a decoder layer (Mixtral: block_sparse_moe;
+  /// Qwen3-MoE: mlp); empty: every layer has the dense MLP.
+  std::string_view moe_block{};
+  /// transformers' class of that block (MixtralSparseMoeBlock): its FullShard unit's class name.
+  std::string_view moe_block_class{};
+  /// An expert's gate, up and down projections as transformers' files name them (Mixtral: w1, w3, w2).
+  std::array<std::string_view, 3> expert_projections{"gate_proj", "up_proj", "down_proj"};
+  int64_t default_experts = 0;           ///< num_local_experts when config.json has none (Mixtral: 8, Qwen3-MoE: 128)
+  int64_t default_experts_per_tok = 0;   ///< num_experts_per_tok when config.json has none (2, 8)
+  /// moe_intermediate_size when config.json has none (Qwen3-MoE: 768); 0: the experts are
+  /// intermediate_size wide (Mixtral)
+  int64_t default_moe_intermediate = 0;
+  bool always_norm_topk = false;  ///< the top-k routing weights always renormalized to sum 1 (Mixtral); else by norm_topk_prob
+  /// The routing weights stay float32 (Mixtral); else cast to the router logits' dtype (Qwen3-MoE)
+  bool float_routing_weights = false;
 };
 
 /// The families LlamaForCausalLM reads, facts from transformers' config and modeling files.
-inline constexpr std::array<LlamaFamily, 8> kLlamaFamilies{{
+inline constexpr std::array<LlamaFamily, 10> kLlamaFamilies{{
     {.model_type = "llama", .causal_lm = "LlamaForCausalLM",
      .sequence_classification = "LlamaForSequenceClassification", .decoder_layer = "LlamaDecoderLayer",
      .keys = LlamaFamily::attention_bias_key | LlamaFamily::mlp_bias_key | LlamaFamily::head_dim_key},
@@ -159,6 +182,19 @@ inline constexpr std::array<LlamaFamily, 8> kLlamaFamilies{{
              LlamaFamily::bidirectional_key | LlamaFamily::layer_types_key | LlamaFamily::softcap_keys,
      .qk_norm = true, .default_head_dim = 256, .norm_plus_one = true, .embed_scale = true, .sandwich_norms = true,
      .sliding_pattern = 6, .default_rope_theta = 1'000'000.0, .local_rope_theta = 10000.0},
+    {.model_type = "mixtral", .causal_lm = "MixtralForCausalLM",
+     .sequence_classification = "MixtralForSequenceClassification", .decoder_layer = "MixtralDecoderLayer",
+     .keys = LlamaFamily::head_dim_key | LlamaFamily::sliding_window_key | LlamaFamily::moe_keys |
+             LlamaFamily::router_jitter_key,
+     .window_attends = true, .default_rope_theta = 1'000'000.0, .moe_block = "block_sparse_moe",
+     .moe_block_class = "MixtralSparseMoeBlock", .expert_projections = {"w1", "w3", "w2"}, .default_experts = 8,
+     .default_experts_per_tok = 2, .always_norm_topk = true, .float_routing_weights = true},
+    {.model_type = "qwen3_moe", .causal_lm = "Qwen3MoeForCausalLM",
+     .sequence_classification = "Qwen3MoeForSequenceClassification", .decoder_layer = "Qwen3MoeDecoderLayer",
+     .keys = LlamaFamily::attention_bias_key | LlamaFamily::head_dim_key | LlamaFamily::window_switch_key |
+             LlamaFamily::sliding_window_key | LlamaFamily::moe_keys | LlamaFamily::sparse_step_keys,
+     .qk_norm = true, .moe_block = "mlp", .moe_block_class = "Qwen3MoeSparseMoeBlock", .default_experts = 128,
+     .default_experts_per_tok = 8, .default_moe_intermediate = 768},
 }};
 
 /// transformers' LlamaConfig, with the fields Qwen2Config, Qwen3Config, MistralConfig,
@@ -166,7 +202,7 @@ inline constexpr std::array<LlamaFamily, 8> kLlamaFamilies{{
 /// HF's field names and Llama's defaults (config.json reads into it; model_type says which
 /// family, a row of kLlamaFamilies).
 struct LlamaConfig {
-  std::string model_type = "llama";                  ///< llama, qwen2, qwen3, mistral, phi3, gemma, gemma2 or gemma3_text
+  std::string model_type = "llama";                  ///< llama, qwen2, qwen3, mistral, phi3, gemma, gemma2, gemma3_text, mixtral or qwen3_moe
   int64_t vocab_size = 32000;                        ///< tokens in the vocabulary
   int64_t hidden_size = 4096;                        ///< hidden size
   int64_t intermediate_size = 11008;                 ///< MLP width
@@ -204,6 +240,16 @@ struct LlamaConfig {
   std::optional<double> attn_logit_softcapping;      ///< (Gemma 2) attention scores tanh(s / cap) * cap before the mask; null: none (Gemma 3's attention ignores it, as transformers')
   std::optional<double> final_logit_softcapping;     ///< (Gemma 2 and 3) logits tanh(z / cap) * cap; null: none
   std::optional<double> rope_local_base_freq;        ///< (Gemma 3's older files) the sliding layers' rope_theta (read into rope_parameters)
+  std::optional<int64_t> num_local_experts;          ///< (Mixtral, Qwen3-MoE) experts of a sparse layer (none: 8 / 128)
+  std::optional<int64_t> num_experts;                ///< (older files' name of num_local_experts, read into it)
+  std::optional<int64_t> num_experts_per_tok;        ///< (Mixtral, Qwen3-MoE) experts each token is routed to (none: 2 / 8)
+  bool output_router_logits = false;                 ///< (Mixtral, Qwen3-MoE) the loss adds router_aux_loss_coef times the load-balancing loss
+  double router_aux_loss_coef = 0.001;               ///< (Mixtral, Qwen3-MoE) the load-balancing loss's weight
+  double router_jitter_noise = 0.0;                  ///< (Mixtral) training: the MoE block's input times uniform(1 - j, 1 + j)
+  std::optional<int64_t> moe_intermediate_size;      ///< (Qwen3-MoE) an expert's width (none: 768; Mixtral's experts: intermediate_size)
+  int64_t decoder_sparse_step = 1;                   ///< (Qwen3-MoE) layer i is sparse when (i + 1) % decoder_sparse_step == 0
+  nlohmann::json mlp_only_layers;                    ///< (Qwen3-MoE) indices of layers with the dense MLP (intermediate_size) instead
+  bool norm_topk_prob = false;                       ///< (Qwen3-MoE) the top-k routing weights renormalized to sum 1 (Mixtral's always are)
   int64_t num_labels = 2;                            ///< classifier outputs (LlamaForSequenceClassification; id2label's size when given)
   std::map<int64_t, std::string> id2label;           ///< a classifier's label names (empty in a causal LM's config)
   std::map<std::string, int64_t> label2id;           ///< the inverse
@@ -242,12 +288,42 @@ inline std::optional<double> llama_final_softcap(const LlamaConfig& c) {
   return (llama_family(c).keys & LlamaFamily::softcap_keys) != 0 ? c.final_logit_softcapping : std::nullopt;
 }
 
+/// Whether decoder layer `layer` has the sparse MoE block, not the dense MLP (Mixtral: every
+/// layer; Qwen3-MoE: num_local_experts > 0, layer not in mlp_only_layers and (layer + 1) a
+/// multiple of decoder_sparse_step).
+LOOM_INLINE bool llama_layer_sparse(const LlamaConfig& c, int64_t layer);
+/// An expert's width: moe_intermediate_size, or intermediate_size (Mixtral's experts).
+inline int64_t llama_expert_width(const LlamaConfig& c) { return c.moe_intermediate_size.value_or(c.intermediate_size); }
+/// The experts of a sparse layer (num_local_experts, or the family's default).
+inline int64_t llama_experts(const LlamaConfig& c) { return c.num_local_experts.value_or(llama_family(c).default_experts); }
+/// The experts each token is routed to (num_experts_per_tok, or the family's default).
+inline int64_t llama_experts_per_tok(const LlamaConfig& c) {
+  return c.num_experts_per_tok.value_or(llama_family(c).default_experts_per_tok);
+}
+
+/// transformers' load_balancing_loss_func (Switch Transformer's auxiliary loss) over the router
+/// logits of every sparse layer ([tokens, experts] each): per layer the softmax's top-k experts
+/// counted and its probabilities summed (with `attention_mask`, int [batch, seq] of the same
+/// tokens, only the rows it marks 1), both divided by the rows counted over all layers; then
+/// experts * sum(counts * probabilities), float32. The router logits' own device and dtype.
+LOOM_INLINE torch::Tensor load_balancing_loss(const std::vector<torch::Tensor>& router_logits, int64_t experts,
+                                              int64_t top_k, const torch::Tensor& attention_mask = {});
+
 /// What the memory plan's activation estimate reads of a Llama-architecture model
 /// (models/activation_memory.hpp): a causal LM's head (which honours forward_request()), or none.
 inline ActivationShape llama_activation_shape(const LlamaConfig& c, bool causal_lm) {
   const LlamaFamily& family = llama_family(c);
   const int64_t kv = llama_kv_heads(c) * llama_head_dim(c), q = c.num_attention_heads * llama_head_dim(c);
-  return {.layers = c.num_hidden_layers, .hidden = c.hidden_size, .kv = kv, .mlp = 4 * c.intermediate_size,
+  // A sparse layer's MLP: per routed row (top_k a token) the gathered input, gate, its SiLU,
+  // up, their product and the down projection's output; the router's logits and float32
+  // probabilities. Averaged over the layers (Qwen3-MoE's dense ones: 4 intermediate_size).
+  int64_t mlp = 0;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    mlp += llama_layer_sparse(c, i)
+               ? llama_experts_per_tok(c) * (4 * llama_expert_width(c) + 2 * c.hidden_size) + 3 * llama_experts(c)
+               : 4 * c.intermediate_size;
+  if (c.num_hidden_layers > 0) mlp /= c.num_hidden_layers;
+  return {.layers = c.num_hidden_layers, .hidden = c.hidden_size, .kv = kv, .mlp = mlp,
           .heads = c.num_attention_heads, .vocab = causal_lm ? c.vocab_size : 0,
           .qk_norm = family.qk_norm ? 2 * (q + kv) : 0, .norms = family.sandwich_norms ? 4 : 2,
           .eager_attention = family.attention_softcap && c.attn_logit_softcapping.has_value(), .query_width = q,
@@ -357,6 +433,10 @@ TORCH_MODULE(LlamaAttention);
 class LlamaMLPImpl : public torch::nn::Module {
  public:
   LOOM_INLINE explicit LlamaMLPImpl(const LlamaConfig& config);
+  /// An expert of a sparse MoE block: `intermediate` wide, no biases, its projections named
+  /// `names` (gate, up, down: the family's expert_projections).
+  LOOM_INLINE LlamaMLPImpl(const LlamaConfig& config, int64_t intermediate,
+                           const std::array<std::string_view, 3>& names);
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
   peft::AdaptableLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   peft::AdaptableLinear gate_up_proj{nullptr};  ///< Phi-3's gate and up in one (then gate_proj, up_proj are null)
@@ -366,6 +446,35 @@ class LlamaMLPImpl : public torch::nn::Module {
   int64_t intermediate_;
 };
 TORCH_MODULE(LlamaMLP);
+
+/// A sparse MoE block (transformers' MixtralSparseMoeBlock, Qwen3MoeSparseMoeBlock): the router
+/// `gate` (a bias-free linear to one logit an expert), softmax in float32, the top-k experts of
+/// each token (their weights renormalized to sum 1 under the family's rule), and each expert's
+/// SwiGLU on the tokens routed to it only (sorted by expert, gathered, one product an expert,
+/// scattered back), weighted and summed over a token's k experts. Every expert runs, on no rows
+/// when none is routed to it, so every parameter has a gradient (zero), as transformers'
+/// default grouped_mm experts give. A FullShard unit of its own inside the decoder layer's.
+class LlamaSparseMoeBlockImpl : public torch::nn::Module {
+ public:
+  LOOM_INLINE explicit LlamaSparseMoeBlockImpl(const LlamaConfig& config);
+  /// [batch, seq, hidden] -> [batch * seq, hidden]; with `router_logits`, [batch * seq, hidden +
+  /// experts]: the router's logits beside the output (so that they leave a recomputed or
+  /// sharded unit with their gradient).
+  LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, bool router_logits = false);
+  /// transformers' class of the block in the config's family (MixtralSparseMoeBlock, ...): what
+  /// --fsdp_transformer_layer_cls_to_wrap names (FullShardUnit reads it).
+  [[nodiscard]] std::string hf_class_name() const { return std::string(class_name_); }
+  torch::nn::Linear gate{nullptr};                 ///< the router, [experts, hidden], no bias
+  torch::nn::ModuleList experts{nullptr};          ///< registered as "experts" ("experts.{i}.w1", ...)
+  std::vector<LlamaMLP> expert_mlps;               ///< the same experts, typed
+
+ private:
+  int64_t top_k_;
+  bool normalize_, float_weights_;
+  double jitter_;
+  std::string_view class_name_;
+};
+TORCH_MODULE(LlamaSparseMoeBlock);
 
 /// One decoder layer: x + attn(input_layernorm(x)), then + mlp(post_attention_layernorm(.));
 /// with sandwich norms (Gemma 2 and 3) x + post_attention_layernorm(attn(input_layernorm(x))),
@@ -379,17 +488,25 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                                     const AttentionStep& step);
   LlamaAttention self_attn{nullptr};
-  LlamaMLP mlp{nullptr};
+  LlamaMLP mlp{nullptr};  ///< the dense MLP (null in a sparse layer)
+  /// A sparse layer's MoE block (Mixtral, Qwen3-MoE), registered under the family's moe_block.
+  FullShardUnit<LlamaSparseMoeBlock> moe{nullptr};
   LlamaRMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   LlamaRMSNorm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};  ///< Gemma 2's and 3's (else null)
   /// transformers' class of this layer in the config's family (Qwen3DecoderLayer, ...): what
   /// --fsdp_transformer_layer_cls_to_wrap names (FullShardUnit reads it).
   [[nodiscard]] std::string hf_class_name() const { return std::string(decoder_layer_); }
+  /// Whether forward (not a decoding step) returns the router logits beside the hidden states:
+  /// [batch, seq, hidden + experts] (a sparse layer of a config with output_router_logits).
+  [[nodiscard]] bool emits_router_logits() const { return router_logits_; }
 
  private:
-  /// The residual sums and the MLP after the attention's output `attended` (x the layer's input).
-  LOOM_INLINE torch::Tensor after_attention(const torch::Tensor& x, const torch::Tensor& attended);
+  /// The residual sums and the MLP after the attention's output `attended` (x the layer's input);
+  /// `router_logits`: a sparse layer's router logits beside the output.
+  LOOM_INLINE torch::Tensor after_attention(const torch::Tensor& x, const torch::Tensor& attended,
+                                            bool router_logits = false);
   std::string_view decoder_layer_;
+  bool router_logits_ = false;
   double resid_dropout_ = 0.0;  // Phi-3's resid_pdrop on each sublayer's output (training)
 };
 TORCH_MODULE(LlamaDecoderLayer);
@@ -416,6 +533,9 @@ class LlamaModelImpl : public torch::nn::Module {
   LOOM_INLINE std::pair<torch::Tensor, torch::Tensor> rotary(const torch::Tensor& positions);
   /// The token embeddings of `input_ids` (Gemma's scaled by sqrt(hidden_size)).
   LOOM_INLINE torch::Tensor embed(const torch::Tensor& input_ids);
+  /// The router logits of the last forward's sparse layers ([batch * seq, experts] each, in
+  /// layer order; none unless output_router_logits), handed over once: the next call has none.
+  std::vector<torch::Tensor> take_router_logits() { return std::exchange(router_logits_, {}); }
   torch::nn::Embedding embed_tokens{nullptr};
   /// embed_tokens as a FullShard unit of its own (registered as "embed_tokens" in its place)
   /// when the head does not share its weight: gathered around its forward only.
@@ -432,6 +552,7 @@ class LlamaModelImpl : public torch::nn::Module {
   std::vector<LlamaRotaryEmbedding> ropes_;  // one, or (Gemma 3) the full and the sliding layers'
   std::vector<std::size_t> layer_rope_;      // each layer's entry of ropes_
   std::optional<double> embed_scale_;  // Gemma's embedding scale
+  std::vector<torch::Tensor> router_logits_;  // the last forward's (output_router_logits)
 };
 TORCH_MODULE(LlamaModel);
 

@@ -77,7 +77,16 @@ LOOM_INLINE bool LlamaConfig::written(std::string_view key) const {
   if (key == "rope_theta" || key == "rope_scaling") return false;  // folded into rope_parameters
   const unsigned keys = llama_family(*this).keys;
   const auto has = [&](LlamaFamily::Keys k) { return (keys & k) != 0; };
-  if (key == "use_sliding_window" || key == "max_window_layers") return has(LlamaFamily::window_keys);
+  if (key == "use_sliding_window") return has(LlamaFamily::window_keys) || has(LlamaFamily::window_switch_key);
+  if (key == "max_window_layers") return has(LlamaFamily::window_keys);
+  if (key == "num_experts") return false;  // read into num_local_experts, as transformers' attribute_map
+  if (key == "num_local_experts" || key == "num_experts_per_tok" || key == "output_router_logits" ||
+      key == "router_aux_loss_coef")
+    return has(LlamaFamily::moe_keys);
+  if (key == "router_jitter_noise") return has(LlamaFamily::router_jitter_key);
+  if (key == "moe_intermediate_size" || key == "decoder_sparse_step" || key == "mlp_only_layers" ||
+      key == "norm_topk_prob")
+    return has(LlamaFamily::sparse_step_keys);
   if (key == "layer_types") return has(LlamaFamily::layer_types_key);
   if (key == "query_pre_attn_scalar" || key == "attn_logit_softcapping" || key == "final_logit_softcapping" ||
       key == "hidden_activation")
@@ -171,6 +180,17 @@ LOOM_INLINE void complete_config(LlamaConfig& c) {
   }
   if (const auto* family = find_llama_family(c.model_type); family && family->gelu_means_tanh && c.hidden_act == "gelu")
     c.hidden_act = "gelu_pytorch_tanh";  // GemmaConfig: the official releases' "gelu" meant the tanh approximation
+  if (family != nullptr && family->default_experts > 0) {
+    // MixtralConfig / Qwen3MoeConfig: num_experts is num_local_experts (attribute_map), and
+    // their defaults; Qwen3-MoE's mlp_only_layers [] when null.
+    if (!c.num_local_experts) c.num_local_experts = c.num_experts.value_or(family->default_experts);
+    c.num_experts.reset();
+    if (!c.num_experts_per_tok) c.num_experts_per_tok = family->default_experts_per_tok;
+    if (family->default_moe_intermediate > 0 && !c.moe_intermediate_size)
+      c.moe_intermediate_size = family->default_moe_intermediate;
+    if ((family->keys & LlamaFamily::sparse_step_keys) != 0 && c.mlp_only_layers.is_null())
+      c.mlp_only_layers = nlohmann::json::array();
+  }
   if (!c.num_key_value_heads) c.num_key_value_heads = c.num_attention_heads;
   // A family whose HF config defaults head_dim (Qwen3's 128) takes that default; the others
   // hidden_size / num_attention_heads.
@@ -321,6 +341,29 @@ LOOM_INLINE void validate(const LlamaConfig& c, std::string_view where) {
             "{}: field 'layer_types' holds {}; loom's Llama architecture has \"full_attention\" and "
             "\"sliding_attention\" layers", where, t.dump());
   }
+  if (llama_family(c).default_experts > 0) {
+    const int64_t experts = llama_experts(c), top_k = llama_experts_per_tok(c);
+    check(experts >= 0 && experts <= ConfigLimits::width, "{}: field 'num_local_experts' must be in [0, {}], got {}",
+          where, ConfigLimits::width, experts);
+    check((llama_family(c).keys & LlamaFamily::sparse_step_keys) != 0 || experts > 0,
+          "{}: field 'num_local_experts' must be a positive integer, got {}", where, experts);
+    if (experts > 0)
+      check(top_k >= 1 && top_k <= experts, "{}: field 'num_experts_per_tok' must be in [1, num_local_experts ({})], got {}",
+            where, experts, top_k);
+    check(std::isfinite(c.router_aux_loss_coef), "{}: field 'router_aux_loss_coef' must be a finite number", where);
+    check(c.router_jitter_noise >= 0.0 && c.router_jitter_noise < 1.0,
+          "{}: field 'router_jitter_noise' must be in [0, 1), got {}", where, c.router_jitter_noise);
+    if (c.moe_intermediate_size) check_config_size(where, "moe_intermediate_size", *c.moe_intermediate_size,
+                                                   ConfigLimits::feed_forward);
+    positive(c.decoder_sparse_step, "decoder_sparse_step");
+    check(c.mlp_only_layers.is_null() || c.mlp_only_layers.is_array(),
+          "{}: field 'mlp_only_layers' must be a list of layer indices", where);
+    if (c.mlp_only_layers.is_array())
+      for (const auto& i : c.mlp_only_layers)
+        check(i.is_number_integer() && i.get<int64_t>() >= 0 && i.get<int64_t>() < c.num_hidden_layers,
+              "{}: field 'mlp_only_layers' holds {}; each entry must be a layer index in [0, {})", where, i.dump(),
+              c.num_hidden_layers);
+  }
   // The rope (complete_config made rope_parameters from the older keys): one, or (Gemma 3) one
   // per layer type.
   if (llama_family(c).local_rope_theta > 0) {
@@ -343,7 +386,19 @@ LOOM_INLINE bool llama_layer_slides(const LlamaConfig& c, int64_t layer) {
   // Without layer_types: Gemma's pattern (complete_config writes it out), Qwen's
   // max_window_layers.
   if (family.sliding_pattern > 0) return (layer + 1) % c.sliding_window_pattern.value_or(family.sliding_pattern) != 0;
+  if ((family.keys & LlamaFamily::window_switch_key) != 0) return true;  // Qwen3-MoE: every layer
   return (family.keys & LlamaFamily::window_keys) != 0 && layer >= c.max_window_layers.value_or(28);
+}
+
+LOOM_INLINE bool llama_layer_sparse(const LlamaConfig& c, int64_t layer) {
+  const LlamaFamily& family = llama_family(c);
+  if (family.moe_block.empty() || llama_experts(c) <= 0) return false;
+  if ((family.keys & LlamaFamily::sparse_step_keys) == 0) return true;  // Mixtral: every layer
+  // Qwen3MoeDecoderLayer: not in mlp_only_layers, and every decoder_sparse_step-th.
+  if (c.mlp_only_layers.is_array())
+    for (const auto& i : c.mlp_only_layers)
+      if (i.is_number_integer() && i.get<int64_t>() == layer) return false;
+  return c.decoder_sparse_step > 0 && (layer + 1) % c.decoder_sparse_step == 0;
 }
 
 LOOM_INLINE std::optional<int64_t> llama_layer_window(const LlamaConfig& c, int64_t layer) {
@@ -384,13 +439,22 @@ LOOM_INLINE std::vector<ConfigShape> config_shapes(const LlamaConfig& c) {
   const auto h = ", hidden_size " + std::to_string(c.hidden_size);
   const auto last = "model.layers." + std::to_string(c.num_hidden_layers - 1);
   const bool fused = llama_family(c).fused_projections;  // Phi-3: k is a slice of qkv_proj
+  const LlamaFamily& family = llama_family(c);
+  // A sparse last layer: its last expert's down projection (the experts' count and width).
+  const bool sparse = llama_layer_sparse(c, c.num_hidden_layers - 1);
+  const std::string down =
+      sparse ? last + "." + std::string(family.moe_block) + ".experts." + std::to_string(llama_experts(c) - 1) + "." +
+                   std::string(family.expert_projections[2]) + ".weight"
+             : last + ".mlp.down_proj.weight";
+  const int64_t width = sparse ? llama_expert_width(c) : c.intermediate_size;
   return {{"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, "vocab_size " + std::to_string(c.vocab_size) + h},
           {last + (fused ? ".self_attn.qkv_proj.weight" : ".self_attn.k_proj.weight"),
            {(fused ? c.num_attention_heads * head_dim + 2 * kv * head_dim : kv * head_dim), c.hidden_size},
            "num_hidden_layers " + std::to_string(c.num_hidden_layers) + ", num_key_value_heads " + std::to_string(kv) +
                ", head_dim " + std::to_string(head_dim) + h},
-          {last + ".mlp.down_proj.weight", {c.hidden_size, c.intermediate_size},
-           "intermediate_size " + std::to_string(c.intermediate_size) + h}};
+          {down, {c.hidden_size, width},
+           (sparse ? "num_local_experts " + std::to_string(llama_experts(c)) + ", expert width " : "intermediate_size ") +
+               std::to_string(width) + h}};
 }
 
 LOOM_INLINE int64_t parameter_count(const LlamaConfig& c) {
@@ -400,8 +464,12 @@ LOOM_INLINE int64_t parameter_count(const LlamaConfig& c) {
                             heads * head_dim * h + (c.attention_bias ? h : 0) +
                             (llama_family(c).qk_norm ? 2 * head_dim : 0);
   const int64_t mlp = 3 * h * i + (c.mlp_bias ? 2 * i + h : 0);
-  const int64_t layer = attention + mlp + (llama_family(c).sandwich_norms ? 4 : 2) * h;  // and the RMSNorms
-  return c.vocab_size * h + c.num_hidden_layers * layer + h + (c.tie_word_embeddings ? 0 : c.vocab_size * h);
+  const int64_t layer = attention + (llama_family(c).sandwich_norms ? 4 : 2) * h;  // and the RMSNorms
+  // A sparse layer: the router and its experts, in place of the dense MLP.
+  const int64_t sparse = llama_experts(c) * (h + 3 * h * llama_expert_width(c));
+  int64_t layers = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) layers += layer + (llama_layer_sparse(c, l) ? sparse : mlp);
+  return c.vocab_size * h + layers + h + (c.tie_word_embeddings ? 0 : c.vocab_size * h);
 }
 
 // ---- norm, attention, MLP, layer ----------------------------------------------------------
@@ -626,6 +694,16 @@ LOOM_INLINE LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c)
   down_proj = register_module("down_proj", linear(c.intermediate_size, c.hidden_size));
 }
 
+LOOM_INLINE LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c, int64_t intermediate,
+                                       const std::array<std::string_view, 3>& names)
+    : activation_(activation_fn(c.hidden_act)), intermediate_(intermediate) {
+  // transformers' files name an expert's projections (Mixtral's w1, w3, w2); none has a bias.
+  const auto linear = [&](int64_t in, int64_t out) { return peft::AdaptableLinear(in, out, /*bias=*/false); };
+  gate_proj = register_module(std::string(names[0]), linear(c.hidden_size, intermediate));
+  up_proj = register_module(std::string(names[1]), linear(c.hidden_size, intermediate));
+  down_proj = register_module(std::string(names[2]), linear(intermediate, c.hidden_size));
+}
+
 LOOM_INLINE torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
   if (!gate_up_proj.is_empty()) {  // Phi3MLP: the first half is the gate, the second the up projection
     const auto both = gate_up_proj(x);
@@ -635,10 +713,62 @@ LOOM_INLINE torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
   return down_proj(gated * up_proj(x));
 }
 
+LOOM_INLINE LlamaSparseMoeBlockImpl::LlamaSparseMoeBlockImpl(const LlamaConfig& c)
+    : top_k_(llama_experts_per_tok(c)),
+      normalize_(llama_family(c).always_norm_topk || c.norm_topk_prob),
+      float_weights_(llama_family(c).float_routing_weights),
+      jitter_(c.router_jitter_noise),
+      class_name_(llama_family(c).moe_block_class) {
+  const int64_t count = llama_experts(c);
+  gate = register_module("gate", new_linear(c.hidden_size, count, /*bias=*/false));
+  experts = register_module("experts", torch::nn::ModuleList());
+  for (int64_t e = 0; e < count; ++e) {
+    expert_mlps.emplace_back(c, llama_expert_width(c), llama_family(c).expert_projections);
+    experts->push_back(expert_mlps.back());
+  }
+}
+
+LOOM_INLINE torch::Tensor LlamaSparseMoeBlockImpl::forward(const torch::Tensor& input, bool router_logits) {
+  const int64_t width = input.size(-1), count = static_cast<int64_t>(expert_mlps.size());
+  auto x = input.reshape({-1, width});
+  // MixtralSparseMoeBlock's jitter: the input times uniform(1 - j, 1 + j) noise, in training.
+  if (jitter_ > 0 && is_training()) x = x * torch::empty_like(x).uniform_(1.0 - jitter_, 1.0 + jitter_);
+  // The router (MixtralTopKRouter, Qwen3MoeTopKRouter): softmax in float32, the top k, their
+  // weights renormalized (Mixtral always, Qwen3-MoE by norm_topk_prob), Qwen3-MoE's cast back.
+  const auto logits = gate(x);
+  auto [weights, chosen] = torch::softmax(logits, -1, torch::kFloat).topk(top_k_, -1);
+  if (normalize_) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  if (!float_weights_) weights = weights.to(logits.scalar_type());
+  // transformers' grouped_mm experts: the (token, k) pairs sorted by expert, each expert's
+  // SwiGLU on its rows, the products weighted, put back in token order and summed over k.
+  const auto flat = chosen.reshape({-1});
+  const auto [sorted, order] = flat.sort(std::optional<bool>(true), /*dim=*/0);
+  const auto rows = x.index_select(0, order.div(top_k_, "floor"));
+  const auto counts = torch::bincount(flat, {}, count).cpu();  // a host sync: each expert's rows
+  const auto* per_expert = counts.data_ptr<int64_t>();
+  std::vector<torch::Tensor> outs;
+  int64_t start = 0;
+  for (int64_t e = 0; e < count; ++e) {
+    outs.push_back(expert_mlps[e]->forward(rows.narrow(0, start, per_expert[e])));
+    start += per_expert[e];
+  }
+  auto weighted = torch::cat(outs) * weights.reshape({-1}).index_select(0, order).unsqueeze(-1);
+  weighted = torch::zeros_like(weighted).index_copy(0, order, weighted);
+  auto out = weighted.view({-1, top_k_, width}).sum(1).to(x.scalar_type());
+  if (!router_logits) return out;
+  return torch::cat({out, logits.to(out.scalar_type())}, -1);
+}
+
 LOOM_INLINE LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer)
     : decoder_layer_(llama_family(c).decoder_layer), resid_dropout_(c.resid_pdrop) {
   self_attn = register_module("self_attn", LlamaAttention(c, layer));
-  mlp = register_module("mlp", LlamaMLP(c));
+  if (llama_layer_sparse(c, layer)) {  // MixtralDecoderLayer's block_sparse_moe, Qwen3MoeDecoderLayer's mlp
+    moe = full_shard_unit(LlamaSparseMoeBlock(c));
+    register_module(std::string(llama_family(c).moe_block), moe);
+    router_logits_ = c.output_router_logits;
+  } else {
+    mlp = register_module("mlp", LlamaMLP(c));
+  }
   const bool plus_one = llama_family(c).norm_plus_one;
   input_layernorm = register_module("input_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps, plus_one));
   post_attention_layernorm =
@@ -651,7 +781,8 @@ LOOM_INLINE LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, i
   }
 }
 
-LOOM_INLINE torch::Tensor LlamaDecoderLayerImpl::after_attention(const torch::Tensor& x, const torch::Tensor& attended) {
+LOOM_INLINE torch::Tensor LlamaDecoderLayerImpl::after_attention(const torch::Tensor& x, const torch::Tensor& attended,
+                                                                 bool router_logits) {
   if (!post_feedforward_layernorm.is_empty()) {  // Gemma 2 and 3: each sublayer's output normed before its sum
     const auto h = x + post_attention_layernorm(attended);
     return h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)));
@@ -661,13 +792,20 @@ LOOM_INLINE torch::Tensor LlamaDecoderLayerImpl::after_attention(const torch::Te
     return resid_dropout_ > 0 && is_training() ? torch::dropout(t, resid_dropout_, /*train=*/true) : t;
   };
   const auto h = x + drop(attended);
-  return h + drop(mlp(post_attention_layernorm(h)));
+  if (moe.is_empty()) return h + drop(mlp(post_attention_layernorm(h)));
+  const int64_t width = h.size(-1);
+  const auto routed = moe->forward(post_attention_layernorm(h), router_logits);  // [tokens, hidden (+ experts)]
+  const auto out = h + drop(routed.narrow(-1, 0, width).reshape(h.sizes()));
+  if (!router_logits) return out;
+  auto shape = h.sizes().vec();
+  shape.back() = routed.size(-1) - width;
+  return torch::cat({out, routed.narrow(-1, width, shape.back()).reshape(shape)}, -1);
 }
 
 LOOM_INLINE torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                                          const torch::Tensor& sin, const torch::Tensor& mask,
                                                          const torch::Tensor& cu_seqlens) {
-  return after_attention(x, self_attn(input_layernorm(x), cos, sin, mask, cu_seqlens));
+  return after_attention(x, self_attn(input_layernorm(x), cos, sin, mask, cu_seqlens), router_logits_);
 }
 
 LOOM_INLINE torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
@@ -884,9 +1022,15 @@ LOOM_INLINE torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids
           ? position_ids.to(x.device())
           : torch::arange(input_ids.size(1), torch::TensorOptions().device(x.device()).dtype(torch::kLong)).unsqueeze(0);
   const auto tables = rotary_tables(positions, x.scalar_type());
+  router_logits_.clear();
+  const int64_t width = x.size(-1);
   for (std::size_t i = 0; i < units.size(); ++i) {
     const auto& [cos, sin] = tables[layer_rope_[i]];
     x = units[i]->forward(x, cos, sin, mask, cu_seqlens);
+    if (units[i]->inner()->emits_router_logits()) {  // a sparse layer's router logits beside its output
+      router_logits_.push_back(x.narrow(-1, width, x.size(-1) - width).reshape({-1, x.size(-1) - width}));
+      x = x.narrow(-1, 0, width).contiguous();
+    }
   }
   return norm(x);
 }
@@ -961,13 +1105,57 @@ LOOM_INLINE torch::Tensor LlamaForCausalLMImpl::logits(const torch::Tensor& inpu
 }
 
 LOOM_INLINE CausalLMOutput LlamaForCausalLMImpl::forward(const data::CausalLMBatch& batch) {
-  const auto hidden = model(batch.input_ids, batch.position_ids, fast_kernels(kernels_, batch.input_ids));
-  return with_head(
+  const auto hidden = model(batch.input_ids, batch.position_ids, fast_kernels(kernels_, batch.input_ids),
+                            batch.attention_mask);
+  auto out = with_head(
       hidden,
       [&](const torch::Tensor& weight) {
         return causal_lm_output(hidden, weight, batch.labels, fast_kernels(kernels_, hidden), llama_final_softcap(config_));
       },
-      [](const CausalLMOutput& out) { return std::vector<torch::Tensor>{out.loss, out.logits}; });
+      [](const CausalLMOutput& o) { return std::vector<torch::Tensor>{o.loss, o.logits}; });
+  // MixtralForCausalLM's output_router_logits: loss + router_aux_loss_coef * the load-balancing loss.
+  if (const auto routers = model->take_router_logits(); !routers.empty() && out.loss.defined())
+    out.loss = out.loss + load_balancing_loss(routers, llama_experts(config_), llama_experts_per_tok(config_),
+                                              batch.attention_mask)
+                                  .to(out.loss.device()) *
+                              config_.router_aux_loss_coef;
+  return out;
+}
+
+LOOM_INLINE torch::Tensor load_balancing_loss(const std::vector<torch::Tensor>& router_logits, int64_t experts,
+                                              int64_t top_k, const torch::Tensor& attention_mask) {
+  check(!router_logits.empty(), "load_balancing_loss: no router logits (a model with sparse layers and "
+                                "output_router_logits gives them)");
+  // transformers' load_balancing_loss_func op by op: counts by histc (float on the CPU, int on
+  // a GPU) or, under a mask, a scatter of its weights; the rows a Python float, or the mask's sum.
+  const auto device = router_logits.front().device();
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat).device(device);
+  auto tokens = torch::zeros({experts}, f32), probabilities = torch::zeros({experts}, f32);
+  torch::Tensor mask, masked_rows;
+  double rows = 0.0;
+  if (attention_mask.defined()) {
+    mask = attention_mask.reshape({-1}).to(f32);
+    masked_rows = torch::zeros({}, f32);
+  }
+  for (const auto& layer : router_logits) {
+    const auto routing = torch::softmax(layer.to(device), -1);
+    const auto selected = std::get<1>(routing.topk(top_k, -1)).reshape({-1});
+    if (!mask.defined()) {
+      const bool on_cpu = device.is_cpu() || device.is_mps();
+      tokens = tokens + torch::histc(selected.to(on_cpu ? torch::kFloat : torch::kInt), experts, 0, experts);
+      probabilities = probabilities + routing.to(torch::kFloat).sum(0);
+      rows += static_cast<double>(routing.size(0));
+    } else {
+      check(mask.size(0) == routing.size(0), "load_balancing_loss: an attention_mask of {} tokens for router logits of {}",
+            mask.size(0), routing.size(0));
+      tokens = tokens + torch::zeros({experts}, f32).scatter_add(0, selected, mask.repeat_interleave(top_k));
+      probabilities = probabilities + (routing.to(torch::kFloat) * mask.unsqueeze(-1)).sum(0);
+      masked_rows = masked_rows + mask.sum();
+    }
+  }
+  const auto per_expert = mask.defined() ? tokens / masked_rows : tokens / rows;
+  const auto probability = mask.defined() ? probabilities / masked_rows : probabilities / rows;
+  return torch::sum(per_expert * probability.unsqueeze(0)) * experts;
 }
 
 LOOM_INLINE TokenScores LlamaForCausalLMImpl::token_scores(const data::CausalLMBatch& batch, bool statistics,
@@ -1047,6 +1235,7 @@ LOOM_INLINE torch::Tensor LlamaForSequenceClassificationImpl::pooled_positions(c
 LOOM_INLINE torch::Tensor LlamaForSequenceClassificationImpl::logits(const torch::Tensor& input_ids,
                                                                      const torch::Tensor& attention_mask) {
   const auto hidden = model->forward(input_ids, torch::Tensor(), false, attention_mask);
+  model->take_router_logits();  // transformers' sequence classifiers add no auxiliary loss
   return score(states_at(hidden, pooled_positions(input_ids)));
 }
 

@@ -36,7 +36,8 @@ LOOM_INLINE std::vector<std::string> default_target_modules(std::string_view mod
   static const std::map<std::string, std::vector<std::string>, std::less<>> defaults{
       {"llama", {"q_proj", "v_proj"}}, {"qwen2", {"q_proj", "v_proj"}}, {"qwen3", {"q_proj", "v_proj"}},
       {"mistral", {"q_proj", "v_proj"}}, {"gemma", {"q_proj", "v_proj"}}, {"gemma2", {"q_proj", "v_proj"}},
-      {"gemma3_text", {"q_proj", "v_proj"}}, {"gpt2", {"c_attn"}},        {"bert", {"query", "value"}}};
+      {"gemma3_text", {"q_proj", "v_proj"}}, {"mixtral", {"q_proj", "v_proj"}}, {"gpt2", {"c_attn"}},
+      {"bert", {"query", "value"}}};
   const auto it = defaults.find(model_type);
   return it == defaults.end() ? std::vector<std::string>{} : it->second;
 }
