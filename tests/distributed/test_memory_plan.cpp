@@ -103,6 +103,17 @@ TEST_CASE("memory plan: refused above the capacity, with the total and the capac
   CHECK(refusal->find(loom::format_bytes(total)) != std::string::npos);
   CHECK(refusal->find(loom::format_bytes(total - 1)) != std::string::npos);
   CHECK(refusal->find("--skip_memory_check") != std::string::npos);
+  CHECK(refusal->find("shard more (--sharding zero1 / zero2 / full_shard)") != std::string::npos);
+  // A frozen base larger than the trainable state: only FullShard shards it, and the line says so.
+  auto lora = plan_test::inputs(loom::sharding::DDP::facts, 2, {1 << 20, 1024}, {0, 0});
+  lora.params.front().trainable = false;
+  const auto frozen = loom::make_memory_plan(lora);
+  REQUIRE(frozen.frozen == 4.0 * (1 << 20));
+  const auto frozen_refusal = loom::memory_plan_refusal(frozen, frozen.device_total() - 1, false);
+  REQUIRE(frozen_refusal.has_value());
+  CHECK(frozen_refusal->find("shard the frozen parameters (--sharding full_shard: no other policy shards them)") !=
+        std::string::npos);
+  CHECK(frozen_refusal->find("zero1") == std::string::npos);
   // On the CPU the host line shares the memory.
   in.sharding = loom::sharding::ZeRO2::facts;
   in.offload_optimizer = true;

@@ -128,17 +128,27 @@ LOOM_INLINE std::optional<std::string> memory_plan_refusal(const MemoryPlan& pla
         "materializes only its shards, docs/distributed.md); --skip_memory_check starts anyway",
         format_bytes(setup), device_is_host ? "CPU share of this process" : "device", format_bytes(capacity),
         format_bytes(total));
+  // Frozen parameters (a base under an adapter) larger than the trainable state: only the
+  // policies that shard parameters shrink them; otherwise every policy sharding optimizer state.
+  const bool frozen_heavy = plan.frozen > plan.params + plan.grads + plan.optimizer;
+  const std::string shard_more =
+      frozen_heavy
+          ? fmt::format("shard the frozen parameters (--sharding {}: {} shards them)",
+                        names_where<ShardingCatalog>([](const ShardingFacts& f) { return f.shards_parameters; }, " / ", " / "),
+                        "no other policy")
+          : fmt::format("shard more (--sharding {})",
+                        names_where<ShardingCatalog>([](const ShardingFacts& f) { return f.shards_optimizer_state; }, " / ",
+                                                     " / "));
   return fmt::format(
       "the memory plan needs {} per process ({}parameters {}, gradients {}, optimizer state {}, gathered units {}, "
-      "activations {}{}) but the {} has {}: shard more (--sharding {}), offload "
+      "activations {}{}) but the {} has {}: {}, offload "
       "(--offload_optimizer, --offload_param), lower --per_device_train_batch_size or turn on "
       "--gradient_checkpointing; --skip_memory_check starts anyway",
       format_bytes(total), plan.frozen > 0 ? "frozen parameters " + format_bytes(plan.frozen) + ", " : std::string(),
       format_bytes(plan.params), format_bytes(plan.grads), format_bytes(plan.optimizer), format_bytes(plan.gathered),
       plan.activations ? format_bytes(*plan.activations) : std::string("unknown"),
       device_is_host && plan.host > 0 ? ", host " + format_bytes(plan.host) : std::string(),
-      device_is_host ? "CPU share of this process" : "device", format_bytes(capacity),
-      names_where<ShardingCatalog>([](const ShardingFacts& f) { return f.shards_optimizer_state; }, " / ", " / "));
+      device_is_host ? "CPU share of this process" : "device", format_bytes(capacity), shard_more);
 }
 
 LOOM_INLINE std::string format_memory_plan(const MemoryPlan& plan) {
