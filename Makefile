@@ -79,7 +79,8 @@ $(DEPS)/venv.stamp: requirements.txt
 	@DS_BUILD_OPS=0 $(PY) -m pip install -q --no-cache-dir -r requirements.txt
 	@touch $@
 
-# CMAKE_ARGS: more -D settings for the first configure (.ci/run sets LOOM_BENCHMARKS_CHECK_BUILD).
+# CMAKE_ARGS: more -D settings for the first configure (.ci/run sets LOOM_BENCHMARKS_CHECK_BUILD
+# and LOOM_EXAMPLES_CHECK_BUILD).
 CMAKE_ARGS ?=
 $(BUILD)/build.ninja: $(DEPS)/apt.stamp $(DEPS)/venv.stamp CMakeLists.txt
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_PYTHON=$(PY) \
