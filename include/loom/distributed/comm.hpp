@@ -62,7 +62,10 @@ class Work {
   [[nodiscard]] bool pending() const { return !works_.empty(); }
   /// Takes `other`'s collectives: one Work for a collective made of several.
   void join(Work&& other) {
-    if (comm_ == nullptr) comm_ = other.comm_, what_ = other.what_;
+    if (comm_ == nullptr) {
+      comm_ = other.comm_;
+      what_ = other.what_;
+    }
     for (auto& w : other.works_) works_.push_back(std::move(w));
     other.works_.clear();
   }

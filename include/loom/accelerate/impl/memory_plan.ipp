@@ -133,9 +133,8 @@ LOOM_INLINE std::optional<std::string> memory_plan_refusal(const MemoryPlan& pla
   const bool frozen_heavy = plan.frozen > plan.params + plan.grads + plan.optimizer;
   const std::string shard_more =
       frozen_heavy
-          ? fmt::format("shard the frozen parameters (--sharding {}: {} shards them)",
-                        names_where<ShardingCatalog>([](const ShardingFacts& f) { return f.shards_parameters; }, " / ", " / "),
-                        "no other policy")
+          ? fmt::format("shard the frozen parameters (--sharding {}: no other policy shards them)",
+                        names_where<ShardingCatalog>([](const ShardingFacts& f) { return f.shards_parameters; }, " / ", " / "))
           : fmt::format("shard more (--sharding {})",
                         names_where<ShardingCatalog>([](const ShardingFacts& f) { return f.shards_optimizer_state; }, " / ",
                                                      " / "));
