@@ -90,7 +90,7 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
     set_target_properties(${_pch} PROPERTIES LOOM_PCH_FILE
       "${CMAKE_CURRENT_BINARY_DIR}/CMakeFiles/${_pch}.dir/${_loom_pch_rel}${CMAKE_CXX_OUTPUT_EXTENSION}")
   endforeach()
-  set_target_properties(loom_pch_tests PROPERTIES EXCLUDE_FROM_ALL ON)
+  set_target_properties(loom_pch loom_pch_tests PROPERTIES EXCLUDE_FROM_ALL ON)
 else()
   # GCC: CMake's precompiled header, named by an include path (<loom_pch.hpp>) rather than by
   # its absolute file name, which CMake writes into the header every unit force-includes
@@ -100,7 +100,7 @@ else()
     target_link_libraries(${_pch} PUBLIC loom_build_options)
     target_precompile_headers(${_pch} PRIVATE <loom_pch.hpp>)
   endforeach()
-  set_target_properties(loom_pch_tests PROPERTIES EXCLUDE_FROM_ALL ON)
+  set_target_properties(loom_pch loom_pch_tests PROPERTIES EXCLUDE_FROM_ALL ON)
 endif()
 target_compile_options(loom_pch_tests PRIVATE ${LOOM_TEST_OPTIMIZATION})
 

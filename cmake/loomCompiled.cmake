@@ -55,6 +55,21 @@ foreach(_unit IN LISTS _loom_units)
   list(APPEND _loom_compiled_sources "${_cpp}")
 endforeach()
 
+# LOOM_COMPILED_CHECK_BUILD: the library's units compile as the test programs do (at
+# LOOM_TEST_OPTIMIZATION, on their precompiled header), for CI alone, where every program is
+# built so (LOOM_EXAMPLES_CHECK_BUILD, LOOM_BENCHMARKS_CHECK_BUILD): then nothing needs the
+# optimized precompiled header, and the build skips it and LLVM's optimizer on the library
+# (docs/building.md has the figures). The tokenizer's unit stays optimized (its tests encode
+# the KJV text a dozen times: 13 s of CPU at -O3, 52 s at -O0), on no precompiled header
+# rather than build the optimized one for one unit; its object goes into the same archive.
+option(LOOM_COMPILED_CHECK_BUILD "compile loom::compiled as the test programs (for CI)" OFF)
+set(_loom_tokenizer_unit "${PROJECT_BINARY_DIR}/loom_compiled/loom_tokenizer.cpp")
+set(_loom_check_tokenizer OFF)
+if(TARGET loom_pch AND LOOM_COMPILED_CHECK_BUILD AND _loom_tokenizer_unit IN_LIST _loom_compiled_sources)
+  set(_loom_check_tokenizer ON)
+  list(REMOVE_ITEM _loom_compiled_sources "${_loom_tokenizer_unit}")
+endif()
+
 add_library(loom_compiled STATIC ${_loom_compiled_sources})
 add_library(loom::compiled ALIAS loom_compiled)
 set_target_properties(loom_compiled PROPERTIES EXPORT_NAME compiled)
@@ -63,7 +78,16 @@ target_compile_definitions(loom_compiled PUBLIC LOOM_SEPARATE_COMPILATION)
 if(TARGET loom_pch)
   # loom's own build: one unit per .ipp, on the shared precompiled header.
   target_link_libraries(loom_compiled PRIVATE $<BUILD_INTERFACE:loom_build_options>)
-  loom_use_pch(loom_compiled)
+  if(LOOM_COMPILED_CHECK_BUILD)
+    loom_use_pch(loom_compiled TESTS)
+  else()
+    loom_use_pch(loom_compiled)
+  endif()
+  if(_loom_check_tokenizer)
+    add_library(loom_compiled_tokenizer OBJECT "${_loom_tokenizer_unit}")
+    target_link_libraries(loom_compiled_tokenizer PRIVATE loom_build_options)
+    target_sources(loom_compiled PRIVATE $<TARGET_OBJECTS:loom_compiled_tokenizer>)
+  endif()
 else()
   # A consumer's build (add_subdirectory): one unit for all, parsing torch once; built only
   # when a target links it.
