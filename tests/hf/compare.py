@@ -16,8 +16,10 @@ weights, on the CPU in fp32 with one thread. Then it compares:
 
 --ranks 2 runs the DDP configurations under torchrun (gloo) on both sides instead.
 --models runs the transformer configurations instead (MODEL_CONFIGS): tiny random
-GPT2LMHeadModel and BertForSequenceClassification folders saved by transformers, trained
-by transformers.Trainer and by loom's models (loom/models/) with the same command line.
+GPT2LMHeadModel, BertForSequenceClassification and Llama-architecture folders (every family
+loom/models/llama.hpp reads: Llama, Qwen2, Qwen3, Mistral, Phi-3, Gemma, Gemma 2, Gemma 3 text,
+Mixtral, Qwen3-MoE) saved by transformers, trained by the unmodified transformers.Trainer and
+by loom's models (loom/models/) with the same command line.
 """
 import argparse
 import contextlib
@@ -123,6 +125,52 @@ LLAMA = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_lay
 BERT = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
             max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3)
 SEQ = 16
+# The other families of loom/models/llama.hpp, each a tiny random folder transformers makes from
+# FAMILY_BASE and its own keys (transformers' defaults otherwise; no pad_token_id, so no
+# embedding row is frozen as padding): grouped-query attention everywhere, sliding windows
+# that bind on the 16-token rows (Mistral, Phi-3, Gemma 2, Gemma 3, Mixtral), Qwen3's q/k norms,
+# Phi-3's fused projections, Gemma's (1 + w) norms and scaled embeddings, Gemma 2's soft-caps
+# (transformers' eager attention, the only one that caps), Gemma 3's rope per layer type, and the
+# two sparse MoE families with output_router_logits (the loss adds router_aux_loss_coef times
+# the load-balancing loss, masked by the attention_mask).
+FAMILY_BASE = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=32, bos_token_id=0, eos_token_id=0,
+                   pad_token_id=None)
+FAMILIES = {
+    "qwen2": dict(tie_word_embeddings=True),
+    "qwen3": dict(head_dim=16, attention_bias=True),
+    "mistral": dict(sliding_window=8),
+    "phi3": dict(sliding_window=8, original_max_position_embeddings=32),
+    "gemma": dict(head_dim=16),
+    "gemma2": dict(num_hidden_layers=3, head_dim=16, sliding_window=8, query_pre_attn_scalar=24,
+                   attn_logit_softcapping=1.0, final_logit_softcapping=5.0, initializer_range=0.2),
+    "gemma3_text": dict(num_hidden_layers=3, head_dim=16, sliding_window=8, sliding_window_pattern=2,
+                        query_pre_attn_scalar=24),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=8, output_router_logits=True,
+                    router_aux_loss_coef=0.5),
+    "qwen3_moe": dict(num_hidden_layers=3, head_dim=16, num_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=32, mlp_only_layers=[1], output_router_logits=True,
+                      router_aux_loss_coef=0.5),
+}
+
+
+def family_attention(model):
+    """transformers' attention for a family: eager for Gemma 2 (its sdpa refuses the soft-cap), else sdpa."""
+    return "eager" if model == "gemma2" else "sdpa"
+
+
+# Each family trains on instruction-like rows (prompt-masked) with gradient accumulation 2: micro-batches of unequal token counts, whose
+# loss transformers' causal LMs divide by the group's count (num_items_in_batch).
+FAMILY_FLAGS = [
+    "--optim", "adamw_torch_fused", "--learning_rate", "3e-3", "--lr_scheduler_type", "linear",
+    "--gradient_accumulation_steps", "2", "--max_grad_norm", "1.0", "--per_device_train_batch_size", "2",
+    "--num_train_epochs", "1", "--eval_strategy", "epoch"]
+# Not yet the two sparse MoE families: transformers 5.23 fuses their experts at load
+# (experts.gate_up_proj / down_proj, 3-d, run by its grouped experts kernel), whose gradients
+# round differently from loom's expert-by-expert layers (1e-7 of the grad norm from step 1).
+NOT_BITWISE_FAMILIES = {"mixtral", "qwen3_moe"}
+MODEL_CONFIGS.update({f"{family}_sft_accumulation_2": (f"{family}:masked", 40, FAMILY_FLAGS)
+                      for family in FAMILIES if family not in NOT_BITWISE_FAMILIES})
 # The transformer configurations run with --ranks 2 (transformers.Trainer under DDP; loom
 # under --loom_sharding). Not BERT: under DDP transformers.Trainer multiplies the loss by the
 # number of processes for a model whose forward takes **kwargs (it assumes the model divided
@@ -196,26 +244,40 @@ def merge(common, flags):
     return [x for pair in pairs.items() for x in pair]
 
 
-def make_model_inputs(work, model, n_train, masked=False):
-    """A tiny random HF folder saved by transformers, and token data, from fixed seeds: GPT-2
-    sequences (labels = inputs; `masked`: -100 before a random point of each row, a prompt),
-    or padded BERT sequences with 3 classes."""
-    from transformers import (BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel, LlamaConfig,
-                              LlamaForCausalLM)
-    folder = os.path.join(work, f"inputs-{model}-{n_train}" + ("-masked" if masked else ""))
+def make_model_inputs(work, model, n_train, masked=False, padded=False):
+    """A tiny random HF folder saved by transformers, and token data, from fixed seeds: causal
+    LM sequences (labels = inputs; `masked`: -100 before a random point of each row, a prompt;
+    `padded`: right-padded rows with an attention_mask), or padded BERT sequences with 3 classes."""
+    from transformers import (AutoConfig, AutoModelForCausalLM, BertConfig, BertForSequenceClassification, GPT2Config,
+                              GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM)
+    folder = os.path.join(work, f"inputs-{model}-{n_train}" + ("-masked" if masked else "") +
+                          ("-padded" if padded else ""))
     gen = torch.Generator().manual_seed(1234)
     n = n_train + 16
     data = {}
-    if model in ("gpt2", "llama"):
+    if model != "bert":
         # A learnable pattern: each sequence counts up from a random start, modulo the vocabulary.
         start = torch.randint(0, GPT2["vocab_size"], (n, 1), generator=gen)
         ids = (start + torch.arange(SEQ)) % GPT2["vocab_size"]
-        # Position 0 is never a target (the loss shifts by one); hf_model tells transformers
-        # so for GPT-2 (docs/semantics.md, "Loss normalization").
         cols = {"input_ids": ids, "labels": ids.clone()}
+        if model == "gpt2":
+            # Position 0 is never a target (the loss shifts by one). transformers 5.23 leaves
+            # GPT-2's loss_type unset, so its Trainer counts every label of a row in
+            # num_items_in_batch, position 0 included, where it counts labels[..., 1:] for the
+            # ForCausalLM loss types (docs/semantics.md, "Loss normalization"): with -100 there
+            # both counts are the predicted tokens, loom's count.
+            cols["labels"][:, 0] = -100
         if masked:
             prompt = torch.randint(1, SEQ - 2, (n, 1), generator=gen)
             cols["labels"] = ids.masked_fill(torch.arange(SEQ) < prompt, -100)
+        if padded:
+            # Instruction rows right-padded with token 0 from a random length (at least 8): the
+            # padding's labels are -100 and its attention_mask 0 (a collator's output).
+            lengths = torch.randint(8, SEQ + 1, (n, 1), generator=gen)
+            real = torch.arange(SEQ) < lengths
+            cols["input_ids"] = ids.masked_fill(~real, 0)
+            cols["labels"] = cols["labels"].masked_fill(~real, -100)
+            cols["attention_mask"] = real.long()
     else:
         ids = torch.randint(1, BERT["vocab_size"], (n, SEQ), generator=gen)
         lengths = torch.randint(4, SEQ + 1, (n,), generator=gen)
@@ -231,6 +293,9 @@ def make_model_inputs(work, model, n_train, masked=False):
         hf = GPT2LMHeadModel(GPT2Config(**GPT2))
     elif model == "llama":
         hf = LlamaForCausalLM(LlamaConfig(**LLAMA))
+    elif model in FAMILIES:
+        hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(model, **{**FAMILY_BASE, **FAMILIES[model]}),
+                                              attn_implementation=family_attention(model))
     else:
         hf = BertForSequenceClassification(BertConfig(**BERT))
     hf.save_pretrained(os.path.join(folder, "init"))
@@ -242,15 +307,13 @@ def hf_model(model, inputs):
     init = os.path.join(inputs, "init")
     if model == "gpt2":
         from transformers import GPT2LMHeadModel
-        m = GPT2LMHeadModel.from_pretrained(init)
-        # transformers 5.23 leaves GPT-2's loss_type unset, so its Trainer counts every label of
-        # a row in num_items_in_batch, position 0 included, although the loss sums the shifted
-        # targets. Told the loss type, it counts the predicted tokens, as loom does.
-        m.loss_type = "ForCausalLM"
-        return m
+        return GPT2LMHeadModel.from_pretrained(init)
     if model == "llama":
         from transformers import LlamaForCausalLM
         return LlamaForCausalLM.from_pretrained(init)
+    if model in FAMILIES:
+        from transformers import AutoModelForCausalLM
+        return AutoModelForCausalLM.from_pretrained(init, attn_implementation=family_attention(model))
     if model == "bert":
         from transformers import BertForSequenceClassification
         return BertForSequenceClassification.from_pretrained(init)
@@ -284,7 +347,7 @@ def run_hf(flags, inputs, out, model_kind="net"):
     data = load_file(os.path.join(inputs, "data.safetensors"))
     model = hf_model(model_kind, inputs)
     trainer = Trainer(model=model, args=args, train_dataset=Rows(data, "train"), eval_dataset=Rows(data, "eval"),
-                      compute_metrics=None if model_kind in ("gpt2", "llama") else accuracy)
+                      compute_metrics=accuracy if model_kind in ("net", "bert") else None)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "hf.log"), "w") as log, contextlib.redirect_stdout(log), \
             contextlib.redirect_stderr(log):
@@ -313,7 +376,7 @@ def torchrun():
 def run_loom(peer, flags, inputs, out, ranks, model_kind="net", sharding="ddp"):
     cmd = [peer] + flags + ["--data_file", os.path.join(inputs, "data.safetensors"), "--model_name_or_path",
                             os.path.join(inputs, "init"), "--weights_out", os.path.join(out, "final.safetensors"),
-                            "--output_dir", out, "--model", model_kind]
+                            "--output_dir", out, "--model", "llama" if model_kind in FAMILIES else model_kind]
     if ranks > 1:
         cmd = torchrun() + ["--standalone", f"--nproc_per_node={ranks}", "--no-python"] + cmd + ["--sharding", sharding]
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -461,8 +524,9 @@ def main():
     for name in names:
         if name in MODEL_CONFIGS:
             model_kind, n_train, flags = MODEL_CONFIGS[name]
-            model_kind, _, variant = model_kind.partition(":")
-            inputs = make_model_inputs(opts.work, model_kind, n_train, masked=variant == "masked")
+            model_kind, *variant = model_kind.split(":")
+            inputs = make_model_inputs(opts.work, model_kind, n_train, masked="masked" in variant,
+                                       padded="padded" in variant)
         else:
             model_kind, (n_train, flags) = "net", CONFIGS[name]
             inputs = make_inputs(opts.work, n_train)

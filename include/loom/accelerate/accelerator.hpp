@@ -208,7 +208,12 @@ class AcceleratorBase {
   /// Under a sharding policy each rank's gradient is weighted by its share of the group's
   /// items (item_factor), as HF weights by num_items_in_batch; by 1 / world under
   /// --average_tokens_across_devices false (each rank normalized by its own items).
-  LOOM_INLINE void begin_accumulation(int64_t local_items);
+  /// `model_divides`: the model divides its summed loss by the group's count itself; the
+  /// count is returned (HF's num_items_in_batch: every rank's items under
+  /// --average_tokens_across_devices, else this rank's; a float32 scalar on the device), and
+  /// the ranks' gradients are summed as they are (or averaged, not across devices). Otherwise
+  /// an undefined tensor.
+  LOOM_INLINE torch::Tensor begin_accumulation(int64_t local_items, bool model_divides = false);
   /// Before a micro-batch's forward; gradients are communicated after the `last` one only
   /// (DDP's no_sync on the others). Under DDP / ZeRO, rank 0's buffers are broadcast first
   /// (--ddp_broadcast_buffers).

@@ -54,6 +54,13 @@ LOOM_INLINE torch::Tensor gather_in_batch_order(dist::Engine& engine, const dist
                                                 const torch::Tensor& local, const std::vector<int64_t>& sizes,
                                                 const char* what);
 
+/// HF's eval_loss: every batch's loss `losses[i]` repeated `rows[i]` times (losses.repeat(batch_size)),
+/// the non-finite ones dropped when `nan_inf_filter` and any is finite, and the float32 array
+/// averaged as numpy's mean does (pairwise float32 sums, then float32 division by the count).
+/// None when no batch has rows.
+LOOM_INLINE std::optional<double> mean_of_repeated_losses(const std::vector<float>& losses,
+                                                          const std::vector<int64_t>& rows, bool nan_inf_filter);
+
 class EvalAccumulator {
  public:
   /// An evaluation of `num_batches` batches on this rank's share of them. `accumulate` false
@@ -121,8 +128,13 @@ class EvalAccumulator {
   bool outputs_;  // predictions exist (not --prediction_loss_only)
   bool want_inputs_, want_losses_;  // include_for_metrics inputs / loss
   bool keep_preds_, keep_inputs_, keep_losses_;  // the above, accumulated
-  torch::Tensor loss_sum_;
-  int64_t loss_rows_ = 0, rows_ = 0;
+  // Each batch's loss (float32 [1], on the device) and rows, in this rank's order: eval_loss is
+  // their mean as HF computes it (mean_of_repeated_losses), at finish().
+  std::vector<torch::Tensor> batch_losses_;
+  std::vector<int64_t> batch_loss_rows_;
+  std::optional<double> loss_;
+  int64_t rows_ = 0;
+  torch::Device engine_device_;  // where the all-reduce's tensor lives (NCCL: the GPU)
   Stream preds_{"predictions"}, inputs_{"inputs"}, losses_{"losses"};
   std::vector<Stream> labels_;  // one per label field
 };

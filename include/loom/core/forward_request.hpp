@@ -9,8 +9,15 @@
 // logits of every position. Code outside the Trainer (a loop of its own, a compute_loss
 // override) gets full outputs unless it opens a scope itself.
 //
+// The Trainer also hands a training forward the group's item count (HF's num_items_in_batch):
+// a model that declares `accepts_num_items_in_batch` (loom::models' causal LMs) divides its
+// summed token loss by it, as transformers' ForCausalLMLoss does, so the Trainer divides by
+// nothing more.
+//
 // The chunking rule lives here too, beside the request, so that the models and the memory
 // plan's estimate (models/activation_memory.hpp) read one rule.
+
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <bit>
@@ -29,6 +36,11 @@ struct ForwardRequest {
   /// positions (true), over all scored positions at once (false), or by size (nullopt:
   /// chunked_lm_loss_by_default).
   std::optional<bool> chunked_lm_loss;
+  /// HF's num_items_in_batch: the items of the whole accumulation group (over every rank under
+  /// --average_tokens_across_devices), a float32 scalar on the model's device. Defined: the loss
+  /// is the summed token loss divided by it (transformers' fixed_cross_entropy with a count);
+  /// undefined: the mean over this batch's tokens.
+  torch::Tensor num_items_in_batch{};
 };
 
 /// This thread's request (the default, full outputs, unless a ForwardRequestScope is open).

@@ -129,8 +129,8 @@ class BucketEngine final : public EngineBase {
   [[nodiscard]] bool grads_sharded() const override { return facts_.shards_optimizer_state; }
 
   /// Starts an accumulation group: no parameter has been used in it yet.
-  void begin_group(int64_t local_items, const torch::Device& device, bool across_ranks) override {
-    EngineBase::begin_group(local_items, device, across_ranks);
+  void begin_group(const GroupItems& items, const torch::Device& device) override {
+    EngineBase::begin_group(items, device);
     std::fill(used_.begin(), used_.end(), 0);
   }
   /// Before the backward of a micro-step; `last`: the micro-step that completes the group.

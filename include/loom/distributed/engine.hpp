@@ -45,6 +45,15 @@ struct StateBytes {
   [[nodiscard]] double total() const { return params + grads + optimizer; }
 };
 
+/// An accumulation group's items and how its loss is normalized (Engine::begin_group).
+struct GroupItems {
+  int64_t local = 0;          ///< this rank's items in the group (num_items of its micro-batches)
+  bool across_ranks = true;   ///< --average_tokens_across_devices: normalized by every rank's items
+  /// The model divides its summed loss by the group's count itself (HF's num_items_in_batch,
+  /// over every rank when across_ranks): the ranks' gradients are then summed as they are.
+  bool model_divides = false;
+};
+
 /// FSDP's BackwardPrefetch (--fsdp_backward_prefetch): when FullShard gathers the unit whose
 /// backward comes next, beside the one whose backward runs.
 enum class BackwardPrefetch { none, pre, post };
@@ -84,12 +93,16 @@ class Engine {
   [[nodiscard]] virtual bool grads_sharded() const = 0;
   /// The engine zeroes the gradients it keeps (else the optimizer drops autograd's).
   [[nodiscard]] virtual bool owns_grads() const = 0;
-  /// An accumulation group starts; `local_items` are this rank's items in it. `across_ranks`
-  /// (--average_tokens_across_devices): each rank's gradient weighs by its share of every
-  /// rank's items; false: by 1 / world (each rank normalized by its own items, then averaged).
-  virtual void begin_group(int64_t local_items, const torch::Device& device, bool across_ranks) = 0;
-  /// local / global items of the group, on the device; undefined in a world of one.
+  /// An accumulation group starts (GroupItems: this rank's items in it and how its loss is
+  /// normalized).
+  virtual void begin_group(const GroupItems& items, const torch::Device& device) = 0;
+  /// What each rank's gradient is multiplied by before the SUM over ranks, on the device:
+  /// local / global items of the group (across_ranks), 1 / world (not across_ranks), nothing
+  /// (undefined) in a world of one or when the model divided by the global count itself.
   [[nodiscard]] virtual const torch::Tensor& item_factor() const = 0;
+  /// The group's items summed over every rank, a float32 scalar on the device, when the model
+  /// divides by them (model_divides and across_ranks in a world of several); else undefined.
+  [[nodiscard]] virtual const torch::Tensor& global_items() const = 0;
   /// Before a micro-step's forward; `last` is the group's last micro-step.
   virtual void begin_micro_step(bool last) = 0;
   /// Just before `loss` is backpropagated (Trainer::backward). With find_unused_parameters

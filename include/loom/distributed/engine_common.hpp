@@ -115,14 +115,18 @@ inline std::optional<std::pair<int64_t, int64_t>> owned_range(const Slot& slot, 
 // the items of the whole global batch, as one process with the global batch computes it.
 // Without across_ranks (HF's average_tokens_across_devices false) it is 1 / world: each rank
 // normalized by its own items, the ranks averaged, as DDP's mean; no count is exchanged.
+// When the model divides by the global count itself (model_divides), there is no factor and
+// the count is kept for it: HF multiplies such a loss by the world and DDP averages, the same
+// sum.
 class ItemShare {
  public:
-  void begin_group(Comm* comm, int64_t local_items, const torch::Device& device, bool across_ranks) {
+  void begin_group(Comm* comm, const GroupItems& items, const torch::Device& device) {
+    global_ = torch::Tensor();
     if (comm == nullptr || comm->size() == 1) {
       factor_ = torch::Tensor();
       return;
     }
-    if (!across_ranks) {
+    if (!items.across_ranks) {
       if (!uniform_.defined() || uniform_.device() != device)
         uniform_ = torch::full({}, 1.0 / static_cast<double>(comm->size()),
                                torch::TensorOptions().device(device).dtype(torch::kFloat));
@@ -130,19 +134,28 @@ class ItemShare {
       return;
     }
     auto opts = torch::TensorOptions().device(device).dtype(torch::kDouble);
-    auto local = torch::full({1}, static_cast<double>(local_items), opts);
+    auto local = torch::full({1}, static_cast<double>(items.local), opts);
     auto global = local.clone();
     comm->all_reduce({global}, "the item count all-reduce").wait();
+    if (items.model_divides) {
+      factor_ = torch::Tensor();
+      global_ = global.to(torch::kFloat).reshape({});
+      return;
+    }
     factor_ = (local / global.clamp_min(1.0)).to(torch::kFloat).reshape({});
   }
-  /// local / global items on the device; undefined in a world of one.
+  /// local / global items (or 1 / world) on the device; undefined in a world of one or when
+  /// the model divides by the global count.
   [[nodiscard]] const torch::Tensor& factor() const { return factor_; }
+  /// The global count (float32, on the device) when the model divides by it; else undefined.
+  [[nodiscard]] const torch::Tensor& global() const { return global_; }
   void apply(torch::Tensor& t) const {
     if (factor_.defined()) t.mul_(factor_);
   }
 
  private:
   torch::Tensor factor_;
+  torch::Tensor global_;
   torch::Tensor uniform_;  // 1 / world on the device (across_ranks false)
 };
 
@@ -157,12 +170,14 @@ class EngineBase : public Engine {
   /// The engine keeps the gradients (flat buffers or shards) and zeroes them.
   [[nodiscard]] bool owns_grads() const override { return true; }
 
-  /// Starts an accumulation group whose micro-batches hold `local_items` items on this rank.
-  void begin_group(int64_t local_items, const torch::Device& device, bool across_ranks) override {
-    share_.begin_group(comm_.get(), local_items, device, across_ranks);
+  /// Starts an accumulation group whose micro-batches hold `items.local` items on this rank.
+  void begin_group(const GroupItems& items, const torch::Device& device) override {
+    share_.begin_group(comm_.get(), items, device);
   }
   /// local / global items of the group, on the device; undefined in a world of one.
   [[nodiscard]] const torch::Tensor& item_factor() const override { return share_.factor(); }
+  /// The group's global count when the model divides by it.
+  [[nodiscard]] const torch::Tensor& global_items() const override { return share_.global(); }
   /// In-place SUM over ranks.
   void all_reduce(torch::Tensor& t, const char* what) override {
     if (comm_->size() > 1) comm_->all_reduce({t}, what).wait();

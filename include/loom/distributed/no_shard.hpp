@@ -22,8 +22,9 @@ class NoShardEngine final : public Engine {
   [[nodiscard]] bool shards_optimizer() const override { return false; }
   [[nodiscard]] bool grads_sharded() const override { return false; }
   [[nodiscard]] bool owns_grads() const override { return false; }  // autograd's, set to none after a step
-  void begin_group(int64_t, const torch::Device&, bool) override {}
+  void begin_group(const GroupItems&, const torch::Device&) override {}
   [[nodiscard]] const torch::Tensor& item_factor() const override { return none_; }
+  [[nodiscard]] const torch::Tensor& global_items() const override { return none_; }
   void begin_micro_step(bool) override {}
   // One process: a parameter without a gradient keeps it undefined, and the optimizer skips it.
   void before_backward(const torch::Tensor&) override {}

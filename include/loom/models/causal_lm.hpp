@@ -5,9 +5,11 @@
 // The key/value cache of generation (models/generation.hpp) is here too: the per-layer store
 // and the step a causal LM's next_token_logits takes, which its attention modules read.
 //
-// The loss is always the mean over the scored tokens, as transformers' models compute it
-// when called without num_items_in_batch: loom's Trainer weights micro-batches and ranks by
-// their items itself (Accelerator::item_factor), so no model divides by a batch-wide count.
+// The loss is the mean over the scored tokens, as transformers' models compute it when called
+// without num_items_in_batch; in a training forward of loom's Trainer, which hands the
+// accumulation group's count over in forward_request(), the summed token loss divided by it,
+// as transformers' ForCausalLMLoss with num_items_in_batch (the Trainer then divides by
+// nothing more).
 
 #include <loom/config/inline.hpp>
 #include <loom/core/forward_request.hpp>
@@ -32,9 +34,11 @@ struct CausalLMOutput {
 /// over the counted tokens, in float32. With `fused_upcast`, float16 CUDA logits go into the
 /// log-softmax kernel as they are and come out in float32 (the same function as
 /// transformers' upcast first, without a float32 copy of the logits); the logits may carry
-/// extra columns of -inf (a padded vocabulary), which change nothing.
+/// extra columns of -inf (a padded vocabulary), which change nothing. With
+/// `num_items_in_batch` (a scalar count): the summed token loss divided by it instead
+/// (transformers' ForCausalLMLoss given num_items_in_batch).
 LOOM_INLINE torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels,
-                                         bool fused_upcast = false);
+                                         bool fused_upcast = false, const torch::Tensor& num_items_in_batch = {});
 
 /// The LM head's logits of `hidden` [.., hidden] by `weight` [vocab, hidden] (no bias). With
 /// `fast` and a vocabulary not a multiple of 64, the product runs over the vocabulary padded
@@ -67,11 +71,13 @@ LOOM_INLINE torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, cons
 /// float32 rounding of it. hidden [batch, seq, h], labels [batch, seq]. One host sync (the
 /// count of scored positions). With `softcap` (lm_head_logits') the loss is never chunked (the
 /// chunked kernels have no cap): the default takes the unchunked form and `chunked` true is a
-/// loom::Error.
+/// loom::Error. `num_items_in_batch`: as causal_lm_loss's (chunked: the mean rescaled by the
+/// scored count over it).
 LOOM_INLINE torch::Tensor scored_causal_lm_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
                                                 const torch::Tensor& labels, bool fast,
                                                 std::optional<bool> chunked = std::nullopt,
-                                                std::optional<double> softcap = std::nullopt);
+                                                std::optional<double> softcap = std::nullopt,
+                                                const torch::Tensor& num_items_in_batch = {});
 
 /// What a causal LM gives each of its labels (TRL's fused LM head outputs), float32
 /// [batch, seq]: position t scores labels[t + 1] (as the loss does); 0 where that label is -100,
@@ -99,7 +105,8 @@ LOOM_INLINE TokenScores token_scores(const torch::Tensor& hidden, const torch::T
 /// weight, fast), shown with vocab_size = weight.size(0) columns, and, when `labels` is
 /// defined, causal_lm_loss over all of them. Every causal LM's forward(batch) and logits().
 /// When this thread's forward_request() asks for the loss alone (the Trainer's training
-/// forward), a batch with labels gets scored_causal_lm_loss and no logits. `softcap`: the
+/// forward), a batch with labels gets scored_causal_lm_loss and no logits; its
+/// num_items_in_batch, when defined, divides the summed loss. `softcap`: the
 /// final logit soft-cap (lm_head_logits').
 LOOM_INLINE CausalLMOutput causal_lm_output(const torch::Tensor& hidden, const torch::Tensor& weight,
                                             const torch::Tensor& labels, bool fast,

@@ -180,6 +180,10 @@ class GPT2LMHeadModelImpl : public PreTrainedModel<GPT2LMHeadModelImpl, GPT2Conf
   static constexpr std::string_view architecture = "GPT2LMHeadModel";  ///< config.json's architectures
   /// A causal LM (HF's MODEL_FOR_CAUSAL_LM_MAPPING): --label_smoothing_factor shifts the labels.
   static constexpr bool is_causal_lm = true;
+  /// Its loss divides the summed token loss by the Trainer's num_items_in_batch when a training
+  /// forward hands one over (forward_request()), as transformers' causal LMs, which take it
+  /// among their loss kwargs (HF's model_accepts_loss_kwargs).
+  static constexpr bool accepts_num_items_in_batch = true;
 
   /// A model with HF's random initialization (normal(0, initializer_range), the residual
   /// projections c_proj scaled by 1/sqrt(2 n_layer), LayerNorms 1 and 0, biases 0), drawn

@@ -22,7 +22,8 @@
 // Arithmetic follows transformers' sdpa path op by op: RMSNorm in float32 then the weight
 // times the input's dtype, rotary embeddings computed in float32 (transformers' rope init
 // functions), grouped-query attention through at::scaled_dot_product_attention with
-// enable_gqa and is_causal, the SwiGLU MLP down(act(gate(x)) * up(x)), and the causal LM loss
+// enable_gqa and is_causal (under a mask the key/value heads repeated first, transformers'
+// repeat_kv), the SwiGLU MLP down(act(gate(x)) * up(x)), and the causal LM loss
 // of causal_lm.hpp. A layer with attention soft-capping (Gemma 2) follows transformers' eager
 // path instead (the only one that caps): scores written out, scaled, tanh(s / cap) * cap,
 // masked, softmax in float32.
@@ -562,6 +563,10 @@ class LlamaForCausalLMImpl : public PreTrainedModel<LlamaForCausalLMImpl, LlamaC
  public:
   /// A causal LM (HF's MODEL_FOR_CAUSAL_LM_MAPPING): --label_smoothing_factor shifts the labels.
   static constexpr bool is_causal_lm = true;
+  /// Its loss divides the summed token loss by the Trainer's num_items_in_batch when a training
+  /// forward hands one over (forward_request()), as transformers' causal LMs, which take it
+  /// among their loss kwargs (HF's model_accepts_loss_kwargs).
+  static constexpr bool accepts_num_items_in_batch = true;
 
   /// A model with HF's random initialization (normal(0, initializer_range) for linear and
   /// embedding weights, zero biases, norms 1), each parameter from its own generator seeded

@@ -136,7 +136,9 @@ class Trainer {
 
   /// Forward and backward of one micro-batch; the loss is divided by `loss_divisor`, the items
   /// of its accumulation group over the micro-batch's (gradient_accumulation_steps when the
-  /// batches are equal, as HF divides). Returns the divided loss, detached.
+  /// batches are equal, as HF divides), or 1 when the model divides its summed loss by the
+  /// group's count itself (a causal LM under the default compute_loss: HF's
+  /// num_items_in_batch). Returns the divided loss, detached.
   template <class Batch>
   torch::Tensor training_step(Model& model, Batch& batch, double loss_divisor);
 
@@ -417,6 +419,15 @@ class Trainer {
   template <class Batch>
   TrainOutput train_impl();
 
+  // HF's rule for who normalizes a training loss: a model that takes num_items_in_batch
+  // (accepts_num_items_in_batch) under the default compute_loss, without label smoothing,
+  // divides its summed loss by the group's count itself, and the Trainer divides by nothing
+  // more; otherwise the Trainer divides the batch's mean by (group items / batch items).
+  [[nodiscard]] bool model_divides_by_items() const {
+    if constexpr (requires { &Self::compute_loss; } || !detail::accepts_num_items_in_batch<Model>()) return false;
+    else return args_.label_smoothing_factor == 0;
+  }
+
   // Fires `Event` on every callback with HF's keyword arguments (and the event's extra).
   template <class Event, class... X>
   void fire(const X&... x);
@@ -480,6 +491,7 @@ class Trainer {
   std::vector<std::string> label_names_;  // --label_names as a list
   std::shared_ptr<const std::vector<int64_t>> train_lengths_;  // group_by_length: each training example's length
   int64_t tokens_pending_ = 0;            // input tokens counted on this rank since the last sync_tokens
+  torch::Tensor num_items_in_batch_;      // the open accumulation group's count when the model divides by it
   int64_t tokens_at_start_ = 0;           // num_input_tokens_seen when this train() began (resumed runs)
   std::chrono::steady_clock::time_point train_start_{};
   LoaderInfo train_loader_info_, eval_loader_info_;

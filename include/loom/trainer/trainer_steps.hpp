@@ -97,8 +97,12 @@ auto Trainer<Derived, Model, Policies...>::compute_loss(Model& model, Batch& bat
     if (args_.label_smoothing_factor == 0 || labels == nullptr || !labels->defined()) {
       // A training forward (grad mode on) and a --prediction_loss_only evaluation read only the
       // loss: a causal LM then runs its head only where a label is (core/forward_request.hpp).
-      ForwardRequestScope request({.logits = !(torch::GradMode::is_enabled() || args_.prediction_loss_only),
-                                   .chunked_lm_loss = args_.chunked_lm_loss});
+      // A training forward also gets the group's count when the model divides by it (HF's
+      // num_items_in_batch; model_divides_by_items).
+      const bool training = torch::GradMode::is_enabled();
+      ForwardRequestScope request({.logits = !(training || args_.prediction_loss_only),
+                                   .chunked_lm_loss = args_.chunked_lm_loss,
+                                   .num_items_in_batch = training ? num_items_in_batch_ : torch::Tensor()});
       return model->forward(batch);
     }
     if constexpr (requires(R r) { { r.logits } -> std::convertible_to<torch::Tensor>; r.loss = torch::Tensor{}; }) {

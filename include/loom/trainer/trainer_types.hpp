@@ -90,6 +90,19 @@ torch::nn::Module& module_of(Model& model) {
   else return *model;
 }
 
+// The model's module declares `accepts_num_items_in_batch` (HF's model_accepts_loss_kwargs):
+// its loss divides by the num_items_in_batch a training forward hands it (forward_request()).
+template <class Model>
+consteval bool accepts_num_items_in_batch() {
+  if constexpr (requires(Model& m) { *m; }) {
+    using Impl = std::decay_t<decltype(*std::declval<Model&>())>;
+    if constexpr (requires { bool(Impl::accepts_num_items_in_batch); }) return bool(Impl::accepts_num_items_in_batch);
+    else return false;
+  } else {
+    return false;
+  }
+}
+
 // The Trainer's default num_items: a causal-LM batch's predicted tokens, else its rows.
 template <class Batch>
 int64_t default_num_items(const Batch& batch) {

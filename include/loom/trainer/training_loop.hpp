@@ -81,6 +81,7 @@ TrainOutput Trainer<Derived, Model, Policies...>::train_impl() {
 
   torch::Tensor grad_norm;
   double last_lr = 0.0;
+  const bool model_divides = model_divides_by_items();
   std::vector<Batch> group;
   std::vector<int64_t> items;
   data::BatchPrefetcher<Batch> batches(loader, prefetch_options());
@@ -117,15 +118,18 @@ TrainOutput Trainer<Derived, Model, Policies...>::train_impl() {
         acc_->set_stream_position(decltype(loader)::epoch_start(epoch + 1));
         break;
       }
-      // Distributed: each rank's gradients are scaled by its share of the group's items.
-      acc_->begin_accumulation(group_items);
+      // Distributed: each rank's gradients are scaled by its share of the group's items. A
+      // model that divides by the group's count gets it (HF's num_items_in_batch) instead.
+      num_items_in_batch_ = acc_->begin_accumulation(group_items, model_divides);
       for (int64_t i = 0; i < count; ++i) {
         ++step;
         if (step % ga == 0) fire<event::on_step_begin>();
-        const double divisor = group_items > 0 ? static_cast<double>(group_items) / static_cast<double>(items[i])
-                                               : static_cast<double>(count);
+        const double divisor = model_divides ? 1.0
+                               : group_items > 0 ? static_cast<double>(group_items) / static_cast<double>(items[i])
+                                                 : static_cast<double>(count);
         acc_->begin_micro_step(i + 1 == count);
         const torch::Tensor loss_step = call_hook<hook::training_step>(self(), model_, group[i], divisor);
+        if (i + 1 == count) num_items_in_batch_ = torch::Tensor();
         acc_->end_micro_step();
         acc_->record_loss(loss_step);
         if (i + 1 == count) {

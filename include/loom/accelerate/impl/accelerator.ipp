@@ -197,8 +197,11 @@ LOOM_INLINE std::vector<std::optional<int64_t>> AcceleratorBase::eval_batches(in
   return out;
 }
 
-LOOM_INLINE void AcceleratorBase::begin_accumulation(int64_t local_items) {
-  engine_->begin_group(local_items, device_, run_args_->average_tokens_across_devices);
+LOOM_INLINE torch::Tensor AcceleratorBase::begin_accumulation(int64_t local_items, bool model_divides) {
+  engine_->begin_group({local_items, run_args_->average_tokens_across_devices, model_divides}, device_);
+  if (!model_divides) return {};
+  if (const auto& global = engine_->global_items(); global.defined()) return global;
+  return torch::full({}, static_cast<double>(local_items), torch::TensorOptions().device(device_).dtype(torch::kFloat));
 }
 
 LOOM_INLINE void AcceleratorBase::begin_micro_step(bool last) {

@@ -39,6 +39,46 @@ LOOM_INLINE torch::Tensor pad_and_concatenate(std::vector<torch::Tensor> parts, 
   return parts.size() == 1 ? parts.front() : torch::cat(parts);
 }
 
+namespace detail {
+// numpy's pairwise summation of float32 values (its add.reduce on a contiguous array): fewer
+// than 8 summed in order; up to 128 in 8 running sums combined as ((0+1)+(2+3))+((4+5)+(6+7)),
+// then the rest in order; more split in two halves (the first a multiple of 8) summed so.
+inline float numpy_pairwise_sum(const float* a, std::size_t n) {
+  if (n < 8) {
+    float sum = 0.0F;
+    for (std::size_t i = 0; i < n; ++i) sum += a[i];
+    return sum;
+  }
+  if (n <= 128) {
+    float r[8];
+    for (std::size_t j = 0; j < 8; ++j) r[j] = a[j];
+    std::size_t i = 8;
+    for (; i < n - (n % 8); i += 8)
+      for (std::size_t j = 0; j < 8; ++j) r[j] += a[i + j];
+    float sum = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+    for (; i < n; ++i) sum += a[i];
+    return sum;
+  }
+  std::size_t half = n / 2;
+  half -= half % 8;
+  return numpy_pairwise_sum(a, half) + numpy_pairwise_sum(a + half, n - half);
+}
+}  // namespace detail
+
+LOOM_INLINE std::optional<double> mean_of_repeated_losses(const std::vector<float>& losses,
+                                                          const std::vector<int64_t>& rows, bool nan_inf_filter) {
+  check(losses.size() == rows.size(), "mean_of_repeated_losses: {} losses for {} row counts", losses.size(),
+        rows.size());
+  std::vector<float> all;
+  for (std::size_t i = 0; i < losses.size(); ++i) all.insert(all.end(), static_cast<std::size_t>(rows[i]), losses[i]);
+  if (nan_inf_filter && std::any_of(all.begin(), all.end(), [](float x) { return std::isfinite(x); }))
+    std::erase_if(all, [](float x) { return !std::isfinite(x); });
+  if (all.empty()) return std::nullopt;
+  // numpy's mean: the float32 sum (0 + pairwise sum) divided in float32 by the count.
+  const float sum = 0.0F + detail::numpy_pairwise_sum(all.data(), all.size());
+  return static_cast<double>(sum / static_cast<float>(all.size()));
+}
+
 LOOM_INLINE EvalAccumulator::EvalAccumulator(const TrainingArguments& args, const dist::World& world,
                                              dist::Engine& engine, torch::Device device, int64_t num_batches,
                                              bool accumulate)
@@ -46,14 +86,12 @@ LOOM_INLINE EvalAccumulator::EvalAccumulator(const TrainingArguments& args, cons
       want_inputs_(outputs_ && detail::list_has(args.include_for_metrics, "inputs")),
       want_losses_(outputs_ && detail::list_has(args.include_for_metrics, "loss")),
       keep_preds_(outputs_ && accumulate), keep_inputs_(want_inputs_ && accumulate),
-      keep_losses_(want_losses_ && accumulate) {
-  loss_sum_ = torch::zeros({}, torch::TensorOptions().device(device).dtype(torch::kDouble));
-}
+      keep_losses_(want_losses_ && accumulate), engine_device_(device) {}
 
 LOOM_INLINE void EvalAccumulator::add(const PredictionOutput& p, int64_t n, const torch::Tensor& inputs) {
   if (p.loss.defined()) {
-    loss_sum_ += p.loss.to(torch::kDouble).reshape({}) * static_cast<double>(n);
-    loss_rows_ += n;
+    batch_losses_.push_back(p.loss.detach().to(torch::kFloat).reshape({1}));
+    batch_loss_rows_.push_back(n);
     // HF repeats each batch's loss once per row (losses.repeat(batch_size)).
     if (keep_losses_) losses_.add(p.loss.detach().to(torch::kFloat).reshape({1}).expand({n}));
   }
@@ -132,24 +170,41 @@ LOOM_INLINE torch::Tensor EvalAccumulator::collect(Stream& stream) {
 LOOM_INLINE PredictResult EvalAccumulator::finish() {
   flush();
   PredictResult result;
+  // The batches' losses and rows ([batches, 2], float32 losses exactly in double), every rank's
+  // in batch order (HF gathers each batch's repeated loss in its round).
+  {
+    torch::Tensor local;
+    if (!batch_losses_.empty())
+      local = torch::stack({torch::cat(batch_losses_).to(torch::kCPU, torch::kDouble),
+                            torch::tensor(batch_loss_rows_, torch::kLong).to(torch::kDouble)},
+                           1);
+    const std::vector<int64_t> sizes(batch_losses_.size(), 1);
+    batch_losses_.clear();
+    if (world_.size > 1) local = gather_in_batch_order(*engine_, world_, num_batches_, local, sizes, "losses");
+    std::vector<float> losses;
+    std::vector<int64_t> rows;
+    if (local.defined())
+      for (int64_t i = 0; i < local.size(0); ++i) {
+        losses.push_back(static_cast<float>(local[i][0].item<double>()));
+        rows.push_back(static_cast<int64_t>(local[i][1].item<double>()));
+      }
+    loss_ = mean_of_repeated_losses(losses, rows, args_->logging_nan_inf_filter);
+  }
   // Every rank must run the same gathers: the label fields any rank kept are agreed on in
   // the all-reduce of the loss sums (a rank may have had no batch at all).
   constexpr int64_t kMaxLabelFields = 16;
   check(labels_.size() <= static_cast<std::size_t>(kMaxLabelFields), "evaluation keeps at most {} label fields, got {}",
         kMaxLabelFields, labels_.size());
   if (world_.size > 1) {
-    auto totals = torch::zeros({3 + kMaxLabelFields}, loss_sum_.options());
-    totals[0] = loss_sum_;
-    totals[1] = static_cast<double>(loss_rows_);
-    totals[2] = static_cast<double>(rows_);
-    for (std::size_t i = 0; i < labels_.size(); ++i) totals[3 + static_cast<int64_t>(i)] = 1.0;
+    auto totals = torch::zeros({1 + kMaxLabelFields}, torch::kDouble);
+    totals[0] = static_cast<double>(rows_);
+    for (std::size_t i = 0; i < labels_.size(); ++i) totals[1 + static_cast<int64_t>(i)] = 1.0;
+    totals = totals.to(engine_device_);
     engine_->all_reduce(totals, "the evaluation all-reduce");
     const auto host = totals.cpu();
-    loss_sum_ = host[0].to(loss_sum_.device());
-    loss_rows_ = static_cast<int64_t>(host[1].item<double>());
-    rows_ = static_cast<int64_t>(host[2].item<double>());
+    rows_ = static_cast<int64_t>(host[0].item<double>());
     for (int64_t i = 0; i < kMaxLabelFields; ++i)
-      if (host[3 + i].item<double>() > 0 && static_cast<int64_t>(labels_.size()) <= i)
+      if (host[1 + i].item<double>() > 0 && static_cast<int64_t>(labels_.size()) <= i)
         labels_.resize(static_cast<std::size_t>(i) + 1, Stream{"labels"});
   }
   if (!keep_preds_) return result;
@@ -163,7 +218,7 @@ LOOM_INLINE PredictResult EvalAccumulator::finish() {
 
 LOOM_INLINE Metrics EvalAccumulator::metrics(Metrics raw, const std::string& prefix,
                                              std::chrono::steady_clock::time_point start) const {
-  if (loss_rows_ > 0) raw.set("loss", loss_sum_.item<double>() / static_cast<double>(loss_rows_));
+  if (loss_) raw.set("loss", *loss_);
   Metrics metrics;
   for (const auto& [k, v] : raw) metrics.set(k.rfind(prefix + "_", 0) == 0 ? k : prefix + "_" + k, v);
   const double steps = std::ceil(static_cast<double>(rows_) / static_cast<double>(args_->per_device_eval_batch_size));

@@ -125,11 +125,29 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
 
 }  // namespace detail
 
-LOOM_INLINE torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels, bool fused_upcast) {
+namespace detail {
+// nll_loss's reduction for a causal LM's loss: the mean over the counted tokens, or their sum
+// when it is divided by num_items_in_batch after (transformers' fixed_cross_entropy).
+inline at::Reduction::Reduction loss_reduction(const torch::Tensor& num_items_in_batch) {
+  return num_items_in_batch.defined() ? at::Reduction::Sum : at::Reduction::Mean;
+}
+// The reduced loss divided by num_items_in_batch when there is one (float32 by float32, as
+// transformers divides).
+inline torch::Tensor divided_by_items(const torch::Tensor& loss, const torch::Tensor& num_items_in_batch) {
+  if (!num_items_in_batch.defined()) return loss;
+  return loss / num_items_in_batch.to(loss.device(), torch::kFloat);
+}
+}  // namespace detail
+
+LOOM_INLINE torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels, bool fused_upcast,
+                                         const torch::Tensor& num_items_in_batch) {
   const int64_t vocab = logits.size(-1);
   const auto shifted = detail::shifted_labels(labels);
-  return at::nll_loss_nd(detail::float_log_probs(logits.reshape({-1, vocab}), fused_upcast),
-                         shifted.view({-1}).to(logits.device()), {}, at::Reduction::Mean, data::ignore_index);
+  return detail::divided_by_items(
+      at::nll_loss_nd(detail::float_log_probs(logits.reshape({-1, vocab}), fused_upcast),
+                      shifted.view({-1}).to(logits.device()), {}, detail::loss_reduction(num_items_in_batch),
+                      data::ignore_index),
+      num_items_in_batch);
 }
 
 LOOM_INLINE torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
@@ -200,15 +218,26 @@ inline bool use_chunked_head(std::optional<bool> chunked, int64_t scored, int64_
 
 LOOM_INLINE torch::Tensor scored_causal_lm_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
                                                 const torch::Tensor& labels, bool fast, std::optional<bool> chunked,
-                                                std::optional<double> softcap) {
+                                                std::optional<double> softcap,
+                                                const torch::Tensor& num_items_in_batch) {
   const auto s = detail::scored_positions(labels, hidden.device());
-  if (detail::use_chunked_head(chunked, s.index.size(0), weight.size(0), softcap))
-    return linear_cross_entropy(detail::scored_rows(hidden, s), weight, s.shifted.index_select(0, s.index), fast);
+  const int64_t scored = s.index.size(0);
+  // (No scored token: the unchunked form, whose sum is 0.)
+  if (scored > 0 && detail::use_chunked_head(chunked, scored, weight.size(0), softcap)) {
+    auto mean = linear_cross_entropy(detail::scored_rows(hidden, s), weight, s.shifted.index_select(0, s.index), fast);
+    // The mean over this batch's tokens rescaled to the sum over num_items_in_batch.
+    return num_items_in_batch.defined()
+               ? detail::divided_by_items(mean * static_cast<double>(scored), num_items_in_batch)
+               : mean;
+  }
   // Each scored row's log-probability at its position, reduced by nll_loss as causal_lm_loss
   // reduces the whole [positions, vocab]: the same rows, summed in the same order (nll_loss's
   // cascade runs over every position, the unscored skipped).
-  return at::nll_loss_nd(detail::placed_log_probs(hidden, weight, s, fast, softcap).unsqueeze(1), s.shifted.masked_fill(s.scored, 0),
-                         {}, at::Reduction::Mean, data::ignore_index);
+  return detail::divided_by_items(
+      at::nll_loss_nd(detail::placed_log_probs(hidden, weight, s, fast, softcap).unsqueeze(1),
+                      s.shifted.masked_fill(s.scored, 0), {}, detail::loss_reduction(num_items_in_batch),
+                      data::ignore_index),
+      num_items_in_batch);
 }
 
 namespace detail {
@@ -352,12 +381,15 @@ LOOM_INLINE torch::Tensor lm_head_logits(const torch::Tensor& hidden, const torc
 
 LOOM_INLINE CausalLMOutput causal_lm_output(const torch::Tensor& hidden, const torch::Tensor& weight,
                                             const torch::Tensor& labels, bool fast, std::optional<double> softcap) {
-  if (const auto& request = forward_request(); labels.defined() && !request.logits)
-    return {scored_causal_lm_loss(hidden, weight, labels, fast, request.chunked_lm_loss, softcap), torch::Tensor()};
+  const auto& request = forward_request();
+  if (labels.defined() && !request.logits)
+    return {scored_causal_lm_loss(hidden, weight, labels, fast, request.chunked_lm_loss, softcap,
+                                  request.num_items_in_batch),
+            torch::Tensor()};
   const auto all = lm_head_logits(hidden, weight, fast, softcap);
   CausalLMOutput out;
   out.logits = all.narrow(-1, 0, weight.size(0));
-  if (labels.defined()) out.loss = causal_lm_loss(all, labels, fast);
+  if (labels.defined()) out.loss = causal_lm_loss(all, labels, fast, request.num_items_in_batch);
   return out;
 }
 

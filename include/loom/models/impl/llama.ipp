@@ -556,6 +556,14 @@ inline torch::Tensor apply_rope(const torch::Tensor& t, const torch::Tensor& c, 
   return torch::cat({(turned * c) + (rotate_half(turned) * s), t.narrow(-1, rotary, t.size(-1) - rotary)}, -1);
 }
 
+// transformers' repeat_kv: the key/value heads [batch, kv_heads, seq, head_dim] each repeated
+// `groups` times in place, [batch, kv_heads * groups, seq, head_dim].
+inline torch::Tensor repeat_kv(const torch::Tensor& t, int64_t groups) {
+  if (groups == 1) return t;
+  const int64_t batch = t.size(0), kv_heads = t.size(1), seq = t.size(2), head_dim = t.size(3);
+  return t.unsqueeze(2).expand({batch, kv_heads, groups, seq, head_dim}).reshape({batch, kv_heads * groups, seq, head_dim});
+}
+
 // The half-precision dtype the flash kernel runs in for `q`: its own, or autocast's on CUDA;
 // none when neither is half precision.
 inline std::optional<torch::ScalarType> flash_dtype(const torch::Tensor& q) {
@@ -604,14 +612,22 @@ LOOM_INLINE torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, co
           is_training() ? dropout_ : 0.0, /*is_causal=*/true, /*return_debug_mask=*/false, scaling_));
       return o_proj(out.reshape({batch, seq, -1}));
     }
-  // Causal, or a mask: packed documents (causal within each) and / or the sliding window (SDPA's
-  // math or memory-efficient kernel).
+  // Causal, or a mask: padding, packed documents (causal within each) and / or the sliding
+  // window. transformers' sdpa_attention_forward: grouped heads by SDPA's enable_gqa without a
+  // mask (head_dim up to 256), else the key/value heads repeated (repeat_kv), which also keeps
+  // a masked CUDA call off SDPA's math kernel (the memory-efficient one takes no enable_gqa).
   const double dropout = is_training() ? dropout_ : 0.0;
-  auto y = attention_mask.defined()
-               ? at::scaled_dot_product_attention(q, k, v, attention_mask, dropout, /*is_causal=*/false, scaling_,
-                                                  kv_heads_ != heads_)
-               : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout, /*is_causal=*/seq > 1, scaling_,
-                                                  kv_heads_ != heads_);
+  const int64_t groups = heads_ / kv_heads_;
+  torch::Tensor y;
+  if (attention_mask.defined())
+    y = at::scaled_dot_product_attention(q, detail::repeat_kv(k, groups), detail::repeat_kv(v, groups), attention_mask,
+                                         dropout, /*is_causal=*/false, scaling_);
+  else if (groups > 1 && head_dim_ > 256)
+    y = at::scaled_dot_product_attention(q, detail::repeat_kv(k, groups), detail::repeat_kv(v, groups), {}, dropout,
+                                         /*is_causal=*/seq > 1, scaling_);
+  else
+    y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout, /*is_causal=*/seq > 1, scaling_,
+                                         /*enable_gqa=*/groups > 1);
   y = y.transpose(1, 2).contiguous().reshape({batch, seq, -1}).contiguous();
   return o_proj(y);
 }
@@ -652,12 +668,8 @@ LOOM_INLINE torch::Tensor LlamaAttentionImpl::forward_step(const torch::Tensor& 
                                          false, scaling_)
             .reshape({batch, -1, seq, head_dim_});
   } else {
-    const auto repeat = [&](const torch::Tensor& t) {
-      if (groups == 1) return t;
-      return t.unsqueeze(2).expand({batch, kv_heads_, groups, t.size(2), head_dim_}).reshape(
-          {batch, heads_, t.size(2), head_dim_});
-    };
-    y = at::scaled_dot_product_attention(q, repeat(k), repeat(v), masked.sdpa_mask(), 0.0, causal, scaling_);
+    y = at::scaled_dot_product_attention(q, detail::repeat_kv(k, groups), detail::repeat_kv(v, groups),
+                                         masked.sdpa_mask(), 0.0, causal, scaling_);
   }
   y = y.transpose(1, 2).contiguous().reshape({batch, seq, -1}).contiguous();
   return o_proj(y);
@@ -669,17 +681,12 @@ LOOM_INLINE torch::Tensor LlamaAttentionImpl::eager_attention(const torch::Tenso
   // (divide, tanh, multiply), the mask (an added finfo.min there: the same value, as |scores| is
   // far below its rounding), softmax in float32 back to q's dtype, dropout, the values.
   const int64_t groups = heads_ / kv_heads_;
-  const auto repeat = [&](const torch::Tensor& t) {
-    if (groups == 1) return t;
-    return t.unsqueeze(2).expand({t.size(0), kv_heads_, groups, t.size(2), head_dim_}).reshape(
-        {t.size(0), heads_, t.size(2), head_dim_});
-  };
-  auto scores = torch::matmul(q, repeat(k).transpose(2, 3)) * scaling_;
+  auto scores = torch::matmul(q, detail::repeat_kv(k, groups).transpose(2, 3)) * scaling_;
   if (softcap_) scores = torch::tanh(scores / *softcap_) * *softcap_;
   scores = scores.masked_fill(mask.logical_not(), detail::lowest_value(scores.scalar_type()));
   auto weights = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
   if (is_training() && dropout_ > 0) weights = torch::dropout(weights, dropout_, /*train=*/true);
-  return torch::matmul(weights, repeat(v));
+  return torch::matmul(weights, detail::repeat_kv(v, groups));
 }
 
 LOOM_INLINE LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c)
