@@ -134,11 +134,9 @@ class Trainer {
   template <class Batch>
   auto compute_loss(Model& model, Batch& batch);
 
-  /// Forward and backward of one micro-batch; the loss is divided by `loss_divisor`, the items
-  /// of its accumulation group over the micro-batch's (gradient_accumulation_steps when the
-  /// batches are equal, as HF divides), or 1 when the model divides its summed loss by the
-  /// group's count itself (a causal LM under the default compute_loss: HF's
-  /// num_items_in_batch). Returns the divided loss, detached.
+  /// Forward and backward of one micro-batch; the loss is divided by `loss_divisor`: the group's
+  /// items over the micro-batch's, as HF divides, or 1 when the model divides its summed loss by
+  /// HF's num_items_in_batch itself (model_divides_by_items). Returns the divided loss, detached.
   template <class Batch>
   torch::Tensor training_step(Model& model, Batch& batch, double loss_divisor);
 
@@ -370,16 +368,13 @@ class Trainer {
   [[nodiscard]] const dist::World& world() const { return acc_->world(); }
   /// The sharding engine (its process group: sharding().comm(), null for NoShard).
   [[nodiscard]] dist::Engine& sharding() { return acc_->sharding(); }
-  /// Bytes this rank holds for parameters, gradients and optimizer state, measured after the
-  /// first optimizer step of the last train() (zero before).
+  /// Bytes of parameters, gradients and optimizer state here after the last train()'s first step.
   [[nodiscard]] const dist::StateBytes& model_state_bytes() const { return acc_->model_state_bytes(); }
   /// The memory plan printed at start-up (docs/distributed.md "Memory plan"); none before the model is prepared.
   [[nodiscard]] const std::optional<MemoryPlan>& memory_plan() const { return acc_->memory_plan(); }
   /// The optimizer (after train() created it).
   [[nodiscard]] optim::Optimizer& optimizer() { return acc_->optimizer(); }
-  /// The parts this Trainer is built from, as a hand-written loop uses them (HF's
-  /// trainer.accelerator): its engine, precision, optimizer step and checkpoint writer.
-  [[nodiscard]] accelerator_type& accelerator() { return *acc_; }
+  [[nodiscard]] accelerator_type& accelerator() { return *acc_; }  ///< engine, precision, steps, checkpoints (HF's)
 
  protected:
   /// The object hooks are called on: the subclass, or this Trainer when Derived is void.
@@ -419,14 +414,7 @@ class Trainer {
   template <class Batch>
   TrainOutput train_impl();
 
-  // HF's rule for who normalizes a training loss: a model that takes num_items_in_batch
-  // (accepts_num_items_in_batch) under the default compute_loss, without label smoothing,
-  // divides its summed loss by the group's count itself, and the Trainer divides by nothing
-  // more; otherwise the Trainer divides the batch's mean by (group items / batch items).
-  [[nodiscard]] bool model_divides_by_items() const {
-    if constexpr (requires { &Self::compute_loss; } || !detail::accepts_num_items_in_batch<Model>()) return false;
-    else return args_.label_smoothing_factor == 0;
-  }
+  [[nodiscard]] bool model_divides_by_items() const;  // HF's rule: who divides (trainer_steps.hpp)
 
   // Fires `Event` on every callback with HF's keyword arguments (and the event's extra).
   template <class Event, class... X>

@@ -66,6 +66,16 @@ auto Trainer<Derived, Model, Policies...>::get_train_dataloader() {
                              acc_->train_sampler(train_lengths_), data::Shard{acc_->world().rank, acc_->world().size});
 }
 
+// HF's rule for who normalizes a training loss: a model that takes num_items_in_batch
+// (accepts_num_items_in_batch) under the default compute_loss, without label smoothing,
+// divides its summed loss by the group's count itself, and the Trainer divides by nothing
+// more; otherwise the Trainer divides the batch's mean by (group items / batch items).
+template <class Derived, class Model, class... Policies>
+bool Trainer<Derived, Model, Policies...>::model_divides_by_items() const {
+  if constexpr (requires { &Self::compute_loss; } || !detail::accepts_num_items_in_batch<Model>()) return false;
+  else return args_.label_smoothing_factor == 0;
+}
+
 template <class Derived, class Model, class... Policies>
 template <class Event, class... X>
 void Trainer<Derived, Model, Policies...>::fire(const X&... x) {
