@@ -7,7 +7,6 @@
 #include <loom/distributed/full_shard_unit.hpp>
 #include <loom/optim/catalog.hpp>
 #include <loom/optim/optimizer.hpp>
-#include <loom/peft/lora.hpp>
 #include <loom/policy/catalog.hpp>
 #include <loom/accelerate/memory_plan.hpp>
 
@@ -194,11 +193,13 @@ LOOM_INLINE MemoryPlanInputs memory_plan_inputs(const torch::nn::Module& module,
   in.deferred = has_storage_less_parameters(module);
   // FullShard's units, chosen as the engine chooses them (each parameter in its innermost unit).
   std::unordered_map<const c10::TensorImpl*, int> unit_of;
+  std::unordered_map<const torch::nn::Module*, int> module_unit;
   int units = 0;
   for (const auto& c : dist::unit_candidates(module, loom::detail::wrap_classes_of(args), args.fsdp_min_num_params)) {
     if (!c.chosen) continue;
     ++units;
     for (const auto& p : c.module->parameters(true)) unit_of[p.unsafeGetTensorImpl()] = units;
+    for (const auto& m : c.module->modules(/*include_self=*/true)) module_unit[m.get()] = units;
   }
   const auto options = optim::options_from_args(args);
   const optim::Rule* rule = optim::find_rule(options.algorithm);
@@ -207,6 +208,7 @@ LOOM_INLINE MemoryPlanInputs memory_plan_inputs(const torch::nn::Module& module,
     q.numel = p.numel();
     q.element_size = static_cast<int64_t>(p.element_size());
     q.trainable = p.requires_grad();
+    q.shardable = q.trainable || p.is_floating_point();  // as the engine keeps a frozen integer tensor whole
     const auto u = unit_of.find(p.unsafeGetTensorImpl());
     q.unit = u == unit_of.end() ? 0 : u->second;
     if (q.trainable) {
@@ -215,17 +217,17 @@ LOOM_INLINE MemoryPlanInputs memory_plan_inputs(const torch::nn::Module& module,
     }
     in.params.push_back(q);
   }
-  // A 4-bit base's layers (QLoRA): their bytes, frozen, in the unit of their (empty) weight.
-  for (const auto& item : module.named_modules("", /*include_self=*/false)) {
-    const auto* layer = item.value()->as<peft::AdaptableLinear>();
-    if (layer == nullptr || !layer->quantized()) continue;
+  // Modules' frozen state (a 4-bit base's codes and absmaxes, QLoRA): bytes, frozen, in the
+  // unit of their module; FullShard shards them with it (its bytes buffer, padded per tensor to 4
+  // bytes, which the plan leaves out).
+  for (const auto& [name, state] : module_states(module)) {
     MemoryPlanInputs::Param q;
-    q.numel = layer->quantized_weight().bytes();
+    for (const auto& t : state->state_tensors()) q.numel += t.numel() * static_cast<int64_t>(t.element_size());
+    if (q.numel == 0) continue;
     q.element_size = 1;
     q.trainable = false;
-    q.shardable = false;
-    const auto u = unit_of.find(layer->weight.unsafeGetTensorImpl());
-    q.unit = u == unit_of.end() ? 0 : u->second;
+    const auto u = module_unit.find(dynamic_cast<const torch::nn::Module*>(state));
+    q.unit = u == module_unit.end() ? 0 : u->second;
     in.params.push_back(q);
   }
   return in;
