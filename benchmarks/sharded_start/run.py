@@ -11,7 +11,8 @@ save included) two ways:
   * full fine-tuning with plain SGD (--use_peft false --optim sgd), the whole model saved;
   * QLoRA (the same adapter on an NF4 base, double-quantized: --load_in_4bit
     --use_bnb_nested_quant): built without memory in every run, each layer quantized as it is
-    read; one process keeps the whole 4-bit base, each FullShard rank its shard of it. Each run
+    read; one process keeps the whole 4-bit base, each FullShard rank its shard of it; the merged
+    model (the base dequantized, float32) saved too, unit by unit. Each run
     also prints what each rank holds of the 4-bit base (the example's "holds the 4-bit base"
     line).
 Each way runs as one process (--sharding no) and under torchrun at each --ranks world size
@@ -80,7 +81,7 @@ def run(opts, folder, way, world, tag):
     if way == "full_sgd":
         flags += ["--use_peft", "false", "--optim", "sgd"]
     if way == "qlora":
-        flags += ["--load_in_4bit", "--use_bnb_nested_quant"]
+        flags += ["--load_in_4bit", "--use_bnb_nested_quant", "--lora_save_merged"]
     wrapper = [sys.executable, os.path.abspath(__file__), "--measure", peaks, "--"]
     # glibc keeps freed blocks below its mmap threshold (up to 32 MB) in the heap, where the
     # RSS still counts them; every run, one process or a rank, returns them at once instead.

@@ -14,6 +14,11 @@
 //   - or the slices of the weight files that from_pretrained (under the scope) or
 //     --model_name_or_path named, read straight from the files, never the whole tensor.
 //
+// A module may keep frozen tensors outside its parameters (ModuleState: a 4-bit layer's codes
+// and absmaxes). Under the scope they are storage-less too, and materializing computes them
+// from the module's parameter values (a 4-bit layer reads its whole weight and quantizes it),
+// one module at a time; FullShard then keeps only this rank's shard of their bytes.
+//
 // A storage-less tensor is a CPU or CUDA tensor whose storage holds no bytes (numel > 0,
 // nbytes 0): unlike a meta tensor it can take a parameter's place (set_data) and move between
 // devices here without a copy. No arithmetic may touch it before it is materialized; the
