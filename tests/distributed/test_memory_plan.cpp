@@ -10,6 +10,7 @@
 #include "trainer_support.hpp"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -269,4 +270,20 @@ TEST_CASE("memory plan: a 4-bit base's bytes are frozen state of their unit, who
   CHECK(sharded.frozen == bytes / 2);  // each unit's 4232 bytes, split in two
   // Gathered at the peak: one unit's 4-bit bytes beside the root (the float head, 387 values padded to 388).
   CHECK(sharded.gathered == 4232.0 + 388 * 4);
+  // Built under DeferredInit the 4-bit tensors hold no memory yet: the same bytes planned, and
+  // the set-up peak adds one layer materialized (its float32 weight and quantize_4bit's scratch,
+  // 8192 values x (4 + 8) bytes) beside its 4-bit bytes whole.
+  std::optional<plan_test::FourBit> lazy;
+  {
+    const loom::DeferredInit scope;
+    lazy.emplace();
+  }
+  loom::peft::quantize_base_4bit(**lazy, {.quant_type = loom::peft::Bnb4Type::nf4, .use_double_quant = true});
+  const auto lazy_in = loom::memory_plan_inputs(**lazy, args, loom::sharding::FullShard::facts, 2);
+  CHECK(lazy_in.deferred);
+  const auto lazy_plan = loom::make_memory_plan(lazy_in);
+  CHECK(lazy_plan.frozen == sharded.frozen);
+  CHECK(lazy_plan.setup == lazy_plan.params + lazy_plan.frozen + 4232 + 8192 * 12);
+  const auto ddp_lazy = loom::make_memory_plan(loom::memory_plan_inputs(**lazy, args, loom::sharding::DDP::facts, 2));
+  CHECK(ddp_lazy.setup == ddp_lazy.params + ddp_lazy.frozen + ddp_lazy.grads + 8192 * 12);
 }

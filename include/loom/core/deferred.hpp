@@ -142,6 +142,9 @@ class ModuleState {
   virtual void materialize_state(const DeferredValues& values, const std::string& prefix) = 0;
   /// Replaces the tensors by `tensors`: the same shapes and dtypes, in state_tensors' order.
   virtual void set_state_tensors(const std::vector<torch::Tensor>& tensors) = 0;
+  /// The bytes materialize_state holds for a moment besides the state (what the memory plan's
+  /// set-up peak adds); 0 once materialized.
+  [[nodiscard]] virtual double materialize_bytes() const { return 0; }
 };
 
 /// Each ModuleState of `module` once, with its name in `module` (pre-order).

@@ -100,6 +100,9 @@ class AdaptableLinearImpl : public torch::nn::Module, public ModuleState {
   [[nodiscard]] LOOM_INLINE std::vector<torch::Tensor> state_tensors() const override;
   LOOM_INLINE void materialize_state(const DeferredValues& values, const std::string& prefix) override;
   LOOM_INLINE void set_state_tensors(const std::vector<torch::Tensor>& tensors) override;
+  /// Not materialized yet: the whole weight in its dtype and quantize_4bit's float32 scratch
+  /// (the scaled values and their code indices), about weight + 8 bytes a value.
+  [[nodiscard]] LOOM_INLINE double materialize_bytes() const override;
   [[nodiscard]] bool quantized() const { return quantized_.has_value(); }
   /// The 4-bit state (quantized() only).
   [[nodiscard]] LOOM_INLINE const Bnb4Weight& quantized_weight() const;

@@ -36,11 +36,12 @@ LOOM_INLINE MemoryPlan make_memory_plan(const MemoryPlanInputs& in) {
   plan.sharding = std::string(f.name);
   plan.activations = in.activations;
   plan.activation_note = in.activation_note;
-  double whole = 0, largest = 0;      // the model as built (its parameters' bytes), its largest parameter
+  double whole = 0, largest = 0, transient = 0;  // the model as built (its parameters' bytes), its largest parameter
   for (const auto& p : in.params) {
     const auto bytes = static_cast<double>(p.numel * p.element_size);
     whole += bytes;
-    largest = std::max(largest, bytes);
+    largest = std::max(largest, bytes + p.materialize);
+    transient = std::max(transient, p.materialize);
   }
   std::map<int, int64_t> unit_numel;  // FullShard: trainable elements per unit
   std::map<std::pair<int, int64_t>, int64_t> frozen_numel;  // FullShard: frozen elements per (unit, element size)
@@ -93,9 +94,11 @@ LOOM_INLINE MemoryPlan make_memory_plan(const MemoryPlanInputs& in) {
   // Set-up: the engine's parameters, and its gradients except under FullShard (whose gradient
   // shards come with the first reduction), beside them under FullShard the model whole as
   // built until it is sharded, or, built under loom::DeferredInit, the one parameter being
-  // materialized (drawn whole on the host, then sliced). (The bucket engines' staging copy,
-  // one bucket, is transient as in training.)
-  plan.setup = plan.params + plan.frozen + (f.shards_parameters ? (in.deferred ? largest : whole) : plan.grads);
+  // materialized (drawn whole on the host, then sliced; a 4-bit layer's float weight while it
+  // is quantized, which the other policies hold for a moment too). (The bucket engines'
+  // staging copy, one bucket, is transient as in training.)
+  plan.setup = plan.params + plan.frozen +
+               (f.shards_parameters ? (in.deferred ? largest : whole) : plan.grads + (in.deferred ? transient : 0));
   if (in.offload_optimizer) {
     // The step runs on host copies: the state, each piece's gradient, and the piece itself
     // unless it lives on the host already (--offload_param).
@@ -226,6 +229,7 @@ LOOM_INLINE MemoryPlanInputs memory_plan_inputs(const torch::nn::Module& module,
     if (q.numel == 0) continue;
     q.element_size = 1;
     q.trainable = false;
+    q.materialize = state->materialize_bytes();
     const auto u = module_unit.find(dynamic_cast<const torch::nn::Module*>(state));
     q.unit = u == module_unit.end() ? 0 : u->second;
     in.params.push_back(q);

@@ -379,6 +379,11 @@ LOOM_INLINE void AdaptableLinearImpl::materialize_state(const DeferredValues& va
   quantized_ = peft::quantize_4bit(fan_in_fan_out_ ? w.t() : w, q.quant_type, q.nested(), q.blocksize).to(device);
 }
 
+LOOM_INLINE double AdaptableLinearImpl::materialize_bytes() const {
+  if (!quantized_ || !holds_no_storage(*this)) return 0;
+  return static_cast<double>(quantized_->numel()) * static_cast<double>(c10::elementSize(quantized_->dtype) + 8);
+}
+
 LOOM_INLINE torch::Tensor AdaptableLinearImpl::merged_weight() const {
   torch::NoGradGuard no_grad;
   if (quantized_) {
