@@ -8,7 +8,13 @@ with model.safetensors.index.json. examples/llama_sft then trains it from that f
 --steps steps (--do_train: packed windows of 128 tokens, batch 1, fp32, no evaluation, the final
 save included) two ways:
   * LoRA (r 16 on q_proj and v_proj: the example's default), the adapter saved;
-  * full fine-tuning with plain SGD (--use_peft false --optim sgd), the whole model saved.
+  * full fine-tuning with plain SGD (--use_peft false --optim sgd), the whole model saved;
+  * QLoRA (the same adapter on an NF4 base, double-quantized: --load_in_4bit
+    --use_bnb_nested_quant): built without memory in every run, each layer quantized as it is
+    read; one process keeps the whole 4-bit base, each FullShard rank its shard of it; the merged
+    model (the base dequantized, float32) saved too, unit by unit. Each run
+    also prints what each rank holds of the 4-bit base (the example's "holds the 4-bit base"
+    line).
 Each way runs as one process (--sharding no) and under torchrun at each --ranks world size
 (--sharding full_shard: the example builds the model under loom::DeferredInit, so each rank
 materializes only its slices). The same runs on a tiny model (hidden 32, 2 layers) give the
@@ -23,11 +29,12 @@ One intra-op thread (OMP_NUM_THREADS=1); glibc's mmap threshold at 64 KiB for ev
 ranks alike.
 
   .venv/bin/python benchmarks/sharded_start/run.py --example build/examples/llama_sft \\
-      --data data/kjv_sft --work /tmp/sharded_start [--ranks 2,4] [--steps 1]
+      --data data/kjv_sft --work /tmp/sharded_start [--ranks 2,4] [--steps 1] [--ways lora,full_sgd,qlora]
 """
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -73,6 +80,8 @@ def run(opts, folder, way, world, tag):
              "--sharding", "full_shard" if world > 1 else "no"]
     if way == "full_sgd":
         flags += ["--use_peft", "false", "--optim", "sgd"]
+    if way == "qlora":
+        flags += ["--load_in_4bit", "--use_bnb_nested_quant", "--lora_save_merged"]
     wrapper = [sys.executable, os.path.abspath(__file__), "--measure", peaks, "--"]
     # glibc keeps freed blocks below its mmap threshold (up to 32 MB) in the heap, where the
     # RSS still counts them; every run, one process or a rank, returns them at once instead.
@@ -84,6 +93,10 @@ def run(opts, folder, way, world, tag):
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    held = sorted((int(r), int(b)) for r, b in re.findall(r"rank (\d+) holds the 4-bit base in (\d+) bytes", done.stdout))
+    if held and tag == "big":
+        print(f"{way}: {world} process(es): " + ", ".join(f"rank {r} holds {b / 1e6:.2f} MB of the 4-bit base"
+                                                         for r, b in held), flush=True)
     return [int(open(f"{peaks}.{r}").read()) for r in range(world)]
 
 
@@ -96,6 +109,7 @@ def main():
     p.add_argument("--work", required=True)
     p.add_argument("--ranks", default="2,4")
     p.add_argument("--steps", type=int, default=1)
+    p.add_argument("--ways", default="lora,full_sgd,qlora")
     p.add_argument("--torchrun", default=os.path.join(os.path.dirname(sys.executable), "torchrun"))
     opts = p.parse_args()
     os.makedirs(opts.work, exist_ok=True)
@@ -104,7 +118,7 @@ def main():
     make_folder(tiny, opts.data, 32, 2, 64)
     worlds = [1] + [int(w) for w in opts.ranks.split(",")]
     mb = 1e6
-    for way in ("lora", "full_sgd"):
+    for way in opts.ways.split(","):
         base = {w: max(run(opts, tiny, way, w, "tiny")) for w in worlds}
         peak = {w: run(opts, big, way, w, "big") for w in worlds}
         one = peak[1][0] - base[1]

@@ -202,9 +202,13 @@ int main(int argc, char** argv) {
     std::optional<std::string> base = args.model_name_or_path;
     const std::string origin = base ? *base : std::string("random init");
     // Under FullShard the model is built without memory (loom::DeferredInit) and each rank
-    // materializes only its slices, unless this program must write the random base whole
-    // first, or quantize a whole base to 4 bits.
-    const bool deferred = loom::sharding_chosen(args).shards_parameters && !(lora && !base) && !lora_args.load_in_4bit;
+    // materializes only its slices (a 4-bit base: each layer quantized whole, one at a time,
+    // and only this rank's shard of its 4-bit bytes kept); with --load_in_4bit under any policy
+    // too, so that each layer is quantized as it is read and the float base is never whole
+    // (transformers' from_pretrained with load_in_4bit). Not when this program must write the
+    // random base whole first.
+    const bool shards = loom::sharding_chosen(args).shards_parameters;
+    const bool deferred = (shards || lora_args.load_in_4bit) && !(lora && !base);
     auto model = hf_example::pretrained_or_random<LlamaForCausalLM>(args, config, deferred);
     // The random base is written aside now (the Trainer may shard the model) and put in place
     // once the Trainer has accepted the run; a start that fails leaves output_dir as it was.
@@ -225,7 +229,7 @@ int main(int argc, char** argv) {
       total += trainable + four_bit.values;
       const auto& c = model->config();
       fmt::print("llama_sft: {} ({}{}) with {} layers, width {}: {:.2f} M parameters, {} trainable ({:.2f}%){}{}\n",
-                 model->architecture_name(), origin, deferred ? ", built without memory: each rank materializes its shards" : "", c.num_hidden_layers, c.hidden_size,
+                 model->architecture_name(), origin, !deferred ? "" : shards ? ", built without memory: each rank materializes its shards" : ", built without memory: each layer quantized as it is read", c.num_hidden_layers, c.hidden_size,
                  static_cast<double>(total) / 1e6, trainable, 100.0 * static_cast<double>(trainable) / static_cast<double>(total),
                  adapter ? fmt::format(", LoRA r={} alpha={}", adapter->r, adapter->lora_alpha) : std::string(", full fine-tuning"),
                  four_bit.layers == 0 ? std::string()
@@ -251,6 +255,9 @@ int main(int argc, char** argv) {
         trainer.save_model();  // the adapter (PEFT's files), or the full model with config.json
         if (adapter && lora_args.lora_save_merged) trainer.save_merged_model();  // <output_dir>/merged
         trainer.log_metrics("train", result.metrics);
+        if (loom::peft::quantized_base(*model).layers > 0)  // each rank's own figure: FullShard keeps a shard
+          fmt::print("llama_sft: rank {} holds the 4-bit base in {} bytes\n", trainer.world().rank,
+                     static_cast<int64_t>(trainer.model_state_bytes().module_state));
       }
       if (args.do_eval) {
         auto metrics = trainer.evaluate();

@@ -10,6 +10,7 @@
 #include "trainer_support.hpp"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -229,4 +230,60 @@ TEST_CASE("memory plan: the set-up peak, the model whole beside the shards unles
   const auto replica = loom::make_memory_plan(in);
   CHECK(replica.setup == replica.params + replica.grads);
   CHECK(replica.setup <= replica.device_total());
+}
+
+namespace plan_test {
+// A block around one projection (a unit's wrapper shows the block's children, not the block).
+struct ProjImpl : torch::nn::Module {
+  ProjImpl(int64_t in, int64_t out) : proj(register_module("proj", loom::peft::AdaptableLinear(in, out, false))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return proj(x); }
+  loom::peft::AdaptableLinear proj;
+};
+TORCH_MODULE(Proj);
+// Two units holding a 64 x 128 projection each, made 4-bit (the head, the last parameter's
+// module, stays float as transformers keeps it).
+struct FourBitImpl : torch::nn::Module {
+  FourBitImpl()
+      : a(register_module("a", loom::FullShardUnit<Proj>(Proj(128, 64)))),
+        b(register_module("b", loom::FullShardUnit<Proj>(Proj(64, 128)))),
+        head(register_module("head", loom::peft::AdaptableLinear(128, 3, true))) {}
+  loom::FullShardUnit<Proj> a, b;
+  loom::peft::AdaptableLinear head;
+};
+TORCH_MODULE(FourBit);
+}  // namespace plan_test
+
+TEST_CASE("memory plan: a 4-bit base's bytes are frozen state of their unit, whole on every rank but sharded by FullShard") {
+  plan_test::FourBit model;
+  CHECK(loom::peft::quantize_base_4bit(*model, {.quant_type = loom::peft::Bnb4Type::nf4, .use_double_quant = true}) == 2);
+  const double bytes = static_cast<double>(loom::peft::quantized_base(*model).bytes);
+  CHECK(bytes == 2 * (4096 + 128 + 4 + 4));  // codes, 8-bit absmaxes, one nested absmax, the offset
+  loom::TrainingArguments args;
+  const auto in = loom::memory_plan_inputs(*model, args, loom::sharding::FullShard::facts, 2);
+  std::vector<int> state_units;
+  for (const auto& p : in.params)
+    if (p.element_size == 1) state_units.push_back(p.unit);
+  CHECK(state_units == std::vector<int>{1, 2});
+  const double ddp_frozen = loom::make_memory_plan(loom::memory_plan_inputs(*model, args, loom::sharding::DDP::facts, 2)).frozen;
+  CHECK(ddp_frozen == bytes);  // DDP: the 4-bit base whole on every rank (the empty weights count nothing)
+  const auto sharded = loom::make_memory_plan(in);
+  CHECK(sharded.frozen == bytes / 2);  // each unit's 4232 bytes, split in two
+  // Gathered at the peak: one unit's 4-bit bytes beside the root (the float head, 387 values padded to 388).
+  CHECK(sharded.gathered == 4232.0 + 388 * 4);
+  // Built under DeferredInit the 4-bit tensors hold no memory yet: the same bytes planned, and
+  // the set-up peak adds one layer materialized (its float32 weight and quantize_4bit's scratch,
+  // 8192 values x (4 + 8) bytes) beside its 4-bit bytes whole.
+  std::optional<plan_test::FourBit> lazy;
+  {
+    const loom::DeferredInit scope;
+    lazy.emplace();
+  }
+  loom::peft::quantize_base_4bit(**lazy, {.quant_type = loom::peft::Bnb4Type::nf4, .use_double_quant = true});
+  const auto lazy_in = loom::memory_plan_inputs(**lazy, args, loom::sharding::FullShard::facts, 2);
+  CHECK(lazy_in.deferred);
+  const auto lazy_plan = loom::make_memory_plan(lazy_in);
+  CHECK(lazy_plan.frozen == sharded.frozen);
+  CHECK(lazy_plan.setup == lazy_plan.params + lazy_plan.frozen + 4232 + 8192 * 12);
+  const auto ddp_lazy = loom::make_memory_plan(loom::memory_plan_inputs(**lazy, args, loom::sharding::DDP::facts, 2));
+  CHECK(ddp_lazy.setup == ddp_lazy.params + ddp_lazy.frozen + ddp_lazy.grads + 8192 * 12);
 }

@@ -9,6 +9,10 @@
   hf_examples_check.py same --keys K... -- DIR...
       the runs' all_results.json agree on the keys (relative 1e-5) and their model.safetensors
       hold the same names and shapes (every rank's part gathered)
+  hf_examples_check.py same_weights [--rtol R] [--bitwise DIR DIR] -- DIR...
+      transformers opens each folder as a causal LM (AutoModelForCausalLM, float32) and every
+      folder's state_dict holds the same names, shapes and values (each tensor within R of the
+      first folder's, relative to its largest magnitude); the two --bitwise folders exactly
   hf_examples_check.py transformers --model DIR --data DIR --results FILE [--block_size N | --max_seq_length N]
       transformers opens the saved folder (model and tokenizer) and, in fp32, gets the held-out
       eval_loss (and for BERT eval_accuracy) that loom reported in FILE
@@ -474,6 +478,35 @@ def same(opts):
     print(f"same results ok: {len(opts.dirs)} runs, " + ", ".join(f"{k} {first[1][k]:.6f}" for k in opts.keys))
 
 
+def same_weights(opts):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    first, worst, states = None, 0.0, {}
+    for d in opts.dirs:
+        state = {k: v.float() for k, v in AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).state_dict().items()}
+        states[d] = state
+        if first is None:
+            first = (d, state)
+            continue
+        if {k: tuple(v.shape) for k, v in state.items()} != {k: tuple(v.shape) for k, v in first[1].items()}:
+            fail(f"{d} holds other tensors than {first[0]}")
+        for k, v in state.items():
+            ref = first[1][k]
+            diff = float((v - ref).abs().max()) / max(float(ref.abs().max()), 1e-30)
+            worst = max(worst, diff)
+            if not diff <= opts.rtol:
+                fail(f"{d}: {k} differs from {first[0]}'s by {diff:.3g} (relative), more than {opts.rtol}")
+    line = f"same weights ok: {len(opts.dirs)} folders, {len(first[1])} tensors, largest difference {worst:.3g} (relative)"
+    if opts.bitwise:
+        a, b = (states[d] for d in opts.bitwise)
+        for k, v in a.items():
+            if not torch.equal(v, b[k]):
+                fail(f"{opts.bitwise[1]}: {k} is not bitwise {opts.bitwise[0]}'s")
+        line += f"; {opts.bitwise[0]} and {opts.bitwise[1]} bitwise"
+    print(line)
+
+
 def transformers_check(opts):
     import numpy as np
     import torch
@@ -543,6 +576,10 @@ def main():
     s = sub.add_parser("same")
     s.add_argument("--keys", nargs="+", required=True)
     s.add_argument("dirs", nargs="+")
+    w = sub.add_parser("same_weights")
+    w.add_argument("--rtol", type=float, default=1e-5)
+    w.add_argument("--bitwise", nargs=2, default=None)
+    w.add_argument("dirs", nargs="+")
     t = sub.add_parser("transformers")
     t.add_argument("--model", required=True)
     t.add_argument("--data", required=True)
@@ -599,7 +636,8 @@ def main():
     b.add_argument("--example", type=int, required=True)
     b.add_argument("--value", type=int, required=True)
     opts = p.parse_args()
-    {"set_label": set_label, "kjv_data": kjv_data, "resumed": resumed, "same": same, "transformers": transformers_check,
+    {"set_label": set_label, "kjv_data": kjv_data, "resumed": resumed, "same": same, "same_weights": same_weights,
+     "transformers": transformers_check,
      "kjv_sft_data": kjv_sft_data, "peft": peft_check, "generate": generate_check,
      "complete": complete_check, "predictions": predictions_check, "classify": classify_check, "kjv_dpo_data": kjv_dpo_data, "same_logs": same_logs,
      "reward_model": reward_model_check}[opts.command](opts)

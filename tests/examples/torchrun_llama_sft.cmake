@@ -3,7 +3,8 @@
 # tiny KJV instruction folder (DATA). Each run prints its banner once, writes a checkpoint with
 # the adapter (one optimizer shard per rank under ZeRO-2 and FullShard) and the final adapter;
 # all three give the same train_loss and eval_loss and save the same adapter tensors. Then
-# QLoRA (--load_in_4bit) under DDP and FullShard, the same losses on both. Then full
+# QLoRA (--load_in_4bit) of the saved base as one process, under DDP and under FullShard (its
+# 4-bit base sharded), the same losses and merged weights on all three. Then full
 # fine-tuning (DDP eager, FullShard built without memory) and a base larger than --max_memory.
 include("${CMAKE_CURRENT_LIST_DIR}/example_outputs.cmake")
 set(base "${OUT}")
@@ -24,21 +25,56 @@ foreach(policy ddp zero2 full_shard)
 endforeach()
 hf_check(same --keys train_loss eval_loss -- ${dirs})
 
-# QLoRA under DDP and FullShard: the 4-bit base (held whole on each rank) under the adapter;
-# both give the same losses and write the adapter.
+# QLoRA of the saved random base (the DDP run's <output_dir>/base) as one process with batch 8
+# and at 2 ranks with batch 4 under DDP (each rank quantizes the whole base and keeps it) and
+# FullShard (built without memory: each rank reads and quantizes one layer at a time from the
+# folder and keeps its shard of the 4-bit bytes): the same losses (float noise: 2 ranks sum their
+# gradients in another order than one batch; no adapter dropout, whose masks are drawn per
+# rank), each FullShard rank holding about half the 4-bit bytes, and merged folders
+# (--lora_save_merged, the 4-bit base dequantized, streamed unit by unit under FullShard) that
+# transformers opens with the same weights: DDP's and FullShard's bitwise, one process's within
+# float noise.
 set(qlora_dirs)
+set(merged_dirs)
+set(qlora_flags --model_name_or_path "${base}/ddp/base" --load_in_4bit --use_bnb_nested_quant --data_dir "${DATA}"
+                --max_steps 3 --warmup_steps 1 --logging_steps 1 --eval_strategy no --save_strategy no --packing 128
+                --lora_r 4 --lora_dropout 0 --bf16 false --lora_save_merged)
+set(OUT "${base}/qlora_one")
+run_example("llama_sft --load_in_4bit" ${qlora_flags} --per_device_train_batch_size 8 --use_cpu)
+string(REGEX MATCH "rank 0 holds the 4-bit base in ([0-9]+) bytes" held "${out}")
+set(one_bytes "${CMAKE_MATCH_1}")
+if(NOT one_bytes)
+  message(FATAL_ERROR "one process did not print the bytes of its 4-bit base")
+endif()
+list(APPEND qlora_dirs "${OUT}")
+list(APPEND merged_dirs "${OUT}/merged")
 foreach(policy ddp full_shard)
   set(OUT "${base}/qlora_${policy}")
   run_torchrun("llama_sft --load_in_4bit --sharding ${policy}" "a nf4 base of 14 layers"
-               --sharding ${policy} --load_in_4bit --use_bnb_nested_quant --data_dir "${DATA}" --max_steps 3
-               --warmup_steps 1 --logging_steps 1 --eval_strategy no --save_steps 3 --hidden_size 32
-               --intermediate_size 64 --num_hidden_layers 2 --num_attention_heads 4 --num_key_value_heads 2
-               --packing 128 --lora_r 4 --bf16 false)
-  check_global_step("${OUT}" 3)
-  check_files("${OUT}" adapter_config.json adapter_model.safetensors eval_results.json)
+               --sharding ${policy} ${qlora_flags})
+  check_files("${OUT}" adapter_config.json adapter_model.safetensors eval_results.json merged/model.safetensors)
+  string(REGEX MATCHALL "rank [01] holds the 4-bit base in [0-9]+ bytes" lines "${out}")
+  list(LENGTH lines n)
+  if(NOT n EQUAL 2)
+    message(FATAL_ERROR "${policy}: expected each of the 2 ranks to print its 4-bit bytes, got ${n} lines")
+  endif()
+  foreach(line IN LISTS lines)
+    string(REGEX REPLACE ".* in ([0-9]+) bytes" "\\1" bytes "${line}")
+    math(EXPR permille "${bytes} * 1000 / ${one_bytes}")
+    message("QLoRA --sharding ${policy}: ${line} (${permille} per mille of one process's ${one_bytes})")
+    if(policy STREQUAL "ddp" AND NOT bytes EQUAL one_bytes)
+      message(FATAL_ERROR "DDP keeps the whole 4-bit base on each rank: ${bytes} bytes, one process ${one_bytes}")
+    endif()
+    # Half, and the padding of each tensor to 4 bytes and of each unit to 2 ranks.
+    if(policy STREQUAL "full_shard" AND (permille LESS 495 OR permille GREATER 505))
+      message(FATAL_ERROR "FullShard: a rank holds ${bytes} bytes of the 4-bit base, not about half of ${one_bytes}")
+    endif()
+  endforeach()
   list(APPEND qlora_dirs "${OUT}")
+  list(APPEND merged_dirs "${OUT}/merged")
 endforeach()
 hf_check(same --keys train_loss eval_loss -- ${qlora_dirs})
+hf_check(same_weights --rtol 1e-5 --bitwise "${base}/qlora_ddp/merged" "${base}/qlora_full_shard/merged" -- ${merged_dirs})
 # Full fine-tuning under DDP and FullShard from the same random init: under FullShard the
 # model is built without memory (loom::DeferredInit) and each rank materializes only its
 # slices of the seeded initialization; the same losses as DDP's whole model.

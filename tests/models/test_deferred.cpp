@@ -1,9 +1,10 @@
 // Models built without memory (loom::DeferredInit, core/deferred.hpp): a Llama-architecture
 // model built under the scope holds no parameter memory; materialized, whole or a slice at a
 // time, it holds exactly what the same model built eagerly holds, from its seeded
-// initialization or from its HF folder (sharded, or read into bfloat16); the Trainer trains it
-// as the eager model, under a single process and under FullShard; families that cannot defer
-// say so.
+// initialization or from its HF folder (sharded, or read into bfloat16); a 4-bit base under
+// it is quantized as it is materialized, to the eager base's bytes; the Trainer trains it (and
+// QLoRA on it) as the eager model, under a single process and under FullShard; families that
+// cannot defer say so.
 
 #include <loom/loom.hpp>
 #include <loom/models/gpt2.hpp>
@@ -151,15 +152,52 @@ TEST_CASE("from_pretrained under DeferredInit reads slices of the folder's files
                        doctest::Contains("shape of model.layers.0.mlp.down_proj.weight"), loom::Error);
 }
 
-TEST_CASE("families without a per-parameter initialization refuse DeferredInit; a storage-less model cannot be quantized") {
+TEST_CASE("families without a per-parameter initialization refuse DeferredInit") {
   const loom::DeferredInit scope;
   loom::models::GPT2Config g;
   g.vocab_size = 50, g.n_positions = 16, g.n_embd = 16, g.n_layer = 1, g.n_head = 2;
   CHECK_THROWS_WITH_AS(loom::models::GPT2LMHeadModel{g}, doctest::Contains("cannot be built under loom::DeferredInit"),
                        loom::Error);
-  LlamaForCausalLM lazy(tiny());
-  CHECK_THROWS_WITH_AS(loom::peft::quantize_base_4bit(*lazy, loom::peft::Bnb4Config{}),
-                       doctest::Contains("holds no memory yet"), loom::Error);
+}
+
+// Each 4-bit layer's state (codes, absmaxes, nested absmaxes, offset) of `a` equals `b`'s, byte for byte.
+inline void check_equal_4bit(const torch::nn::Module& a, const torch::nn::Module& b) {
+  const auto la = loom::peft::adaptable_layers(a), lb = loom::peft::adaptable_layers(b);
+  REQUIRE(la.size() == lb.size());
+  for (std::size_t i = 0; i < la.size(); ++i) {
+    CAPTURE(la[i].first);
+    const auto ta = la[i].second->state_tensors(), tb = lb[i].second->state_tensors();
+    REQUIRE(ta.size() == tb.size());
+    for (std::size_t j = 0; j < ta.size(); ++j) CHECK(torch::equal(ta[j], tb[j]));
+  }
+}
+
+TEST_CASE("a 4-bit base under DeferredInit is quantized as it is materialized, layer by layer: the eager base's bytes") {
+  for (const bool nested : {false, true}) {
+    CAPTURE(nested);
+    const loom::peft::Bnb4Config config{loom::peft::Bnb4Type::nf4, nested, torch::kFloat};
+    torch::manual_seed(5);
+    LlamaForCausalLM eager(tiny());
+    const int layers = loom::peft::quantize_base_4bit(*eager, config);
+    torch::manual_seed(5);
+    std::optional<LlamaForCausalLM> lazy;
+    {
+      const loom::DeferredInit scope;
+      lazy.emplace(tiny());
+    }
+    CHECK(loom::peft::quantize_base_4bit(**lazy, config) == layers);
+    // Sizes known before any value: what the memory plan counts.
+    CHECK(loom::peft::quantized_base(**lazy).bytes == loom::peft::quantized_base(*eager).bytes);
+    CHECK(loom::module_state_bytes(**lazy) == static_cast<double>(loom::peft::quantized_base(*eager).bytes));
+    for (const auto& [name, layer] : loom::peft::adaptable_layers(**lazy))
+      if (layer->quantized()) CHECK(loom::holds_no_storage(*layer));
+    CHECK(loom::has_storage_less_parameters(**lazy));
+    loom::materialize(**lazy);
+    CHECK_FALSE(loom::has_storage_less_parameters(**lazy));
+    check_equal_4bit(**lazy, *eager);
+    const auto ids = torch::randint(3, 100, {2, 7});
+    CHECK(torch::equal((*lazy)->logits(ids), eager->logits(ids)));
+  }
 }
 
 // Windows of 16 random tokens (own generator).
@@ -197,13 +235,22 @@ std::vector<double> train_losses(T& trainer) {
   return out;
 }
 
+// QLoRA's base and adapter: nested NF4 under LoRA r 4 on q_proj and v_proj.
+inline void make_qlora(torch::nn::Module& model) {
+  loom::peft::quantize_base_4bit(model, {loom::peft::Bnb4Type::nf4, true, torch::kFloat});
+  loom::peft::LoraConfig lora;
+  lora.r = 4, lora.lora_alpha = 8, lora.target_modules = {"q_proj", "v_proj"};
+  loom::peft::apply_lora(model, lora);
+}
+
 template <class T>
-void check_trains_as_eager(const std::string& name, bool from_folder) {
+void check_trains_as_eager(const std::string& name, bool from_folder, bool qlora = false) {
   const auto data = windows(32, 4);
   const auto dir = loom_test::fresh_dir("models/deferred_" + name);
   torch::manual_seed(8);
   LlamaForCausalLM eager(tiny());
   if (from_folder) eager->save_pretrained(dir / "base");
+  if (qlora) make_qlora(*eager);
   auto eager_args = args_for("models/deferred_" + name + "/eager");
   T eager_trainer(eager_args, eager, data);
   const auto want = train_losses(eager_trainer);
@@ -214,6 +261,7 @@ void check_trains_as_eager(const std::string& name, bool from_folder) {
     const loom::DeferredInit scope;
     lazy.emplace(from_folder ? LlamaForCausalLM::from_pretrained(dir / "base") : LlamaForCausalLM(tiny()));
   }
+  if (qlora) make_qlora(**lazy);  // the 4-bit tensors hold no memory yet
   auto lazy_args = args_for("models/deferred_" + name + "/lazy");
   T lazy_trainer(lazy_args, *lazy, data);
   constexpr bool sharded = std::is_same_v<T, ShardedTrainer>;
@@ -222,6 +270,30 @@ void check_trains_as_eager(const std::string& name, bool from_folder) {
   const auto got = train_losses(lazy_trainer);
   REQUIRE(want.size() == 4);
   CHECK(got == want);
+  if (qlora) {
+    // The 4-bit bytes of the eager base (FullShard in a world of one: its shard is the whole
+    // unit, which the layers show), counted by the engine; the merged folders alike, bitwise
+    // (FullShard's written unit by unit).
+    check_equal_4bit(**lazy, *eager);
+    const auto base = loom::peft::quantized_base(*eager);
+    const double held = lazy_trainer.model_state_bytes().module_state;  // (each tensor at a multiple of 4 bytes)
+    CHECK(held >= static_cast<double>(base.bytes));
+    CHECK(held < static_cast<double>(base.bytes + 4 * 3 * base.layers));
+    eager_trainer.save_merged_model((dir / "merged_eager").string());
+    lazy_trainer.save_merged_model((dir / "merged_lazy").string());
+    const auto a = loom::checkpoint::load_safetensors(dir / "merged_eager" / "model.safetensors");
+    const auto b = loom::checkpoint::load_safetensors(dir / "merged_lazy" / "model.safetensors");
+    std::map<std::string, torch::Tensor> mb(b.begin(), b.end());
+    REQUIRE(a.size() == mb.size());
+    CHECK(a.size() == eager->named_parameters().size() - 8 + eager->named_buffers().size());  // no adapter tensor
+    for (const auto& [key, t] : a) {
+      CAPTURE(key);
+      REQUIRE(mb.contains(key));
+      CHECK((t.scalar_type() == torch::kFloat));
+      CHECK(torch::equal(t, mb.at(key)));
+    }
+    return;
+  }
   // And --model_name_or_path read into a deferred model: the same weights.
   if (from_folder && !sharded) {
     fs::create_directories(dir / "loom_model");
@@ -245,6 +317,10 @@ TEST_CASE("the Trainer trains a model built under DeferredInit as the eager one,
   SUBCASE("no sharding, from a folder") { check_trains_as_eager<loom::DefaultTrainer<LlamaForCausalLM>>("plain_folder", true); }
   SUBCASE("FullShard, random init") { check_trains_as_eager<ShardedTrainer>("full_shard", false); }
   SUBCASE("FullShard, from a folder") { check_trains_as_eager<ShardedTrainer>("full_shard_folder", true); }
+  SUBCASE("QLoRA, no sharding, from a folder") {
+    check_trains_as_eager<loom::DefaultTrainer<LlamaForCausalLM>>("qlora_plain_folder", true, true);
+  }
+  SUBCASE("QLoRA, FullShard, random init") { check_trains_as_eager<ShardedTrainer>("qlora_full_shard", false, true); }
 }
 
 }  // namespace deferred_test

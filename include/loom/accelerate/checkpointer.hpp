@@ -105,8 +105,11 @@ class Checkpointer {
   /// `config` is not null, config.json; for a model training a LoRA adapter, the adapter
   /// files instead of both. Every rank calls it, rank 0 writes.
   LOOM_INLINE void save_model(const std::filesystem::path& dir, const nlohmann::json& config);
-  /// The model with its LoRA adapter merged, as a plain folder: `dir`/model.safetensors and
-  /// config.json (when `config` is not null); the model keeps its adapter. Every rank calls it.
+  /// The model with its LoRA adapter merged, as a plain folder: `dir`/model.safetensors (or
+  /// shards, as save_model) and config.json (when `config` is not null); the model keeps its
+  /// adapter. A 4-bit base is dequantized and saved in float32 with the update added (PEFT's
+  /// merge dequantizes it). Streamed as save_model: under FullShard one unit is gathered,
+  /// merged and written at a time. Every rank calls it.
   LOOM_INLINE void save_merged_model(const std::filesystem::path& dir, const nlohmann::json& config);
   /// What every checkpoint-N holds beside the weights: `config` as config.json (not when the
   /// model trains an adapter; not written when null) and a copy of each of `files` (the
@@ -118,6 +121,10 @@ class Checkpointer {
 
  private:
   LOOM_INLINE void barrier(const char* what);
+  /// save_weights' full-model write and save_merged_model's: the weights streamed into `dir` as
+  /// the engine gathers them; with `merged`, each adapted or 4-bit layer's weight merged
+  /// (AdaptableLinear::merged_weight) when its group is gathered, and no adapter tensor.
+  LOOM_INLINE void stream_weights(const std::filesystem::path& dir, bool merged);
   /// resume_dir's folder, found by this process alone.
   LOOM_INLINE std::optional<std::filesystem::path> find_resume_dir();
   /// save_on_each_node on several nodes: every rank resumes from the same step (`dir`, found

@@ -34,7 +34,8 @@ struct MemoryPlanInputs {
     int64_t element_size = 4;  ///< bytes per element as it is held (float32 master weights: 4)
     bool trainable = true;     ///< requires_grad: gradients and optimizer state (LoRA's frozen base: false)
     int unit = 0;              ///< FullShard unit: 0 the root, k the k-th FullShardUnit
-    bool shardable = true;     ///< FullShard shards it when frozen (a 4-bit layer's state: kept whole)
+    bool shardable = true;     ///< FullShard shards it when frozen (a frozen integer tensor: kept whole)
+    double materialize = 0;    ///< built without memory: bytes held for a moment while it is computed (a 4-bit layer's float weight)
     double state_whole = 0;    ///< optimizer state bytes for the whole parameter
     double state_piece = 0;    ///< optimizer state bytes for a flat piece of ceil(numel / world) elements
   };

@@ -14,6 +14,11 @@
 //   - or the slices of the weight files that from_pretrained (under the scope) or
 //     --model_name_or_path named, read straight from the files, never the whole tensor.
 //
+// A module may keep frozen tensors outside its parameters (ModuleState: a 4-bit layer's codes
+// and absmaxes). Under the scope they are storage-less too, and materializing computes them
+// from the module's parameter values (a 4-bit layer reads its whole weight and quantizes it),
+// one module at a time; FullShard then keeps only this rank's shard of their bytes.
+//
 // A storage-less tensor is a CPU or CUDA tensor whose storage holds no bytes (numel > 0,
 // nbytes 0): unlike a meta tensor it can take a parameter's place (set_data) and move between
 // devices here without a copy. No arithmetic may touch it before it is materialized; the
@@ -23,11 +28,14 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace loom {
 
@@ -120,15 +128,60 @@ class DeferredValues {
   virtual void set_init_seed(uint64_t seed) = 0;
 };
 
-/// True when some parameter of `module` holds no storage.
+/// A module that keeps frozen tensors outside its parameters (peft's 4-bit layers: their base
+/// weight's codes and absmaxes). Under a DeferredInit scope the tensors are storage-less and
+/// their values are computed from the model's values (DeferredValues) when materialized;
+/// FullShard shards them, as bytes, with the unit around the module, and gathers them with it.
+class ModuleState {
+ public:
+  virtual ~ModuleState() = default;
+  /// The tensors, each contiguous, always in the same order (storage-less until materialized).
+  [[nodiscard]] virtual std::vector<torch::Tensor> state_tensors() const = 0;
+  /// Computes the storage-less tensors from `values`, whose parameter names start with `prefix`
+  /// (the module's name in the model), on their own device; the rest of the module is untouched.
+  virtual void materialize_state(const DeferredValues& values, const std::string& prefix) = 0;
+  /// Replaces the tensors by `tensors`: the same shapes and dtypes, in state_tensors' order.
+  virtual void set_state_tensors(const std::vector<torch::Tensor>& tensors) = 0;
+  /// The bytes materialize_state holds for a moment besides the state (what the memory plan's
+  /// set-up peak adds); 0 once materialized.
+  [[nodiscard]] virtual double materialize_bytes() const { return 0; }
+};
+
+/// Each ModuleState of `module` once, with its name in `module` (pre-order).
+inline std::vector<std::pair<std::string, ModuleState*>> module_states(const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, ModuleState*>> out;
+  for (const auto& item : module.named_modules("", /*include_self=*/true))
+    if (auto* s = dynamic_cast<ModuleState*>(item.value().get()))
+      if (std::none_of(out.begin(), out.end(), [s](const auto& o) { return o.second == s; })) out.emplace_back(item.key(), s);
+  return out;
+}
+
+/// Bytes of the ModuleState tensors of `module` (as their shapes give them, held or not).
+inline double module_state_bytes(const torch::nn::Module& module) {
+  double bytes = 0;
+  for (const auto& [name, state] : module_states(module))
+    for (const auto& t : state->state_tensors()) bytes += static_cast<double>(t.numel() * t.element_size());
+  return bytes;
+}
+
+/// True when some tensor of `state` holds no storage (not materialized yet).
+inline bool holds_no_storage(const ModuleState& state) {
+  const auto tensors = state.state_tensors();
+  return std::any_of(tensors.begin(), tensors.end(), [](const torch::Tensor& t) { return holds_no_storage(t); });
+}
+
+/// True when some parameter of `module`, or some tensor of a ModuleState in it, holds no storage.
 inline bool has_storage_less_parameters(const torch::nn::Module& module) {
   for (const auto& p : module.parameters(true))
     if (holds_no_storage(p)) return true;
+  for (const auto& [name, state] : module_states(module))
+    if (holds_no_storage(*state)) return true;
   return false;
 }
 
 /// Makes every storage-less parameter of `module` storage-less on `device` in `dtype` (when
 /// given), so that module.to(...) afterwards moves the rest and copies nothing from these.
+/// Storage-less ModuleState tensors move to `device` in their own dtype.
 inline void retarget_storage_less(torch::nn::Module& module, const torch::Device& device,
                                   std::optional<torch::ScalarType> dtype = std::nullopt) {
   for (auto& p : module.parameters(true)) {
@@ -136,6 +189,12 @@ inline void retarget_storage_less(torch::nn::Module& module, const torch::Device
     const auto type = dtype && torch::isFloatingType(p.scalar_type()) ? *dtype : p.scalar_type();
     if (p.device() == device && p.scalar_type() == type) continue;
     p.set_data(storage_less(p.sizes(), p.options().device(device).dtype(type)));
+  }
+  for (const auto& [name, state] : module_states(module)) {
+    if (!holds_no_storage(*state)) continue;
+    auto tensors = state->state_tensors();
+    for (auto& t : tensors) t = storage_less(t.sizes(), t.options().device(device));
+    state->set_state_tensors(tensors);
   }
 }
 
@@ -153,6 +212,13 @@ inline void materialize(torch::nn::Module& module, const std::function<bool(cons
     auto full = torch::empty({p.numel()}, p.options().requires_grad(false));
     values->initial_values(item.key(), p, 0, p.numel(), full);
     p.set_data(full.view(p.sizes()));
+  }
+  if (which) return;  // (a filter names parameters; module state is materialized with all of them)
+  for (const auto& [name, state] : module_states(module)) {
+    if (!holds_no_storage(*state)) continue;
+    check(values != nullptr, "module {} holds state without memory, and the model gives no values for it: build the "
+          "model itself under loom::DeferredInit", name);
+    state->materialize_state(*values, name);
   }
 }
 

@@ -66,6 +66,7 @@ class BucketEngine final : public EngineBase {
   void setup(torch::nn::Module& module) override {
     torch::NoGradGuard no_grad;
     broadcast_module(module);
+    module_state_ = module_state_bytes(module);  // whole on every rank
     const int64_t n = comm_->size();
     std::vector<std::pair<std::string, torch::Tensor>> params;
     for (const auto& item : module.named_parameters(true))
@@ -216,6 +217,7 @@ class BucketEngine final : public EngineBase {
       if (b.flat_grad.defined()) s.grads += static_cast<double>(b.flat_grad.nbytes());
       if (b.grad_shard.defined()) s.grads += static_cast<double>(b.grad_shard.nbytes());
     }
+    s.module_state = module_state_;
     return s;
   }
   /// Bucket collectives launched before after_backward (hooks, unreached parameters) and by it.
@@ -368,6 +370,7 @@ class BucketEngine final : public EngineBase {
   std::vector<std::size_t> hidden_;  // slots whose gradient is hidden for the optimizer step
   std::string late_;                 // a parameter whose gradient came after its bucket launched
   GradLaunches launches_;
+  double module_state_ = 0;           // ModuleState bytes of the model (whole on every rank)
 };
 
 /// DDP, ZeRO-1 and ZeRO-2 run the bucket engine, configured by their facts.

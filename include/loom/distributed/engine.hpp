@@ -42,6 +42,10 @@ struct StateBytes {
   /// Bytes in host memory (--offload_optimizer: the optimizer state and the host copies of the
   /// pieces and their gradients); not part of total(). On a CPU run both are the same memory.
   double host = 0;
+  /// Frozen tensors the model's modules keep outside their parameters (core/deferred.hpp's
+  /// ModuleState: a 4-bit base's codes and absmaxes) as this rank holds them: whole, or
+  /// FullShard's shard of them. Not part of total().
+  double module_state = 0;
   [[nodiscard]] double total() const { return params + grads + optimizer; }
 };
 

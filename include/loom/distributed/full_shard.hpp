@@ -32,6 +32,14 @@
 // after every use of the input inside the unit), or, for a unit with trainable parameters,
 // the later of that and the unit's reduction; the end of backward otherwise.
 //
+// Module state (core/deferred.hpp's ModuleState: a 4-bit base's codes and absmaxes, QLoRA) is
+// sharded as FSDP + QLoRA shards bitsandbytes' quantized storage: a third flat buffer per unit,
+// of bytes (each tensor's bytes at an offset aligned to 4 bytes, so the gathered buffer shows each
+// again in its dtype), gathered and released with the frozen parameters. The modules hold
+// views of the gathered buffer. A state built without memory (loom::DeferredInit) is computed
+// one module at a time (its whole weight materialized and quantized), and only this rank's
+// bytes are kept.
+//
 // Mixed precision (FSDP2's MixedPrecisionPolicy): with --sharding_param_dtype bf16 the float32
 // shard is cast to bfloat16 before each all-gather, so the gathered buffer, the parameters
 // (views of it), their gradients and the flat gradient are bfloat16, and forward and backward
@@ -110,7 +118,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
               item.key(), c10::toString(p.scalar_type()));
         u.train.add(p, item.key());
       } else if (p.numel() == 0) {
-        continue;  // a 4-bit layer's empty weight: its 4-bit state is kept whole
+        continue;  // a 4-bit layer's empty weight: its 4-bit state is module state (below)
       } else if (!p.is_floating_point() ||
                  (!u.frozen.slots.empty() && u.frozen.slots.front().param.scalar_type() != p.scalar_type())) {
         whole.insert(p.unsafeGetTensorImpl());  // one dtype per flat buffer: another one stays whole
@@ -119,6 +127,25 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
       }
     }
     materialize(module, [&](const torch::Tensor& p) { return whole.contains(p.unsafeGetTensorImpl()); });
+    // Module state: in the innermost chosen unit around its module (an inner unit comes later and wins).
+    std::map<const void*, int> module_unit;
+    for (int i = 0, k = 0; i < static_cast<int>(candidates.size()); ++i) {
+      if (!candidates[static_cast<std::size_t>(i)].chosen) continue;
+      ++k;
+      for (const auto& m : candidates[static_cast<std::size_t>(i)].module->modules(/*include_self=*/true)) module_unit[m.get()] = k;
+    }
+    for (const auto& [name, state] : module_states(module)) {
+      const auto it = module_unit.find(dynamic_cast<const torch::nn::Module*>(state));
+      auto& u = units_[it == module_unit.end() ? 0 : static_cast<std::size_t>(it->second)];
+      const auto tensors = state->state_tensors();
+      if (tensors.empty()) continue;
+      u.states.push_back({state, name, {}});
+      for (const auto& t : tensors) {  // (a slot keeps no tensor: the whole state goes once sharded)
+        const int64_t offset = detail::round_up(u.bytes.numel, kStateAlignment), size = t.numel() * t.element_size();
+        u.bytes.slots.push_back({torch::Tensor(), name, offset, size});
+        u.bytes.numel = offset + size;
+      }
+    }
     for (std::size_t k = 0; k < units_.size(); ++k) {
       auto& u = units_[k];
       if (u.wrapper) {
@@ -145,6 +172,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
         const auto dtype = u.frozen.slots.front().param.scalar_type();
         shard_flat(u.frozen, values, dtype == torch::kFloat ? param_dtype_ : dtype);
       }
+      if (!u.bytes.slots.empty()) shard_state(u, values);
       if (!u.empty()) release(u);
     }
   }
@@ -221,7 +249,8 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
   void with_trainable_params(const std::function<void()>& fn) override { with_params(fn, /*frozen_too=*/false); }
 
   /// One unit at a time, its parameters whole in their master dtype (the float32 shards
-  /// gathered, also under bfloat16 gathers), for reading: what a streamed save writes.
+  /// gathered, also under bfloat16 gathers), then its modules' state tensors (ModuleState),
+  /// gathered, for reading: what a streamed save writes.
   void for_each_gathered_group(const std::function<void(const std::vector<torch::Tensor>&)>& fn) override {
     torch::NoGradGuard no_grad;
     for (auto& u : units_) {
@@ -239,7 +268,12 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
           s.param.set_data(masters[i].narrow(0, s.offset, s.numel).view(s.param.sizes()));
           params.push_back(s.param);
         }
+      // The module state, gathered as in training (its bytes are its master values), after the
+      // parameters: the tensors the modules hold.
+      gather_flat(u.bytes);
+      for (const auto& h : u.states) params.insert(params.end(), h.views.begin(), h.views.end());
       fn(params);
+      release_flat(u.bytes);
       for (std::size_t i = 0; i < flats.size(); ++i)
         for (std::size_t j = 0; j < flats[i]->slots.size(); ++j) flats[i]->slots[j].param.set_data(views[i][j]);
     }
@@ -282,6 +316,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
         (offload_ ? s.host : s.params) += static_cast<double>(f->shard.nbytes());
         if (!f->aliased) s.params += static_cast<double>(f->full.storage().nbytes());
       }
+      if (!u.bytes.slots.empty()) s.module_state += static_cast<double>(u.bytes.shard.nbytes());
       if (u.grad_shard.defined()) s.grads += static_cast<double>(u.grad_shard.nbytes());
     }
     return s;
@@ -323,7 +358,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
   }
   void watch_input(int k, const torch::Tensor& x) override {
     auto& u = units_[static_cast<std::size_t>(k)];
-    if (k == 0 || u.frozen.slots.empty() || !x.defined() || !x.requires_grad() || !torch::GradMode::is_enabled() ||
+    if (k == 0 || (u.frozen.slots.empty() && u.bytes.slots.empty()) || !x.defined() || !x.requires_grad() || !torch::GradMode::is_enabled() ||
         !in_backward_pass_)
       return;
     ++u.inputs_watched;
@@ -353,17 +388,26 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
       numel += p.numel();
     }
   };
+  // A module's state (ModuleState) in its unit's bytes flat: the views of the gathered buffer it holds.
+  struct StateHolder {
+    ModuleState* state;
+    std::string name;
+    std::vector<torch::Tensor> views;
+  };
+  static constexpr int64_t kStateAlignment = 4;  // each state tensor's offset in the bytes flat (float32's size)
   struct Unit {
     FullShardUnitBase* wrapper = nullptr;
     std::string name;
     Flat train, frozen;
+    Flat bytes;  // the module state's bytes (frozen too)
+    std::vector<StateHolder> states;
     torch::Tensor grad_shard, full_grad, rs_out;
     Work work;
     bool backward_started = false, reduced = false;
     std::size_t ready = 0;
     int inputs_watched = 0, inputs_done = 0;  // the unit's inputs whose gradient is hooked; done
     std::vector<int> feeds;  // the units whose watched input is this unit's output (this micro-step)
-    [[nodiscard]] bool empty() const { return train.slots.empty() && frozen.slots.empty(); }
+    [[nodiscard]] bool empty() const { return train.slots.empty() && frozen.slots.empty() && bytes.slots.empty(); }
   };
 
   // Lays the flat's parameters out: this rank's shard filled (from the parameters, or from the
@@ -393,6 +437,45 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     for (auto& s : f.slots) {
       s.param.set_data(f.full.narrow(0, s.offset, s.numel).view(s.param.sizes()));
       master_dtypes_[s.param.unsafeGetTensorImpl()] = f.shard.scalar_type();
+    }
+  }
+
+  // The unit's module state laid out in its bytes flat (setup): one module at a time, its state
+  // materialized when it holds no memory yet, this rank's bytes copied into the shard, and the
+  // module's tensors replaced by views of the gathered buffer (whose memory is then released
+  // until the first gather).
+  void shard_state(Unit& u, const DeferredValues* values) {
+    auto& f = u.bytes;
+    const int64_t n = comm_->size();
+    const auto device = u.states.front().state->state_tensors().front().device();
+    const auto opts = torch::TensorOptions().dtype(torch::kUInt8).device(device);
+    f.padded = detail::round_up(f.numel, n);
+    f.shard_numel = f.padded / n;
+    f.aliased = resident() && !offload_;
+    f.shard = torch::zeros({f.aliased ? f.padded : f.shard_numel},
+                           offload_ ? opts.device(torch::kCPU).pinned_memory(device.is_cuda()) : opts);
+    f.full = f.aliased ? f.shard : torch::empty({f.padded}, opts);
+    const int64_t lo = comm_->rank() * f.shard_numel;
+    std::size_t slot = 0;
+    for (auto& h : u.states) {
+      if (holds_no_storage(*h.state)) {
+        check(values != nullptr, "module {} holds state without memory, and the model gives no values for it (build "
+              "the model itself under loom::DeferredInit)", h.name);
+        h.state->materialize_state(*values, h.name);
+      }
+      h.views.clear();
+      for (const auto& t : h.state->state_tensors()) {
+        const auto& s = f.slots[slot++];
+        if (const auto range = detail::owned_range(s, comm_->rank(), f.shard_numel)) {
+          const auto [a, e] = *range;
+          const auto bytes = t.contiguous().reshape({-1}).view(torch::kUInt8);
+          f.shard.narrow(0, a - lo, e - a).copy_(bytes.narrow(0, a - s.offset, e - a));
+        }
+        // Its own version counter: a gather writing the buffer is no in-place change of a
+        // tensor autograd saved.
+        h.views.push_back(f.full.narrow(0, s.offset, s.numel).view(t.scalar_type()).view(t.sizes()).variable_data());
+      }
+      h.state->set_state_tensors(h.views);  // the whole tensors go
     }
   }
 
@@ -434,7 +517,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
   void on_input_grad(std::size_t k) {
     auto& u = units_[k];
     if (++u.inputs_done < u.inputs_watched) return;
-    if (u.train.slots.empty() || u.reduced) release_flat(u.frozen);
+    if (u.train.slots.empty() || u.reduced) release_frozen(u);
   }
 
   void prepare_grads(Unit& u) {
@@ -488,7 +571,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     if (&u != &units_[0]) {
       release_flat(u.train);
       // The frozen parameters wait for the unit's inputs' gradients (the end of its backward).
-      if (u.inputs_watched > 0 && u.inputs_done >= u.inputs_watched) release_flat(u.frozen);
+      if (u.inputs_watched > 0 && u.inputs_done >= u.inputs_watched) release_frozen(u);
     }
     return true;
   }
@@ -514,7 +597,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
   void prefetch(int k) {
     if (k < 0) return;
     auto& u = units_[static_cast<std::size_t>(k)];
-    for (auto* f : {&u.train, &u.frozen})
+    for (auto* f : {&u.train, &u.frozen, &u.bytes})
       if (!f->slots.empty() && !f->gathered && !f->gather_work.pending()) launch_gather(*f);
   }
   // A world of one: gradients accumulate straight into the gradient shard.
@@ -550,11 +633,12 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     f.gathered = true;
   }
   void gather(Unit& u) {
-    // Both launched before either is waited for.
-    for (auto* f : {&u.train, &u.frozen})
+    // All launched before any is waited for.
+    for (auto* f : {&u.train, &u.frozen, &u.bytes})
       if (!f->slots.empty() && !f->gathered && !f->gather_work.pending()) launch_gather(*f);
     gather_flat(u.train);
     gather_flat(u.frozen);
+    gather_flat(u.bytes);
   }
   void release_flat(Flat& f) {
     if (f.slots.empty()) return;
@@ -564,18 +648,31 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     f.staged = torch::Tensor();
     if (!f.aliased) detail::free_storage(f.full);
   }
+  // What has no gradient: the frozen parameters and the module state.
+  void release_frozen(Unit& u) {
+    release_flat(u.frozen);
+    release_flat(u.bytes);
+  }
   void release(Unit& u) {
     release_flat(u.train);
-    release_flat(u.frozen);
+    release_frozen(u);
   }
 
   // with_full_params / with_trainable_params: the flats gathered, `fn`, the shards take the
   // values back, the flats released.
   void with_params(const std::function<void()>& fn, bool frozen_too) {
-    if (casts_params()) {
-      with_master_params(fn, frozen_too);
-      return;
-    }
+    // The module state, gathered around fn with the frozen parameters (it is never written back).
+    std::vector<Flat*> states;
+    for (auto& u : units_)
+      if (frozen_too && !u.bytes.slots.empty()) states.push_back(&u.bytes);
+    for (auto* f : states)
+      if (!f->gathered && !f->gather_work.pending()) launch_gather(*f);
+    for (auto* f : states) gather_flat(*f);
+    if (casts_params()) with_master_params(fn, frozen_too);
+    else with_gathered_params(fn, frozen_too);
+    for (auto* f : states) release_flat(*f);
+  }
+  void with_gathered_params(const std::function<void()>& fn, bool frozen_too) {
     std::vector<Flat*> flats;
     for (auto& u : units_)
       for (auto* f : {&u.train, &u.frozen})
@@ -620,7 +717,8 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     std::vector<Flat*> flats;
     for (auto& u : units_) {
       if (u.empty()) continue;
-      release(u);  // as the float32 path leaves it afterwards
+      release_flat(u.train);  // as the float32 path leaves them afterwards (the module state: with_params)
+      release_flat(u.frozen);
       for (auto* f : {&u.train, &u.frozen})
         if (!f->slots.empty() && (frozen_too || f == &u.train)) flats.push_back(f);
     }

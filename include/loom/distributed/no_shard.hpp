@@ -2,6 +2,7 @@
 // sharding::NoShard: one process holding everything, with no process group and autograd's
 // own gradients; its engine and its ShardingImpl.
 
+#include <loom/core/deferred.hpp>
 #include <loom/core/error.hpp>
 #include <loom/distributed/engine.hpp>
 #include <loom/distributed/sharding.hpp>
@@ -43,6 +44,7 @@ class NoShardEngine final : public Engine {
       s.params += static_cast<double>(p.nbytes());
       if (p.grad().defined()) s.grads += static_cast<double>(p.grad().nbytes());
     }
+    s.module_state = module_state_bytes(*module_);
     return s;
   }
   [[nodiscard]] GradLaunches grad_launches() const override { return {}; }

@@ -20,6 +20,7 @@
 // double-quantized (q.bytes()).
 
 #include <loom/config/inline.hpp>
+#include <loom/core/deferred.hpp>
 
 #include <torch/torch.h>
 
@@ -77,6 +78,12 @@ inline int64_t Bnb4Weight::numel() const {
 /// float32) with blocks of `blocksize` values; `nested`: double-quantize the absmaxes.
 [[nodiscard]] LOOM_INLINE Bnb4Weight quantize_4bit(const torch::Tensor& weight, Bnb4Type type, bool nested,
                                                    int64_t blocksize = 64);
+/// The state quantize_4bit gives a weight of `shape` and `dtype` on `device`, with the same
+/// shapes and dtypes but storage-less tensors (core/deferred.hpp): a 4-bit weight not computed
+/// yet (a model built under loom::DeferredInit), whose size is known.
+[[nodiscard]] LOOM_INLINE Bnb4Weight storage_less_4bit(const std::vector<int64_t>& shape, torch::ScalarType dtype,
+                                                      Bnb4Type type, bool nested, const torch::Device& device,
+                                                      int64_t blocksize = 64);
 /// The weight `q` holds, in `dtype` (each value code * its block's absmax, in float32, then
 /// rounded to `dtype`), on q's device.
 [[nodiscard]] LOOM_INLINE torch::Tensor dequantize_4bit(const Bnb4Weight& q, torch::ScalarType dtype);

@@ -29,6 +29,7 @@
 // description: adapter_config(model) reads it back, and save_adapter needs nothing else.
 
 #include <loom/config/inline.hpp>
+#include <loom/core/deferred.hpp>
 #include <loom/peft/bnb4.hpp>
 
 #include <nlohmann/json.hpp>
@@ -79,8 +80,10 @@ class HiddenAdapters;
 /// Its base weight can be made 4-bit (quantize_4bit: bitsandbytes' Linear4bit, QLoRA's base):
 /// the 4-bit state ([out, in], whatever the layout) replaces the weight's values, the `weight`
 /// parameter stays registered but empty (0 values, frozen), and the forward computes as
-/// Linear4bit does, in the compute dtype.
-class AdaptableLinearImpl : public torch::nn::Module {
+/// Linear4bit does, in the compute dtype. The 4-bit state is the layer's ModuleState: a weight
+/// without memory (loom::DeferredInit) is quantized when it is materialized, and FullShard
+/// shards the state with the layer's unit.
+class AdaptableLinearImpl : public torch::nn::Module, public ModuleState {
  public:
   LOOM_INLINE AdaptableLinearImpl(int64_t in_features, int64_t out_features, bool bias, bool fan_in_fan_out = false);
   LOOM_INLINE torch::Tensor forward(const torch::Tensor& x);
@@ -89,7 +92,17 @@ class AdaptableLinearImpl : public torch::nn::Module {
   /// Replaces the base weight by bitsandbytes' 4-bit form of it (quant type, double
   /// quantization of the absmaxes, the dtype the forward computes in). The layer must carry
   /// no adapter yet (QLoRA quantizes the base first, as transformers' from_pretrained does).
+  /// A weight without memory (built under loom::DeferredInit) is quantized later, when its
+  /// values are materialized (materialize_state): until then the 4-bit tensors hold no memory.
   LOOM_INLINE void quantize_4bit(Bnb4Type type, bool nested, torch::ScalarType compute_dtype);
+  // ---- ModuleState: the 4-bit tensors (packed codes, absmax, then nested absmax and offset when
+  // double-quantized); none when the layer is not 4-bit.
+  [[nodiscard]] LOOM_INLINE std::vector<torch::Tensor> state_tensors() const override;
+  LOOM_INLINE void materialize_state(const DeferredValues& values, const std::string& prefix) override;
+  LOOM_INLINE void set_state_tensors(const std::vector<torch::Tensor>& tensors) override;
+  /// Not materialized yet: the whole weight in its dtype and quantize_4bit's float32 scratch
+  /// (the scaled values and their code indices), about weight + 8 bytes a value.
+  [[nodiscard]] LOOM_INLINE double materialize_bytes() const override;
   [[nodiscard]] bool quantized() const { return quantized_.has_value(); }
   /// The 4-bit state (quantized() only).
   [[nodiscard]] LOOM_INLINE const Bnb4Weight& quantized_weight() const;
@@ -108,6 +121,15 @@ class AdaptableLinearImpl : public torch::nn::Module {
   LOOM_INLINE void merge_adapter();
   /// B A * scaling in the weight's layout ([out, in], or [in, out] with fan_in_fan_out).
   [[nodiscard]] LOOM_INLINE torch::Tensor delta_weight() const;
+  /// The weight merge_and_unload leaves, without changing the layer: W + B A * scaling in the
+  /// weight's layout and dtype (W alone without an adapter); a 4-bit base dequantized to
+  /// float32 and the update added in float32 (a float weight, as PEFT's merge dequantizes).
+  [[nodiscard]] LOOM_INLINE torch::Tensor merged_weight() const;
+  /// The shape of the base weight as registered ([out, in], or [in, out] with fan_in_fan_out),
+  /// also when it is 4-bit and the parameter is empty.
+  [[nodiscard]] std::vector<int64_t> weight_shape() const {
+    return fan_in_fan_out_ ? std::vector<int64_t>{in_features_, out_features_} : std::vector<int64_t>{out_features_, in_features_};
+  }
   [[nodiscard]] bool has_adapter() const { return !lora_A.is_empty(); }
   [[nodiscard]] bool fan_in_fan_out() const { return fan_in_fan_out_; }
   /// The config of the adapter this layer carries (null without one).
@@ -130,6 +152,13 @@ class AdaptableLinearImpl : public torch::nn::Module {
   std::shared_ptr<const LoraConfig> config_;
 };
 TORCH_MODULE(AdaptableLinear);
+
+/// Each AdaptableLinear of `model` once, with its (first) module name, in module order.
+[[nodiscard]] LOOM_INLINE std::vector<std::pair<std::string, AdaptableLinearImpl*>> adaptable_layers(
+    const torch::nn::Module& model);
+/// Whether the parameter named `name` in the model is an adapter's (<layer>.lora_A.weight,
+/// <layer>.lora_B.weight).
+[[nodiscard]] LOOM_INLINE bool is_lora_parameter(const std::string& name);
 
 /// Adds an adapter to every AdaptableLinear of `model` that `config` targets, freezes every
 /// other parameter except those of the modules to save (config.modules_to_save and, with

@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <regex>
+#include <set>
 #include <unordered_map>
 
 namespace loom {
@@ -42,6 +43,10 @@ LOOM_INLINE void Checkpointer::save_weights(const std::filesystem::path& dir) {
     });
     return;
   }
+  stream_weights(dir, /*merged=*/false);
+}
+
+LOOM_INLINE void Checkpointer::stream_weights(const std::filesystem::path& dir, bool merged) {
   // Streamed: the header first (every name, shape and master dtype is known), then each group
   // of parameters as the engine gathers it (FullShard: a unit at a time, every rank taking part,
   // so no rank holds the whole model; the other engines: none, their parameters are whole),
@@ -49,10 +54,32 @@ LOOM_INLINE void Checkpointer::save_weights(const std::filesystem::path& dir) {
   std::unique_ptr<checkpoint::WeightsWriter> writer;
   std::unordered_map<const c10::TensorImpl*, std::string> names;
   std::map<std::string, torch::Tensor> rest;
+  // Merged: each layer whose weight is written merged, by its weight's name, and by every tensor
+  // of it a group can hold (weight, adapter, 4-bit state: all in the layer's unit).
+  std::map<std::string, peft::AdaptableLinearImpl*> layers;
+  std::unordered_map<const c10::TensorImpl*, std::string> layer_of;
   if (saves_) {
+    if (merged)
+      for (const auto& [name, layer] : peft::adaptable_layers(*model_)) {
+        if (!layer->has_adapter() && !layer->quantized()) continue;
+        const auto weight = name + ".weight";
+        layers.emplace(weight, layer);
+        std::vector<torch::Tensor> held = layer->state_tensors();
+        held.push_back(layer->weight);
+        if (layer->has_adapter()) held.insert(held.end(), {layer->lora_A->weight, layer->lora_B->weight});
+        for (const auto& t : held) layer_of.emplace(t.unsafeGetTensorImpl(), weight);
+      }
     std::vector<checkpoint::SafetensorsWriter::Spec> specs;
     int64_t parameters = 0;
     for (const auto& p : model_->named_parameters(true)) {
+      if (merged && peft::is_lora_parameter(p.key())) continue;
+      if (const auto it = layers.find(p.key()); it != layers.end()) {
+        const auto* layer = it->second;
+        const auto shape = layer->weight_shape();
+        specs.push_back({p.key(), layer->quantized() ? torch::kFloat : engine_->master_dtype(p.value()), shape});
+        parameters += shape[0] * shape[1];
+        continue;
+      }
       parameters += p.value().numel();
       specs.push_back({p.key(), engine_->master_dtype(p.value()), p.value().sizes().vec()});
       names.emplace(p.value().unsafeGetTensorImpl(), p.key());
@@ -67,16 +94,32 @@ LOOM_INLINE void Checkpointer::save_weights(const std::filesystem::path& dir) {
     // their index (transformers opens both; a resume reads both).
     writer = std::make_unique<checkpoint::WeightsWriter>(dir, specs, checkpoint::kMaxShardSize, parameters);
   }
-  engine_->for_each_gathered_group([&](const std::vector<torch::Tensor>& params) {
+  // A merged layer's weight, once its group is gathered (or, outside FullShard, everything is).
+  const auto write_layer = [&](const std::string& weight) {
+    const auto it = layers.find(weight);
+    if (it == layers.end()) return;
+    writer->write(weight, it->second->merged_weight());
+    layers.erase(it);
+  };
+  engine_->for_each_gathered_group([&](const std::vector<torch::Tensor>& group) {
     if (!writer) return;
-    for (const auto& p : params) {
-      const auto& name = names.at(p.unsafeGetTensorImpl());
-      writer->write(name, p);
-      rest.erase(name);
+    std::set<std::string> gathered;
+    for (const auto& t : group) {
+      if (const auto it = names.find(t.unsafeGetTensorImpl()); it != names.end()) {
+        writer->write(it->second, t);
+        rest.erase(it->second);
+      } else if (const auto l = layer_of.find(t.unsafeGetTensorImpl()); l != layer_of.end()) {
+        gathered.insert(l->second);
+      }
     }
+    if (group.empty())  // every parameter whole
+      for (const auto& [weight, layer] : layers) gathered.insert(weight);
+    for (const auto& weight : gathered) write_layer(weight);
   });
   if (!writer) return;
   for (const auto& [name, t] : rest) writer->write(name, t);
+  check(layers.empty(), "saving the merged model in {}: layer weight {} was in no gathered group", dir.string(),
+        layers.empty() ? std::string() : layers.begin()->first);
   writer->commit();
 }
 
@@ -107,11 +150,7 @@ LOOM_INLINE void Checkpointer::save_merged_model(const std::filesystem::path& di
   check(peft::adapter_config(*model_).has_value(),
         "save_merged_model: the model carries no LoRA adapter (save_model writes its weights)");
   if (saves_) std::filesystem::create_directories(dir);
-  engine_->with_full_params([&] {
-    if (!saves_) return;
-    const peft::HiddenAdapters merged(*model_, /*merge=*/true);  // while the file is written
-    checkpoint::save_module(*model_, dir / checkpoint::kModelFile);
-  });
+  stream_weights(dir, /*merged=*/true);
   if (!saves_) return;
   write_model_files(dir, config, /*adapter_too=*/true);
 }

@@ -7,7 +7,6 @@
 #include <loom/distributed/full_shard_unit.hpp>
 #include <loom/optim/catalog.hpp>
 #include <loom/optim/optimizer.hpp>
-#include <loom/peft/lora.hpp>
 #include <loom/policy/catalog.hpp>
 #include <loom/accelerate/memory_plan.hpp>
 
@@ -37,11 +36,12 @@ LOOM_INLINE MemoryPlan make_memory_plan(const MemoryPlanInputs& in) {
   plan.sharding = std::string(f.name);
   plan.activations = in.activations;
   plan.activation_note = in.activation_note;
-  double whole = 0, largest = 0;      // the model as built (its parameters' bytes), its largest parameter
+  double whole = 0, largest = 0, transient = 0;  // the model as built (its parameters' bytes), its largest parameter
   for (const auto& p : in.params) {
     const auto bytes = static_cast<double>(p.numel * p.element_size);
     whole += bytes;
-    largest = std::max(largest, bytes);
+    largest = std::max(largest, bytes + p.materialize);
+    transient = std::max(transient, p.materialize);
   }
   std::map<int, int64_t> unit_numel;  // FullShard: trainable elements per unit
   std::map<std::pair<int, int64_t>, int64_t> frozen_numel;  // FullShard: frozen elements per (unit, element size)
@@ -94,9 +94,11 @@ LOOM_INLINE MemoryPlan make_memory_plan(const MemoryPlanInputs& in) {
   // Set-up: the engine's parameters, and its gradients except under FullShard (whose gradient
   // shards come with the first reduction), beside them under FullShard the model whole as
   // built until it is sharded, or, built under loom::DeferredInit, the one parameter being
-  // materialized (drawn whole on the host, then sliced). (The bucket engines' staging copy,
-  // one bucket, is transient as in training.)
-  plan.setup = plan.params + plan.frozen + (f.shards_parameters ? (in.deferred ? largest : whole) : plan.grads);
+  // materialized (drawn whole on the host, then sliced; a 4-bit layer's float weight while it
+  // is quantized, which the other policies hold for a moment too). (The bucket engines'
+  // staging copy, one bucket, is transient as in training.)
+  plan.setup = plan.params + plan.frozen +
+               (f.shards_parameters ? (in.deferred ? largest : whole) : plan.grads + (in.deferred ? transient : 0));
   if (in.offload_optimizer) {
     // The step runs on host copies: the state, each piece's gradient, and the piece itself
     // unless it lives on the host already (--offload_param).
@@ -194,11 +196,13 @@ LOOM_INLINE MemoryPlanInputs memory_plan_inputs(const torch::nn::Module& module,
   in.deferred = has_storage_less_parameters(module);
   // FullShard's units, chosen as the engine chooses them (each parameter in its innermost unit).
   std::unordered_map<const c10::TensorImpl*, int> unit_of;
+  std::unordered_map<const torch::nn::Module*, int> module_unit;
   int units = 0;
   for (const auto& c : dist::unit_candidates(module, loom::detail::wrap_classes_of(args), args.fsdp_min_num_params)) {
     if (!c.chosen) continue;
     ++units;
     for (const auto& p : c.module->parameters(true)) unit_of[p.unsafeGetTensorImpl()] = units;
+    for (const auto& m : c.module->modules(/*include_self=*/true)) module_unit[m.get()] = units;
   }
   const auto options = optim::options_from_args(args);
   const optim::Rule* rule = optim::find_rule(options.algorithm);
@@ -207,6 +211,7 @@ LOOM_INLINE MemoryPlanInputs memory_plan_inputs(const torch::nn::Module& module,
     q.numel = p.numel();
     q.element_size = static_cast<int64_t>(p.element_size());
     q.trainable = p.requires_grad();
+    q.shardable = q.trainable || p.is_floating_point();  // as the engine keeps a frozen integer tensor whole
     const auto u = unit_of.find(p.unsafeGetTensorImpl());
     q.unit = u == unit_of.end() ? 0 : u->second;
     if (q.trainable) {
@@ -215,17 +220,18 @@ LOOM_INLINE MemoryPlanInputs memory_plan_inputs(const torch::nn::Module& module,
     }
     in.params.push_back(q);
   }
-  // A 4-bit base's layers (QLoRA): their bytes, frozen, in the unit of their (empty) weight.
-  for (const auto& item : module.named_modules("", /*include_self=*/false)) {
-    const auto* layer = item.value()->as<peft::AdaptableLinear>();
-    if (layer == nullptr || !layer->quantized()) continue;
+  // Modules' frozen state (a 4-bit base's codes and absmaxes, QLoRA): bytes, frozen, in the
+  // unit of their module; FullShard shards them with it (its bytes buffer, padded per tensor to 4
+  // bytes, which the plan leaves out).
+  for (const auto& [name, state] : module_states(module)) {
     MemoryPlanInputs::Param q;
-    q.numel = layer->quantized_weight().bytes();
+    for (const auto& t : state->state_tensors()) q.numel += t.numel() * static_cast<int64_t>(t.element_size());
+    if (q.numel == 0) continue;
     q.element_size = 1;
     q.trainable = false;
-    q.shardable = false;
-    const auto u = unit_of.find(layer->weight.unsafeGetTensorImpl());
-    q.unit = u == unit_of.end() ? 0 : u->second;
+    q.materialize = state->materialize_bytes();
+    const auto u = module_unit.find(dynamic_cast<const torch::nn::Module*>(state));
+    q.unit = u == module_unit.end() ? 0 : u->second;
     in.params.push_back(q);
   }
   return in;

@@ -252,6 +252,27 @@ LOOM_INLINE Bnb4Weight quantize_4bit(const torch::Tensor& weight, Bnb4Type type,
   return out;
 }
 
+LOOM_INLINE Bnb4Weight storage_less_4bit(const std::vector<int64_t>& shape, torch::ScalarType dtype, Bnb4Type type,
+                                         bool nested, const torch::Device& device, int64_t blocksize) {
+  Bnb4Weight out;
+  out.quant_type = type;
+  out.blocksize = blocksize;
+  out.shape = shape;
+  out.dtype = dtype;
+  const int64_t n = out.numel(), blocks = (n + blocksize - 1) / blocksize;
+  const auto bytes = torch::TensorOptions().dtype(torch::kUInt8).device(device);
+  const auto floats = bytes.dtype(torch::kFloat);
+  out.packed = storage_less({(n + 1) / 2, 1}, bytes);
+  if (!nested) {
+    out.absmax = storage_less({blocks}, floats);
+    return out;
+  }
+  out.absmax = storage_less({blocks}, bytes);
+  out.nested_absmax = storage_less({(blocks + detail::kNestedBlocksize - 1) / detail::kNestedBlocksize}, floats);
+  out.offset = storage_less({}, floats);
+  return out;
+}
+
 LOOM_INLINE torch::Tensor dequantize_4bit(const Bnb4Weight& q, torch::ScalarType dtype) {
   torch::NoGradGuard no_grad;
   const int64_t n = q.numel();

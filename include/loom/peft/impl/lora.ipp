@@ -197,6 +197,12 @@ inline std::string problems_text(const std::vector<std::string>& problems) {
 }
 }  // namespace detail
 
+LOOM_INLINE std::vector<std::pair<std::string, AdaptableLinearImpl*>> adaptable_layers(const torch::nn::Module& model) {
+  return detail::adaptable_layers(model);
+}
+
+LOOM_INLINE bool is_lora_parameter(const std::string& name) { return detail::is_lora_parameter(name); }
+
 LOOM_INLINE double LoraConfig::scaling() const {
   return use_rslora ? lora_alpha / std::sqrt(static_cast<double>(r)) : lora_alpha / static_cast<double>(r);
 }
@@ -234,6 +240,9 @@ LOOM_INLINE AdaptableLinearImpl::AdaptableLinearImpl(int64_t in_features, int64_
 LOOM_INLINE torch::Tensor AdaptableLinearImpl::forward(const torch::Tensor& x) {
   torch::Tensor result;
   if (quantized_) {
+    check(!holds_no_storage(quantized_->packed), "a 4-bit layer's weight holds no memory here: it is not materialized "
+          "yet (a model built under loom::DeferredInit), or FullShard keeps only this rank's shard outside the "
+          "layer's unit");
     // bitsandbytes' Linear4bit.forward: input and bias in the compute dtype, the weight
     // dequantized to it, the output back in the input's dtype.
     const auto dtype = x.scalar_type();
@@ -294,7 +303,7 @@ LOOM_INLINE void AdaptableLinearImpl::merge_adapter() {
     torch::NoGradGuard no_grad;
     if (quantized_) {
       const auto& q = *quantized_;
-      const auto merged = base_weight(torch::kFloat) + (lora_B->weight.matmul(lora_A->weight) * scaling_).to(torch::kFloat);
+      const auto merged = fan_in_fan_out_ ? merged_weight().t() : merged_weight();  // [out, in]
       quantized_ = peft::quantize_4bit(merged.to(q.dtype), q.quant_type, q.nested(), q.blocksize);
     } else {
       weight.add_(delta_weight().to(weight.scalar_type()));
@@ -310,18 +319,80 @@ LOOM_INLINE void AdaptableLinearImpl::merge_adapter() {
 LOOM_INLINE void AdaptableLinearImpl::quantize_4bit(Bnb4Type type, bool nested, torch::ScalarType compute_dtype) {
   check(!has_adapter(), "quantize_4bit: the layer carries a LoRA adapter; quantize the base before adding it");
   check(!quantized_, "quantize_4bit: the layer is 4-bit already");
-  check(!holds_no_storage(weight), "quantize_4bit: the layer's weight holds no memory yet (a model built under "
-        "loom::DeferredInit): a 4-bit base is quantized from a whole model, so build it without DeferredInit");
   check(compute_dtype == torch::kFloat || compute_dtype == torch::kBFloat16 || compute_dtype == torch::kHalf,
         "quantize_4bit: the compute dtype must be float32, bfloat16 or float16, got {}", c10::toString(compute_dtype));
   torch::NoGradGuard no_grad;
-  const auto w = fan_in_fan_out_ ? weight.detach().t() : weight.detach();  // [out, in], as bitsandbytes holds it
-  quantized_ = peft::quantize_4bit(w, type, nested);
+  if (holds_no_storage(weight)) {
+    // Built under loom::DeferredInit: the 4-bit tensors' shapes now, their values when the
+    // weight's are materialized (materialize_state), whole or a FullShard unit's slice.
+    check(torch::isFloatingType(weight.scalar_type()), "quantize_4bit: bitsandbytes quantizes floats, the weight is {}",
+          c10::toString(weight.scalar_type()));
+    quantized_ = storage_less_4bit({out_features_, in_features_}, weight.scalar_type(), type, nested, weight.device());
+  } else {
+    const auto w = fan_in_fan_out_ ? weight.detach().t() : weight.detach();  // [out, in], as bitsandbytes holds it
+    quantized_ = peft::quantize_4bit(w, type, nested);
+  }
   compute_dtype_ = compute_dtype;
   // The parameter stays (a module cannot drop one) with no values: nothing counts, shards,
   // saves or trains a float copy of the base.
   weight.requires_grad_(false);
   weight.set_data(torch::empty({0}, weight.options()));
+}
+
+LOOM_INLINE std::vector<torch::Tensor> AdaptableLinearImpl::state_tensors() const {
+  if (!quantized_) return {};
+  std::vector<torch::Tensor> out{quantized_->packed, quantized_->absmax};
+  if (quantized_->nested()) out.insert(out.end(), {quantized_->nested_absmax, quantized_->offset});
+  return out;
+}
+
+LOOM_INLINE void AdaptableLinearImpl::set_state_tensors(const std::vector<torch::Tensor>& tensors) {
+  const auto now = state_tensors();
+  check(tensors.size() == now.size(), "set_state_tensors: the layer holds {} 4-bit tensors, not {}", now.size(),
+        tensors.size());
+  for (std::size_t i = 0; i < now.size(); ++i)
+    check(tensors[i].sizes() == now[i].sizes() && tensors[i].scalar_type() == now[i].scalar_type(),
+          "set_state_tensors: tensor {} has shape {} and dtype {}, the layer's {} and {}", i, c10::str(tensors[i].sizes()),
+          c10::toString(tensors[i].scalar_type()), c10::str(now[i].sizes()), c10::toString(now[i].scalar_type()));
+  auto& q = *quantized_;
+  q.packed = tensors[0];
+  q.absmax = tensors[1];
+  if (q.nested()) {
+    q.nested_absmax = tensors[2];
+    q.offset = tensors[3];
+  }
+}
+
+LOOM_INLINE void AdaptableLinearImpl::materialize_state(const DeferredValues& values, const std::string& prefix) {
+  if (!quantized_ || !holds_no_storage(*this)) return;
+  torch::NoGradGuard no_grad;
+  // The whole weight (one layer at a time), quantized as quantize_4bit quantizes an eager one:
+  // bitsandbytes' blocks run along the flattened [out, in] weight and double quantization
+  // subtracts the mean of every block's absmax, so no slice of the codes can be computed from a
+  // slice of the weight alone.
+  const auto& q = *quantized_;
+  const auto device = q.packed.device();
+  const auto shape = weight_shape();
+  auto w = torch::empty(shape, torch::TensorOptions().dtype(q.dtype).device(device));
+  auto flat = w.view({-1});
+  values.initial_values(prefix.empty() ? std::string("weight") : prefix + ".weight", w, 0, w.numel(), flat);
+  quantized_ = peft::quantize_4bit(fan_in_fan_out_ ? w.t() : w, q.quant_type, q.nested(), q.blocksize).to(device);
+}
+
+LOOM_INLINE double AdaptableLinearImpl::materialize_bytes() const {
+  if (!quantized_ || !holds_no_storage(*this)) return 0;
+  return static_cast<double>(quantized_->numel()) * static_cast<double>(c10::elementSize(quantized_->dtype) + 8);
+}
+
+LOOM_INLINE torch::Tensor AdaptableLinearImpl::merged_weight() const {
+  torch::NoGradGuard no_grad;
+  if (quantized_) {
+    auto merged = base_weight(torch::kFloat);  // [out, in]
+    if (has_adapter()) merged += (lora_B->weight.matmul(lora_A->weight) * scaling_).to(torch::kFloat);
+    return fan_in_fan_out_ ? merged.t().contiguous() : merged;
+  }
+  if (!has_adapter()) return weight.detach();
+  return weight.detach() + delta_weight().to(weight.scalar_type());
 }
 
 LOOM_INLINE const Bnb4Weight& AdaptableLinearImpl::quantized_weight() const {
@@ -336,12 +407,19 @@ LOOM_INLINE torch::Tensor AdaptableLinearImpl::base_weight(torch::ScalarType dty
 
 LOOM_INLINE void AdaptableLinearImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
   torch::nn::Module::to(device, dtype, non_blocking);
-  if (quantized_) quantized_ = quantized_->to(device);
+  to(device, non_blocking);
 }
 
 LOOM_INLINE void AdaptableLinearImpl::to(torch::Device device, bool non_blocking) {
   torch::nn::Module::to(device, non_blocking);
-  if (quantized_) quantized_ = quantized_->to(device);
+  if (!quantized_) return;
+  if (holds_no_storage(*this)) {  // not computed yet: storage-less on the device, nothing to copy
+    auto tensors = state_tensors();
+    for (auto& t : tensors) t = storage_less(t.sizes(), t.options().device(device));
+    set_state_tensors(tensors);
+    return;
+  }
+  quantized_ = quantized_->to(device);
 }
 
 LOOM_INLINE int quantize_base_4bit(torch::nn::Module& model, const Bnb4Config& config,
@@ -653,10 +731,7 @@ LOOM_INLINE HiddenAdapters::HiddenAdapters(torch::nn::Module& model, bool merge)
     if (four_bit) {
       // A float weight for the file: the 4-bit values dequantized plus the update, in the
       // parameter's layout; the 4-bit state itself is left as it is.
-      auto merged = layer->base_weight(torch::kFloat);
-      if (layer->has_adapter())
-        merged += (layer->lora_B->weight.matmul(layer->lora_A->weight) * layer->scaling_).to(torch::kFloat);
-      layer->weight.set_data(layer->fan_in_fan_out() ? merged.t().contiguous() : merged);
+      layer->weight.set_data(layer->merged_weight());
     } else if (merge) {
       layer->merge_adapter();
       continue;
