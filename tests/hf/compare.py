@@ -165,12 +165,11 @@ FAMILY_FLAGS = [
     "--optim", "adamw_torch_fused", "--learning_rate", "3e-3", "--lr_scheduler_type", "linear",
     "--gradient_accumulation_steps", "2", "--max_grad_norm", "1.0", "--per_device_train_batch_size", "2",
     "--num_train_epochs", "1", "--eval_strategy", "epoch"]
-# Not yet the two sparse MoE families: transformers 5.23 fuses their experts at load
-# (experts.gate_up_proj / down_proj, 3-d, run by its grouped experts kernel), whose gradients
-# round differently from loom's expert-by-expert layers (1e-7 of the grad norm from step 1).
-NOT_BITWISE_FAMILIES = {"mixtral", "qwen3_moe"}
-MODEL_CONFIGS.update({f"{family}_sft_accumulation_2": (f"{family}:masked", 40, FAMILY_FLAGS)
-                      for family in FAMILIES if family not in NOT_BITWISE_FAMILIES})
+MODEL_CONFIGS.update({f"{family}_sft_accumulation_2": (f"{family}:masked", 40, FAMILY_FLAGS) for family in FAMILIES})
+# The sparse MoE families, whose experts transformers 5.23 fuses at load (3-d
+# experts.gate_up_proj / down_proj in memory, per-expert tensors in the files): their final
+# weights are compared as save_pretrained writes them, by the files' names, which loom keeps.
+SAVED_BY_FILE_NAMES = {"mixtral", "qwen3_moe"}
 # LoRA on Llama: transformers.Trainer trains a peft PeftModel (LoraConfig with PEFT's default
 # targets for Llama, q_proj and v_proj; r 8, alpha 16, dropout 0), loom its own adapter
 # (loom/peft/) read from the folder peft saved before training (--lora_adapter), so both start
@@ -381,6 +380,9 @@ def run_hf(flags, inputs, out, model_kind="net"):
         trainer.save_model(os.path.join(out, "final-adapter"))
         shutil.copyfile(os.path.join(out, "final-adapter", "adapter_model.safetensors"),
                         os.path.join(out, "final.safetensors"))
+    elif trainer.is_world_process_zero() and model_kind in SAVED_BY_FILE_NAMES:
+        model.save_pretrained(os.path.join(out, "final-model"))
+        shutil.copyfile(os.path.join(out, "final-model", "model.safetensors"), os.path.join(out, "final.safetensors"))
     elif trainer.is_world_process_zero():
         # named_parameters: a tied weight (GPT-2's lm_head) once, under its first name.
         save_file({k: v.detach().contiguous() for k, v in model.named_parameters()},
