@@ -97,6 +97,10 @@ TEST_CASE("SftDataset: prompt tokens labelled -100, padded rows, packed windows 
   CHECK(b.labels[1].eq(-100).all().item<bool>());      // all prompt: nothing counted
   CHECK(b.input_ids[1].slice(0, 0, 7).ne(0).all().item<bool>());
   CHECK(b.input_ids[1].slice(0, 7, 9).eq(0).all().item<bool>());  // padded with the pad id
+  // TRL's collator's attention_mask: 1 on the example's tokens, 0 on its padding.
+  REQUIRE(b.attention_mask.defined());
+  CHECK(torch::equal(b.attention_mask, torch::arange(9).unsqueeze(0).lt(torch::tensor({{9}, {7}})).to(torch::kLong)));
+  CHECK_FALSE(padded.get_batch(std::vector<int64_t>{1}).attention_mask.defined());  // no padding, no mask
 
   const SftDataset packed(files, options(16));
   CHECK(packed.packed());
@@ -104,6 +108,7 @@ TEST_CASE("SftDataset: prompt tokens labelled -100, padded rows, packed windows 
   CHECK(packed.completion_tokens() == padded.completion_tokens());
   const auto w = packed.get_batch(all_rows(packed));
   CHECK(w.input_ids.sizes() == torch::IntArrayRef({3, 16}));
+  CHECK_FALSE(w.attention_mask.defined());  // as TRL's padding-free batches
   const std::vector<int64_t> first{0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 1};  // 5 + 9 tokens, then padding
   CHECK(torch::equal(w.position_ids[0], torch::tensor(first)));
   CHECK(w.labels[0][5].item<int64_t>() == -100);  // the second example's first token

@@ -165,12 +165,17 @@ FAMILY_FLAGS = [
     "--optim", "adamw_torch_fused", "--learning_rate", "3e-3", "--lr_scheduler_type", "linear",
     "--gradient_accumulation_steps", "2", "--max_grad_norm", "1.0", "--per_device_train_batch_size", "2",
     "--num_train_epochs", "1", "--eval_strategy", "epoch"]
-# Not yet the two sparse MoE families: transformers 5.23 fuses their experts at load
-# (experts.gate_up_proj / down_proj, 3-d, run by its grouped experts kernel), whose gradients
-# round differently from loom's expert-by-expert layers (1e-7 of the grad norm from step 1).
-NOT_BITWISE_FAMILIES = {"mixtral", "qwen3_moe"}
-MODEL_CONFIGS.update({f"{family}_sft_accumulation_2": (f"{family}:masked", 40, FAMILY_FLAGS)
-                      for family in FAMILIES if family not in NOT_BITWISE_FAMILIES})
+MODEL_CONFIGS.update({f"{family}_sft_accumulation_2": (f"{family}:masked", 40, FAMILY_FLAGS) for family in FAMILIES})
+# The sparse MoE families, whose experts transformers 5.23 fuses at load (3-d
+# experts.gate_up_proj / down_proj in memory, per-expert tensors in the files): their final
+# weights are compared as save_pretrained writes them, by the files' names, which loom keeps.
+SAVED_BY_FILE_NAMES = {"mixtral", "qwen3_moe"}
+# LoRA on Llama: transformers.Trainer trains a peft PeftModel (LoraConfig with PEFT's default
+# targets for Llama, q_proj and v_proj; r 8, alpha 16, dropout 0), loom its own adapter
+# (loom/peft/) read from the folder peft saved before training (--lora_adapter), so both start
+# from the same A and B. The final weights compared are the two adapter_model.safetensors.
+MODEL_CONFIGS["llama_lora_sft_accumulation_2"] = ("llama:masked:lora", 40, FAMILY_FLAGS)
+LORA = dict(r=8, lora_alpha=16, lora_dropout=0.0)
 # The transformer configurations run with --ranks 2 (transformers.Trainer under DDP; loom
 # under --loom_sharding). Not BERT: under DDP transformers.Trainer multiplies the loss by the
 # number of processes for a model whose forward takes **kwargs (it assumes the model divided
@@ -244,14 +249,15 @@ def merge(common, flags):
     return [x for pair in pairs.items() for x in pair]
 
 
-def make_model_inputs(work, model, n_train, masked=False, padded=False):
+def make_model_inputs(work, model, n_train, masked=False, padded=False, lora=False):
     """A tiny random HF folder saved by transformers, and token data, from fixed seeds: causal
     LM sequences (labels = inputs; `masked`: -100 before a random point of each row, a prompt;
-    `padded`: right-padded rows with an attention_mask), or padded BERT sequences with 3 classes."""
+    `padded`: right-padded rows with an attention_mask), or padded BERT sequences with 3 classes.
+    `lora`: also a LoRA adapter folder `adapter`, peft's fresh one (LORA) on that model."""
     from transformers import (AutoConfig, AutoModelForCausalLM, BertConfig, BertForSequenceClassification, GPT2Config,
                               GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM)
     folder = os.path.join(work, f"inputs-{model}-{n_train}" + ("-masked" if masked else "") +
-                          ("-padded" if padded else ""))
+                          ("-padded" if padded else "") + ("-lora" if lora else ""))
     gen = torch.Generator().manual_seed(1234)
     n = n_train + 16
     data = {}
@@ -299,7 +305,16 @@ def make_model_inputs(work, model, n_train, masked=False, padded=False):
     else:
         hf = BertForSequenceClassification(BertConfig(**BERT))
     hf.save_pretrained(os.path.join(folder, "init"))
+    if lora:
+        from peft import LoraConfig, get_peft_model
+        get_peft_model(hf, LoraConfig(task_type="CAUSAL_LM", **LORA)).save_pretrained(os.path.join(folder, "adapter"))
     return folder
+
+
+def lora_adapter(inputs):
+    """The inputs' LoRA adapter folder (make_model_inputs' `lora`), or None."""
+    folder = os.path.join(inputs, "adapter")
+    return folder if os.path.isdir(folder) else None
 
 
 def hf_model(model, inputs):
@@ -310,7 +325,11 @@ def hf_model(model, inputs):
         return GPT2LMHeadModel.from_pretrained(init)
     if model == "llama":
         from transformers import LlamaForCausalLM
-        return LlamaForCausalLM.from_pretrained(init)
+        base = LlamaForCausalLM.from_pretrained(init)
+        if lora_adapter(inputs):
+            from peft import PeftModel
+            return PeftModel.from_pretrained(base, lora_adapter(inputs), is_trainable=True)
+        return base
     if model in FAMILIES:
         from transformers import AutoModelForCausalLM
         return AutoModelForCausalLM.from_pretrained(init, attn_implementation=family_attention(model))
@@ -356,7 +375,15 @@ def run_hf(flags, inputs, out, model_kind="net"):
         trainer.save_metrics("train", result.metrics)
         trainer.save_state()
         trainer.save_metrics("eval", trainer.evaluate())
-    if trainer.is_world_process_zero():
+    if trainer.is_world_process_zero() and lora_adapter(inputs):
+        # A PeftModel's save_model writes its adapter (adapter_model.safetensors) alone.
+        trainer.save_model(os.path.join(out, "final-adapter"))
+        shutil.copyfile(os.path.join(out, "final-adapter", "adapter_model.safetensors"),
+                        os.path.join(out, "final.safetensors"))
+    elif trainer.is_world_process_zero() and model_kind in SAVED_BY_FILE_NAMES:
+        model.save_pretrained(os.path.join(out, "final-model"))
+        shutil.copyfile(os.path.join(out, "final-model", "model.safetensors"), os.path.join(out, "final.safetensors"))
+    elif trainer.is_world_process_zero():
         # named_parameters: a tied weight (GPT-2's lm_head) once, under its first name.
         save_file({k: v.detach().contiguous() for k, v in model.named_parameters()},
                   os.path.join(out, "final.safetensors"))
@@ -377,6 +404,8 @@ def run_loom(peer, flags, inputs, out, ranks, model_kind="net", sharding="ddp"):
     cmd = [peer] + flags + ["--data_file", os.path.join(inputs, "data.safetensors"), "--model_name_or_path",
                             os.path.join(inputs, "init"), "--weights_out", os.path.join(out, "final.safetensors"),
                             "--output_dir", out, "--model", "llama" if model_kind in FAMILIES else model_kind]
+    if model_kind != "net" and lora_adapter(inputs):
+        cmd += ["--lora_adapter", lora_adapter(inputs)]
     if ranks > 1:
         cmd = torchrun() + ["--standalone", f"--nproc_per_node={ranks}", "--no-python"] + cmd + ["--sharding", sharding]
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -526,7 +555,7 @@ def main():
             model_kind, n_train, flags = MODEL_CONFIGS[name]
             model_kind, *variant = model_kind.split(":")
             inputs = make_model_inputs(opts.work, model_kind, n_train, masked="masked" in variant,
-                                       padded="padded" in variant)
+                                       padded="padded" in variant, lora="lora" in variant)
         else:
             model_kind, (n_train, flags) = "net", CONFIGS[name]
             inputs = make_inputs(opts.work, n_train)

@@ -10,11 +10,14 @@
 // --model gpt2 / bert trains loom's GPT2LMHeadModel / BertForSequenceClassification
 // (loom/models/) from the HF folder --model_name_or_path instead of the small classifier,
 // on the batches data/text.hpp defines, through the Trainer's default compute_loss.
+// LoRA's flags (loom::peft::LoraArguments: --use_peft, --lora_adapter ...) put an adapter on
+// the llama model; --weights_out then receives the adapter file (adapter_model.safetensors).
 
 #include <loom/loom.hpp>
 #include <loom/models/bert.hpp>
 #include <loom/models/gpt2.hpp>
 #include <loom/models/llama.hpp>
+#include <loom/peft/lora_arguments.hpp>
 
 #include <cstdint>
 #include <filesystem>
@@ -98,7 +101,10 @@ int train_evaluate_save(T& trainer, const PeerArguments& peer) {
   // save_model gathers what a sharding policy (FullShard) keeps sharded; every rank calls it.
   const std::filesystem::path dir = peer.weights_out + ".model";
   trainer.save_model(dir.string());
-  if (trainer.state().is_world_process_zero) std::filesystem::rename(dir / "model.safetensors", peer.weights_out);
+  // A model training a LoRA adapter saves PEFT's adapter file in place of model.safetensors.
+  const bool adapter = std::filesystem::exists(dir / loom::peft::adapter_weights_file);
+  if (trainer.state().is_world_process_zero)
+    std::filesystem::rename(dir / (adapter ? loom::peft::adapter_weights_file : "model.safetensors"), peer.weights_out);
   return 0;
 }
 
@@ -118,15 +124,18 @@ int run_model(const PeerArguments& peer, const loom::TrainingArguments& args, Mo
 }
 
 template <class Sharding>
-int run(const PeerArguments& peer, const loom::TrainingArguments& args) {
+int run(const PeerArguments& peer, const loom::peft::LoraArguments& lora, const loom::TrainingArguments& args) {
   if (peer.model != "net") {
     loom::check(args.model_name_or_path.has_value(), "hf_peer --model {} needs --model_name_or_path", peer.model);
     if (peer.model == "gpt2")
       return run_model<loom::models::GPT2LMHeadModel, loom::data::CausalLMBatch, Sharding>(
           peer, args, loom::models::GPT2LMHeadModel::from_pretrained(*args.model_name_or_path));
-    if (peer.model == "llama")
-      return run_model<loom::models::LlamaForCausalLM, loom::data::CausalLMBatch, Sharding>(
-          peer, args, loom::models::LlamaForCausalLM::from_pretrained(*args.model_name_or_path));
+    if (peer.model == "llama") {
+      auto model = loom::models::LlamaForCausalLM::from_pretrained(*args.model_name_or_path);
+      (void)loom::peft::prepare_lora(*model, lora, model->config().model_type, args.model_name_or_path);
+      return run_model<loom::models::LlamaForCausalLM, loom::data::CausalLMBatch, Sharding>(peer, args, model);
+    }
+    loom::check(!loom::peft::lora_config_from_args(lora, peer.model), "hf_peer: LoRA's flags need --model llama");
     loom::check(peer.model == "bert", "hf_peer --model is net, gpt2, llama or bert, got {}", peer.model);
     return run_model<loom::models::BertForSequenceClassification, loom::data::SequenceBatch, Sharding>(
         peer, args, loom::models::BertForSequenceClassification::from_pretrained(*args.model_name_or_path));
@@ -144,12 +153,13 @@ int run(const PeerArguments& peer, const loom::TrainingArguments& args) {
 
 int main(int argc, char** argv) {
   return loom::run_main([&] {
-    auto [peer, args] = loom::parse_args(argc, argv, PeerArguments{}, loom::TrainingArguments{});
+    auto [peer, lora, args] =
+        loom::parse_args(argc, argv, PeerArguments{}, loom::peft::LoraArguments{}, loom::TrainingArguments{});
     loom::check(!peer.data_file.empty(), "hf_peer needs --data_file");
     const std::string sharding = loom::resolved_sharding(args);
-    if (sharding == "ddp") return run<loom::sharding::DDP>(peer, args);
-    if (sharding == "full_shard") return run<loom::sharding::FullShard>(peer, args);
+    if (sharding == "ddp") return run<loom::sharding::DDP>(peer, lora, args);
+    if (sharding == "full_shard") return run<loom::sharding::FullShard>(peer, lora, args);
     loom::check(sharding == "no", "hf_peer runs --sharding no, ddp or full_shard, got {}", sharding);
-    return run<loom::sharding::NoShard>(peer, args);
+    return run<loom::sharding::NoShard>(peer, lora, args);
   });
 }

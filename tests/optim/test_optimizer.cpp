@@ -137,3 +137,27 @@ TEST_CASE("clip_grad_norm returns the pre-clip global norm and scales to max_nor
   loom::optim::clip_grad_norm({a, b}, 1.0);
   CHECK(a.grad()[0].item<float>() == doctest::Approx(0.3f));
 }
+
+TEST_CASE("clip_grad_norm: a fused group is normed as one tensor, its concatenation, in its first member's place") {
+  // Gradients with many digits: the norm of one 2x4096 tensor and that of the two pieces'
+  // norms differ in the last bits, which is what the groups are for (transformers' fused experts).
+  torch::manual_seed(3);
+  std::vector<torch::Tensor> p;
+  for (const int64_t n : {5, 4096, 7, 4096}) {
+    p.push_back(torch::zeros({n}, torch::requires_grad()));
+    p.back().mutable_grad() = torch::randn({n});
+  }
+  const auto grads = [&] { std::vector<torch::Tensor> g; for (const auto& t : p) g.push_back(t.grad().clone()); return g; }();
+  // Group {1, 3}: the norms taken are p0, cat(p1, p3), p2, in that order.
+  const auto expected = torch::linalg_vector_norm(
+      torch::stack(at::_foreach_norm({grads[0], torch::cat({grads[1], grads[3]}), grads[2]}, 2)), 2);
+  const auto norm = loom::optim::clip_grad_norm(p, 1.0, {{1, 3}});
+  CHECK(torch::equal(norm, expected));
+  const auto coef = torch::clamp_max(1.0 / (expected + 1e-6), 1.0);
+  for (std::size_t i = 0; i < p.size(); ++i) CHECK(torch::equal(p[i].grad(), grads[i] * coef));
+  // Without the group: each tensor on its own, another float.
+  for (std::size_t i = 0; i < p.size(); ++i) p[i].mutable_grad() = grads[i].clone();
+  const auto unfused = loom::optim::clip_grad_norm(p, 0.0);
+  CHECK(torch::equal(unfused, torch::linalg_vector_norm(torch::stack(at::_foreach_norm(grads, 2)), 2)));
+  CHECK_FALSE(torch::equal(unfused, expected));
+}

@@ -51,8 +51,10 @@ class OptimizerStep {
   /// Takes the optimizer create_optimizer built and, when the engine shards the optimizer,
   /// rebuilds it with the same algorithm and groups over this rank's pieces of each parameter.
   /// `model_order`: the model's parameters, in the order HF clips them (model.parameters()).
+  /// `fused`: parameters whose gradients HF norms as one tensor each (fused_gradient_groups).
   LOOM_INLINE void reset(optim::Optimizer full, schedule::LRSchedulerBase& scheduler,
-                         const std::vector<torch::Tensor>& model_order);
+                         const std::vector<torch::Tensor>& model_order,
+                         const std::vector<std::vector<torch::Tensor>>& fused = {});
 
   /// Every parameter the optimizer steps: in model order (then any the model does not hold),
   /// so the global norm sums as HF's does; this rank's pieces when sharded.
@@ -104,6 +106,7 @@ class OptimizerStep {
   schedule::LRSchedulerBase* scheduler_ = nullptr;
   std::optional<optim::Optimizer> optimizer_;
   std::vector<torch::Tensor> params_;
+  std::vector<std::vector<std::size_t>> fused_;  // groups of params_ normed as one tensor (unsharded)
   std::vector<dist::Piece> pieces_;
   dist::StateBytes state_bytes_;
   torch::Tensor skip_flag_host_;

@@ -6,13 +6,18 @@
 //
 // Two ways to batch them:
 // - padded (the default): one example per row, right-padded to the batch's longest with the
-//   pad id (labels -100 there). A causal model needs no attention mask for right padding.
+//   pad id (labels -100 there) and, when a row is padded, an attention_mask (1 on the
+//   example's tokens, 0 on the padding: TRL's collator's). The token loss needs no mask for
+//   right padding; a sparse MoE model's load-balancing loss reads it to leave the padding out,
+//   as transformers' does with the collator's mask.
 // - packed (`packing = block_size`): examples laid one after another into windows of
 //   block_size tokens, first fit in file order without splitting an example (the rest of a
 //   window is padding); position_ids restart at 0 at each example, so a model that takes them
 //   (the Llama architecture) attends within each example only, and the label of each
 //   example's first token is -100 (no token of the same example predicts it). Packed and
-//   padded batches give the same loss per completion token.
+//   padded batches give the same loss per completion token. No attention_mask, as TRL's
+//   padding-free batches carry none: a window's padding tail counts in a sparse MoE model's
+//   load-balancing loss (TRL's padding-free rows have no padding to count).
 //
 // An example longer than the longest allowed (max_length, or block_size when packing) keeps
 // its first tokens; truncated() counts them.
@@ -64,7 +69,8 @@ class SftDataset {
   /// The longest row a batch can have: block_size when packing, else the longest example after
   /// truncation (the memory plan's sequence length); 0 without rows.
   [[nodiscard]] LOOM_INLINE int64_t max_sequence_length() const;
-  /// Rows `indices`: input_ids, labels (-100 on prompt and padding) and, packed, position_ids.
+  /// Rows `indices`: input_ids, labels (-100 on prompt and padding) and, packed, position_ids;
+  /// padded rows, an attention_mask when one is shorter than the batch (undefined otherwise).
   [[nodiscard]] LOOM_INLINE CausalLMBatch get_batch(std::span<const int64_t> indices) const;
 
  private:

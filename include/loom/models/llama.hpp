@@ -50,6 +50,7 @@
 // "sliding_attention" (by default all but every 2nd / every sliding_window_pattern-th, 6).
 
 #include <loom/config/inline.hpp>
+#include <loom/core/fused_gradients.hpp>
 #include <loom/core/neftune.hpp>
 #include <loom/data/text.hpp>
 #include <loom/distributed/full_shard_unit.hpp>
@@ -144,6 +145,9 @@ struct LlamaFamily {
   bool always_norm_topk = false;  ///< the top-k routing weights always renormalized to sum 1 (Mixtral); else by norm_topk_prob
   /// The routing weights stay float32 (Mixtral); else cast to the router logits' dtype (Qwen3-MoE)
   bool float_routing_weights = false;
+  /// The block holds its experts before its router (Qwen3-MoE), so model.parameters() (the
+  /// order of the gradient norm's sum) lists them first; else the router first (Mixtral)
+  bool experts_before_router = false;
 };
 
 /// The families LlamaForCausalLM reads, facts from transformers' config and modeling files.
@@ -195,7 +199,7 @@ inline constexpr std::array<LlamaFamily, 10> kLlamaFamilies{{
      .keys = LlamaFamily::attention_bias_key | LlamaFamily::head_dim_key | LlamaFamily::window_switch_key |
              LlamaFamily::sliding_window_key | LlamaFamily::moe_keys | LlamaFamily::sparse_step_keys,
      .qk_norm = true, .moe_block = "mlp", .moe_block_class = "Qwen3MoeSparseMoeBlock", .default_experts = 128,
-     .default_experts_per_tok = 8, .default_moe_intermediate = 768},
+     .default_experts_per_tok = 8, .default_moe_intermediate = 768, .experts_before_router = true},
 }};
 
 /// transformers' LlamaConfig, with the fields Qwen2Config, Qwen3Config, MistralConfig,
@@ -445,6 +449,7 @@ class LlamaMLPImpl : public torch::nn::Module {
  private:
   ActivationFn activation_;
   int64_t intermediate_;
+  bool expert_ = false;  // an expert: gate and up as one product (transformers' fused experts)
 };
 TORCH_MODULE(LlamaMLP);
 
@@ -455,7 +460,7 @@ TORCH_MODULE(LlamaMLP);
 /// scattered back), weighted and summed over a token's k experts. Every expert runs, on no rows
 /// when none is routed to it, so every parameter has a gradient (zero), as transformers'
 /// default grouped_mm experts give. A FullShard unit of its own inside the decoder layer's.
-class LlamaSparseMoeBlockImpl : public torch::nn::Module {
+class LlamaSparseMoeBlockImpl : public torch::nn::Module, public FusedGradients {
  public:
   LOOM_INLINE explicit LlamaSparseMoeBlockImpl(const LlamaConfig& config);
   /// [batch, seq, hidden] -> [batch * seq, hidden]; with `router_logits`, [batch * seq, hidden +
@@ -465,6 +470,9 @@ class LlamaSparseMoeBlockImpl : public torch::nn::Module {
   /// transformers' class of the block in the config's family (MixtralSparseMoeBlock, ...): what
   /// --fsdp_transformer_layer_cls_to_wrap names (FullShardUnit reads it).
   [[nodiscard]] std::string hf_class_name() const { return std::string(class_name_); }
+  /// transformers' fused experts.gate_up_proj and experts.down_proj: the experts' gate and up
+  /// weights, expert after expert, and their down weights (the gradient norm's tensors).
+  [[nodiscard]] LOOM_INLINE std::vector<std::vector<torch::Tensor>> fused_gradients() const override;
   torch::nn::Linear gate{nullptr};                 ///< the router, [experts, hidden], no bias
   torch::nn::ModuleList experts{nullptr};          ///< registered as "experts" ("experts.{i}.w1", ...)
   std::vector<LlamaMLP> expert_mlps;               ///< the same experts, typed

@@ -116,7 +116,11 @@ LOOM_INLINE bool is_param_shaped(std::string_view kind);
 
 /// Scales all gradients so their global L2 norm is at most `max_norm`; returns the norm
 /// before clipping as a device scalar (no host sync), like torch.nn.utils.clip_grad_norm_.
-LOOM_INLINE torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm);
+/// `fused`: groups of indices into `params` whose gradients are normed as one tensor, their
+/// flattened concatenation in the group's order, placed where the group's first member is
+/// (transformers' fused tensors: loom/core/fused_gradients.hpp).
+LOOM_INLINE torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm,
+                                         const std::vector<std::vector<std::size_t>>& fused = {});
 
 }  // namespace loom::optim
 

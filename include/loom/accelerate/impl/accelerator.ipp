@@ -3,6 +3,7 @@
 #include <loom/config/text.hpp>
 #include <loom/config/validate.hpp>
 #include <loom/core/deferred.hpp>
+#include <loom/core/fused_gradients.hpp>
 #include <loom/core/log.hpp>
 #include <loom/distributed/checkpointed.hpp>
 #include <loom/distributed/comm.hpp>
@@ -96,13 +97,27 @@ LOOM_INLINE void AcceleratorBase::plan_memory(const torch::nn::Module& module) {
   if (refusal) fail("{}", *refusal);
 }
 
+namespace detail {
+// Every FusedGradients group of the model's modules in module order, a FullShard unit's block
+// included (the wrapper registers the block's parameters, not the block).
+inline std::vector<std::vector<torch::Tensor>> fused_gradient_groups(const torch::nn::Module& model) {
+  std::vector<std::vector<torch::Tensor>> groups;
+  for (const auto& m : model.modules(/*include_self=*/true)) {
+    const auto* unit = dynamic_cast<const dist::FullShardUnitBase*>(m.get());
+    for (auto& group : fused_gradients_of(unit != nullptr ? unit->block() : *m)) groups.push_back(std::move(group));
+  }
+  return groups;
+}
+}  // namespace detail
+
 LOOM_INLINE void AcceleratorBase::prepare_optimizer(optim::Optimizer optimizer, schedule::LRSchedulerBase& scheduler) {
   check(module_ != nullptr, "prepare_optimizer needs the model first: call prepare_model");
   scheduler_ptr_ = &scheduler;
   more_.clear();  // a new first optimizer starts a new set
   held_.clear();
   all_bytes_ = {};
-  steps_->reset(claim_parameters(std::move(optimizer), 0), scheduler, module_->parameters());
+  steps_->reset(claim_parameters(std::move(optimizer), 0), scheduler, module_->parameters(),
+                detail::fused_gradient_groups(*module_));
   loop_ = LoopState{};
   if (world_.size > 1) loop_.tr_loss.set_reducer([this](torch::Tensor& t) { engine_->all_reduce(t, "the loss all-reduce"); });
 }
@@ -117,7 +132,8 @@ LOOM_INLINE std::size_t AcceleratorBase::add_optimizer_impl(optim::Optimizer opt
         "optimizer's steps); use --bf16 or fp32");
   const std::size_t k = 1 + more_.size();
   auto steps = std::make_unique<OptimizerStep>(*engine_, device_, engine_->owns_grads(), run_args_->offload_optimizer);
-  steps->reset(claim_parameters(std::move(optimizer), k), scheduler, module_->parameters());
+  steps->reset(claim_parameters(std::move(optimizer), k), scheduler, module_->parameters(),
+               detail::fused_gradient_groups(*module_));
   more_.push_back({std::move(steps), &scheduler, std::move(current_lr)});
   return k;
 }

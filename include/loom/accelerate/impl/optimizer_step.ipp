@@ -5,18 +5,21 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace loom {
 
 LOOM_INLINE void OptimizerStep::reset(optim::Optimizer full, schedule::LRSchedulerBase& scheduler,
-                                      const std::vector<torch::Tensor>& model_order) {
+                                      const std::vector<torch::Tensor>& model_order,
+                                      const std::vector<std::vector<torch::Tensor>>& fused) {
   scheduler_ = &scheduler;
   state_bytes_ = {};
   skipped_ = 0;
   skip_pending_ = false;
   pieces_.clear();
   params_.clear();
+  fused_.clear();
   host_.clear();
   optimizer_.reset();
   // Groups with their own lr follow the schedule's factor, lr / base_lr (torch's LambdaLR).
@@ -34,6 +37,15 @@ LOOM_INLINE void OptimizerStep::reset(optim::Optimizer full, schedule::LRSchedul
       if (in_optimizer.erase(p.unsafeGetTensorImpl()) > 0) params_.push_back(p);
     for (const auto& p : stepped)
       if (in_optimizer.count(p.unsafeGetTensorImpl()) > 0) params_.push_back(p);
+    // A fused group counts when the optimizer steps all its members (a frozen base does not).
+    std::unordered_map<const c10::TensorImpl*, std::size_t> index;
+    for (std::size_t i = 0; i < params_.size(); ++i) index.emplace(params_[i].unsafeGetTensorImpl(), i);
+    for (const auto& group : fused) {
+      std::vector<std::size_t> at;
+      for (const auto& p : group)
+        if (const auto it = index.find(p.unsafeGetTensorImpl()); it != index.end()) at.push_back(it->second);
+      if (!group.empty() && at.size() == group.size()) fused_.push_back(std::move(at));
+    }
     return;
   }
   check(full.wrapped() == nullptr,
@@ -88,7 +100,9 @@ LOOM_INLINE torch::Tensor OptimizerStep::clip(const std::vector<torch::Tensor>& 
     // exactly 1, so two ranks overflowing would otherwise apply inf gradients.
     inf.clamp_max_(1.0);
   }
-  if (!engine_->grads_sharded()) return optim::clip_grad_norm(params, max_grad_norm);
+  if (!engine_->grads_sharded())
+    // (fused_ indexes params_: other parameters are normed tensor by tensor.)
+    return optim::clip_grad_norm(params, max_grad_norm, &params == &params_ ? fused_ : decltype(fused_){});
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
   for (const auto& p : params)

@@ -98,14 +98,20 @@ LOOM_INLINE CausalLMBatch SftDataset::get_batch(std::span<const int64_t> indices
     for (const int64_t i : indices) width = std::max(width, length(i));
   auto ids = torch::full({rows, width}, pad_, torch::kLong);
   auto labels = torch::full({rows, width}, int64_t{-100}, torch::kLong);
-  torch::Tensor positions;
+  torch::Tensor positions, attention_mask;
   if (packed()) positions = torch::empty({rows, width}, torch::kLong);
+  else attention_mask = torch::ones({rows, width}, torch::kLong);
+  bool padding = false;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = indices[static_cast<std::size_t>(r)];
     int64_t* id = ids.data_ptr<int64_t>() + r * width;
     int64_t* label = labels.data_ptr<int64_t>() + r * width;
     if (!packed()) {
-      write(i, id, label, nullptr);
+      // TRL's collator's attention_mask: 1 on the example's tokens, 0 on the padding after them.
+      const int64_t length = write(i, id, label, nullptr);
+      std::fill(attention_mask.data_ptr<int64_t>() + r * width + length,
+                attention_mask.data_ptr<int64_t>() + (r + 1) * width, int64_t{0});
+      padding = padding || length < width;
       continue;
     }
     check(i >= 0 && i < size(), "{}: window {} out of range [0, {})", ids_->path().string(), i, size());
@@ -115,7 +121,10 @@ LOOM_INLINE CausalLMBatch SftDataset::get_batch(std::span<const int64_t> indices
       at += write(example, id + at, label + at, position + at);
     for (int64_t k = at; k < width; ++k) position[k] = k - at;  // the padding: a document of its own
   }
-  return {std::move(ids), std::move(labels), std::move(positions)};
+  // A batch without padding goes without a mask: the model reads one it finds all ones as none
+  // (transformers' sdpa path), so only the host's check is saved.
+  if (!padding) attention_mask = torch::Tensor();
+  return {std::move(ids), std::move(labels), std::move(positions), std::move(attention_mask)};
 }
 
 }  // namespace loom::data

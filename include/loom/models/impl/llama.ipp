@@ -709,12 +709,23 @@ LOOM_INLINE LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c, int64_t intermediat
   gate_proj = register_module(std::string(names[0]), linear(c.hidden_size, intermediate));
   up_proj = register_module(std::string(names[1]), linear(c.hidden_size, intermediate));
   down_proj = register_module(std::string(names[2]), linear(intermediate, c.hidden_size));
+  expert_ = true;
 }
 
 LOOM_INLINE torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
   if (!gate_up_proj.is_empty()) {  // Phi3MLP: the first half is the gate, the second the up projection
     const auto both = gate_up_proj(x);
     return down_proj(both.narrow(-1, intermediate_, intermediate_) * activation_(both.narrow(-1, 0, intermediate_)));
+  }
+  if (expert_ && torch::GradMode::is_enabled() && !gate_proj->has_adapter() && !up_proj->has_adapter() &&
+      !gate_proj->quantized() && !up_proj->quantized()) {
+    // transformers 5.23 fuses an expert's gate and up projections at load ([gate; up], its
+    // experts.gate_up_proj) and runs them as one product: so here, over the two weights
+    // concatenated, when a backward may follow. The input's gradient is then one product as
+    // there; two summed round otherwise (the forward's values are the same either way, so
+    // evaluation and generation skip the copy). The parameters stay the two of the files.
+    const auto both = torch::nn::functional::linear(x, torch::cat({gate_proj->weight, up_proj->weight}));
+    return down_proj(activation_(both.narrow(-1, 0, intermediate_)) * both.narrow(-1, intermediate_, intermediate_));
   }
   const auto gated = activation_(gate_proj(x));
   return down_proj(gated * up_proj(x));
@@ -727,12 +738,26 @@ LOOM_INLINE LlamaSparseMoeBlockImpl::LlamaSparseMoeBlockImpl(const LlamaConfig& 
       jitter_(c.router_jitter_noise),
       class_name_(llama_family(c).moe_block_class) {
   const int64_t count = llama_experts(c);
-  gate = register_module("gate", new_linear(c.hidden_size, count, /*bias=*/false));
+  const bool experts_first = llama_family(c).experts_before_router;
+  if (!experts_first) gate = register_module("gate", new_linear(c.hidden_size, count, /*bias=*/false));
   experts = register_module("experts", torch::nn::ModuleList());
   for (int64_t e = 0; e < count; ++e) {
     expert_mlps.emplace_back(c, llama_expert_width(c), llama_family(c).expert_projections);
     experts->push_back(expert_mlps.back());
   }
+  if (experts_first) gate = register_module("gate", new_linear(c.hidden_size, count, /*bias=*/false));
+}
+
+LOOM_INLINE std::vector<std::vector<torch::Tensor>> LlamaSparseMoeBlockImpl::fused_gradients() const {
+  // transformers 5.23's experts.gate_up_proj ([experts, 2 x width, hidden]: each expert's gate
+  // then up) and experts.down_proj ([experts, hidden, width]).
+  std::vector<torch::Tensor> gate_up, down;
+  for (const auto& e : expert_mlps) {
+    gate_up.push_back(e->gate_proj->weight);
+    gate_up.push_back(e->up_proj->weight);
+    down.push_back(e->down_proj->weight);
+  }
+  return {std::move(gate_up), std::move(down)};
 }
 
 LOOM_INLINE torch::Tensor LlamaSparseMoeBlockImpl::forward(const torch::Tensor& input, bool router_logits) {
@@ -749,7 +774,9 @@ LOOM_INLINE torch::Tensor LlamaSparseMoeBlockImpl::forward(const torch::Tensor& 
   // transformers' grouped_mm experts: the (token, k) pairs sorted by expert, each expert's
   // SwiGLU on its rows, the products weighted, put back in token order and summed over k.
   const auto flat = chosen.reshape({-1});
-  const auto [sorted, order] = flat.sort(std::optional<bool>(true), /*dim=*/0);
+  // torch.sort's default, not stable, as transformers sorts: the rows of an expert in the same
+  // order, so its weight gradient sums them in the same order.
+  const auto [sorted, order] = flat.sort(/*dim=*/0);
   const auto rows = x.index_select(0, order.div(top_k_, "floor"));
   const auto counts = torch::bincount(flat, {}, count).cpu();  // a host sync: each expert's rows
   const auto* per_expert = counts.data_ptr<int64_t>();

@@ -198,13 +198,40 @@ LOOM_INLINE void Optimizer::step_group(std::size_t g, double lr, const torch::Te
   rule_->step(s);
 }
 
-LOOM_INLINE torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm) {
+LOOM_INLINE torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm,
+                                         const std::vector<std::vector<std::size_t>>& fused) {
   std::vector<torch::Tensor> grads;
   for (const auto& p : params)
     if (p.grad().defined()) grads.push_back(p.grad());
   if (grads.empty()) return torch::zeros({});
   torch::NoGradGuard no_grad;
-  auto norms = at::_foreach_norm(grads, 2);
+  // The tensors normed: each gradient, or a fused group's concatenation in its first member's place.
+  std::vector<torch::Tensor> normed;
+  std::vector<std::ptrdiff_t> group_of(params.size(), -1);
+  for (std::size_t g = 0; g < fused.size(); ++g)
+    for (const auto i : fused[g]) group_of[i] = static_cast<std::ptrdiff_t>(g);
+  std::vector<bool> done(fused.size(), false);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto& grad = params[i].grad();
+    if (!grad.defined()) continue;
+    const auto g = group_of[i];
+    if (g < 0) {
+      normed.push_back(grad);
+      continue;
+    }
+    if (done[static_cast<std::size_t>(g)]) continue;
+    done[static_cast<std::size_t>(g)] = true;
+    std::vector<torch::Tensor> parts;
+    for (const auto k : fused[static_cast<std::size_t>(g)])
+      if (params[k].grad().defined()) parts.push_back(params[k].grad().reshape({-1}));
+    if (parts.size() == fused[static_cast<std::size_t>(g)].size()) {
+      normed.push_back(torch::cat(parts));
+    } else {  // a member without a gradient: each one that has one on its own
+      for (const auto k : fused[static_cast<std::size_t>(g)])
+        if (params[k].grad().defined()) normed.push_back(params[k].grad());
+    }
+  }
+  auto norms = at::_foreach_norm(normed, 2);
   auto total = torch::linalg_vector_norm(torch::stack(norms), 2);
   if (max_norm > 0) {
     auto coef = torch::clamp_max(max_norm / (total + 1e-6), 1.0);
