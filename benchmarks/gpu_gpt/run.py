@@ -53,13 +53,15 @@ def main():
     p.add_argument("--deadline", type=float, default=0.0, help="no side starts after this time.time()")
     p.add_argument("--json", default="", help="write every run and the medians here")
     p.add_argument("--extra", default="", help="extra flags for the C++ sides, one string")
+    p.add_argument("--python", default=sys.executable,
+                   help="the Python of the transformers sides (the test suite's warm one in the dry run)")
     a = p.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
     common = ["--per_device_train_batch_size", str(a.batch), "--block_size", str(a.block_size),
               "--max_steps", str(a.max_steps), "--warmup", str(a.warmup), "--peak_tflops", str(a.peak_tflops),
               "--device", a.device]
     extra = a.extra.split() if a.extra else []
-    hf = [sys.executable, os.path.join(here, "hf_trainer.py")]
+    hf = [a.python, os.path.join(here, "hf_trainer.py")]
     report = {"runs": [], "failures": [], "skipped": [], "medians": {}}
     rows = []
     for size in a.sizes.split(","):

@@ -137,7 +137,7 @@ TEST_CASE("memory plan: the activation estimates of GPT-2, Llama, Gemma 2 and 3,
     const double planned = model->activation_bytes(s.batch, s.seq, 4, false);
     const double err = (planned - measured) / measured;
     worst = std::max(worst, std::abs(err));
-    MESSAGE(name << " h=" << s.hidden << " L=" << s.layers << " b=" << s.batch << " s=" << s.seq << ": estimate "
+    MESSAGE(std::string(name) << " h=" << s.hidden << " L=" << s.layers << " b=" << s.batch << " s=" << s.seq << ": estimate "
                  << planned / 1048576 << " MiB, measured " << measured / 1048576 << " MiB (" << err * 100 << "%)");
     CHECK(std::abs(err) <= 0.25);
   };

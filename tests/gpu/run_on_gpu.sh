@@ -62,19 +62,10 @@ py=${LOOM_PYTHON:-}
 if [ -z "$py" ]; then
   if [ -x "$root/.venv/bin/python" ]; then py=$root/.venv/bin/python; else py=$(command -v python3); fi
 fi
-torch_lib=$("$py" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))') || {
+torch_lib=$("$py" "$root/tests/gpu/device_info.py" lib) || {
   echo "run_on_gpu.sh: $py cannot import torch"; exit 1; }
 export LD_LIBRARY_PATH=$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-"$py" - <<'EOF' >"$out/device.json"
-import json, platform, torch
-d = {"python": platform.python_version(), "torch": torch.__version__, "cuda_runtime": torch.version.cuda,
-     "cuda_available": torch.cuda.is_available()}
-if torch.cuda.is_available():
-    p = torch.cuda.get_device_properties(0)
-    d.update(gpu=p.name, gpu_memory_gib=round(p.total_memory / 2**30, 1), sm_count=p.multi_processor_count,
-             capability=f"{p.major}.{p.minor}", nccl=".".join(map(str, torch.cuda.nccl.version())))
-print(json.dumps(d))
-EOF
+"$py" "$root/tests/gpu/device_info.py" device >"$out/device.json"
 say "device: $(cat "$out/device.json")"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
 
@@ -132,7 +123,7 @@ bench_failed=0
 if [ $quick -eq 0 ]; then
   if [ $dry -eq 1 ]; then
     say "benchmark CPU smoke (tiny GPT-2)"
-    CUDA_VISIBLE_DEVICES= "$py" "$root/benchmarks/gpu_gpt/run.py" --bench "$bench_bin" --device cpu --sizes tiny --rounds 1 \
+    CUDA_VISIBLE_DEVICES= "$py" "$root/benchmarks/gpu_gpt/run.py" --bench "$bench_bin" --python "$py" --device cpu --sizes tiny --rounds 1 \
       --sides loom,manual,hf --batch 2 --block_size 64 --max_steps 4 --warmup 1 --timeout 300 \
       --json "$out/bench.json" || bench_failed=1
   else

@@ -25,6 +25,9 @@
 //   float32 gradient of its hidden state (4h bytes) instead of its logits and log-softmax.
 //   A soft-capped head (Gemma 2's final_logit_softcapping, `head_softcap`) also keeps tanh's
 //   output (V, in e) and is never chunked.
+// A sparse MoE layer also keeps its experts' gate and up weights joined (`layer_fixed`: 2 x
+// width x hidden an expert, whatever the tokens), the operand of the one product it runs when
+// a backward may follow.
 // recompute (--gradient_checkpointing): each layer keeps its input (h) and one layer's
 // activations are live again during its backward.
 
@@ -45,6 +48,9 @@ struct ActivationShape {
   int dropouts = 0;             ///< dropouts with p > 0 in a layer (their 1-byte masks, h each)
   bool attention_dropout = false;
   bool loss_only_head = false;  ///< a causal LM's head, which honours forward_request() (causal_lm_output)
+  /// Elements a layer saves whatever the tokens, averaged over the layers (a sparse MoE
+  /// block's experts' gate and up weights joined for one product, kept for the backward).
+  int64_t layer_fixed = 0;
 };
 
 /// One micro-batch's saved activations in bytes (see the file comment).
@@ -70,7 +76,8 @@ inline double transformer_activation_bytes(const ActivationShape& m, int64_t bat
     head = static_cast<double>(e) * 3.0 * m.hidden + (chunked ? 4.0 * m.hidden : (e + 4.0) * m.vocab + capped);
   }
   const double stack = recompute ? static_cast<double>(e) * m.hidden * m.layers + layer : layer * m.layers;
-  return tokens * (stack + head);
+  const double fixed = static_cast<double>(e) * static_cast<double>(m.layer_fixed) * (recompute ? 1 : m.layers);
+  return tokens * (stack + head) + fixed;
 }
 
 }  // namespace loom::models

@@ -322,18 +322,24 @@ inline ActivationShape llama_activation_shape(const LlamaConfig& c, bool causal_
   // A sparse layer's MLP: per routed row (top_k a token) the gathered input, gate, its SiLU,
   // up, their product and the down projection's output; the router's logits and float32
   // probabilities. Averaged over the layers (Qwen3-MoE's dense ones: 4 intermediate_size).
-  int64_t mlp = 0;
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
-    mlp += llama_layer_sparse(c, i)
-               ? llama_experts_per_tok(c) * (4 * llama_expert_width(c) + 2 * c.hidden_size) + 3 * llama_experts(c)
-               : 4 * c.intermediate_size;
-  if (c.num_hidden_layers > 0) mlp /= c.num_hidden_layers;
+  // Its experts' gate and up weights joined (2 x width x hidden each), whatever the tokens.
+  int64_t mlp = 0, fixed = 0;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const bool sparse = llama_layer_sparse(c, i);
+    mlp += sparse ? llama_experts_per_tok(c) * (4 * llama_expert_width(c) + 2 * c.hidden_size) + 3 * llama_experts(c)
+                  : 4 * c.intermediate_size;
+    if (sparse) fixed += llama_experts(c) * 2 * llama_expert_width(c) * c.hidden_size;
+  }
+  if (c.num_hidden_layers > 0) {
+    mlp /= c.num_hidden_layers;
+    fixed /= c.num_hidden_layers;
+  }
   return {.layers = c.num_hidden_layers, .hidden = c.hidden_size, .kv = kv, .mlp = mlp,
           .heads = c.num_attention_heads, .vocab = causal_lm ? c.vocab_size : 0,
           .qk_norm = family.qk_norm ? 2 * (q + kv) : 0, .norms = family.sandwich_norms ? 4 : 2,
           .eager_attention = family.attention_softcap && c.attn_logit_softcapping.has_value(), .query_width = q,
           .head_softcap = causal_lm && llama_final_softcap(c).has_value(),
-          .attention_dropout = c.attention_dropout > 0, .loss_only_head = causal_lm};
+          .attention_dropout = c.attention_dropout > 0, .loss_only_head = causal_lm, .layer_fixed = fixed};
 }
 
 /// Whether decoder layer `layer` is a "sliding_attention" layer (layer_types, or the family's
