@@ -595,8 +595,10 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
   }
 
   void prefetch(int k) {
-    if (k < 0) return;
-    auto& u = units_[static_cast<std::size_t>(k)];
+    if (k >= 0) launch_gathers(units_[static_cast<std::size_t>(k)]);
+  }
+  // Launches the all-gather of each of the unit's flats not gathered or in flight yet.
+  void launch_gathers(Unit& u) {
     for (auto* f : {&u.train, &u.frozen, &u.bytes})
       if (!f->slots.empty() && !f->gathered && !f->gather_work.pending()) launch_gather(*f);
   }
@@ -633,9 +635,7 @@ class FullShardEngine final : public UnitRuntime, public EngineBase {
     f.gathered = true;
   }
   void gather(Unit& u) {
-    // All launched before any is waited for.
-    for (auto* f : {&u.train, &u.frozen, &u.bytes})
-      if (!f->slots.empty() && !f->gathered && !f->gather_work.pending()) launch_gather(*f);
+    launch_gathers(u);  // all launched before any is waited for
     gather_flat(u.train);
     gather_flat(u.frozen);
     gather_flat(u.bytes);

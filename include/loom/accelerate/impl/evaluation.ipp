@@ -183,15 +183,18 @@ LOOM_INLINE PredictResult EvalAccumulator::finish() {
     if (world_.size > 1) local = gather_in_batch_order(*engine_, world_, num_batches_, local, sizes, "losses");
     std::vector<float> losses;
     std::vector<int64_t> rows;
-    if (local.defined())
-      for (int64_t i = 0; i < local.size(0); ++i) {
-        losses.push_back(static_cast<float>(local[i][0].item<double>()));
-        rows.push_back(static_cast<int64_t>(local[i][1].item<double>()));
+    if (local.defined()) {
+      const auto host = local.to(torch::kCPU, torch::kDouble).contiguous();
+      const auto a = host.accessor<double, 2>();
+      for (int64_t i = 0; i < a.size(0); ++i) {
+        losses.push_back(static_cast<float>(a[i][0]));
+        rows.push_back(static_cast<int64_t>(a[i][1]));
       }
+    }
     loss_ = mean_of_repeated_losses(losses, rows, args_->logging_nan_inf_filter);
   }
   // Every rank must run the same gathers: the label fields any rank kept are agreed on in
-  // the all-reduce of the loss sums (a rank may have had no batch at all).
+  // the all-reduce of the row counts (a rank may have had no batch at all).
   constexpr int64_t kMaxLabelFields = 16;
   check(labels_.size() <= static_cast<std::size_t>(kMaxLabelFields), "evaluation keeps at most {} label fields, got {}",
         kMaxLabelFields, labels_.size());
