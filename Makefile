@@ -87,8 +87,8 @@ $(DEPS)/venv.stamp: requirements.txt
 	fi
 	@touch $@
 
-# CMAKE_ARGS: more -D settings for the first configure (.ci/run sets LOOM_BENCHMARKS_CHECK_BUILD,
-# LOOM_EXAMPLES_CHECK_BUILD and LOOM_COMPILED_CHECK_BUILD).
+# CMAKE_ARGS: more -D settings for the first configure (.ci/run sets LOOM_BENCHMARKS_CHECK_BUILD
+# and LOOM_COMPILED_CHECK_BUILD; LOOM_EXAMPLES_OPTIMIZED=ON builds the examples at -O3).
 CMAKE_ARGS ?=
 $(BUILD)/build.ninja: $(DEPS)/apt.stamp $(DEPS)/venv.stamp CMakeLists.txt
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_PYTHON=$(PY) \

@@ -57,7 +57,7 @@ endforeach()
 
 # LOOM_COMPILED_CHECK_BUILD: the library's units compile as the test programs do (at
 # LOOM_TEST_OPTIMIZATION, on their precompiled header), for CI alone, where every program is
-# built so (LOOM_EXAMPLES_CHECK_BUILD, LOOM_BENCHMARKS_CHECK_BUILD): then nothing needs the
+# built so (the examples by default, LOOM_BENCHMARKS_CHECK_BUILD): then nothing needs the
 # optimized precompiled header, and the build skips it and LLVM's optimizer on the library
 # (docs/building.md has the figures). The tokenizer's unit stays optimized (its tests encode
 # the KJV text a dozen times: 13 s of CPU at -O3, 52 s at -O0), on no precompiled header

@@ -6,6 +6,7 @@
 
 #include "support.hpp"
 
+#include <loom/metrics/memory.hpp>
 #include <loom/models/bert.hpp>
 #include <loom/models/gpt2.hpp>
 #include <loom/models/llama.hpp>

@@ -9,7 +9,7 @@
 
 #include <doctest/doctest.h>
 
-#include <loom/loom.hpp>
+#include <loom/checkpoint/folders.hpp>
 
 #include "../support.hpp"
 #include "support.hpp"

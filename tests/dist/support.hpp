@@ -6,7 +6,7 @@
 
 #include <doctest/doctest.h>
 
-#include <loom/loom.hpp>
+#include <loom/checkpoint/safetensors.hpp>
 
 #include "../support.hpp"
 

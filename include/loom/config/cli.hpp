@@ -69,11 +69,6 @@ LOOM_INLINE void parse_flags(std::span<const std::string> args, const std::vecto
 /// The usage line and the fixed part of --help, up to and including the --help line.
 LOOM_INLINE std::string help_usage(std::string_view program);
 
-/// Appends `  --<name> <<kind>>  (default: <default_text>)`, a newline, and the description
-/// (when there is one) on a line of its own, indented.
-LOOM_INLINE void append_help_line(std::string& out, std::string_view name, std::string_view kind,
-                                  const std::string& default_text, std::string_view description);
-
 /// argv[0]'s file name ("program" when argv[0] is missing; argv[0] itself when it has no name).
 LOOM_INLINE std::string program_name(int argc, const char* const* argv);
 
@@ -107,10 +102,11 @@ ParseResult<Ts...> try_parse_args(std::span<const std::string> args, std::tuple<
   }
   detail::parse_flags(args, table,
                       {&result.values, [](void* context, const detail::FieldInfo& info, std::string_view text) {
-                         auto& values = *static_cast<std::tuple<Ts...>*>(context);
-                         detail::visit_field(values, info,
-                                             [&](auto& field) { detail::set_from_text(field, text, info.name); });
-                         detail::record_given(values, info);
+                         detail::with_struct(*static_cast<std::tuple<Ts...>*>(context), info.type_index,
+                                             [&]<class T>(T& value) {
+                                               detail::Reflected<T>::set_text(value, info, text);
+                                               detail::Reflected<T>::record_given(value, info.name);
+                                             });
                        }});
   return result;
 }
@@ -128,24 +124,7 @@ template <class... Ts>
 std::string help_text(std::string_view program, const std::tuple<Ts...>& defaults) {
   detail::check_parseable<Ts...>();
   std::string out = detail::help_usage(program);
-  auto list = [&]<class T>(const T& defaults) {
-    constexpr auto names = detail::setting_names<T>();
-    constexpr auto descriptions = detail::field_descriptions<T>();
-    constexpr auto groups = detail::setting_groups<T>();
-    out += '\n';
-    out += detail::help_heading<T>();
-    out += ":\n";
-    std::string_view group;
-    detail::for_each_setting(defaults, [&]<class F>(const F& field, std::size_t index) {
-      if (groups[index] != group) {  // a group's settings under its own sub-heading
-        group = groups[index];
-        if (!group.empty()) out.append(" ").append(group).append(":\n");
-      }
-      detail::append_help_line(out, names[index], detail::kind_short<typename detail::field_traits<F>::scalar>(),
-                               detail::field_to_text(field), descriptions[index]);
-    });
-  };
-  std::apply([&](const auto&... d) { (list(d), ...); }, defaults);
+  std::apply([&]<class... T>(const T&... d) { (detail::Reflected<T>::append_help(out, d), ...); }, defaults);
   return out;
 }
 
@@ -191,6 +170,8 @@ auto parse_args(int argc, const char* const* argv) {
 }
 
 }  // namespace loom
+
+#include <loom/config/reflected_ops.hpp>
 
 #if defined(LOOM_HEADER_ONLY)
 #include <loom/config/impl/cli.ipp>

@@ -19,6 +19,7 @@
 #include <loom/config/given_flags.hpp>
 #include <loom/config/inline.hpp>
 #include <loom/config/meta.hpp>
+#include <loom/config/reflected.hpp>
 
 #include <boost/pfr.hpp>
 
@@ -598,15 +599,22 @@ constexpr std::string_view help_heading() {
   }
 }
 
-/// Every check parse_args and help_text make of the structs Ts parsed together.
+/// The compile-time checks of T alone (Reflected<T>::check calls them: compiled once for a
+/// struct whose Reflected is instantiated in loom::compiled).
+template <class T>
+constexpr void check_struct() {
+  check_reflectable<T>();
+  static_assert(!has_field_named_help<T>(), "loom: a field named `help` would clash with --help; rename it");
+  check_field_help<T>();
+}
+
+/// Every check parse_args and help_text make of the structs Ts parsed together: each one's
+/// own, then that no flag is defined by two of them.
 template <class... Ts>
-constexpr void check_parseable() {
-  (check_reflectable<Ts>(), ...);
+void check_parseable() {
   static_assert(sizeof...(Ts) > 0, "loom: parse_args needs at least one struct type");
-  check_no_flag_twice<Ts...>();
-  static_assert(!(has_field_named_help<Ts>() || ...),
-                "loom: a field named `help` would clash with --help; rename it");
-  (check_field_help<Ts>(), ...);
+  (Reflected<Ts>::check(), ...);
+  if constexpr (sizeof...(Ts) > 1) check_no_flag_twice<Ts...>();
 }
 
 // ---- kinds: how a field type is named in messages and --help ---------------------------
@@ -647,54 +655,23 @@ std::string field_kind_phrase() {
 
 // ---- the flat table of every setting of every struct ---------------------------------------
 
-struct FieldInfo {
-  std::string_view name;    // canonical field name (static storage, from Boost.PFR)
-  std::size_t type_index;   // which struct of the pack
-  std::size_t field_index;  // which setting of that struct (setting index)
-  bool is_bool;             // bool or optional<bool>: may be given bare
-  std::string kind;         // "an integer", "a number or none", ...
-};
-
-template <class T, std::size_t TI>
-void append_fields(std::vector<FieldInfo>& table) {
-  constexpr auto names = setting_names<T>();
-  [&]<std::size_t... I>(std::index_sequence<I...>) {
-    (table.push_back(FieldInfo{names[I], TI, I,
-                               std::is_same_v<typename field_traits<setting_t<T, I>>::scalar, bool>,
-                               field_kind_phrase<setting_t<T, I>>()}),
-     ...);
-  }(std::make_index_sequence<setting_count<T>()>{});
-}
-
+/// One entry per setting of the structs Ts parsed together, in order (config/reflected.hpp's
+/// FieldInfo).
 template <class... Ts>
 std::vector<FieldInfo> field_table() {
   std::vector<FieldInfo> table;
   [&]<std::size_t... TI>(std::index_sequence<TI...>) {
-    (append_fields<Ts, TI>(table), ...);
+    (Reflected<Ts>::append_fields(table, TI), ...);
   }(std::index_sequence_for<Ts...>{});
   return table;
 }
 
-/// Calls f(field) with the field of `values` (a tuple of structs) that `info` names.
+/// Calls f(value) with the struct of `values` (a tuple of structs) whose pack index is `type_index`.
 template <std::size_t TI = 0, class Tuple, class F>
-void visit_field(Tuple& values, const FieldInfo& info, F&& f) {
+void with_struct(Tuple& values, std::size_t type_index, F&& f) {
   if constexpr (TI < std::tuple_size_v<Tuple>) {
-    if (info.type_index != TI) return visit_field<TI + 1>(values, info, std::forward<F>(f));
-    for_each_setting(std::get<TI>(values), [&](auto& field, std::size_t index) {
-      if (index == info.field_index) f(field);
-    });
-  }
-}
-
-/// Records `info`'s name in the GivenFlags fields of its struct in `values` (a tuple of
-/// structs); nothing for a struct without one.
-template <std::size_t TI = 0, class Tuple>
-void record_given(Tuple& values, const FieldInfo& info) {
-  if constexpr (TI < std::tuple_size_v<Tuple>) {
-    using T = std::tuple_element_t<TI, Tuple>;
-    if (info.type_index != TI) return record_given<TI + 1>(values, info);
-    if constexpr (has_given_flags_v<T>)
-      for_each_given_flags(std::get<TI>(values), [&](GivenFlags& flags) { flags.insert(info.name); });
+    if (type_index != TI) return with_struct<TI + 1>(values, type_index, std::forward<F>(f));
+    f(std::get<TI>(values));
   }
 }
 

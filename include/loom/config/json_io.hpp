@@ -96,14 +96,7 @@ template <std::size_t TI = 0, class Tuple>
 void record_ignored(Tuple& values, std::string_view key) {
   if constexpr (TI < std::tuple_size_v<Tuple>) {
     using T = std::tuple_element_t<TI, Tuple>;
-    if constexpr (has_given_flags_v<T>) {
-      bool done = false;
-      for_each_given_flags(std::get<TI>(values), [&](GivenFlags& flags) {
-        if (!std::exchange(done, true)) flags.insert_ignored(key);
-      });
-    } else {
-      record_ignored<TI + 1>(values, key);
-    }
+    if (!Reflected<T>::record_ignored(std::get<TI>(values), key)) record_ignored<TI + 1>(values, key);
   }
 }
 
@@ -182,11 +175,12 @@ void apply_json_object(Tuple& values, const Json& json, const std::vector<FieldI
       continue;
     }
     const std::optional<nlohmann::json> hf_form = hf_json_form(info->name, it.value());
-    visit_field(values, *info, [&](auto& field) {
-      if (hf_form) set_from_json(field, *hf_form, info->name);
-      else set_from_json(field, it.value(), info->name);
+    with_struct(values, info->type_index, [&]<class T>(T& value) {
+      if (hf_form) Reflected<T>::set_json(value, *info, *hf_form);
+      else if constexpr (std::is_same_v<Json, nlohmann::json>) Reflected<T>::set_json(value, *info, it.value());
+      else Reflected<T>::set_json(value, *info, nlohmann::json(it.value()));
+      if (record == RecordGiven::yes) Reflected<T>::record_given(value, info->name);
     });
-    if (record == RecordGiven::yes) record_given(values, *info);
   }
 }
 
@@ -252,19 +246,14 @@ nlohmann::ordered_json field_to_json(const F& field) {
 /// Every setting in declaration order; an empty optional becomes null (GivenFlags fields are left out).
 template <class T>
 nlohmann::ordered_json to_json(const T& value) {
-  detail::check_reflectable<T>();
-  constexpr auto names = detail::setting_names<T>();
-  nlohmann::ordered_json out = nlohmann::ordered_json::object();
-  detail::for_each_setting(value, [&]<class F>(const F& field, std::size_t index) {
-    out[std::string(names[index])] = json::field_to_json(field);
-  });
-  return out;
+  detail::Reflected<T>::check();
+  return detail::Reflected<T>::to_json(value);
 }
 
 /// A default-constructed T with the keys present set; unknown key, wrong type or bad null throws loom::Error.
 template <class T, class Json = nlohmann::json>
 T from_json(const Json& json) {
-  detail::check_reflectable<T>();
+  detail::Reflected<T>::check();
   std::tuple<T> value{};
   detail::apply_json_object(value, json, detail::field_table<T>());
   return std::get<0>(std::move(value));
@@ -279,13 +268,15 @@ void save_json(const T& value, const std::filesystem::path& path) {
 /// Reads a JSON object written by save_json (or by hand) into T; errors name the path.
 template <class T>
 T load_json(const std::filesystem::path& path) {
-  detail::check_reflectable<T>();
+  detail::Reflected<T>::check();
   std::tuple<T> value{};
   detail::apply_json_file(value, path, detail::field_table<T>());
   return std::get<0>(std::move(value));
 }
 
 }  // namespace loom
+
+#include <loom/config/reflected_ops.hpp>
 
 #if defined(LOOM_HEADER_ONLY)
 #include <loom/config/impl/json_io.ipp>

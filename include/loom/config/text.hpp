@@ -126,6 +126,11 @@ std::string field_to_text(const F& value) {
   }
 }
 
+/// Appends `  --<name> <<kind>>  (default: <default_text>)`, a newline, and the description
+/// (when there is one) on a line of its own, indented: one setting of --help.
+LOOM_INLINE void append_help_line(std::string& out, std::string_view name, std::string_view kind,
+                                  const std::string& default_text, std::string_view description);
+
 }  // namespace loom::detail
 
 #if defined(LOOM_HEADER_ONLY)

@@ -7,6 +7,7 @@
 
 #include <loom/config/field_help.hpp>
 #include <loom/config/given_flags.hpp>
+#include <loom/config/reflected.hpp>
 #include <loom/policy/catalog.hpp>
 
 #include <cstdint>
@@ -370,5 +371,14 @@ inline constexpr FieldHelp training_arguments_help[] = {
 
 /// The descriptions --help shows for TrainingArguments (found by ADL, config/field_help.hpp).
 constexpr std::span<const FieldHelp> field_help(HelpFor<TrainingArguments>) { return detail::training_arguments_help; }
+
+#if defined(LOOM_SEPARATE_COMPILATION)
+namespace detail {
+// Reflecting TrainingArguments' settings (the setters, --help, the compile-time checks) is
+// compiled once, in loom::compiled (config/impl/reflected.ipp), not in every program that
+// parses it (config/reflected.hpp).
+extern template struct Reflected<TrainingArguments>;
+}  // namespace detail
+#endif
 
 }  // namespace loom

@@ -97,22 +97,6 @@ LOOM_INLINE std::string help_usage(std::string_view program) {
   return out;
 }
 
-LOOM_INLINE void append_help_line(std::string& out, std::string_view name, std::string_view kind,
-                                  const std::string& default_text, std::string_view description) {
-  out += "  --";
-  out += name;
-  out += " <";
-  out += kind;
-  out += ">  (default: ";
-  out += default_text;
-  out += ")\n";
-  if (!description.empty()) {
-    out += "      ";
-    out += description;
-    out += '\n';
-  }
-}
-
 LOOM_INLINE std::string program_name(int argc, const char* const* argv) {
   std::string program = "program";
   if (argc > 0 && argv != nullptr && argv[0] != nullptr) {

@@ -105,4 +105,20 @@ LOOM_INLINE std::string floating_to_text(float value) { return floating_text(val
 LOOM_INLINE std::string floating_to_text(double value) { return floating_text(value); }
 LOOM_INLINE std::string floating_to_text(long double value) { return floating_text(value); }
 
+LOOM_INLINE void append_help_line(std::string& out, std::string_view name, std::string_view kind,
+                                  const std::string& default_text, std::string_view description) {
+  out += "  --";
+  out += name;
+  out += " <";
+  out += kind;
+  out += ">  (default: ";
+  out += default_text;
+  out += ")\n";
+  if (!description.empty()) {
+    out += "      ";
+    out += description;
+    out += '\n';
+  }
+}
+
 }  // namespace loom::detail
