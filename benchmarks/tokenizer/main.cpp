@@ -4,6 +4,7 @@
 //
 //   build/benchmarks/tokenizer --tokenizer data/kjv/tokenizer.json --text kjv.txt
 //   build/benchmarks/tokenizer --tokenizer t.json --text kjv.txt --rounds 5
+//   build/benchmarks/tokenizer --tokenizer t.json --text spaces.txt --whole   (one long text)
 //
 // The text file holds one text per line (build/examples/kjv_text's output); the figure is the
 // ids made over the best of `rounds` passes (a pass encodes every line; the first pass also
@@ -19,6 +20,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -28,6 +30,7 @@ struct BenchArguments {
   std::string tokenizer;  ///< a tokenizer.json, or the folder holding one
   std::string text;       ///< one text per line
   int64_t rounds = 3;     ///< timed passes over the lines (the best is reported)
+  bool whole = false;     ///< the whole file is one text (a long pre-token: BPE's merges on 1 MB)
 };
 
 }  // namespace
@@ -39,8 +42,11 @@ int main(int argc, char** argv) try {
   std::ifstream in(b.text);
   loom::check(in.good(), "cannot read {}", b.text);
   std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);)
-    if (line.find_first_not_of(" \t\r") != std::string::npos) lines.push_back(line);
+  if (b.whole)
+    lines.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  else
+    for (std::string line; std::getline(in, line);)
+      if (line.find_first_not_of(" \t\r") != std::string::npos) lines.push_back(line);
   (void)tok.encode_batch(std::span<const std::string>(lines.data(), std::min<std::size_t>(lines.size(), 2000)));
   double best = 1e30;
   std::size_t tokens = 0;

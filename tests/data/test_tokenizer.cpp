@@ -1,6 +1,7 @@
 // data/tokenizer.hpp against the `tokenizers` package: tests/data/tokenizer_peer.py trains
 // byte-level BPEs (prepare.py's; GPT-2's and Llama 3's patterns as Split regexes; Splits of each
-// behavior), SentencePiece-style BPEs on characters (Llama 2's layout with byte fallback, a
+// behavior, one with Oniguruma's \b \w \s and a nested bracket; ByteLevel with add_prefix_space
+// and no added tokens), SentencePiece-style BPEs on characters (Llama 2's layout with byte fallback, a
 // Metaspace one with fused unknowns) and WordPiece BERT tokenizers (BertNormalizer, normalizer
 // sequences) on the KJV text (build/examples/kjv_text), encodes the 31102 verses (every verse for
 // one tokenizer of each family, every 4th for the variants), the first 4000 verses as documents
@@ -36,7 +37,8 @@ using loom_test::error_of;
 
 const std::vector<std::string> kNames = {"bpe",        "gpt2_split",    "llama3",        "bert_uncased",
                                          "bert_cased", "wordpiece_seq", "bpe_behaviors", "wordpiece_ws",
-                                         "llama2_sp",  "metaspace_sp",  "t5_unigram",    "xlmr_unigram"};
+                                         "llama2_sp",  "metaspace_sp",  "t5_unigram",    "xlmr_unigram",
+                                         "bpe_prefix"};
 
 /// Runs `cmd` and REQUIREs exit status 0.
 void run_ok(const std::string& cmd) {
@@ -343,6 +345,13 @@ TEST_CASE("Tokenizer: a tokenizer.json loom does not read is refused with one lo
                                             {"invert", false}},
                                            {{"type", "ByteLevel"}, {"use_regex", false}}}}};
   CHECK(refusal(j).starts_with("loom: tok.json: the regex '(a' does not compile in PCRE2"));
+  // Oniguruma's class syntax PCRE2 has no spelling for: refused, not read otherwise
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "[a-z&&[^aeiou]]";
+  CHECK(refusal(j) == "loom: tok.json: the regex '[a-z&&[^aeiou]]' uses the class intersection &&, which loom does not "
+                      "read (PCRE2 has no such class)");
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "[a[^b]]";
+  CHECK(refusal(j) == "loom: tok.json: the regex '[a[^b]]' uses a negated bracket inside a bracket, which loom does not "
+                      "read (PCRE2 has no such class)");
   j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "a";
   j["pre_tokenizer"]["pretokenizers"][0]["invert"] = true;
   CHECK(refusal(j) == "loom: tok.json: pre_tokenizer.pretokenizers[0].invert true is not supported (loom reads Split "

@@ -27,7 +27,10 @@ The tokenizers (each refers to the same trained vocabularies):
   bert_cased    a cased WordPiece: BertNormalizer(lowercase=False), BertProcessing
   wordpiece_seq bert_uncased's model behind Sequence[NFKD, StripAccents, Lowercase] and Whitespace
   bpe_behaviors the BPE behind NFC and Splits of each behavior (MergedWithPrevious, MergedWithNext,
-                a String Removed) before ByteLevel's regex; RobertaProcessing
+                a String Removed, Isolated with Oniguruma's \b \w \s and a nested bracket) before
+                ByteLevel's regex; RobertaProcessing
+  bpe_prefix    the BPE without added tokens behind Replace("\u00ad", "") and ByteLevel with
+                add_prefix_space (an empty text, or one the normalizer empties, has no ids)
   wordpiece_ws  bert_uncased's model behind Sequence[NFC, Lowercase], WhitespaceSplit, BertProcessing,
                 the WordPiece decoder without cleanup
   llama2_sp     SentencePiece's BPE as transformers converts Llama 2's tokenizer: a BPE on characters
@@ -92,6 +95,15 @@ HARD = [
     "<s> literal specials </s><s>and <unk> between, <0x41> spelled out, and ▁ the metaspace ▁▁ itself",
     " leading space, then two  and three   spaces; a trailing one ",
     "<Extra> x <extra> <EXTRA>; ünïcödé word and Ünïcödé Word and unicode word",
+    # single_word's word characters (Rust regex's \w: Alphabetic, marks, Nd, Pc, the joiners; not
+    # No) on either side of "Jesus Christ": connector punctuation, other numbers, letter numbers,
+    # circled and squared letters, joiners, marks, modifier letters, format and space characters
+    ", ".join(f"Jesus Christ{c}, {c}Jesus Christ" for c in "_\u203f\u2040\u2054\ufe33\ufe4d\uff3f\u00b2\u00bd\u2460\u0f33"
+              "\u2160\u3007\U00010341\u24b6\u24e9\U0001f130\U0001f150\U0001f170\U0001f189\u200c\u200d\u0301\u0903\u20dd"
+              "\u02b0\u3005\u00ad\u200b\u2060\ufeff\u180e\u00a0\u3000\u0085\u0665\uff10\u00aa\u00b5\u00ba"),
+    # Oniguruma's \s and \w in the regexes: U+180E is no space there (PCRE2's \s has it)
+    "x\u180e\u180e! a\u180eb \u180e\u180e a; \u24b6\u24b7 \U0001f150x_y\u203fz \u00b2\u00b3 \u00bd- \u2460\u2461",
+    "\u00ad", "\u00ad\u00ad x\u00ad", "[CLS]\u00ad[SEP]",
 ]
 
 SPECIALS = ["<|endoftext|>", "[PAD]", "[CLS]", "[SEP]", "[MASK]"]
@@ -111,10 +123,11 @@ def sweep_points():
               and not any(lo <= c <= hi and (c - lo) % 97 for lo, hi in uniform)]
     points += [0x0378, 0x0379, 0x0380, 0x0381, 0x0382, 0x0383, 0x038B, 0x038D, 0x03A2, 0x0530, 0x0557, 0x0558,
                0xFDD0, 0xFDEF, 0xFFFE, 0xFFFF, 0x1FFFE, 0x10FFFF]
-    # Left out: the code points whose category Unicode changed after 3.2, where each side
-    # answers with its own tables' version (docs/api.md, "Text in and out"): U+166D Po -> So
-    # (12.0), U+1734 Mn -> Mc (14.0), U+1885 and U+1886 Lo -> Mn (9.0), U+180E Zs -> Cf (6.3).
-    changed = {0x166D, 0x1734, 0x1885, 0x1886, 0x180E}
+    # Left out: the code points whose category Unicode changed after 3.2 where the two sides'
+    # tables differ (docs/api.md, "Text in and out"): U+166D Po -> So (12.0), U+1734 Mn -> Mc
+    # (14.0), U+1885 and U+1886 Lo -> Mn (9.0). (U+180E, Zs -> Cf in 6.3, is in: a space to
+    # PCRE2's \s, not to Oniguruma's or Rust's, which loom's regexes now follow.)
+    changed = {0x166D, 0x1734, 0x1885, 0x1886}
     return [c for c in points if c not in changed]
 
 
@@ -208,10 +221,20 @@ def make(kjv_txt, out):
         pre_tokenizers.Split(Regex(r"\s+"), behavior="merged_with_previous"),
         pre_tokenizers.Split(Regex(r"[,.;:!?]"), behavior="merged_with_next"),
         pre_tokenizers.Split(" the ", behavior="removed"),
+        # Oniguruma's \b, \w and \s, and a bracket nested in a bracket (BLOOM's pattern)
+        pre_tokenizers.Split(Regex(r"\b\w+\b|[^(\s|[.,!?…。，、।۔،])]+"), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
     behaviors.post_processor = processors.RobertaProcessing(("[SEP]", behaviors.token_to_id("[SEP]")),
                                                             ("[CLS]", behaviors.token_to_id("[CLS]")))
     behaviors.save(str(out / "bpe_behaviors.json"))
+
+    # ByteLevel with add_prefix_space first, no added tokens, a normalizer that can empty a
+    # text (soft hyphens removed): an empty text stays without ids
+    prefix = Tokenizer(models.BPE(vocab, merges))
+    prefix.normalizer = normalizers.Replace("\u00ad", "")
+    prefix.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True)
+    prefix.decoder = decoders.ByteLevel()
+    prefix.save(str(out / "bpe_prefix.json"))
 
     ws = Tokenizer.from_str(uncased.to_str())
     ws.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Lowercase()])

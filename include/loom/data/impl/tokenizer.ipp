@@ -154,9 +154,19 @@ inline bool is_chinese(char32_t c) {
          (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
          (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
 }
+/// The letters of Other_Alphabetic outside L, M and N: circled and squared Latin letters (So),
+/// word characters to Rust's regex and to Oniguruma.
+inline bool is_alphabetic_symbol(char32_t c) {
+  return (c >= 0x24B6 && c <= 0x24E9) || (c >= 0x1F130 && c <= 0x1F149) || (c >= 0x1F150 && c <= 0x1F169) ||
+         (c >= 0x1F170 && c <= 0x1F189);
+}
+/// Rust regex's \w (`single_word` added tokens: tokenizers' ^\w and \w$): Alphabetic, marks,
+/// decimal digits, connector punctuation and the joiners U+200C/U+200D; not the other numbers
+/// (No: U+00B2, U+00BD, U+2460, ...).
 inline bool is_word_char(char32_t c) {
   const int k = category(c);
-  return c == '_' || (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_NO);
+  return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_ND) || k == UTF8PROC_CATEGORY_NL ||
+         k == UTF8PROC_CATEGORY_PC || c == 0x200C || c == 0x200D || is_alphabetic_symbol(c);
 }
 /// Rust's char::to_lowercase: the simple mapping, and U+0130's two-character one.
 inline void append_lower(std::string& out, char32_t c) {
@@ -244,6 +254,102 @@ using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>
 
 // --- PCRE2 ------------------------------------------------------------------------------
 
+/// Oniguruma's \s (tokenizers' regexes run in Oniguruma): the White_Space property, as a PCRE2
+/// class's contents. PCRE2's \s adds U+180E (Mongolian vowel separator, a space before Unicode 6.3).
+inline constexpr std::string_view kOnigSpace =
+    R"(\t\n\x0B\f\r\x20\x85\xA0\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
+/// Its complement (\S inside a class).
+inline constexpr std::string_view kOnigNonSpace =
+    R"(\x00-\x08\x0E-\x1F\x21-\x84\x86-\x9F\xA1-\x{167F}\x{1681}-\x{1FFF}\x{200B}-\x{2027}\x{202A}-\x{202E})"
+    R"(\x{2030}-\x{205E}\x{2060}-\x{2FFF}\x{3001}-\x{10FFFF})";
+/// Oniguruma's \w: letters, marks, decimal and letter numbers, connector punctuation, the
+/// circled and squared Latin letters (Other_Alphabetic) and, from Latin-1, U+00B2 U+00B3 U+00B9
+/// U+00BC-U+00BE; PCRE2's \w is L, N and '_' (all numbers, no marks).
+inline constexpr std::string_view kOnigWord =
+    R"(\p{L}\p{M}\p{Nd}\p{Nl}\p{Pc}\xB2\xB3\xB9\xBC-\xBE\x{24B6}-\x{24E9}\x{1F130}-\x{1F149}\x{1F150}-\x{1F169})"
+    R"(\x{1F170}-\x{1F189})";
+/// Rust regex's \w (tokenizers' Whitespace pre-tokenizer): Oniguruma's without the Latin-1
+/// numbers, with the joiners U+200C and U+200D.
+inline constexpr std::string_view kRustWord =
+    R"(\p{L}\p{M}\p{Nd}\p{Nl}\p{Pc}\x{200C}\x{200D}\x{24B6}-\x{24E9}\x{1F130}-\x{1F149}\x{1F150}-\x{1F169})"
+    R"(\x{1F170}-\x{1F189})";
+
+/// A tokenizer.json regex (Oniguruma's syntax) for PCRE2: \s \S \w \W \b \B \h \H spelled out
+/// with Oniguruma's classes, in and out of brackets (\W inside brackets stays PCRE2's: its
+/// complement has no class spelling); a bracket nested in a bracket (Oniguruma's union, as in
+/// BLOOM's [^(\s|[.,!?…。，、।۔،])]+) joined into its parent; a negated nested bracket and the
+/// intersection && refused (PCRE2 has neither); the rest as it is.
+inline std::string onig_to_pcre2(std::string_view p, std::string_view where) {
+  const auto refuse = [&](std::string_view what) {
+    fail("{}: the regex '{}' uses {}, which loom does not read (PCRE2 has no such class)", where, p, what);
+  };
+  const std::string word = "[" + std::string(kOnigWord) + "]";
+  std::string out;
+  out.reserve(p.size() + 64);
+  bool in_class = false;
+  int depth = 0;  // of brackets, nested ones counted
+  for (std::size_t i = 0; i < p.size();) {
+    const char c = p[i];
+    if (c == '\\' && i + 1 < p.size()) {
+      const char e = p[i + 1];
+      if (e == 'Q') {  // \Q...\E: literal text
+        const std::size_t end = p.find("\\E", i + 2);
+        const std::size_t stop = end == std::string_view::npos ? p.size() : end + 2;
+        out.append(p.substr(i, stop - i));
+        i = stop;
+        continue;
+      }
+      if (in_class) {
+        if (e == 's') out.append(kOnigSpace);
+        else if (e == 'S') out.append(kOnigNonSpace);
+        else if (e == 'w') out.append(kOnigWord);
+        else if (e == 'h') out.append("0-9a-fA-F");
+        else out.append(p.substr(i, 2));
+      } else {
+        if (e == 's') out.append("[").append(kOnigSpace).append("]");
+        else if (e == 'S') out.append("[^").append(kOnigSpace).append("]");
+        else if (e == 'w') out.append(word);
+        else if (e == 'W') out.append("[^").append(kOnigWord).append("]");
+        else if (e == 'b') out.append("(?:(?<=" + word + ")(?!" + word + ")|(?<!" + word + ")(?=" + word + "))");
+        else if (e == 'B') out.append("(?:(?<=" + word + ")(?=" + word + ")|(?<!" + word + ")(?!" + word + "))");
+        else if (e == 'h') out.append("[0-9a-fA-F]");
+        else if (e == 'H') out.append("[^0-9a-fA-F]");
+        else out.append(p.substr(i, 2));
+      }
+      i += 2;
+      continue;
+    }
+    ++i;
+    if (!in_class && c == '[') {
+      out.push_back(c);
+      in_class = true;
+      depth = 1;
+      if (i < p.size() && p[i] == '^') out.push_back(p[i++]);
+      if (i < p.size() && p[i] == ']') out.push_back(p[i++]);  // a leading ']' is literal
+    } else if (in_class && c == '[' && i < p.size() && p[i] == ':') {  // [:alpha:]
+      const std::size_t end = p.find(":]", i);
+      out.push_back(c);
+      if (end != std::string_view::npos) {
+        out.append(p.substr(i, end + 2 - i));
+        i = end + 2;
+      }
+    } else if (in_class && c == '[') {  // a nested bracket: its members join the parent's
+      if (i < p.size() && p[i] == '^') refuse("a negated bracket inside a bracket");
+      ++depth;
+    } else if (in_class && c == '&' && i < p.size() && p[i] == '&') {
+      refuse("the class intersection &&");
+    } else if (in_class && c == ']') {
+      if (--depth == 0) {
+        in_class = false;
+        out.push_back(c);
+      }
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
 /// A compiled pattern; find_all() may be called from several threads.
 class Regex {
  public:
@@ -251,8 +357,18 @@ class Regex {
     int error = 0;
     PCRE2_SIZE offset = 0;
     const uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);  // LITERAL takes no UCP
-    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &error, &offset, nullptr);
+    const std::string translated = literal ? pattern : onig_to_pcre2(pattern, where);
+    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(), options, &error, &offset,
+                          nullptr);
     if (code_ == nullptr) {
+      // the error and offset in the file's spelling, when that does not compile either
+      int plain_error = 0;
+      PCRE2_SIZE plain_offset = 0;
+      if (pcre2_code* plain = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
+                                            &plain_error, &plain_offset, nullptr))
+        pcre2_code_free(plain);
+      else
+        error = plain_error, offset = plain_offset;
       std::array<PCRE2_UCHAR, 256> message{};
       pcre2_get_error_message(error, message.data(), message.size());
       fail("{}: the regex '{}' does not compile in PCRE2 (offset {}: {})", where, pattern, offset,
@@ -649,11 +765,10 @@ struct PreTokenizer {
       p.kind = Kind::bert;
     } else if (type == "Whitespace") {
       p.kind = Kind::whitespace;
-      // \w+|[^\w\s]+ with Oniguruma's \w (tokenizers' engine): letters, marks, decimal digits,
-      // connector punctuation and the joiners U+200C/U+200D; PCRE2's \w differs (all numbers, no joiners)
+      // \w+|[^\w\s]+ in Rust's regex (tokenizers' Whitespace): its \w (kRustWord) and \s (the
+      // White_Space property, as Oniguruma's: onig_to_pcre2 spells \s so)
       p.regex = std::make_shared<const Regex>(
-          R"([\p{L}\p{Nl}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}]+|[^\p{L}\p{Nl}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}\s]+)", false,
-          where);
+          "[" + std::string(kRustWord) + "]+|[^" + std::string(kRustWord) + "\\s]+", false, where);
     } else if (type == "WhitespaceSplit") {
       p.kind = Kind::whitespace_split;
     } else if (type == "Metaspace") {  // SentencePiece's layout: spaces as "▁", one before the text
@@ -691,7 +806,8 @@ struct PreTokenizer {
       switch (kind) {
         case Kind::metaspace: metaspace(piece, at_start && index == 0, arena, out); break;
         case Kind::byte_level:
-          if (add_prefix_space && (piece.empty() || piece.front() != ' ')) piece = arena.emplace_back(" " + std::string(piece));
+          // tokenizers' NormalizedString::prepend leaves an empty text empty
+          if (add_prefix_space && !piece.empty() && piece.front() != ' ') piece = arena.emplace_back(" " + std::string(piece));
           if (!regex) {
             out.push_back(piece);
             break;
