@@ -1,6 +1,9 @@
 // LoRA fine-tuning of a Llama-architecture model on instruction data, as TRL's SFTTrainer
-// does it on top of HF's Trainer: a frozen base (an HF folder, or a random model sized by the
-// flags), a LoRA adapter (TRL's --use_peft / --lora_* flags, on by default here), prompt +
+// does it on top of HF's Trainer: a frozen base (an HF folder of any family loom/models/llama.hpp
+// reads: llama, qwen2, qwen3, mistral, phi3, gemma, gemma2, gemma3_text, mixtral, qwen3_moe; or a
+// random Llama sized by the flags), a LoRA adapter (TRL's --use_peft / --lora_* flags, on by
+// default here, on PEFT's default targets for the family: q_proj and v_proj; PEFT has none for
+// phi3 and qwen3_moe, so there --lora_target_modules names them, e.g. qkv_proj), prompt +
 // completion examples whose loss counts the completion tokens only, packed into windows with
 // position ids that restart at each example (attention stays within an example), bf16,
 // evaluation loss on the held-out completions, checkpoints holding the adapter alone, resume.
@@ -12,10 +15,14 @@
 // The data, once (a few seconds): KJV instructions ("Book chapter:verse" -> the verse, a verse
 // -> the next one) tokenized with their loss masks:
 //   make llama-sft-data                  # writes data/kjv_sft
+// With a pretrained folder, tokenize with its own tokenizer.json (prepare.py --tokenizer):
+//   .venv/bin/python examples/text_data/prepare.py --sft data/kjv_sft/instructions.jsonl \
+//       --tokenizer my-qwen3 --out data/kjv_sft_qwen3
 //
 // Then:
 //   build/examples/llama_sft                                  # random 4-layer base, LoRA r=16, bf16
-//   build/examples/llama_sft --model_name_or_path my-llama    # a Llama, Qwen2 or Mistral folder as the base
+//   build/examples/llama_sft --model_name_or_path my-qwen3 --data_dir data/kjv_sft_qwen3   # any family's folder
+//   build/examples/llama_sft --model_name_or_path my-phi3 --lora_target_modules qkv_proj
 //   build/examples/llama_sft --use_peft false                 # full fine-tuning instead
 //   build/examples/llama_sft --load_in_4bit --use_bnb_nested_quant   # QLoRA: an NF4 base under the adapter
 //   build/examples/llama_sft --packing 0                      # one example per row, padded per batch
@@ -157,7 +164,7 @@ int main(int argc, char** argv) {
     defaults.save_total_limit = 2;
     defaults.prediction_loss_only = true;  // evaluation keeps the loss, not [batch, seq, vocab] logits
     loom::peft::LoraArguments lora_defaults;
-    lora_defaults.use_peft = true;  // PEFT's default targets for the model type: q_proj, v_proj
+    lora_defaults.use_peft = true;  // PEFT's default targets for the model type (q_proj, v_proj)
     auto [example, shape, gen, lora_args, args] =
         loom::parse_args(argc, argv, ExampleArguments{}, llama_example::RandomBaseArguments{},
                          hf_example::GenerateArguments{}, lora_defaults, defaults);

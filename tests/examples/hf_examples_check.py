@@ -34,6 +34,17 @@
       transformers' BertForSequenceClassification on DIR, the sentence encoded as prepare.py
       encodes an example ([CLS] text [SEP]), gives the labels and probabilities that
       bert_classify's --predict printed into FILE
+  hf_examples_check.py family_folders --data DIR --out DIR
+      a tiny random folder, saved by transformers, of each family loom's Llama architecture reads
+      (tests/hf/compare.py's facts, llama with llama3 rope), sized to DIR's vocabulary: OUT/<model_type>
+  hf_examples_check.py families --folders DIR --runs DIR --data DIR --prompt TEXT --prompts FILE --max_new_tokens N
+      for each family folder, llama_sft's runs in RUNS/<model_type> (families_llama_sft.cmake): the
+      adapter targets PEFT's default modules (loom refused, in refused.log, exactly the families
+      PEFT has none for); PEFT opens the adapter onto the folder with the merged folder's logits,
+      which the adapter changed; transformers' greedy generate on the merged folder gives the
+      completion --prompt printed (generate.log) and each line of --predict_file's
+      predictions.jsonl; the full fine-tuning run's folder, where there is one, gives the
+      completion its --prompt printed after training (full.log)
   hf_examples_check.py kjv_dpo_data --kjv_text EXE --out DIR
       the llama_dpo fixture: KJV preference pairs (400 verses) as preference token files
   hf_examples_check.py same_logs --keys K... [--rtol R] -- DIR...
@@ -250,6 +261,58 @@ def printed(log, label):
     return "".join(out)
 
 
+def greedy(model, tokenizer, prompt, max_new_tokens):
+    """transformers' greedy completion of `prompt` (encoded by `tokenizer`) on `model`, generated alone:
+    the prompt's token count, the generated ids through the first end of text, and their text
+    decoded without special tokens."""
+    import torch
+
+    ids = torch.tensor([tokenizer(prompt)["input_ids"]])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=max_new_tokens)[0, ids.shape[1]:]
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    kept = out.tolist()
+    for i, t in enumerate(kept):
+        if t in eos:
+            kept = kept[: i + 1]
+            break
+    return ids.shape[1], kept, tokenizer.decode(kept, skip_special_tokens=True)
+
+
+def check_completion(model, tokenizer, log, prompt, max_new_tokens, where=""):
+    """The completion an example's --prompt printed into `log` is transformers' greedy one; returns the
+    prompt's and the completion's token counts."""
+    printed_prompt = printed(log, ": prompt ")
+    if printed_prompt.rstrip() != prompt.rstrip():
+        fail(f"{where}the example completed {printed_prompt!r}, not the prompt given {prompt!r}")
+    prompt_tokens, kept, expected = greedy(model, tokenizer, printed_prompt, max_new_tokens)
+    got = printed(log, ": completion ")
+    if got != expected:
+        fail(f"{where}the example printed the completion {got!r}, transformers generates {expected!r}")
+    return prompt_tokens, len(kept)
+
+
+def check_predictions(model, tokenizer, prompts, predictions, max_new_tokens, where=""):
+    """Each line of a --predict_file run's predictions.jsonl is transformers' greedy completion of its
+    prompt, generated alone (the example generated them in left-padded batches); returns the count."""
+    with open(prompts, encoding="utf-8") as f:
+        given = [json.loads(line)["prompt"] for line in f if line.strip()]
+    with open(predictions, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    if len(rows) != len(given):
+        fail(f"{predictions}: {len(rows)} lines for {len(given)} prompts")
+    for prompt, row in zip(given, rows):
+        if row["prompt"].rstrip() != prompt.rstrip():
+            fail(f"{where}line for {prompt!r} holds the prompt {row['prompt']!r}")
+        prompt_tokens, kept, expected = greedy(model, tokenizer, row["prompt"], max_new_tokens)
+        if row["completion"] != expected or row["prompt_tokens"] != prompt_tokens or row["completion_tokens"] != len(kept):
+            fail(f"{where}{prompt!r}: the example wrote {row!r}; transformers generates {expected!r} "
+                 f"({prompt_tokens} prompt tokens, {len(kept)} generated)")
+    return len(rows)
+
+
 def complete_check(opts):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -257,18 +320,8 @@ def complete_check(opts):
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(opts.model)
     model = AutoModelForCausalLM.from_pretrained(opts.model, dtype=torch.float32).eval()
-    prompt = printed(opts.log, ": prompt ")
-    if prompt.rstrip() != opts.prompt.rstrip():
-        fail(f"the example completed {prompt!r}, not the prompt given {opts.prompt!r}")
-    ids = torch.tensor([tokenizer(prompt)["input_ids"]])
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                             max_new_tokens=opts.max_new_tokens)[0, ids.shape[1]:]
-    expected = tokenizer.decode(out, skip_special_tokens=True)
-    got = printed(opts.log, ": completion ")
-    if got != expected:
-        fail(f"the example printed the completion {got!r}, transformers generates {expected!r}")
-    print(f"complete ok: {len(out)} tokens generated after {ids.shape[1]} prompt tokens, the same text as transformers")
+    prompt_tokens, generated = check_completion(model, tokenizer, opts.log, opts.prompt, opts.max_new_tokens)
+    print(f"complete ok: {generated} tokens generated after {prompt_tokens} prompt tokens, the same text as transformers")
 
 
 def predictions_check(opts):
@@ -280,31 +333,120 @@ def predictions_check(opts):
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(opts.model)
     model = AutoModelForCausalLM.from_pretrained(opts.model, dtype=torch.float32).eval()
-    with open(opts.prompts, encoding="utf-8") as f:
-        given = [json.loads(line)["prompt"] for line in f if line.strip()]
-    with open(opts.predictions, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f]
-    if len(rows) != len(given):
-        fail(f"{opts.predictions}: {len(rows)} lines for {len(given)} prompts")
-    for prompt, row in zip(given, rows):
-        if row["prompt"].rstrip() != prompt.rstrip():
-            fail(f"line for {prompt!r} holds the prompt {row['prompt']!r}")
-        ids = torch.tensor([tokenizer(row["prompt"])["input_ids"]])
+    rows = check_predictions(model, tokenizer, opts.prompts, opts.predictions, opts.max_new_tokens)
+    print(f"predictions ok: {rows} prompts, each completion transformers' greedy one generated alone")
+
+
+def family_facts():
+    """The families of loom/models/llama.hpp as tests/hf/compare.py makes them: FAMILY_BASE, each
+    family's own keys, and the attention transformers runs it with; llama with llama3 rope."""
+    sys.path.insert(0, os.path.join(HERE, "..", "hf"))
+    from compare import FAMILIES, FAMILY_BASE, LLAMA, family_attention
+
+    return FAMILY_BASE, {"llama": dict(rope_parameters=LLAMA["rope_parameters"]), **FAMILIES}, family_attention
+
+
+# The family folders' positions: as many as the runs' packed windows and generated texts need.
+FAMILY_POSITIONS = 256
+
+
+def family_folders(opts):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    base, families, attention = family_facts()
+    meta = read_json(os.path.join(opts.data, "meta.json"))
+    for family, keys in families.items():
+        torch.manual_seed(0)
+        config = {**base, **keys, "vocab_size": meta["vocab_size"], "max_position_embeddings": FAMILY_POSITIONS,
+                  "bos_token_id": meta["eos_token_id"], "eos_token_id": meta["eos_token_id"],
+                  "pad_token_id": meta["pad_token_id"]}
+        if "original_max_position_embeddings" in config:  # Phi-3: no long-context scaling at these lengths
+            config["original_max_position_embeddings"] = FAMILY_POSITIONS
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **config),
+                                                 attn_implementation=attention(family))
+        model.save_pretrained(os.path.join(opts.out, family))
+    print(f"family folders ok: {' '.join(families)} in {opts.out}")
+
+
+def families_check(opts):
+    import numpy as np
+    import torch
+    from peft import PeftModel
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as peft_defaults
+    from transformers import AutoModelForCausalLM, TokenizersBackend
+
+    torch.set_num_threads(1)
+    _, families, attention = family_facts()
+    # The folders' tokenizer.json as tokenizer_config.json names it (TokenizersBackend): the
+    # fixture's BPE, which the example encodes with. Not AutoTokenizer, which for a qwen2 config
+    # makes a Qwen2Tokenizer instead, Qwen2's own pre-tokenizer (digits one by one) over it.
+    tokenizer_of = TokenizersBackend.from_pretrained
+    ids, offsets, _ = sft_val(opts.data)
+    rows = [torch.from_numpy(ids[b:e]).unsqueeze(0) for b, e in zip(offsets[:2], offsets[1:3])]
+
+    def load(folder, family):
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
+                                                    attn_implementation=attention(family)).eval()
+
+    for family in families:
+        where = f"{family}: "
+        folder, runs = os.path.join(opts.folders, family), os.path.join(opts.runs, family)
+        lora = os.path.join(runs, "lora")
+        if read_json(os.path.join(folder, "config.json"))["model_type"] != family:
+            fail(f"{where}{folder} is not a {family} folder")
+        # The targets: PEFT's defaults for the model type; where PEFT has none, loom refused the
+        # run without --lora_target_modules, as PEFT refuses it.
+        adapter = read_json(os.path.join(lora, "adapter_config.json"))
+        refused = os.path.join(runs, "refused.log")
+        if family in peft_defaults:
+            if os.path.exists(refused):
+                fail(f"{where}loom refused the default targets, PEFT's are {peft_defaults[family]}")
+            if sorted(adapter["target_modules"]) != sorted(peft_defaults[family]):
+                fail(f"{where}the adapter targets {adapter['target_modules']}, PEFT's default {peft_defaults[family]}")
+            targets = "PEFT's default targets"
+        else:
+            if not os.path.exists(refused):
+                fail(f"{where}PEFT has no default targets for it, and loom did not refuse the run without them")
+            with open(refused, encoding="utf-8") as f:
+                if f'PEFT has no default target modules for model type "{family}"' not in f.read():
+                    fail(f"{where}{refused} does not hold loom's refusal of the default targets")
+            targets = f"targets {adapter['target_modules']} (PEFT has no default)"
+        if os.path.realpath(adapter["base_model_name_or_path"]) != os.path.realpath(folder):
+            fail(f"{where}the adapter names the base {adapter['base_model_name_or_path']}, not {folder}")
+        # PEFT's adapter on the folder is the merged folder, and not the folder itself.
+        merged = load(os.path.join(lora, "merged"), family)
+        peft = PeftModel.from_pretrained(load(folder, family), lora).eval()
+        worst = moved = 0.0
         with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=opts.max_new_tokens)[0, ids.shape[1]:]
-        eos = model.generation_config.eos_token_id
-        eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
-        kept = out.tolist()
-        for i, t in enumerate(kept):
-            if t in eos:
-                kept = kept[: i + 1]
-                break
-        expected = tokenizer.decode(kept, skip_special_tokens=True)
-        if row["completion"] != expected or row["prompt_tokens"] != ids.shape[1] or row["completion_tokens"] != len(kept):
-            fail(f"{prompt!r}: the example wrote {row!r}; transformers generates {expected!r} "
-                 f"({ids.shape[1]} prompt tokens, {len(kept)} generated)")
-    print(f"predictions ok: {len(rows)} prompts, each completion transformers' greedy one generated alone")
+            for x in rows:
+                m, a = merged(input_ids=x).logits, peft(input_ids=x).logits
+                with peft.disable_adapter():
+                    b = peft(input_ids=x).logits
+                worst = max(worst, float((a - m).abs().max() / m.abs().max()))
+                moved = max(moved, float((a - b).abs().max() / b.abs().max()))
+        if worst > 1e-5:
+            fail(f"{where}PEFT's adapted logits differ from the merged folder's by {worst:.3g} (relative)")
+        if moved < 1e-3:
+            fail(f"{where}the trained adapter moves the logits by {moved:.3g} only (relative): it was not trained")
+        # Generation from the merged folder: --prompt and --predict_file.
+        tokenizer = tokenizer_of(os.path.join(lora, "merged"))
+        _, generated = check_completion(merged, tokenizer, os.path.join(runs, "generate.log"), opts.prompt,
+                                        opts.max_new_tokens, where)
+        predicted = check_predictions(merged, tokenizer, opts.prompts,
+                                      os.path.join(runs, "generate", "predictions.jsonl"), opts.max_new_tokens, where)
+        line = (f"{family}: {targets}; PEFT's logits the merged folder's ({worst:.2g}), moved {moved:.2g} by the "
+                f"adapter; --prompt's {generated} tokens and {predicted} --predict_file completions transformers' greedy ones")
+        full = os.path.join(runs, "full")
+        if os.path.isdir(full):
+            if os.path.exists(os.path.join(full, "adapter_config.json")):
+                fail(f"{where}the full fine-tuning run wrote an adapter")
+            model = load(full, family)
+            _, generated = check_completion(model, tokenizer_of(full), os.path.join(runs, "full.log"),
+                                            opts.prompt, opts.max_new_tokens, where + "full fine-tuning: ")
+            line += f"; full fine-tuning's folder generates its {generated} tokens"
+        print(line)
+    print(f"families ok: {len(families)}")
 
 
 def classify_check(opts):
@@ -616,6 +758,16 @@ def main():
     y.add_argument("--sentence", required=True)
     y.add_argument("--max_seq_length", type=int, required=True)
     y.add_argument("--log", required=True)
+    ff = sub.add_parser("family_folders")
+    ff.add_argument("--data", required=True)
+    ff.add_argument("--out", required=True)
+    fc = sub.add_parser("families")
+    fc.add_argument("--folders", required=True)
+    fc.add_argument("--runs", required=True)
+    fc.add_argument("--data", required=True)
+    fc.add_argument("--prompt", required=True)
+    fc.add_argument("--prompts", required=True)
+    fc.add_argument("--max_new_tokens", type=int, required=True)
     d = sub.add_parser("kjv_dpo_data")
     d.add_argument("--kjv_text", required=True)
     d.add_argument("--out", required=True)
@@ -639,7 +791,8 @@ def main():
     {"set_label": set_label, "kjv_data": kjv_data, "resumed": resumed, "same": same, "same_weights": same_weights,
      "transformers": transformers_check,
      "kjv_sft_data": kjv_sft_data, "peft": peft_check, "generate": generate_check,
-     "complete": complete_check, "predictions": predictions_check, "classify": classify_check, "kjv_dpo_data": kjv_dpo_data, "same_logs": same_logs,
+     "complete": complete_check, "predictions": predictions_check, "classify": classify_check, "family_folders": family_folders, "families": families_check,
+     "kjv_dpo_data": kjv_dpo_data, "same_logs": same_logs,
      "reward_model": reward_model_check}[opts.command](opts)
 
 

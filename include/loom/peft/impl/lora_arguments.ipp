@@ -92,7 +92,8 @@ LOOM_INLINE std::optional<LoraConfig> lora_config_from_args(const LoraArguments&
   else if (args.lora_target_modules) c.target_modules = detail::split_names(*args.lora_target_modules, "lora_target_modules");
   else c.target_modules = default_target_modules(model_type);
   check(!c.target_modules.empty() || c.target_regex,
-        "--use_peft: PEFT has no default target modules for model type \"{}\"; give --lora_target_modules",
+        "--use_peft: PEFT has no default target modules for model type \"{}\"; give --lora_target_modules "
+        "(names of the model's linear modules, as PEFT then asks for, or all-linear)",
         model_type);
   if (args.lora_modules_to_save)
     c.modules_to_save = detail::split_names(*args.lora_modules_to_save, "lora_modules_to_save");
