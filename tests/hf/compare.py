@@ -176,6 +176,14 @@ SAVED_BY_FILE_NAMES = {"mixtral", "qwen3_moe"}
 # from the same A and B. The final weights compared are the two adapter_model.safetensors.
 MODEL_CONFIGS["llama_lora_sft_accumulation_2"] = ("llama:masked:lora", 40, FAMILY_FLAGS)
 LORA = dict(r=8, lora_alpha=16, lora_dropout=0.0)
+# Right-padded instruction rows with an attention_mask (a collator's output: the padding's labels
+# -100, its keys masked in attention and in the MoE load-balancing loss): Llama, Mixtral (MoE,
+# sliding window) and Gemma 2 (eager attention). One micro-batch of step 8 scores a single
+# token, where an LM head product over the scored rows alone rounds otherwise than
+# transformers' over every position (so loom's reference kernels multiply every position).
+# The other families matched padded too when tried; three keep hf.models' time down.
+MODEL_CONFIGS.update({f"{family}_padded_accumulation_2": (f"{family}:masked:padded", 40, FAMILY_FLAGS)
+                      for family in ("llama", "mixtral", "gemma2")})
 # The transformer configurations run with --ranks 2 (transformers.Trainer under DDP; loom
 # under --loom_sharding). Not BERT: under DDP transformers.Trainer multiplies the loss by the
 # number of processes for a model whose forward takes **kwargs (it assumes the model divided

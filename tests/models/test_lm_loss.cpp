@@ -117,6 +117,25 @@ TEST_CASE("the causal LM loss at the scored positions only equals the full loss 
   }
 }
 
+TEST_CASE("the reference path's loss at the scored positions equals the full loss with 1 to 4 scored tokens") {
+  // Padded instruction rows can leave a micro-batch one scored token: a head product of so few
+  // rows sums in another order than the full one on the CPU (MKL's sgemm of 1 to 3 rows), so
+  // the reference path multiplies at least kMinHeadRows rows (scored ones and unscored ones).
+  for (int64_t scored_tokens = 1; scored_tokens <= 4; ++scored_tokens) {
+    CAPTURE(scored_tokens);
+    Case c = make_case(2, 16, 32, 64, 13);
+    c.labels.fill_(-100);
+    for (int64_t i = 0; i < scored_tokens; ++i) c.labels[i % 2][3 + i] = 5 + 7 * i;  // position 2 + i scored
+    const auto reference = run(c, [&](auto& h, auto& w, auto& l) { return full(h, w, l, false); });
+    const auto scored = run(c, [&](auto& h, auto& w, auto& l) {
+      return loom::models::scored_causal_lm_loss(h, w, l, /*fast=*/false, /*chunked=*/false);
+    });
+    CHECK(scored.loss.item<float>() == reference.loss.item<float>());
+    CHECK(torch::equal(scored.d_hidden, reference.d_hidden));
+    CHECK(torch::equal(scored.d_weight, reference.d_weight));
+  }
+}
+
 TEST_CASE("linear_cross_entropy (chunked) equals the full loss and gradients; frozen head, no grad, scaled") {
   const Case c = make_case(3, 40, 24, 203, 11);  // 203: not a multiple of 64, so `fast` pads
   for (bool fast : {false, true}) {

@@ -65,7 +65,8 @@ LOOM_INLINE torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, cons
 
 /// causal_lm_loss of the logits lm_head_logits(hidden, weight, fast) would give, computed at
 /// the scored positions only (shifted label not -100): their hidden states are gathered and
-/// go through the head, the others never do. Unchunked, the same value as causal_lm_loss
+/// go through the head, the others never do (the reference path multiplies at least 4 rows,
+/// adding unscored ones: a product of 1 to 3 rows rounds otherwise on the CPU). Unchunked, the same value as causal_lm_loss
 /// (the per-position log-probabilities are reduced in the order nll_loss reduces all of
 /// them); `chunked` (nullopt: chunked_lm_loss_by_default): linear_cross_entropy, within
 /// float32 rounding of it. hidden [batch, seq, h], labels [batch, seq]. One host sync (the

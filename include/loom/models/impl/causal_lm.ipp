@@ -190,13 +190,36 @@ inline torch::Tensor placed(const torch::Tensor& rows, const ScoredPositions& s)
   return torch::zeros({s.shifted.size(0)}, rows.options()).index_copy(0, s.index, rows);
 }
 
+// The fewest rows the reference path's head product runs over. On the CPU a product of 1 to 3
+// rows (MKL's sgemm) sums in another order than a taller one, in the logits and in the
+// backward's hidden gradient, so a micro-batch scoring one token (padded instruction rows)
+// drifted from transformers' product over every position by an ulp; from 4 rows up the rows
+// came out the same at every shape measured (test_lm_loss checks 1 to 4 scored tokens).
+inline constexpr int64_t kMinHeadRows = 4;
+
+// The LM head's logits at the scored positions, [scored, vocab (padded on the fast path)]: the
+// product of the scored rows alone, so that the head's time and memory scale with the scored
+// tokens. On the reference path a micro-batch of fewer than kMinHeadRows scored rows adds
+// unscored rows up to that count (their logits dropped after; their gradients are zero).
+inline torch::Tensor scored_head_logits(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                        const ScoredPositions& s, bool fast, std::optional<double> softcap) {
+  const int64_t scored = s.index.size(0);
+  const auto flat = hidden.reshape({-1, hidden.size(-1)});
+  if (fast || scored >= kMinHeadRows || scored == flat.size(0)) return lm_head_logits(scored_rows(hidden, s), weight, fast, softcap);
+  auto unscored = torch::ones({flat.size(0)}, torch::TensorOptions().dtype(torch::kBool).device(flat.device()));
+  unscored.index_fill_(0, s.index, false);
+  const auto extra = unscored.nonzero().squeeze(1).slice(0, 0, kMinHeadRows - scored);
+  const auto rows = flat.index_select(0, torch::cat({s.index, extra}));
+  return lm_head_logits(rows, weight, fast, softcap).slice(0, 0, scored);
+}
+
 // The log-probability of each scored position's target, placed at its position among all of
-// them (0 elsewhere), float32 [positions]: the head and the log-softmax at the scored rows only
-// (a row of a product or a log-softmax does not depend on the others).
+// them (0 elsewhere), float32 [positions]: the log-softmax at the scored rows only (a row of a
+// log-softmax does not depend on the others), of scored_head_logits.
 inline torch::Tensor placed_log_probs(const torch::Tensor& hidden, const torch::Tensor& weight,
                                       const ScoredPositions& s, bool fast, std::optional<double> softcap) {
   const auto targets = s.shifted.index_select(0, s.index);
-  const auto picked = float_log_probs(lm_head_logits(scored_rows(hidden, s), weight, fast, softcap), fast)
+  const auto picked = float_log_probs(scored_head_logits(hidden, weight, s, fast, softcap), fast)
                           .gather(1, targets.unsqueeze(1));
   return placed(picked.squeeze(1), s);
 }
@@ -347,7 +370,7 @@ LOOM_INLINE TokenScores token_scores(const torch::Tensor& hidden, const torch::T
     }
     return out;
   }
-  const auto logits = lm_head_logits(detail::scored_rows(hidden, s), weight, fast, softcap);
+  const auto logits = detail::scored_head_logits(hidden, weight, s, fast, softcap);
   const auto log_probs = detail::float_log_probs(logits, fast);
   out.log_probs = place(log_probs.gather(1, targets.unsqueeze(1)).squeeze(1));
   if (statistics) {
