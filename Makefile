@@ -24,7 +24,7 @@ DEPS := $(ROOT)/.deps
 JOBS ?= $(shell nproc)
 
 APT_PACKAGES := build-essential cmake ninja-build ccache python3-venv zlib1g-dev \
-                nlohmann-json3-dev doctest-dev libgloo-dev dataset-fashion-mnist bible-kjv-text clang-19 \
+                nlohmann-json3-dev doctest-dev libgloo-dev dataset-fashion-mnist bible-kjv-text clang-19 lld-19 \
                 libpcre2-dev libutf8proc-dev
 
 # loom's own build compiles with clang 19 (Debian's clang-19): the same code builds in about
