@@ -108,10 +108,12 @@ demo: $(BUILD)/build.ninja
 
 # The tests' warm Python (tests/warm_python.py) is stopped after the run, passed or not.
 # One test more than cores: the multi-process tests wait (rendezvous, barriers, a peer's
-# start) for part of their time, and a third test fills it (docs/building.md).
+# start) for part of their time, and a third test fills it (docs/building.md). Each test's
+# libtorch (and Python peer) runs one intra-op thread unless OMP_NUM_THREADS says otherwise:
+# with tests side by side, a second OpenMP thread per process only spins against the others.
 CTEST_JOBS ?= $(shell echo $$(( $(JOBS) + 1 )))
 test: build
-	cd $(BUILD) && { ctest --output-on-failure -j $(CTEST_JOBS) $(CTEST_ARGS); rc=$$?; \
+	cd $(BUILD) && { OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} ctest --output-on-failure -j $(CTEST_JOBS) $(CTEST_ARGS); rc=$$?; \
 	  [ ! -x tests/warm_python ] || tests/warm_python --warm-python-stop; exit $$rc; }
 
 bench: bench-build
