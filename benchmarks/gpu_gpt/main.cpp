@@ -4,6 +4,8 @@
 //
 //   build/benchmarks/gpu_gpt --mode loom|manual --size 124m|350m|774m --per_device_train_batch_size 8
 //       --block_size 1024 --max_steps 60 --warmup 10 --result out.json [TrainingArguments flags]
+//   build/benchmarks/gpu_gpt --model llama_lora --size 1b --per_device_train_batch_size 8 --block_size 2048
+//       [--lora_r 16 --lora_alpha 32 --lora_dropout 0.05] ... (the same flags as above)
 //
 // Both modes: GPT-2 (loom::models::GPT2LMHeadModel, HF's architecture) in bf16 autocast with
 // float32 master weights, fused AdamW (lr 6e-4, weight decay 0.1, betas 0.9/0.95), global norm
@@ -20,9 +22,31 @@
 // the profiled run's, slightly slower).
 //
 // On the CPU (--device cpu, a tiny --size) it runs too: a smoke test of both loops.
+//
+// --model llama_lora (issue 41 point 4): LoRA SFT throughput of a Llama instead, loom's Trainer
+// only (--mode loom; benchmarks/gpu_gpt/hf_trainer.py --model llama_lora is transformers.Trainer
+// + peft with the same configuration). --size 1b is TinyLlama's shape (hidden 2048, 22 layers,
+// 32 heads, 4 key/value heads, MLP 5632, vocabulary 32000: 1.10B parameters), tiny a smoke
+// test. The adapter is PEFT's default for Llama (q_proj and v_proj) with --lora_r (16),
+// --lora_alpha (32) and --lora_dropout (0.05); the base is frozen, float32 under bf16 autocast,
+// as the GPT-2 case (and as transformers.Trainer(bf16=True) trains a model loaded in float32).
+// The data are packed windows of --block_size tokens cut from one random token stream, every
+// position labelled: pretraining-style packing with no document boundaries inside a window, so
+// both sides run plain causal attention on full windows (loom's packed varlen kernel is not
+// what this case measures). The optimizer flags are the GPT-2 case's (they touch only the
+// adapter's parameters). MFU counts the FLOPs a LoRA step really does, per token:
+//   2 N (forward through the frozen matmuls) + 2 N (backward: their input gradients only;
+//   a frozen weight has no weight gradient, the half of a normal backward that LoRA skips)
+//   + 6 n (the adapter's matmuls, trained: forward, input and weight gradients)
+//   + 12 L d T (attention scores and values, forward and backward, PaLM's term),
+// N: the base's matmul weights (every frozen 2-D parameter but the embedding table, a lookup),
+// n: the adapter's parameters, d: heads x head width. That is 4N, not the conventional 6N;
+// mfu_6n reports the conventional figure (6 x all base parameters + the attention term) too.
 
 #include <loom/loom.hpp>
 #include <loom/models/gpt2.hpp>
+#include <loom/models/llama.hpp>
+#include <loom/peft/lora_arguments.hpp>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -45,6 +69,8 @@
 #include <set>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -52,8 +78,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct BenchArguments {
+  std::string model = "gpt2";  ///< gpt2 or llama_lora (a Llama with a LoRA adapter; --mode loom only)
   std::string mode = "loom";   ///< loom (the Trainer) or manual (the hand-written loop)
-  std::string size = "124m";   ///< 124m, 350m, 774m, 1558m (GPT-2's sizes) or tiny (a smoke test)
+  std::string size = "124m";   ///< gpt2: 124m, 350m, 774m, 1558m or tiny; llama_lora: 1b or tiny
   int64_t block_size = 1024;   ///< tokens per window
   int64_t warmup = 10;         ///< steps before the timed window
   double peak_tflops = 989.0;  ///< the device's dense bf16 peak, for MFU
@@ -76,6 +103,22 @@ loom::models::GPT2Config config_for(const BenchArguments& b) {
   c.n_positions = std::max<int64_t>(1024, b.block_size);
   c.resid_pdrop = c.embd_pdrop = c.attn_pdrop = 0;
   if (b.size == "tiny") c.vocab_size = 512;
+  return c;
+}
+
+// llama_lora's shapes: 1b is TinyLlama-1.1B's, tiny a smoke test.
+loom::models::LlamaConfig llama_config_for(const BenchArguments& b) {
+  loom::models::LlamaConfig c;
+  loom::check(b.size == "1b" || b.size == "tiny", "--model llama_lora: --size must be 1b or tiny, got {}", b.size);
+  if (b.size == "1b") {
+    c.hidden_size = 2048, c.num_hidden_layers = 22, c.num_attention_heads = 32, c.num_key_value_heads = 4;
+    c.intermediate_size = 5632, c.vocab_size = 32000;
+  } else {
+    c.hidden_size = 64, c.num_hidden_layers = 2, c.num_attention_heads = 4, c.num_key_value_heads = 2;
+    c.intermediate_size = 128, c.vocab_size = 512;
+  }
+  c.rms_norm_eps = 1e-5;  // TinyLlama's (hf_trainer.py sets the same)
+  c.max_position_embeddings = std::max<int64_t>(2048, b.block_size);
   return c;
 }
 
@@ -201,11 +244,35 @@ struct GptTrainer : loom::Trainer<GptTrainer, loom::models::GPT2LMHeadModel, loo
   using Trainer::Trainer;
 };
 
-// loom: the Trainer with the flags above; returns the last step's loss.
-double run_loom(loom::TrainingArguments args, loom::models::GPT2LMHeadModel model,
+struct LlamaLoraTrainer : loom::Trainer<LlamaLoraTrainer, loom::models::LlamaForCausalLM, loom::precision::BF16,
+                                        loom::Callbacks<WindowCallback>> {
+  using Trainer::Trainer;
+};
+
+// llama_lora's FLOPs per token (see the comment at the top): 4 N + 6 n + 12 L d T, and the
+// conventional 6 N_all + 12 L d T.
+std::pair<double, double> lora_flops_per_token(loom::models::LlamaForCausalLM& model,
+                                               const loom::models::LlamaConfig& c, int64_t block) {
+  double frozen_matmul = 0, adapter = 0, base = 0;
+  for (const auto& p : model->named_parameters()) {
+    const auto n = static_cast<double>(p.value().numel());
+    if (p.value().requires_grad()) {
+      adapter += n;
+      continue;
+    }
+    base += n;
+    if (p.value().dim() == 2 && p.key().find("embed_tokens") == std::string::npos) frozen_matmul += n;
+  }
+  const double attention = 12.0 * static_cast<double>(c.num_hidden_layers * c.hidden_size * block);
+  return {4.0 * frozen_matmul + 6.0 * adapter + attention, 6.0 * base + attention};
+}
+
+// loom: the Trainer with the flags above; returns the mean loss.
+template <typename TrainerT, typename Model>
+double run_loom(loom::TrainingArguments args, Model model,
                 loom::data::TensorDataset<loom::data::CausalLMBatch> data, Window& window) {
-  GptTrainer trainer(std::move(args), std::move(model), std::move(data));
-  trainer.callback<WindowCallback>().window = &window;
+  TrainerT trainer(std::move(args), std::move(model), std::move(data));
+  trainer.template callback<WindowCallback>().window = &window;
   const auto out = trainer.train();
   return out.training_loss;
 }
@@ -293,29 +360,52 @@ int main(int argc, char** argv) {
     defaults.disable_tqdm = true;
     defaults.report_to = "none";
     defaults.train_sampling_strategy = "sequential";  // the batches of the hand-written loop, in order
-    auto [bench, args] = loom::parse_args(argc, argv, BenchArguments{}, defaults);
+    loom::peft::LoraArguments lora_defaults;  // llama_lora's adapter: PEFT's targets for Llama (q_proj, v_proj)
+    lora_defaults.use_peft = true;
+    auto [bench, lora, args] = loom::parse_args(argc, argv, BenchArguments{}, lora_defaults, defaults);
+    loom::check(bench.model == "gpt2" || bench.model == "llama_lora", "--model is gpt2 or llama_lora, got {}",
+                bench.model);
     loom::check(bench.mode == "loom" || bench.mode == "manual", "--mode is loom or manual, got {}", bench.mode);
+    loom::check(bench.model == "gpt2" || bench.mode == "loom", "--model llama_lora has --mode loom only, got {}",
+                bench.mode);
     loom::check(bench.device == "cuda" || bench.device == "cpu", "--device is cuda or cpu, got {}", bench.device);
     loom::check(bench.warmup >= 1 && bench.warmup < args.max_steps, "--warmup must be in [1, max_steps), got {}",
                 bench.warmup);
     loom::check(bench.device == "cpu" || torch::cuda::is_available(), "--device cuda: no CUDA device here");
     args.use_cpu = bench.device == "cpu";
     const torch::Device device = args.use_cpu ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA, 0);
-    const auto config = config_for(bench);
-    torch::manual_seed(0);
-    loom::models::GPT2LMHeadModel model(config);
-    const double per_token = flops_per_token(model, config, bench.block_size);
     const int64_t rows = args.per_device_train_batch_size * args.max_steps;
-    auto data = windows(rows, bench.block_size, config.vocab_size);
     Window window{bench.warmup, args.max_steps, device, {}, {}, bench.profile, bench.profile_top, {}};
-    const double loss =
-        bench.mode == "loom" ? run_loom(args, model, data, window) : run_manual(args, model, data, window, device);
+    double per_token = 0, per_token_6n = 0, loss = 0;
+    int64_t trainable = 0, total = 0;
+    torch::manual_seed(0);
+    if (bench.model == "gpt2") {
+      const auto config = config_for(bench);
+      loom::models::GPT2LMHeadModel model(config);
+      per_token = per_token_6n = flops_per_token(model, config, bench.block_size);
+      auto data = windows(rows, bench.block_size, config.vocab_size);
+      loss = bench.mode == "loom" ? run_loom<GptTrainer>(args, model, data, window)
+                                  : run_manual(args, model, data, window, device);
+    } else {
+      const auto config = llama_config_for(bench);
+      loom::models::LlamaForCausalLM model(config);
+      const auto adapter = loom::peft::prepare_lora(*model, lora, "llama");
+      loom::check(adapter.has_value(), "--model llama_lora needs the adapter (--use_peft true)");
+      for (const auto& p : model->parameters()) {
+        total += p.numel();
+        if (p.requires_grad()) trainable += p.numel();
+      }
+      std::tie(per_token, per_token_6n) = lora_flops_per_token(model, config, bench.block_size);
+      auto data = windows(rows, bench.block_size, config.vocab_size);
+      loss = run_loom<LlamaLoraTrainer>(args, model, data, window);
+    }
     const double seconds = window.seconds();
     const int64_t timed = args.max_steps - bench.warmup;
     const double tokens_per_second =
         static_cast<double>(timed * args.per_device_train_batch_size * bench.block_size) / seconds;
     const double mfu = per_token * tokens_per_second / (bench.peak_tflops * 1e12);
-    nlohmann::json out{{"mode", bench.mode},
+    nlohmann::json out{{"model", bench.model},
+                       {"mode", bench.mode},
                        {"size", bench.size},
                        {"device", device.str()},
                        {"batch", args.per_device_train_batch_size},
@@ -326,7 +416,12 @@ int main(int argc, char** argv) {
                        {"peak_allocated_gib", peak_bytes(device) / (1024.0 * 1024.0 * 1024.0)},
                        {"flops_per_token", per_token},
                        {"mfu", mfu},
+                       {"mfu_6n", per_token_6n * tokens_per_second / (bench.peak_tflops * 1e12)},
                        {"loss", loss}};
+    if (bench.model == "llama_lora") {
+      out["trainable_params"] = trainable;
+      out["total_params"] = total;
+    }
     if (bench.profile) out["profile"] = window.profiled;
     fmt::print("{}\n", out.dump());
     if (!bench.result.empty()) std::ofstream(bench.result) << out.dump() << "\n";

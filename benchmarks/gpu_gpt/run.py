@@ -8,6 +8,10 @@ tokens per second).
       [--sides loom,manual,hf,hf_compile] [--batch 8] [--max_steps 60] [--warmup 10]
       [--device cuda] [--timeout 300] [--deadline UNIX_SECONDS] [--json figures.json]
 
+--model llama_lora runs the Llama LoRA SFT case instead (main.cpp's comment at the top): sides
+loom, hf (transformers.Trainer + peft) and hf_compile, sizes 1b and tiny; its medians are keyed
+llama_lora/SIZE and every run carries "model".
+
 A side that fails or runs past --timeout is reported with the tail of its output and the
 others go on; a side that would start after --deadline is skipped and said so. --json writes
 every run and the medians, for tests/gpu/run_on_gpu.sh.
@@ -21,7 +25,7 @@ import subprocess
 import sys
 import time
 
-KEYS = ("step_ms", "tokens_per_second", "mfu", "peak_allocated_gib", "loss")
+KEYS = ("step_ms", "tokens_per_second", "mfu", "mfu_6n", "peak_allocated_gib", "loss")
 
 
 def run(cmd, timeout):
@@ -40,6 +44,7 @@ def run(cmd, timeout):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--bench", default="build/benchmarks/gpu_gpt")
+    p.add_argument("--model", default="gpt2", choices=["gpt2", "llama_lora"])
     p.add_argument("--sizes", default="124m")
     p.add_argument("--sides", default="loom,manual,hf,hf_compile")
     p.add_argument("--rounds", type=int, default=1)
@@ -59,7 +64,7 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     common = ["--per_device_train_batch_size", str(a.batch), "--block_size", str(a.block_size),
               "--max_steps", str(a.max_steps), "--warmup", str(a.warmup), "--peak_tflops", str(a.peak_tflops),
-              "--device", a.device]
+              "--device", a.device, "--model", a.model]
     extra = a.extra.split() if a.extra else []
     hf = [a.python, os.path.join(here, "hf_trainer.py")]
     report = {"runs": [], "failures": [], "skipped": [], "medians": {}}
@@ -69,33 +74,37 @@ def main():
                  "manual": [a.bench, "--mode", "manual", "--size", size] + common + extra,
                  "hf": hf + ["--size", size] + common,
                  "hf_compile": hf + ["--size", size, "--torch_compile"] + common}
+        if a.model == "llama_lora":
+            del every["manual"]  # no hand-written loop for this case
+        key = size if a.model == "gpt2" else f"{a.model}/{size}"
         order = [s for s in a.sides.split(",") if s]
         for s in order:
             if s not in every:
-                sys.exit(f"run.py: unknown side {s!r}; the sides are {', '.join(every)}")
+                sys.exit(f"run.py: unknown side {s!r} for --model {a.model}; the sides are {', '.join(every)}")
         results = {s: [] for s in order}
         for r in range(a.rounds):
             k = r % len(order)
             for side in order[k:] + order[:k]:
                 if a.deadline and time.time() > a.deadline:
-                    print(f"size {size} round {r} {side}: skipped, the time budget is spent", flush=True)
-                    report["skipped"].append({"size": size, "round": r, "side": side})
+                    print(f"size {key} round {r} {side}: skipped, the time budget is spent", flush=True)
+                    report["skipped"].append({"model": a.model, "size": size, "round": r, "side": side})
                     continue
                 t0 = time.time()
                 res, why = run(every[side], a.timeout)
                 if res is None:
-                    print(f"size {size} round {r} {side}: FAILED ({why.splitlines()[0]})\n{why}", flush=True)
-                    report["failures"].append({"size": size, "round": r, "side": side, "why": why})
+                    print(f"size {key} round {r} {side}: FAILED ({why.splitlines()[0]})\n{why}", flush=True)
+                    report["failures"].append({"model": a.model, "size": size, "round": r, "side": side, "why": why})
                     continue
                 res["wall_s"] = time.time() - t0
-                print(f"size {size} round {r} {side}: {res['step_ms']:.1f} ms/step, "
+                res.setdefault("model", a.model)
+                print(f"size {key} round {r} {side}: {res['step_ms']:.1f} ms/step, "
                       f"{res['tokens_per_second']:.0f} tokens/s, MFU {100 * res['mfu']:.1f}%, "
                       f"peak {res['peak_allocated_gib']:.2f} GiB ({res['wall_s']:.0f} s in all)", flush=True)
                 report["runs"].append(res)
                 results[side].append(res)
         med = {s: {k: statistics.median(x[k] for x in v) for k in KEYS} for s, v in results.items() if v}
-        report["medians"][size] = med
-        rows.append((size, med))
+        report["medians"][key] = med
+        rows.append((key, med))
     print("\n| size | side | ms/step | tokens/s | peak GiB | MFU | mean loss |")
     print("|---|---|---|---|---|---|---|")
     for size, med in rows:

@@ -1,20 +1,28 @@
 #!/usr/bin/env bash
-# One command for a GPU machine (issue 29): the CUDA tests and the GPT-2 throughput benchmark,
-# with a log and a JSON of figures written to OUTDIR.
+# One command for a GPU machine (issue 29, issue 41 point 4): the CUDA tests, the GPT-2 throughput
+# benchmark and the Llama LoRA one, with a log and a JSON of figures written to OUTDIR.
 #
 #   tests/gpu/run_on_gpu.sh OUTDIR [--quick] [--dry-run] [--sizes 124m,350m] [--rounds 1]
-#                           [--batch 16] [--sides loom,manual,hf,hf_compile] [--budget 300]
-#                           [--side-timeout 180]
+#                           [--batch 16] [--sides loom,manual,hf,hf_compile] [--budget 420]
+#                           [--side-timeout 180] [--lora-sizes 1b] [--lora-sides loom,hf,hf_compile]
+#                           [--lora-batch 8] [--lora-block 2048] [--lora-steps 30]
 #
 #   (default)  run the GPU tests, each under a timeout, then benchmarks/gpu_gpt/run.py for each
 #              size: loom, the hand-written loop, transformers.Trainer and Trainer with
 #              torch.compile, interleaved. A side that would start after --budget seconds is
 #              skipped (and listed), and one side may run --side-timeout seconds, so the
-#              whole run stays within 8 minutes (budget + side timeout).
+#              whole run stays within 10 minutes (budget + side timeout; the H100 run of
+#              2026-11-25 spent 274 s on the tests and GPT-2, so the budget leaves about
+#              150 s to the Llama case; --sizes 124m saves the 350m size's ~140 s). Then, within the same
+#              budget, the Llama LoRA case (run.py --model llama_lora): a 1.1B Llama (TinyLlama's
+#              shape) with PEFT's default adapter, bf16, packed windows of --lora-block tokens,
+#              loom against transformers.Trainer + peft with and without torch.compile
+#              (--lora-sizes none skips it).
 #   --quick    the tests only.
 #   --dry-run  here or in CI (no GPU): build the same two targets, check that the test binary
 #              starts and skips (exit 77: no CUDA device), and run the benchmark's CPU smoke
-#              (a tiny GPT-2, loom, hand-written and transformers.Trainer sides).
+#              (a tiny GPT-2, loom, hand-written and transformers.Trainer sides; a tiny Llama
+#              LoRA, loom and transformers.Trainer + peft sides).
 #
 # On the GPU machine the binaries come prebuilt from this machine (`make build bench-build` makes CUDA
 # builds: the torch wheel is +cu130) and run against that machine's torch through
@@ -23,15 +31,17 @@
 # `make deps` installs; see docs/building.md, "On a GPU machine").
 #
 # OUTDIR gets run_on_gpu.log (everything printed), figures.json (device, versions, each test's
-# status and seconds, every benchmark run and the medians) and bench.json (run.py's report).
+# status and seconds, every benchmark run and the medians of both cases; a run's "model" says
+# which) and bench.json / bench_llama_lora.json (run.py's reports).
 # Exit status: 0 when every test passed (or skipped, in --dry-run) and every benchmark side ran.
 
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 
-usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
-out="" quick=0 dry=0 sizes=124m,350m rounds=1 batch=16 sides=loom,manual,hf,hf_compile budget=300 side_timeout=180
+usage() { sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+out="" quick=0 dry=0 sizes=124m,350m rounds=1 batch=16 sides=loom,manual,hf,hf_compile budget=420 side_timeout=180
+lora_sizes=1b lora_sides=loom,hf,hf_compile lora_batch=8 lora_block=2048 lora_steps=30
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
@@ -42,6 +52,11 @@ while [ $# -gt 0 ]; do
     --sides) sides=$2; shift ;;
     --budget) budget=$2; shift ;;
     --side-timeout) side_timeout=$2; shift ;;
+    --lora-sizes) lora_sizes=$2; shift ;;
+    --lora-sides) lora_sides=$2; shift ;;
+    --lora-batch) lora_batch=$2; shift ;;
+    --lora-block) lora_block=$2; shift ;;
+    --lora-steps) lora_steps=$2; shift ;;
     -h|--help) usage ;;
     -*) echo "run_on_gpu.sh: unknown option $1" >&2; usage ;;
     *) [ -z "$out" ] || { echo "run_on_gpu.sh: one OUTDIR, got '$out' and '$1'" >&2; exit 2; }; out=$1 ;;
@@ -126,11 +141,22 @@ if [ $quick -eq 0 ]; then
     CUDA_VISIBLE_DEVICES= "$py" "$root/benchmarks/gpu_gpt/run.py" --bench "$bench_bin" --python "$py" --device cpu --sizes tiny --rounds 1 \
       --sides loom,manual,hf --batch 2 --block_size 64 --max_steps 4 --warmup 1 --timeout 300 \
       --json "$out/bench.json" || bench_failed=1
+    say "benchmark CPU smoke (tiny Llama LoRA)"
+    CUDA_VISIBLE_DEVICES= "$py" "$root/benchmarks/gpu_gpt/run.py" --model llama_lora --bench "$bench_bin" --python "$py" \
+      --device cpu --sizes tiny --rounds 1 --sides loom,hf --batch 2 --block_size 64 --max_steps 3 --warmup 1 \
+      --timeout 300 --json "$out/bench_llama_lora.json" || bench_failed=1
   else
     say "benchmark: sizes $sizes, sides $sides, batch $batch, $rounds round(s); nothing starts after ${budget}s"
     "$py" "$root/benchmarks/gpu_gpt/run.py" --bench "$bench_bin" --device cuda --sizes "$sizes" \
       --rounds "$rounds" --sides "$sides" --batch "$batch" --timeout "$side_timeout" \
       --deadline $(( start + budget )) --json "$out/bench.json" || bench_failed=1
+    if [ -n "$lora_sizes" ] && [ "$lora_sizes" != none ]; then
+      say "benchmark: Llama LoRA, sizes $lora_sizes, sides $lora_sides, batch $lora_batch x $lora_block tokens, $lora_steps steps"
+      "$py" "$root/benchmarks/gpu_gpt/run.py" --model llama_lora --bench "$bench_bin" --device cuda --sizes "$lora_sizes" \
+        --rounds "$rounds" --sides "$lora_sides" --batch "$lora_batch" --block_size "$lora_block" \
+        --max_steps "$lora_steps" --warmup 10 --timeout "$side_timeout" \
+        --deadline $(( start + budget )) --json "$out/bench_llama_lora.json" || bench_failed=1
+    fi
   fi
 fi
 
@@ -143,6 +169,15 @@ figures = {"device": json.load(open(os.path.join(out, "device.json"))),
 bench = os.path.join(out, "bench.json")
 if os.path.exists(bench):
     figures["benchmark"] = json.load(open(bench))
+# The Llama LoRA case's report joins it: its runs (each with "model": "llama_lora", "size",
+# "mode", "mfu"), failures and skips appended, its medians under "llama_lora/SIZE".
+lora = os.path.join(out, "bench_llama_lora.json")
+if os.path.exists(lora):
+    extra = json.load(open(lora))
+    merged = figures.setdefault("benchmark", {"runs": [], "failures": [], "skipped": [], "medians": {}})
+    for k in ("runs", "failures", "skipped"):
+        merged.setdefault(k, []).extend(extra.get(k, []))
+    merged.setdefault("medians", {}).update(extra.get("medians", {}))
 json.dump(figures, open(os.path.join(out, "figures.json"), "w"), indent=1)
 EOF
 say "done in $(elapsed)s: tests $([ $failed -eq 0 ] && echo passed || echo FAILED), benchmark $([ $bench_failed -eq 0 ] && echo ran || echo FAILED); $out/figures.json"
