@@ -278,6 +278,14 @@ constexpr void for_each_setting(T&& value, F&& f) {
   for_each_setting_from<0>(value, f);
 }
 
+/// Calls f(field) with the setting of `value` whose setting index is `index`.
+template <class T, class F>
+void visit_setting(T& value, std::size_t index, F&& f) {
+  for_each_setting(value, [&](auto& field, std::size_t i) {
+    if (i == index) f(field);
+  });
+}
+
 /// Calls f(flags) for each GivenFlags field of `value`, directly or in a group.
 template <class T, class F>
 void for_each_given_flags(T& value, F&& f) {

@@ -38,16 +38,12 @@ void Reflected<T>::append_fields(std::vector<FieldInfo>& table, std::size_t type
 
 template <class T>
 void Reflected<T>::set_text(T& value, const FieldInfo& info, std::string_view text) {
-  for_each_setting(value, [&](auto& field, std::size_t index) {
-    if (index == info.field_index) set_from_text(field, text, info.name);
-  });
+  visit_setting(value, info.field_index, [&](auto& field) { set_from_text(field, text, info.name); });
 }
 
 template <class T>
 void Reflected<T>::set_json(T& value, const FieldInfo& info, const nlohmann::json& json) {
-  for_each_setting(value, [&](auto& field, std::size_t index) {
-    if (index == info.field_index) set_from_json(field, json, info.name);
-  });
+  visit_setting(value, info.field_index, [&](auto& field) { set_from_json(field, json, info.name); });
 }
 
 template <class T>
