@@ -78,6 +78,16 @@ struct OwnField : loom::Grouped<Alpha, Beta> {
 struct Unlisted : Alpha, Beta {
   using loom_groups = loom::Groups<Alpha>;
 };
+// Two groups of one struct declaring the same field: C++ allows it (`twice.seed` is then
+// ambiguous), a command line cannot (check_struct refuses it, naming the flag).
+struct SeedA {
+  int64_t seed = 0;
+};
+struct SeedB {
+  int64_t width = 1;
+  int64_t seed = 2;
+};
+struct Twice : loom::Grouped<SeedA, SeedB> {};
 
 }  // namespace groups_test
 
@@ -110,6 +120,10 @@ TEST_CASE("groups: the settings of a struct of 163 are one flat list, in declara
   static_assert(loom::detail::groups_well_formed<WideBases>() && loom::detail::groups_well_formed<ListedBases>());
   static_assert(!loom::detail::groups_well_formed<OwnField>());
   static_assert(!loom::detail::groups_well_formed<Unlisted>());
+  static_assert(loom::detail::repeated_setting<groups_test::Twice>() == 2);
+  static_assert(std::is_same_v<loom::detail::spelled<loom::detail::ReflectedNameOf<groups_test::Twice, 2>>,
+                               loom::detail::Name<'s', 'e', 'e', 'd'>>);
+  static_assert(loom::detail::repeated_setting<WideBases>() == loom::detail::no_index);
   // A base-class group's help_heading is its own sub-heading, not the whole's heading.
   static_assert(loom::detail::help_heading<WideBases>() == "WideBases");
   static_assert(loom::detail::help_heading<loom::TrainingArguments>() == "TrainingArguments");

@@ -23,6 +23,7 @@
 
 #include <boost/pfr.hpp>
 
+#include <algorithm>
 #include <array>
 #include <concepts>
 #include <cstddef>
@@ -378,9 +379,28 @@ Name<Source::value[I]...> spell(std::index_sequence<I...>);
 template <class Source>
 using spelled = decltype(spell<Source>(std::make_index_sequence<Source::value.size()>{}));
 
+inline constexpr std::size_t no_index = static_cast<std::size_t>(-1);
+
+// A struct may list its setting names, in declaration order, in a constant table found by ADL:
+// `constexpr const std::array<std::string_view, N>& setting_name_table(loom::HelpFor<T>)`
+// (TrainingArguments does). The check that no flag is defined by two structs parsed together
+// then reads the table instead of reflecting T in every program that parses it; check_struct<T>
+// (compiled once with Reflected<T>) asserts that the table is exactly T's settings.
+void setting_name_table() = delete;  // setting_name_table(HelpFor<T>) is found by ADL only
+
+template <class T>
+concept has_setting_name_table = requires { setting_name_table(HelpFor<T>{}); };
+
+/// T's setting names for the checks of a pack: its table where it has one, else reflected.
+template <class T>
+consteval auto pack_setting_names() {
+  if constexpr (has_setting_name_table<T>) return setting_name_table(HelpFor<T>{});
+  else return setting_names<T>();
+}
+
 template <class T, std::size_t Setting>
 struct FieldNameOf {
-  static constexpr std::string_view value = setting_names<T>()[Setting];
+  static constexpr std::string_view value = pack_setting_names<T>()[Setting];
 };
 
 // Instantiated only for a clash; the template arguments are what the message is about.
@@ -390,6 +410,13 @@ struct flag_defined_by_two_structs {
                 "loom: a flag is defined by two structs parsed together (the flag and the two structs are "
                 "the template arguments of flag_defined_by_two_structs above); rename one of the fields");
 };
+template <class Flag, class T>
+struct setting_defined_twice {
+  static_assert(dependent_false_v<T>,
+                "loom: two settings of one struct have the same name, a flag defined twice (the flag and "
+                "the struct are the template arguments of setting_defined_twice above); rename one of "
+                "the fields");
+};
 
 // Where a setting name first appears in two structs of the pack (first_field: a setting index).
 struct NameClash {
@@ -397,25 +424,29 @@ struct NameClash {
   std::size_t first_type = 0, first_field = 0, second_type = 0;
 };
 
+// Compares each name with the names of the structs after its own only: a struct's own names are
+// unique (check_struct), and TrainingArguments' ~230 names against each other were most of the
+// check's compile time.
 template <class... Ts>
 consteval NameClash find_name_clash() {
-  constexpr std::size_t total = (setting_count<Ts>() + ... + 0);
+  constexpr std::size_t total = (pack_setting_names<Ts>().size() + ... + 0);
   std::array<std::string_view, total> names{};
   std::array<std::size_t, total> type_of{}, field_of{};
+  std::array<std::size_t, sizeof...(Ts)> type_end{};
   std::size_t k = 0, t = 0;
   (
       [&] {
         std::size_t f = 0;
-        for (std::string_view name : setting_names<Ts>()) {
+        for (std::string_view name : pack_setting_names<Ts>()) {
           names[k] = name;
           type_of[k] = t;
           field_of[k++] = f++;
         }
-        ++t;
+        type_end[t++] = k;
       }(),
       ...);
   for (std::size_t i = 0; i < total; ++i)
-    for (std::size_t j = i + 1; j < total; ++j)
+    for (std::size_t j = type_end[type_of[i]]; j < total; ++j)
       if (names[i] == names[j]) return {true, type_of[i], field_of[i], type_of[j]};
   return {};
 }
@@ -433,6 +464,36 @@ constexpr void check_no_flag_twice() {
     using First = std::tuple_element_t<clash.first_type, std::tuple<Ts...>>;
     using Second = std::tuple_element_t<clash.second_type, std::tuple<Ts...>>;
     (void)sizeof(flag_defined_by_two_structs<spelled<FieldNameOf<First, clash.first_field>>, First, Second>);
+  }
+}
+
+// The index of the first of T's settings whose name an earlier setting has; no_index if none.
+template <class T>
+consteval std::size_t repeated_setting() {
+  constexpr auto names = setting_names<T>();
+  for (std::size_t i = 1; i < names.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (names[i] == names[j]) return i;
+  return no_index;
+}
+
+template <class T, std::size_t Setting>
+struct ReflectedNameOf {
+  static constexpr std::string_view value = setting_names<T>()[Setting];
+};
+
+// T's own settings: no name twice (two groups of one struct may declare the same field), and
+// its setting_name_table, where it has one, the reflected names in order.
+template <class T>
+constexpr void check_setting_names() {
+  constexpr std::size_t repeated = repeated_setting<T>();
+  if constexpr (repeated != no_index)
+    (void)sizeof(setting_defined_twice<spelled<ReflectedNameOf<T, repeated>>, T>);
+  if constexpr (has_setting_name_table<T>) {
+    constexpr auto table = setting_name_table(HelpFor<T>{});
+    constexpr auto names = setting_names<T>();
+    static_assert(table.size() == names.size() && std::ranges::equal(table, names),
+                  "loom: a struct's setting_name_table must list every setting, in declaration order");
   }
 }
 
@@ -510,8 +571,6 @@ struct field_help_names_a_field_twice {
                 "loom: field_help describes a field twice (the field and the struct are the template "
                 "arguments of field_help_names_a_field_twice above)");
 };
-
-inline constexpr std::size_t no_index = static_cast<std::size_t>(-1);
 
 // The first entry that names no setting of T, or names one an earlier entry named; no_index if none.
 template <class T>
@@ -613,6 +672,7 @@ template <class T>
 constexpr void check_struct() {
   check_reflectable<T>();
   static_assert(!has_field_named_help<T>(), "loom: a field named `help` would clash with --help; rename it");
+  check_setting_names<T>();
   check_field_help<T>();
 }
 

@@ -10,6 +10,7 @@
 #include <loom/config/reflected.hpp>
 #include <loom/policy/catalog.hpp>
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -371,6 +372,20 @@ inline constexpr FieldHelp training_arguments_help[] = {
 
 /// The descriptions --help shows for TrainingArguments (found by ADL, config/field_help.hpp).
 constexpr std::span<const FieldHelp> field_help(HelpFor<TrainingArguments>) { return detail::training_arguments_help; }
+
+namespace detail {
+// The names of training_arguments_help, which lists every setting in declaration order
+// (check_struct, compiled once with Reflected<TrainingArguments>, asserts it).
+inline constexpr auto training_arguments_names = [] {
+  std::array<std::string_view, std::size(training_arguments_help)> out{};
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = training_arguments_help[i].name;
+  return out;
+}();
+}  // namespace detail
+
+/// TrainingArguments' setting names as constants (config/fields.hpp): the check that no flag
+/// of a program's own structs is also a TrainingArguments flag reads them without reflecting.
+constexpr const auto& setting_name_table(HelpFor<TrainingArguments>) { return detail::training_arguments_names; }
 
 #if defined(LOOM_SEPARATE_COMPILATION)
 namespace detail {
