@@ -8,6 +8,9 @@ tokens per second).
       [--sides loom,manual,hf,hf_compile] [--batch 8] [--max_steps 60] [--warmup 10]
       [--device cuda] [--timeout 300] [--deadline UNIX_SECONDS] [--json figures.json]
 
+Sides loom_deterministic and loom_full_determinism run loom under --deterministic and
+--full_determinism; their step time over loom's is what each mode costs.
+
 --model llama_lora runs the Llama LoRA SFT case instead (main.cpp's comment at the top): sides
 loom, hf (transformers.Trainer + peft) and hf_compile, sizes 1b and tiny; its medians are keyed
 llama_lora/SIZE and every run carries "model".
@@ -74,6 +77,9 @@ def main():
                  "manual": [a.bench, "--mode", "manual", "--size", size] + common + extra,
                  "hf": hf + ["--size", size] + common,
                  "hf_compile": hf + ["--size", size, "--torch_compile"] + common}
+        # loom under --deterministic and --full_determinism (issue 41 point 6: what each costs)
+        every["loom_deterministic"] = every["loom"] + ["--deterministic"]
+        every["loom_full_determinism"] = every["loom"] + ["--full_determinism"]
         if a.model == "llama_lora":
             del every["manual"]  # no hand-written loop for this case
         key = size if a.model == "gpt2" else f"{a.model}/{size}"
@@ -97,6 +103,7 @@ def main():
                     continue
                 res["wall_s"] = time.time() - t0
                 res.setdefault("model", a.model)
+                res["side"] = side
                 print(f"size {key} round {r} {side}: {res['step_ms']:.1f} ms/step, "
                       f"{res['tokens_per_second']:.0f} tokens/s, MFU {100 * res['mfu']:.1f}%, "
                       f"peak {res['peak_allocated_gib']:.2f} GiB ({res['wall_s']:.0f} s in all)", flush=True)
@@ -114,6 +121,9 @@ def main():
         ratios = {}
         if "loom" in med and "manual" in med:
             ratios["loom_over_manual_step_time"] = med["loom"]["step_ms"] / med["manual"]["step_ms"]
+        for d in ("loom_deterministic", "loom_full_determinism"):
+            if "loom" in med and d in med:
+                ratios[f"{d}_over_loom_step_time"] = med[d]["step_ms"] / med["loom"]["step_ms"]
         for h in ("hf", "hf_compile"):
             if "loom" in med and h in med:
                 ratios[f"loom_over_{h}_tokens_per_second"] = med["loom"]["tokens_per_second"] / med[h]["tokens_per_second"]

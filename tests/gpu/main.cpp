@@ -588,8 +588,15 @@ TEST_CASE("NCCL in a world of one: every collective loom uses, values checked on
   CHECK(comm.counters().broadcast > 0.0);
 }
 
-TEST_CASE("--full_determinism on CUDA: GPT-2 resumed from a checkpoint equals the uninterrupted run bitwise") {
+namespace {
+
+enum class Determinism { full, lightning };
+
+// GPT-2 for 8 steps under --full_determinism or --deterministic: twice straight, once resumed
+// from the checkpoint at step 4; the three must hold the same bits.
+void check_determinism_resume(Determinism mode, const std::string& name) {
   const loom_test::DeterminismRestore restore;  // process-wide settings, as in HF
+  ::unsetenv("CUDA_LAUNCH_BLOCKING");
   loom::models::GPT2Config c;
   c.vocab_size = 1000, c.n_positions = 64, c.n_embd = 64, c.n_layer = 2, c.n_head = 4;
   c.bos_token_id = c.eos_token_id = 0;
@@ -597,9 +604,10 @@ TEST_CASE("--full_determinism on CUDA: GPT-2 resumed from a checkpoint equals th
   const auto ids = torch::randint(1000, {64, 64}, gen);
   const loom::data::TensorDataset<loom::data::CausalLMBatch> data({ids, ids});
   using T = loom::Trainer<void, loom::models::GPT2LMHeadModel, loom::precision::BF16>;
-  auto run = [&](const std::string& name, std::optional<fs::path> resume) {
-    auto args = gpu_args(name, 8);
-    args.full_determinism = true;
+  auto run = [&](const std::string& run_name, std::optional<fs::path> resume) {
+    auto args = gpu_args(name + "_" + run_name, 8);
+    args.full_determinism = mode == Determinism::full;
+    args.deterministic = mode == Determinism::lightning;
     args.save_strategy = "steps";
     args.save_steps = 4;
     if (resume) args.resume_from_checkpoint = resume->string();
@@ -608,12 +616,25 @@ TEST_CASE("--full_determinism on CUDA: GPT-2 resumed from a checkpoint equals th
     t.train();
     return std::pair{loom_test::weights(t.model()), fs::path(args.output_dir) / "checkpoint-4"};
   };
-  const auto [straight, checkpoint] = run("determinism_straight", std::nullopt);
-  const auto again = run("determinism_again", std::nullopt).first;
-  const auto resumed = run("determinism_resumed", checkpoint).first;
+  const auto [straight, checkpoint] = run("straight", std::nullopt);
+  const auto again = run("again", std::nullopt).first;
+  const auto resumed = run("resumed", checkpoint).first;
   CHECK(at::globalContext().deterministicAlgorithms());
   CHECK(max_difference(again, straight) == 0.0);    // two runs: the same bits
   CHECK(max_difference(resumed, straight) == 0.0);  // resumed at step 4: the same bits
+  // --deterministic's point: launches stay asynchronous (its cost is benchmarks/gpu_gpt's
+  // loom_deterministic side).
+  if (mode == Determinism::lightning) CHECK(std::getenv("CUDA_LAUNCH_BLOCKING") == nullptr);
+}
+
+}  // namespace
+
+TEST_CASE("--full_determinism on CUDA: GPT-2 resumed from a checkpoint equals the uninterrupted run bitwise") {
+  check_determinism_resume(Determinism::full, "determinism");
+}
+
+TEST_CASE("--deterministic on CUDA: GPT-2 resumed from a checkpoint equals the uninterrupted run bitwise, launches not blocking") {
+  check_determinism_resume(Determinism::lightning, "deterministic");
 }
 
 namespace {

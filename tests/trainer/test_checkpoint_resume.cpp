@@ -60,17 +60,19 @@ loom::TrainingArguments base_args(const std::string& name) {
 using loom_test::weights;
 
 template <class Precision>
-void straight_vs_resumed(const std::string& name, bool full_determinism = false) {
+void straight_vs_resumed(const std::string& name, bool full_determinism = false, bool deterministic = false) {
   INFO(name);
   // Straight: 12 steps.
   auto a = base_args(name + "_straight");
   a.full_determinism = full_determinism;
+  a.deterministic = deterministic;
   torch::manual_seed(5);
   T<Precision> straight(a, Mlp{}, data(40, 1), data(12, 2));
   straight.train();
   // Interrupted at 6 (checkpoint-6 written by save_steps), then resumed from "latest".
   auto b = base_args(name + "_resumed");
   b.full_determinism = full_determinism;
+  b.deterministic = deterministic;
   {
     torch::manual_seed(5);
     T<Precision> first(b, Mlp{}, data(40, 1), data(12, 2));
@@ -124,6 +126,31 @@ TEST_CASE("--full_determinism: torch's deterministic algorithms, cuDNN and cuBLA
   CHECK_FALSE(ctx.benchmarkCuDNN());
   CHECK(std::string(std::getenv("CUBLAS_WORKSPACE_CONFIG")) == ":16:8");
   CHECK(std::string(std::getenv("CUDA_LAUNCH_BLOCKING")) == "1");
+}
+
+TEST_CASE("--deterministic: deterministic algorithms and cuBLAS workspace without blocking launches; the resume is bitwise") {
+  const loom_test::DeterminismRestore restore;
+  auto& ctx = at::globalContext();
+  ctx.setDeterministicAlgorithms(false, false);
+  ctx.setDeterministicCuDNN(false);
+  ctx.setBenchmarkCuDNN(true);
+  ::unsetenv("CUBLAS_WORKSPACE_CONFIG");
+  ::unsetenv("CUDA_LAUNCH_BLOCKING");
+  straight_vs_resumed<loom::precision::FP32>("resume_deterministic", false, true);
+  CHECK(ctx.deterministicAlgorithms());
+  CHECK_FALSE(ctx.deterministicAlgorithmsWarnOnly());
+  CHECK(ctx.deterministicCuDNN());
+  CHECK_FALSE(ctx.benchmarkCuDNN());
+  REQUIRE(std::getenv("CUBLAS_WORKSPACE_CONFIG") != nullptr);
+  CHECK(std::string(std::getenv("CUBLAS_WORKSPACE_CONFIG")) == ":4096:8");  // Lightning's
+  CHECK(std::getenv("CUDA_LAUNCH_BLOCKING") == nullptr);                    // what --full_determinism costs
+  // A deterministic workspace the user chose is kept; any other is replaced.
+  ::setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8", 1);
+  loom::enable_determinism();
+  CHECK(std::string(std::getenv("CUBLAS_WORKSPACE_CONFIG")) == ":16:8");
+  ::setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0", 1);
+  loom::enable_determinism();
+  CHECK(std::string(std::getenv("CUBLAS_WORKSPACE_CONFIG")) == ":4096:8");
 }
 
 TEST_CASE("resume: N straight steps equal N/2 + resume to N, bitwise (FP16, scaler state restored)") {

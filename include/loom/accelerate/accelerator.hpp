@@ -56,6 +56,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -63,6 +64,21 @@ namespace loom {
 
 /// Seeds torch's CPU and CUDA generators (HF's set_seed).
 inline void set_seed(int64_t seed) { torch::manual_seed(static_cast<uint64_t>(seed)); }
+
+/// --deterministic (Lightning's deterministic=True): torch's deterministic algorithms (a kernel
+/// without one is an error naming it), cuDNN deterministic and not benchmarking, and a
+/// deterministic cuBLAS workspace: CUBLAS_WORKSPACE_CONFIG=:4096:8 unless it is already one of
+/// the two deterministic settings (cuBLAS reads it when its first handle is made: set it before
+/// any CUDA product runs in the process). Launches stay asynchronous, which is what
+/// --full_determinism's CUDA_LAUNCH_BLOCKING=1 gives up. For the whole process, as HF's.
+inline void enable_determinism() {
+  const char* workspace = std::getenv("CUBLAS_WORKSPACE_CONFIG");
+  if (workspace == nullptr || (std::string_view(workspace) != ":4096:8" && std::string_view(workspace) != ":16:8"))
+    ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 1);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  at::globalContext().setDeterministicCuDNN(true);
+  at::globalContext().setBenchmarkCuDNN(false);
+}
 
 /// HF's enable_full_determinism (--full_determinism): set_seed, then torch's deterministic
 /// algorithms (a kernel without one is an error naming it), cuDNN deterministic and not

@@ -163,6 +163,7 @@ struct Reproducibility {
   int64_t seed = 42;                 ///< seed for initialization and shuffling
   std::optional<int64_t> data_seed;  ///< seed for shuffling only
   bool full_determinism = false;     ///< deterministic algorithms only, cuDNN deterministic, CUBLAS_WORKSPACE_CONFIG=:16:8, CUDA_LAUNCH_BLOCKING=1 (HF's enable_full_determinism)
+  bool deterministic = false;        ///< deterministic algorithms only, cuDNN deterministic, CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set to :4096:8 or :16:8, no blocking launches: --full_determinism's repeatable results without its cost (Lightning's deterministic=True)
 
   static constexpr std::string_view help_heading = "reproducibility";
 };
@@ -329,6 +330,7 @@ inline constexpr FieldHelp training_arguments_help[] = {
     {"seed", "seed for initialization and shuffling"},
     {"data_seed", "seed for shuffling only"},
     {"full_determinism", "deterministic algorithms only, cuDNN deterministic, CUBLAS_WORKSPACE_CONFIG=:16:8, CUDA_LAUNCH_BLOCKING=1 (HF's enable_full_determinism)"},
+    {"deterministic", "deterministic algorithms only, cuDNN deterministic, CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set to :4096:8 or :16:8, no blocking launches: --full_determinism's repeatable results without its cost (Lightning's deterministic=True)"},
     {precision::BF16::name, "bfloat16 autocast (precision::BF16)"},
     {precision::FP16::name, "float16 autocast with loss scaling (precision::FP16)"},
     {"use_cpu", "train on the CPU even when CUDA is available"},

@@ -30,8 +30,12 @@ LOOM_INLINE void AcceleratorBase::start(TrainingArguments& args, Startup up, con
   // Before anything is written: a second run into the same folder stops here (one lock per
   // folder: each node's with save_on_each_node on storage that is not shared).
   if (saves_) output_lock_.emplace(args.output_dir);
-  if (args.full_determinism) enable_full_determinism(args.seed);
-  else set_seed(args.seed);
+  if (args.full_determinism) {
+    enable_full_determinism(args.seed);
+  } else {
+    if (args.deterministic) enable_determinism();
+    set_seed(args.seed);
+  }
   // ddp_find_unused_parameters unset is off, not HF's rule (on unless gradient checkpointing):
   // its per-step all-reduce measured 0.7-4.6 % of a step on the CPU (docs/semantics.md).
   engine_ = dist::make_engine(sharding.name, std::move(up.comm),
