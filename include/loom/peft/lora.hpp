@@ -218,14 +218,11 @@ LOOM_INLINE void load_adapter_weights(torch::nn::Module& model, const std::files
 LOOM_INLINE void merge_and_unload(torch::nn::Module& model);
 
 /// While it lives, every adapter of `model` is out of the module tree, so the model's
-/// parameters are a plain model's: with `merge`, each base weight holds W + B A * scaling (what
-/// merge_and_unload gives: saving the merged model without giving up the adapted one; a 4-bit
-/// base's weight holds its dequantized values plus the update, in float32, a plain float model);
-/// without, the base as it is (reading base weights into an adapted model). Its destructor
-/// puts the exact base weights and the same adapter modules back.
+/// parameters are a plain model's base weights, as they are (reading base weights into an
+/// adapted model). Its destructor puts the same adapter modules back.
 class HiddenAdapters {
  public:
-  LOOM_INLINE HiddenAdapters(torch::nn::Module& model, bool merge);
+  LOOM_INLINE explicit HiddenAdapters(torch::nn::Module& model);
   LOOM_INLINE ~HiddenAdapters();
   HiddenAdapters(const HiddenAdapters&) = delete;
   HiddenAdapters& operator=(const HiddenAdapters&) = delete;
@@ -233,7 +230,6 @@ class HiddenAdapters {
  private:
   struct Held {
     AdaptableLinearImpl* layer;
-    torch::Tensor base;  // the weight before merging (undefined without merge; empty for a 4-bit base)
     torch::nn::Linear a, b;
     std::shared_ptr<const LoraConfig> config;
   };

@@ -198,7 +198,7 @@ LOOM_INLINE void Checkpointer::load_pretrained(const std::string& name_or_path) 
         "the folder before making the base 4-bit (from_pretrained, then --load_in_4bit)", name_or_path);
   // The base model's weights; an adapter already on the model stays as it is.
   engine_->with_full_params([&] {
-    const peft::HiddenAdapters base(*model_, /*merge=*/false);
+    const peft::HiddenAdapters base(*model_);
     checkpoint::load_module(*model_, file);
   });
 }

@@ -720,37 +720,19 @@ LOOM_INLINE void merge_and_unload(torch::nn::Module& model) {
   for (auto& p : model.parameters()) p.requires_grad_(true);
 }
 
-LOOM_INLINE HiddenAdapters::HiddenAdapters(torch::nn::Module& model, bool merge) {
-  torch::NoGradGuard no_grad;
+LOOM_INLINE HiddenAdapters::HiddenAdapters(torch::nn::Module& model) {
   for (auto& [name, layer] : detail::adaptable_layers(model)) {
-    // A 4-bit layer, merged, shows a float weight whether it carries an adapter or not.
-    const bool four_bit = merge && layer->quantized();
-    if (!layer->has_adapter() && !four_bit) continue;
-    held_.push_back({layer, merge ? layer->weight.detach().clone() : torch::Tensor(), layer->lora_A, layer->lora_B,
-                     layer->lora_config()});
-    if (four_bit) {
-      // A float weight for the file: the 4-bit values dequantized plus the update, in the
-      // parameter's layout; the 4-bit state itself is left as it is.
-      layer->weight.set_data(layer->merged_weight());
-    } else if (merge) {
-      layer->merge_adapter();
-      continue;
-    }
     if (!layer->has_adapter()) continue;
+    held_.push_back({layer, layer->lora_A, layer->lora_B, layer->lora_config()});
     layer->unregister_module("lora_A");
     layer->unregister_module("lora_B");
     layer->lora_A = nullptr;
     layer->lora_B = nullptr;
-    if (four_bit) layer->config_.reset();
   }
 }
 
 LOOM_INLINE HiddenAdapters::~HiddenAdapters() {
-  torch::NoGradGuard no_grad;
   for (auto& h : held_) {
-    if (h.base.defined() && h.layer->quantized()) h.layer->weight.set_data(h.base);  // empty again
-    else if (h.base.defined()) h.layer->weight.copy_(h.base);
-    if (h.a.is_empty()) continue;  // a 4-bit layer without an adapter
     // The same modules again: their tensors are the ones the optimizer steps.
     h.layer->lora_A = h.layer->register_module("lora_A", h.a);
     h.layer->lora_B = h.layer->register_module("lora_B", h.b);
