@@ -157,6 +157,32 @@ TEST_CASE("bitsandbytes' 4-bit format: codes, absmaxes, double quantization and 
   CHECK(out.find("exit=0") != std::string::npos);
 }
 
+TEST_CASE("a 4-bit layer in Conv1D's layout (fan_in_fan_out) merges its adapter into the [out, in] sum, quantized again") {
+  torch::manual_seed(5);
+  loom::peft::AdaptableLinear layer(64, 32, /*bias=*/false, /*fan_in_fan_out=*/true);
+  auto& l = *layer;
+  l.quantize_4bit(Bnb4Type::nf4, /*double_quant=*/true, torch::kFloat);
+  REQUIRE(l.quantized());
+  loom::peft::LoraConfig lora;
+  lora.r = 4, lora.lora_alpha = 8, lora.target_modules = {"c_attn"};
+  l.add_adapter(std::make_shared<const loom::peft::LoraConfig>(lora));
+  {
+    torch::NoGradGuard no_grad;
+    l.lora_B->weight.normal_();  // an update that is not zero
+  }
+  // What merge_and_unload saves: the float sum in the parameter's layout, [in, out].
+  const auto merged = l.merged_weight();
+  REQUIRE(merged.sizes() == torch::IntArrayRef({64, 32}));
+  const auto q = l.quantized_weight();
+  CHECK(q.shape == std::vector<int64_t>{32, 64});  // quantized as [out, in], bitsandbytes' layout
+  const auto expected = loom::peft::quantize_4bit(merged.t().contiguous().to(q.dtype), q.quant_type, q.nested(), q.blocksize);
+  l.merge_adapter();
+  CHECK_FALSE(l.has_adapter());
+  CHECK(torch::equal(l.quantized_weight().packed, expected.packed));
+  CHECK(torch::equal(l.quantized_weight().absmax, expected.absmax));
+  CHECK(torch::equal(l.base_weight(torch::kFloat), loom::peft::dequantize_4bit(expected, torch::kFloat)));
+}
+
 TEST_CASE("QLoRA in the Trainer: the 4-bit base stays, resume is bitwise, PEFT over transformers' 4-bit base agrees") {
   auto model = qlora_model();
   auto& q_proj = layer(model, "model.layers.0.self_attn.q_proj");

@@ -150,6 +150,8 @@ class AdaptableLinearImpl : public torch::nn::Module, public ModuleState {
   torch::ScalarType compute_dtype_ = torch::kFloat;
   double scaling_ = 1.0, dropout_ = 0.0;
   std::shared_ptr<const LoraConfig> config_;
+  // A 4-bit layer's dequantized base plus its update (if any), float32, [out, in].
+  [[nodiscard]] LOOM_INLINE torch::Tensor merged_4bit_out_in() const;
 };
 TORCH_MODULE(AdaptableLinear);
 

@@ -32,6 +32,7 @@
 #include <queue>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
 
 namespace loom::data::detail {
 
@@ -155,10 +156,12 @@ inline bool is_chinese(char32_t c) {
          (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
 }
 /// The letters of Other_Alphabetic outside L, M and N: circled and squared Latin letters (So),
-/// word characters to Rust's regex and to Oniguruma.
+/// word characters to Rust's regex and to Oniguruma. The one list of them: is_alphabetic_symbol
+/// tests a character, and the regex classes (onig_word, rust_word) spell the same ranges.
+inline constexpr std::array<std::pair<char32_t, char32_t>, 4> kAlphabeticSymbols = {
+    {{0x24B6, 0x24E9}, {0x1F130, 0x1F149}, {0x1F150, 0x1F169}, {0x1F170, 0x1F189}}};
 inline bool is_alphabetic_symbol(char32_t c) {
-  return (c >= 0x24B6 && c <= 0x24E9) || (c >= 0x1F130 && c <= 0x1F149) || (c >= 0x1F150 && c <= 0x1F169) ||
-         (c >= 0x1F170 && c <= 0x1F189);
+  return std::ranges::any_of(kAlphabeticSymbols, [c](const auto& r) { return c >= r.first && c <= r.second; });
 }
 /// Rust regex's \w (`single_word` added tokens: tokenizers' ^\w and \w$): Alphabetic, marks,
 /// decimal digits, connector punctuation and the joiners U+200C/U+200D; not the other numbers
@@ -262,17 +265,26 @@ inline constexpr std::string_view kOnigSpace =
 inline constexpr std::string_view kOnigNonSpace =
     R"(\x00-\x08\x0E-\x1F\x21-\x84\x86-\x9F\xA1-\x{167F}\x{1681}-\x{1FFF}\x{200B}-\x{2027}\x{202A}-\x{202E})"
     R"(\x{2030}-\x{205E}\x{2060}-\x{2FFF}\x{3001}-\x{10FFFF})";
-/// Oniguruma's \w: letters, marks, decimal and letter numbers, connector punctuation, the
-/// circled and squared Latin letters (Other_Alphabetic) and, from Latin-1, U+00B2 U+00B3 U+00B9
-/// U+00BC-U+00BE; PCRE2's \w is L, N and '_' (all numbers, no marks).
-inline constexpr std::string_view kOnigWord =
-    R"(\p{L}\p{M}\p{Nd}\p{Nl}\p{Pc}\xB2\xB3\xB9\xBC-\xBE\x{24B6}-\x{24E9}\x{1F130}-\x{1F149}\x{1F150}-\x{1F169})"
-    R"(\x{1F170}-\x{1F189})";
+/// kAlphabeticSymbols as the ranges of a PCRE2 class.
+inline std::string alphabetic_symbol_ranges() {
+  std::string out;
+  for (const auto& [first, last] : kAlphabeticSymbols)
+    out += fmt::format("\\x{{{:X}}}-\\x{{{:X}}}", static_cast<uint32_t>(first), static_cast<uint32_t>(last));
+  return out;
+}
+/// Oniguruma's \w as a PCRE2 class's contents: letters, marks, decimal and letter numbers,
+/// connector punctuation, the circled and squared Latin letters (Other_Alphabetic) and, from
+/// Latin-1, U+00B2 U+00B3 U+00B9 U+00BC-U+00BE; PCRE2's \w is L, N and '_' (all numbers, no marks).
+inline const std::string& onig_word() {
+  static const std::string word = R"(\p{L}\p{M}\p{Nd}\p{Nl}\p{Pc}\xB2\xB3\xB9\xBC-\xBE)" + alphabetic_symbol_ranges();
+  return word;
+}
 /// Rust regex's \w (tokenizers' Whitespace pre-tokenizer): Oniguruma's without the Latin-1
 /// numbers, with the joiners U+200C and U+200D.
-inline constexpr std::string_view kRustWord =
-    R"(\p{L}\p{M}\p{Nd}\p{Nl}\p{Pc}\x{200C}\x{200D}\x{24B6}-\x{24E9}\x{1F130}-\x{1F149}\x{1F150}-\x{1F169})"
-    R"(\x{1F170}-\x{1F189})";
+inline const std::string& rust_word() {
+  static const std::string word = R"(\p{L}\p{M}\p{Nd}\p{Nl}\p{Pc}\x{200C}\x{200D})" + alphabetic_symbol_ranges();
+  return word;
+}
 
 /// A tokenizer.json regex (Oniguruma's syntax) for PCRE2: \s \S \w \W \b \B \h \H spelled out
 /// with Oniguruma's classes, in and out of brackets (\W inside brackets stays PCRE2's: its
@@ -283,7 +295,7 @@ inline std::string onig_to_pcre2(std::string_view p, std::string_view where) {
   const auto refuse = [&](std::string_view what) {
     fail("{}: the regex '{}' uses {}, which loom does not read (PCRE2 has no such class)", where, p, what);
   };
-  const std::string word = "[" + std::string(kOnigWord) + "]";
+  const std::string word = "[" + onig_word() + "]";
   std::string out;
   out.reserve(p.size() + 64);
   bool in_class = false;
@@ -302,14 +314,14 @@ inline std::string onig_to_pcre2(std::string_view p, std::string_view where) {
       if (in_class) {
         if (e == 's') out.append(kOnigSpace);
         else if (e == 'S') out.append(kOnigNonSpace);
-        else if (e == 'w') out.append(kOnigWord);
+        else if (e == 'w') out.append(onig_word());
         else if (e == 'h') out.append("0-9a-fA-F");
         else out.append(p.substr(i, 2));
       } else {
         if (e == 's') out.append("[").append(kOnigSpace).append("]");
         else if (e == 'S') out.append("[^").append(kOnigSpace).append("]");
         else if (e == 'w') out.append(word);
-        else if (e == 'W') out.append("[^").append(kOnigWord).append("]");
+        else if (e == 'W') out.append("[^").append(onig_word()).append("]");
         else if (e == 'b') out.append("(?:(?<=" + word + ")(?!" + word + ")|(?<!" + word + ")(?=" + word + "))");
         else if (e == 'B') out.append("(?:(?<=" + word + ")(?=" + word + ")|(?<!" + word + ")(?!" + word + "))");
         else if (e == 'h') out.append("[0-9a-fA-F]");
@@ -765,10 +777,10 @@ struct PreTokenizer {
       p.kind = Kind::bert;
     } else if (type == "Whitespace") {
       p.kind = Kind::whitespace;
-      // \w+|[^\w\s]+ in Rust's regex (tokenizers' Whitespace): its \w (kRustWord) and \s (the
+      // \w+|[^\w\s]+ in Rust's regex (tokenizers' Whitespace): its \w (rust_word) and \s (the
       // White_Space property, as Oniguruma's: onig_to_pcre2 spells \s so)
       p.regex = std::make_shared<const Regex>(
-          "[" + std::string(kRustWord) + "]+|[^" + std::string(kRustWord) + "\\s]+", false, where);
+          "[" + rust_word() + "]+|[^" + rust_word() + "\\s]+", false, where);
     } else if (type == "WhitespaceSplit") {
       p.kind = Kind::whitespace_split;
     } else if (type == "Metaspace") {  // SentencePiece's layout: spaces as "▁", one before the text

@@ -303,8 +303,7 @@ LOOM_INLINE void AdaptableLinearImpl::merge_adapter() {
     torch::NoGradGuard no_grad;
     if (quantized_) {
       const auto& q = *quantized_;
-      const auto merged = fan_in_fan_out_ ? merged_weight().t() : merged_weight();  // [out, in]
-      quantized_ = peft::quantize_4bit(merged.to(q.dtype), q.quant_type, q.nested(), q.blocksize);
+      quantized_ = peft::quantize_4bit(merged_4bit_out_in().to(q.dtype), q.quant_type, q.nested(), q.blocksize);
     } else {
       weight.add_(delta_weight().to(weight.scalar_type()));
     }
@@ -384,13 +383,16 @@ LOOM_INLINE double AdaptableLinearImpl::materialize_bytes() const {
   return static_cast<double>(quantized_->numel()) * static_cast<double>(c10::elementSize(quantized_->dtype) + 8);
 }
 
+LOOM_INLINE torch::Tensor AdaptableLinearImpl::merged_4bit_out_in() const {
+  torch::NoGradGuard no_grad;
+  auto merged = base_weight(torch::kFloat);  // [out, in]
+  if (has_adapter()) merged += (lora_B->weight.matmul(lora_A->weight) * scaling_).to(torch::kFloat);
+  return merged;
+}
+
 LOOM_INLINE torch::Tensor AdaptableLinearImpl::merged_weight() const {
   torch::NoGradGuard no_grad;
-  if (quantized_) {
-    auto merged = base_weight(torch::kFloat);  // [out, in]
-    if (has_adapter()) merged += (lora_B->weight.matmul(lora_A->weight) * scaling_).to(torch::kFloat);
-    return fan_in_fan_out_ ? merged.t().contiguous() : merged;
-  }
+  if (quantized_) return fan_in_fan_out_ ? merged_4bit_out_in().t().contiguous() : merged_4bit_out_in();
   if (!has_adapter()) return weight.detach();
   return weight.detach() + delta_weight().to(weight.scalar_type());
 }
