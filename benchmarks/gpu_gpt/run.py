@@ -9,7 +9,9 @@ tokens per second).
       [--device cuda] [--timeout 300] [--deadline UNIX_SECONDS] [--json figures.json]
 
 Sides loom_deterministic and loom_full_determinism run loom under --deterministic and
---full_determinism; their step time over loom's is what each mode costs.
+--full_determinism; their step time over loom's is what each mode costs. Side loom_unchunked
+runs loom with --chunked_lm_loss false: loom's step time against it says whether the chunked
+LM loss, the default above 64 MiB of logits, wins on the device.
 
 --model llama_lora runs the Llama LoRA SFT case instead (main.cpp's comment at the top): sides
 loom, hf (transformers.Trainer + peft) and hf_compile, sizes 1b and tiny; its medians are keyed
@@ -80,6 +82,9 @@ def main():
         # loom under --deterministic and --full_determinism (issue 41 point 6: what each costs)
         every["loom_deterministic"] = every["loom"] + ["--deterministic"]
         every["loom_full_determinism"] = every["loom"] + ["--full_determinism"]
+        # loom with the whole logits (issue 41 point 2: the chunked loss is the default where
+        # it wins; this side says whether it does on the device)
+        every["loom_unchunked"] = every["loom"] + ["--chunked_lm_loss", "false"]
         if a.model == "llama_lora":
             del every["manual"]  # no hand-written loop for this case
         key = size if a.model == "gpt2" else f"{a.model}/{size}"
@@ -121,7 +126,7 @@ def main():
         ratios = {}
         if "loom" in med and "manual" in med:
             ratios["loom_over_manual_step_time"] = med["loom"]["step_ms"] / med["manual"]["step_ms"]
-        for d in ("loom_deterministic", "loom_full_determinism"):
+        for d in ("loom_deterministic", "loom_full_determinism", "loom_unchunked"):
             if "loom" in med and d in med:
                 ratios[f"{d}_over_loom_step_time"] = med[d]["step_ms"] / med["loom"]["step_ms"]
         for h in ("hf", "hf_compile"):

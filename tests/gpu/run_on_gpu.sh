@@ -141,7 +141,7 @@ if [ $quick -eq 0 ]; then
   if [ $dry -eq 1 ]; then
     say "benchmark CPU smoke (tiny GPT-2)"
     CUDA_VISIBLE_DEVICES= "$py" "$root/benchmarks/gpu_gpt/run.py" --bench "$bench_bin" --python "$py" --device cpu --sizes tiny --rounds 1 \
-      --sides loom,manual,hf,loom_deterministic --batch 2 --block_size 64 --max_steps 4 --warmup 1 --timeout 300 \
+      --sides loom,manual,hf,loom_deterministic,loom_unchunked --batch 2 --block_size 64 --max_steps 4 --warmup 1 --timeout 300 \
       --json "$out/bench.json" || bench_failed=1
     say "benchmark CPU smoke (tiny Llama LoRA)"
     CUDA_VISIBLE_DEVICES= "$py" "$root/benchmarks/gpu_gpt/run.py" --model llama_lora --bench "$bench_bin" --python "$py" \
