@@ -3,14 +3,16 @@
 # benchmark and the Llama LoRA one, with a log and a JSON of figures written to OUTDIR.
 #
 #   tests/gpu/run_on_gpu.sh OUTDIR [--quick] [--dry-run] [--sizes 124m] [--rounds 1]
-#                           [--batch 16] [--sides loom,manual,hf,hf_compile,loom_deterministic] [--budget 300]
-#                           [--side-timeout 180] [--lora-sizes 1b] [--lora-sides loom,hf,hf_compile]
+#                           [--batch 16] [--sides loom,manual,hf,hf_compile,loom_deterministic,loom_unchunked] [--budget 300]
+#                           [--side-timeout 180] [--lora-sizes 1b] [--lora-sides loom,hf,hf_compile,loom_unchunked]
 #                           [--lora-batch 8] [--lora-block 2048] [--lora-steps 30]
 #
 #   (default)  run the GPU tests, each under a timeout, then benchmarks/gpu_gpt/run.py for each
 #              size: loom, the hand-written loop, transformers.Trainer and Trainer with
-#              torch.compile, interleaved, and loom under --deterministic (its cost: its step
-#              time over loom's; issue 41 point 6). A side that would start after --budget seconds is
+#              torch.compile, interleaved, loom under --deterministic (its cost: its step
+#              time over loom's; issue 41 point 6) and loom with --chunked_lm_loss false (whether
+#              the chunked loss, the default at this size, wins; point 2). A loom side took 6 s
+#              on the H100 of 2026-11-25. A side that would start after --budget seconds is
 #              skipped (and listed), and one side may run --side-timeout seconds, so the
 #              whole run stays within 8 minutes (budget + side timeout), which leaves a
 #              15-minute device allowance room for the machine's start and a second run. The
@@ -42,8 +44,8 @@ cd "$(dirname "$0")/../.."
 root=$PWD
 
 usage() { sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
-out="" quick=0 dry=0 sizes=124m rounds=1 batch=16 sides=loom,manual,hf,hf_compile,loom_deterministic budget=300 side_timeout=180
-lora_sizes=1b lora_sides=loom,hf,hf_compile lora_batch=8 lora_block=2048 lora_steps=30
+out="" quick=0 dry=0 sizes=124m rounds=1 batch=16 sides=loom,manual,hf,hf_compile,loom_deterministic,loom_unchunked budget=300 side_timeout=180
+lora_sizes=1b lora_sides=loom,hf,hf_compile,loom_unchunked lora_batch=8 lora_block=2048 lora_steps=30
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
@@ -145,7 +147,7 @@ if [ $quick -eq 0 ]; then
       --json "$out/bench.json" || bench_failed=1
     say "benchmark CPU smoke (tiny Llama LoRA)"
     CUDA_VISIBLE_DEVICES= "$py" "$root/benchmarks/gpu_gpt/run.py" --model llama_lora --bench "$bench_bin" --python "$py" \
-      --device cpu --sizes tiny --rounds 1 --sides loom,hf --batch 2 --block_size 64 --max_steps 3 --warmup 1 \
+      --device cpu --sizes tiny --rounds 1 --sides loom,hf,loom_unchunked --batch 2 --block_size 64 --max_steps 3 --warmup 1 \
       --timeout 300 --json "$out/bench_llama_lora.json" || bench_failed=1
   else
     say "benchmark: sizes $sizes, sides $sides, batch $batch, $rounds round(s); nothing starts after ${budget}s"
