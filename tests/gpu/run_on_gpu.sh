@@ -43,7 +43,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 
-usage() { sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 2; }  # the comment above
 out="" quick=0 dry=0 sizes=124m rounds=1 batch=16 sides=loom,manual,hf,hf_compile,loom_deterministic,loom_unchunked budget=300 side_timeout=180
 lora_sizes=1b lora_sides=loom,hf,hf_compile,loom_unchunked lora_batch=8 lora_block=2048 lora_steps=30
 while [ $# -gt 0 ]; do
