@@ -121,7 +121,7 @@ TEST_CASE("groups: the settings of a struct of 163 are one flat list, in declara
   static_assert(!loom::detail::groups_well_formed<OwnField>());
   static_assert(!loom::detail::groups_well_formed<Unlisted>());
   static_assert(loom::detail::repeated_setting<groups_test::Twice>() == 2);
-  static_assert(std::is_same_v<loom::detail::spelled<loom::detail::ReflectedNameOf<groups_test::Twice, 2>>,
+  static_assert(std::is_same_v<loom::detail::spelled<loom::detail::FieldNameOf<groups_test::Twice, 2>>,
                                loom::detail::Name<'s', 'e', 'e', 'd'>>);
   static_assert(loom::detail::repeated_setting<WideBases>() == loom::detail::no_index);
   // A base-class group's help_heading is its own sub-heading, not the whole's heading.

@@ -470,31 +470,26 @@ constexpr void check_no_flag_twice() {
 // The index of the first of T's settings whose name an earlier setting has; no_index if none.
 template <class T>
 consteval std::size_t repeated_setting() {
-  constexpr auto names = setting_names<T>();
+  constexpr auto names = pack_setting_names<T>();
   for (std::size_t i = 1; i < names.size(); ++i)
     for (std::size_t j = 0; j < i; ++j)
       if (names[i] == names[j]) return i;
   return no_index;
 }
 
-template <class T, std::size_t Setting>
-struct ReflectedNameOf {
-  static constexpr std::string_view value = setting_names<T>()[Setting];
-};
-
-// T's own settings: no name twice (two groups of one struct may declare the same field), and
-// its setting_name_table, where it has one, the reflected names in order.
+// T's own settings: its setting_name_table, where it has one, the reflected names in order;
+// then no name twice (two groups of one struct may declare the same field).
 template <class T>
 constexpr void check_setting_names() {
-  constexpr std::size_t repeated = repeated_setting<T>();
-  if constexpr (repeated != no_index)
-    (void)sizeof(setting_defined_twice<spelled<ReflectedNameOf<T, repeated>>, T>);
   if constexpr (has_setting_name_table<T>) {
     constexpr auto table = setting_name_table(HelpFor<T>{});
     constexpr auto names = setting_names<T>();
     static_assert(table.size() == names.size() && std::ranges::equal(table, names),
                   "loom: a struct's setting_name_table must list every setting, in declaration order");
   }
+  constexpr std::size_t repeated = repeated_setting<T>();
+  if constexpr (repeated != no_index)
+    (void)sizeof(setting_defined_twice<spelled<FieldNameOf<T, repeated>>, T>);
 }
 
 // ---- descriptions and headings for --help (config/field_help.hpp) ---------------------------
