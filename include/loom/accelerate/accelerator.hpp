@@ -87,11 +87,9 @@ inline void enable_determinism() {
 inline void enable_full_determinism(int64_t seed) {
   set_seed(seed);
   ::setenv("CUDA_LAUNCH_BLOCKING", "1", 1);
-  ::setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8", 1);
+  ::setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8", 1);  // HF's; enable_determinism keeps it
   ::setenv("FLASH_ATTENTION_DETERMINISTIC", "1", 1);
-  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
-  at::globalContext().setDeterministicCuDNN(true);
-  at::globalContext().setBenchmarkCuDNN(false);
+  enable_determinism();
 }
 
 /// The non-template part of an Accelerator (see the file comment). Not constructed directly:
